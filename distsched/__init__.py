@@ -1,0 +1,18 @@
+"""distsched: a Redis-based distributed task scheduler."""
+
+from distsched.context import TaskContext, current_task
+from distsched.core import Claim, Outcome, State, TaskInfo, TaskSpec, Wait
+from distsched.client import Scheduler
+
+__all__ = [
+    "Claim",
+    "Outcome",
+    "Scheduler",
+    "State",
+    "TaskContext",
+    "TaskInfo",
+    "TaskSpec",
+    "Wait",
+    "current_task",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,633 @@
+"""The pure core: argument validation, script calls and reply decoding. No I/O.
+
+The sync :class:`~distsched.client.Scheduler` and the asyncio
+:class:`~distsched.aio.AsyncScheduler` are thin shells that send the
+:class:`Call` values built here and hand the replies back to the decoders.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from distsched.errors import (
+    ConflictError,
+    InvalidArgument,
+    NotFoundError,
+    PayloadTooLarge,
+    ScriptError,
+)
+from distsched.keys import Keys
+
+PRIORITY_MIN = -(2**31)
+PRIORITY_MAX = 2**31 - 1
+MAX_TASK_ID_BYTES = 512
+MAX_MS = 2**53 - 1
+BACKOFF_MAX_S = 3600.0
+MAX_ATTEMPTS_LIMIT = 1_000_000
+DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+# Bounds the time one claim or reap call may spend on lazily deleted entries.
+CLAIM_MAX_DROP = 1000
+REAP_BATCH = 1000
+
+
+class State(str, enum.Enum):
+    """A task's state (§2). Values are the lowercase names stored in Redis."""
+
+    PENDING = "pending"
+    READY = "ready"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    BLOCKED = "blocked"
+
+    @property
+    def terminal(self) -> bool:
+        return self in _TERMINAL
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_TERMINAL = frozenset({State.SUCCEEDED, State.FAILED, State.CANCELLED, State.BLOCKED})
+
+
+class Outcome(str, enum.Enum):
+    """The answer to a report made with a claim's token (§6)."""
+
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    STALE = "stale"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claimed task: the token ``(task_id, version, attempt)`` and what to run.
+
+    ``payload_error`` is set when the stored payload could not be decoded; the
+    worker then fails the task with that message instead of running anything.
+    """
+
+    task_id: str
+    version: int
+    attempt: int
+    fn: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    priority: int
+    run_at: float
+    payload_error: str | None = None
+
+    @property
+    def token(self) -> tuple[str, int, int]:
+        return (self.task_id, self.version, self.attempt)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """No task could be claimed now.
+
+    ``reason`` is ``'empty'``, ``'not_due'`` or ``'capacity'``; ``delay`` is the
+    number of seconds until the next entry is due, or ``None`` when unknown.
+    """
+
+    reason: str
+    delay: float | None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A snapshot of one task (``Scheduler.status``)."""
+
+    task_id: str
+    state: State
+    version: int
+    attempt: int
+    max_attempts: int
+    priority: int
+    run_at: float
+    backoff: float
+    fn: str | None
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    cancel_requested: bool
+    worker: str | None
+    lease_deadline: float | None
+    updated_at: float
+    error: str | None
+    result: Any
+    remaining: int = 0
+    deps: tuple[str, ...] = ()
+    dependents: tuple[str, ...] = ()
+    blocked_by: Any = None
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One task to schedule: the same keywords as ``Scheduler.schedule``."""
+
+    task_id: str
+    fn: str
+    run_at: float | _dt.datetime | None = None
+    priority: int = 0
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] | None = None
+    delay: float | None = None
+    deps: Sequence[str] = ()
+    optional_deps: Sequence[str] = ()
+    max_attempts: int = 1
+    backoff: float = 1.0
+    allow_unknown: bool = False
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script invocation: which script, its KEYS and its ARGV."""
+
+    script: str
+    keys: list[str]
+    args: list[Any] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def validate_task_id(task_id: object, field_name: str = "task_id") -> str:
+    if not isinstance(task_id, str):
+        raise InvalidArgument(field_name, f"must be a str, got {type(task_id).__name__}")
+    if not task_id:
+        raise InvalidArgument(field_name, "must not be empty")
+    try:
+        size = len(task_id.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(field_name, "must be valid UTF-8 (no lone surrogates)") from None
+    if size > MAX_TASK_ID_BYTES:
+        raise InvalidArgument(field_name, f"must be at most {MAX_TASK_ID_BYTES} bytes in UTF-8")
+    return task_id
+
+
+def validate_worker_id(worker_id: object) -> str:
+    if not isinstance(worker_id, str) or not worker_id:
+        raise InvalidArgument("worker_id", "must be a non-empty str")
+    try:
+        worker_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument("worker_id", "must be valid UTF-8") from None
+    return worker_id
+
+
+def seconds_to_ms(value: object, field_name: str) -> int:
+    """Round a finite number of seconds to whole milliseconds."""
+    if not _is_number(value):
+        raise InvalidArgument(field_name, f"must be a number, got {type(value).__name__}")
+    seconds = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(seconds):
+        raise InvalidArgument(field_name, "must be finite")
+    ms = math.floor(seconds * 1000.0 + 0.5)
+    if abs(ms) > MAX_MS:
+        raise InvalidArgument(field_name, "is out of range")
+    return int(ms)
+
+
+def validate_lease(lease_s: object) -> int:
+    """Return the lease length in ms for a positive number of seconds."""
+    if not _is_number(lease_s) or not math.isfinite(float(lease_s)) or float(lease_s) <= 0:  # type: ignore[arg-type]
+        raise InvalidArgument("lease_s", "must be a positive, finite number of seconds")
+    return max(1, seconds_to_ms(lease_s, "lease_s"))
+
+
+def validate_max_running(max_running: object) -> int | None:
+    if max_running is None:
+        return None
+    if not _is_int(max_running) or max_running < 0:  # type: ignore[operator]
+        raise InvalidArgument("max_running", "must be None or an int >= 0")
+    return int(max_running)  # type: ignore[call-overload]
+
+
+def time_argument(run_at: object, delay: object) -> tuple[str, int]:
+    """Return the (mode, ms) pair of the schedule script for ``run_at``/``delay``."""
+    if run_at is not None and delay is not None:
+        raise InvalidArgument("delay", "give run_at or delay, not both")
+    if delay is not None:
+        return "in", seconds_to_ms(delay, "delay")
+    if run_at is None:
+        return "in", 0
+    if isinstance(run_at, _dt.datetime):
+        if run_at.tzinfo is None or run_at.tzinfo.utcoffset(run_at) is None:
+            raise InvalidArgument("run_at", "a datetime must be timezone-aware")
+        return "at", seconds_to_ms(run_at.timestamp(), "run_at")
+    return "at", seconds_to_ms(run_at, "run_at")
+
+
+def encode_payload(
+    fn: object, args: object, kwargs: object, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+) -> bytes:
+    """Encode the payload map ``{"fn", "args", "kwargs"}`` with msgpack."""
+    if not isinstance(fn, str) or not fn:
+        raise InvalidArgument("fn", "must be a non-empty str naming a registered function")
+    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
+        raise InvalidArgument("args", "must be a list or tuple")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, Mapping):
+        raise InvalidArgument("kwargs", "must be a mapping")
+    if not all(isinstance(k, str) for k in kwargs):
+        raise InvalidArgument("kwargs", "keys must be str")
+    payload = {"fn": fn, "args": list(args), "kwargs": dict(kwargs)}
+    try:
+        data: bytes = msgpack.packb(payload, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        bad = "args"
+        try:
+            msgpack.packb(list(args), use_bin_type=True)
+        except (TypeError, ValueError, OverflowError):
+            pass
+        else:
+            bad = "kwargs"
+        raise InvalidArgument(bad, f"cannot be encoded with msgpack: {exc}") from None
+    if len(data) > max_bytes:
+        raise PayloadTooLarge("args", f"payload is {len(data)} bytes, limit {max_bytes}")
+    return data
+
+
+def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
+    """Validate one task and return its 7 schedule-script values."""
+    task_id = validate_task_id(spec.task_id)
+    mode, ms = time_argument(spec.run_at, spec.delay)
+    if not _is_int(spec.priority) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
+        raise InvalidArgument("priority", f"must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}]")
+    if not _is_int(spec.max_attempts) or not 1 <= spec.max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidArgument("max_attempts", f"must be an int in [1, {MAX_ATTEMPTS_LIMIT}]")
+    if (
+        not _is_number(spec.backoff)
+        or not math.isfinite(float(spec.backoff))
+        or not 0 <= spec.backoff <= BACKOFF_MAX_S
+    ):
+        raise InvalidArgument("backoff", f"must be a number of seconds in [0, {BACKOFF_MAX_S:g}]")
+    for name in ("deps", "optional_deps"):
+        value = getattr(spec, name)
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+            raise InvalidArgument(name, "must be a sequence of task ids")
+        if list(value):
+            raise InvalidArgument(name, "dependencies are not supported by this version")
+    if not isinstance(spec.allow_unknown, bool):
+        raise InvalidArgument("allow_unknown", "must be a bool")
+    payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes)
+    return [
+        task_id,
+        mode,
+        ms,
+        spec.priority,
+        spec.max_attempts,
+        seconds_to_ms(spec.backoff, "backoff"),
+        payload,
+    ]
+
+
+# --------------------------------------------------------------------------- calls
+
+
+def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int) -> Call:
+    if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
+        raise InvalidArgument("specs", "must be a sequence of TaskSpec")
+    args: list[Any] = [len(specs)]
+    seen: set[str] = set()
+    for spec in specs:
+        if not isinstance(spec, TaskSpec):
+            raise InvalidArgument("specs", f"must hold TaskSpec values, got {type(spec).__name__}")
+        values = schedule_values(spec, max_payload_bytes)
+        if values[0] in seen:
+            raise InvalidArgument("task_id", f"{values[0]!r} appears twice in one batch")
+        seen.add(values[0])
+        args.extend(values)
+    return Call(
+        "schedule",
+        [keys.tasks, keys.payloads, keys.results, keys.queue, keys.finished, keys.meta, keys.wake],
+        args,
+    )
+
+
+def cancel_call(keys: Keys, task_id: object) -> Call:
+    return Call("cancel", [keys.tasks, keys.finished, keys.meta], [validate_task_id(task_id)])
+
+
+def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
+    if not _is_int(n) or n < 1:  # type: ignore[operator]
+        raise InvalidArgument("n", "must be an int >= 1")
+    return Call(
+        "claim",
+        [keys.tasks, keys.payloads, keys.queue, keys.leases, keys.meta],
+        [validate_worker_id(worker_id), n, lease_ms, CLAIM_MAX_DROP],
+    )
+
+
+def _token_values(claims: Sequence[Claim]) -> list[Any]:
+    values: list[Any] = []
+    for claim in claims:
+        if not isinstance(claim, Claim):
+            raise InvalidArgument("claim", f"must be a Claim, got {type(claim).__name__}")
+        values.extend((claim.task_id, claim.version, claim.attempt))
+    return values
+
+
+def heartbeat_call(keys: Keys, claims: Sequence[Claim], lease_ms: int) -> Call:
+    return Call(
+        "heartbeat", [keys.tasks, keys.leases], [lease_ms, len(claims), *_token_values(claims)]
+    )
+
+
+def encode_result(result: object) -> bytes:
+    if result is None:
+        return b""
+    try:
+        data: bytes = msgpack.packb(result, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidArgument("result", f"cannot be encoded with msgpack: {exc}") from None
+    return data
+
+
+def complete_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
+    args: list[Any] = [len(reports)]
+    for claim, result in reports:
+        args.extend(_token_values([claim]))
+        args.append(encode_result(result))
+    return Call(
+        "complete",
+        [keys.tasks, keys.leases, keys.results, keys.done, keys.finished, keys.meta, keys.wake],
+        args,
+    )
+
+
+def error_text(error: object) -> str:
+    if isinstance(error, BaseException):
+        text = f"{type(error).__name__}: {error}"
+    elif isinstance(error, str):
+        text = error
+    else:
+        raise InvalidArgument("error", "must be a str or an exception")
+    return text.encode("utf-8", "replace").decode("utf-8")[:8192]
+
+
+def fail_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
+    args: list[Any] = [len(reports)]
+    for claim, error in reports:
+        args.extend(_token_values([claim]))
+        args.append(error_text(error))
+    return Call(
+        "fail",
+        [
+            keys.tasks,
+            keys.queue,
+            keys.leases,
+            keys.results,
+            keys.done,
+            keys.finished,
+            keys.meta,
+            keys.wake,
+        ],
+        args,
+    )
+
+
+def confirm_cancel_call(keys: Keys, claim: Claim) -> Call:
+    return Call(
+        "confirm_cancel",
+        [keys.tasks, keys.leases, keys.done, keys.finished, keys.meta, keys.wake],
+        _token_values([claim]),
+    )
+
+
+def release_call(keys: Keys, claims: Sequence[Claim]) -> Call:
+    return Call(
+        "release",
+        [keys.tasks, keys.queue, keys.leases, keys.meta, keys.wake],
+        [len(claims), *_token_values(claims)],
+    )
+
+
+def reap_call(keys: Keys, task_id: str | None = None, limit: int = REAP_BATCH) -> Call:
+    target = "" if task_id is None else validate_task_id(task_id)
+    return Call(
+        "reap",
+        [
+            keys.tasks,
+            keys.queue,
+            keys.leases,
+            keys.results,
+            keys.finished,
+            keys.meta,
+            keys.wake,
+        ],
+        [limit, target],
+    )
+
+
+# --------------------------------------------------------------------------- replies
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def decode_payload(raw: bytes | None) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """Decode a stored payload; raises ``ValueError`` describing what is wrong."""
+    if not raw:
+        raise ValueError("payload is missing")
+    try:
+        data = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as exc:
+        raise ValueError(f"payload is not msgpack: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError("payload is not a msgpack map")
+    fn, args, kwargs = data.get("fn"), data.get("args", []), data.get("kwargs", {})
+    if not isinstance(fn, str) or not fn:
+        raise ValueError("payload field 'fn' must be a non-empty string")
+    if not isinstance(args, list):
+        raise ValueError("payload field 'args' must be an array")
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError("payload field 'kwargs' must be a map with string keys")
+    return fn, tuple(args), kwargs
+
+
+CLAIM_FIELDS = 6
+
+
+def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
+    """Decode the claim script's reply into claims and, when short, why."""
+    count, reason, delay_ms = int(reply[0]), _text(reply[1]), int(reply[2])
+    claims: list[Claim] = []
+    for i in range(count):
+        base = 3 + CLAIM_FIELDS * i
+        task_id, version, attempt, priority, run_at, raw = reply[base : base + CLAIM_FIELDS]
+        error: str | None = None
+        try:
+            fn, args, kwargs = decode_payload(raw)
+        except ValueError as exc:
+            fn, args, kwargs, error = "", (), {}, str(exc)
+        claims.append(
+            Claim(
+                task_id=_text(task_id),
+                version=int(version),
+                attempt=int(attempt),
+                fn=fn,
+                args=args,
+                kwargs=kwargs,
+                priority=int(priority),
+                run_at=int(run_at) / 1000.0,
+                payload_error=error,
+            )
+        )
+    wait = None
+    if reason:
+        wait = Wait(reason=reason, delay=None if delay_ms < 0 else delay_ms / 1000.0)
+    return claims, wait
+
+
+def decode_outcomes(reply: Sequence[Any]) -> list[Outcome]:
+    return [Outcome(_text(v)) for v in reply]
+
+
+@dataclass(frozen=True)
+class Record:
+    """The fields of a stored task record (see ``lua/lib/record.lua``)."""
+
+    state: State
+    version: int
+    attempt: int
+    max_attempts: int
+    backoff_ms: int
+    run_at_ms: int
+    priority: int
+    cancel_requested: bool
+    updated_ms: int
+    remaining: int
+    optional_remaining: int
+    worker: str
+
+
+def decode_record(raw: bytes | str) -> Record:
+    parts = _text(raw).split("|", 11)
+    if len(parts) != 12:
+        raise ScriptError("corrupt task record")
+    return Record(
+        state=State(parts[0]),
+        version=int(parts[1]),
+        attempt=int(parts[2]),
+        max_attempts=int(parts[3]),
+        backoff_ms=int(parts[4]),
+        run_at_ms=int(parts[5]),
+        priority=int(parts[6]),
+        cancel_requested=parts[7] == "1",
+        updated_ms=int(parts[8]),
+        remaining=int(parts[9]),
+        optional_remaining=int(parts[10]),
+        worker=parts[11],
+    )
+
+
+def status_reads(keys: Keys) -> list[str]:
+    """The hashes read by ``status`` (HGET of the task id in each), in order."""
+    return [keys.tasks, keys.payloads, keys.results]
+
+
+def decode_status(
+    task_id: str, raw_record: Any, raw_payload: Any, raw_result: Any, lease_score: Any
+) -> TaskInfo:
+    if raw_record is None:
+        raise NotFoundError(task_id)
+    rec = decode_record(raw_record)
+    try:
+        fn: str | None
+        fn, args, kwargs = decode_payload(raw_payload)
+    except ValueError:
+        fn, args, kwargs = None, (), {}
+    error: str | None = None
+    result: Any = None
+    if raw_result:
+        kind, body = raw_result[:1], raw_result[1:]
+        if kind == b"E":
+            error = body.decode("utf-8", "replace")
+        elif kind == b"R":
+            result = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    return TaskInfo(
+        task_id=task_id,
+        state=rec.state,
+        version=rec.version,
+        attempt=rec.attempt,
+        max_attempts=rec.max_attempts,
+        priority=rec.priority,
+        run_at=rec.run_at_ms / 1000.0,
+        backoff=rec.backoff_ms / 1000.0,
+        fn=fn,
+        args=args,
+        kwargs=kwargs,
+        cancel_requested=rec.cancel_requested,
+        worker=rec.worker or None,
+        lease_deadline=None if lease_score is None else float(lease_score) / 1000.0,
+        updated_at=rec.updated_ms / 1000.0,
+        error=error,
+        result=result,
+        remaining=rec.remaining,
+    )
+
+
+def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> dict[str, Any]:
+    counts = {state.value: 0 for state in State}
+    settings: dict[str, Any] = {}
+    for raw_key, raw_value in meta.items():
+        key = _text(raw_key)
+        if key.startswith("count:"):
+            counts[key[6:]] = int(raw_value)
+        else:
+            settings[key] = int(raw_value)
+    ready = counts.get(State.READY.value, 0)
+    return {
+        "counts": counts,
+        "queue_entries": queue_entries,
+        "live_entries": ready,
+        "stale_entries": queue_entries - ready,
+        "leases": leases,
+        "running": counts.get(State.RUNNING.value, 0),
+        "max_running": settings.get("max_running"),
+        "sequence": settings.get("seq", 0),
+    }
+
+
+_ERROR_PREFIXES: dict[str, type[Exception]] = {
+    "NOTFOUND": NotFoundError,
+    "CONFLICT": ConflictError,
+}
+
+
+def translate_error(message: str) -> Exception:
+    """Map a script error reply to the exception the API promises."""
+    code, _, rest = message.partition(" ")
+    exc_type = _ERROR_PREFIXES.get(code)
+    if exc_type is NotFoundError:
+        return NotFoundError(f"no task {rest!r}")
+    if exc_type is ConflictError:
+        what, _, task_id = rest.partition(" ")
+        if what == "running":
+            return ConflictError(f"task {task_id!r} is running; it cannot be replaced")
+        if what == "not_requested":
+            return ConflictError(f"task {task_id!r} has no cancellation request")
+        return ConflictError(rest)
+    return ScriptError(message)

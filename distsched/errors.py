@@ -1,0 +1,59 @@
+"""Exceptions raised by distsched."""
+
+from __future__ import annotations
+
+
+class DistschedError(Exception):
+    """Base class of every distsched error."""
+
+
+class InvalidArgument(DistschedError, ValueError):
+    """A bad argument. ``field`` names it; nothing was written to Redis."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class PayloadTooLarge(InvalidArgument):
+    """The encoded payload exceeds the scheduler's ``max_payload_bytes``."""
+
+
+class ConflictError(DistschedError):
+    """The operation is not legal in the task's current state (e.g. replacing a running task)."""
+
+
+class NotFoundError(DistschedError, LookupError):
+    """No task with this id exists in the namespace."""
+
+
+class ClosedError(DistschedError):
+    """The scheduler was closed."""
+
+
+class LeaseLostError(DistschedError):
+    """The claim's token is no longer current: its lease was reaped or the task replaced."""
+
+
+class CycleError(DistschedError):
+    """A dependency cycle; ``path`` is the concrete cycle, first id repeated last."""
+
+    def __init__(self, path: list[str]) -> None:
+        super().__init__("dependency cycle: " + " -> ".join(path))
+        self.path = path
+
+
+class UnknownDependencyError(DistschedError):
+    """A dependency names a task that does not exist (closed graph)."""
+
+
+class ScriptError(DistschedError):
+    """A script refused its input or found a corrupt record."""
+
+
+class Cancelled(DistschedError):  # noqa: N818 - the name users write in except clauses
+    """Raised inside a task function by ``raise_if_cancelled()``; ends the task as cancelled."""
+
+
+class LeaseLost(Cancelled):  # noqa: N818
+    """Raised by ``raise_if_cancelled()`` when the worker lost the task's lease."""

@@ -1,0 +1,102 @@
+"""Every Redis key name distsched uses, built in this one place.
+
+All keys of a namespace share the hash tag ``{namespace}``, so every script
+touches a single Redis Cluster slot. Per-task data lives in fields of a few
+namespace-wide hashes (the field is the task id) rather than in one key per
+task: the scripts then only ever touch keys they were given in ``KEYS``, and a
+queued task costs no key of its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "ds"
+MAX_NAMESPACE_BYTES = 128
+
+
+def validate_namespace(namespace: object) -> str:
+    """Return ``namespace`` if it can be used inside a hash tag, else raise."""
+    from distsched.errors import InvalidArgument
+
+    if not isinstance(namespace, str):
+        raise InvalidArgument("namespace", f"must be a str, got {type(namespace).__name__}")
+    if not namespace:
+        raise InvalidArgument("namespace", "must not be empty")
+    if any(c in namespace for c in "{}") or any(ord(c) < 0x21 for c in namespace):
+        raise InvalidArgument("namespace", "must not contain braces, spaces or control characters")
+    if len(namespace.encode("utf-8")) > MAX_NAMESPACE_BYTES:
+        raise InvalidArgument("namespace", f"must be at most {MAX_NAMESPACE_BYTES} bytes")
+    return namespace
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The key names of one namespace (``ds:{namespace}:...``)."""
+
+    namespace: str
+
+    def __post_init__(self) -> None:
+        validate_namespace(self.namespace)
+
+    @property
+    def prefix(self) -> str:
+        return f"{PREFIX}:{{{self.namespace}}}:"
+
+    @property
+    def tasks(self) -> str:
+        """Hash: task id -> task record (state, version, attempt, ...)."""
+        return self.prefix + "tasks"
+
+    @property
+    def payloads(self) -> str:
+        """Hash: task id -> msgpack payload ``{"fn", "args", "kwargs"}``."""
+        return self.prefix + "payloads"
+
+    @property
+    def results(self) -> str:
+        """Hash: task id -> last outcome detail (error text or msgpack result)."""
+        return self.prefix + "results"
+
+    @property
+    def done(self) -> str:
+        """Hash: task id -> recent tokens ``version.attempt`` whose report was applied."""
+        return self.prefix + "done"
+
+    @property
+    def queue(self) -> str:
+        """Sorted set: the time-indexed ready queue (score run_at ms, member key+id)."""
+        return self.prefix + "queue"
+
+    @property
+    def leases(self) -> str:
+        """Sorted set: running task id -> lease deadline (ms, server clock)."""
+        return self.prefix + "leases"
+
+    @property
+    def finished(self) -> str:
+        """Sorted set: terminal task id -> time it became terminal (ms)."""
+        return self.prefix + "finished"
+
+    @property
+    def meta(self) -> str:
+        """Hash: namespace counters and settings (seq, max_running, count:<state>)."""
+        return self.prefix + "meta"
+
+    @property
+    def wake(self) -> str:
+        """Pub/sub channel: published when waiting workers may have work."""
+        return self.prefix + "wake"
+
+    def all_keys(self) -> list[str]:
+        """Every data key of the namespace (not the channel)."""
+        return [
+            self.tasks,
+            self.payloads,
+            self.results,
+            self.done,
+            self.queue,
+            self.leases,
+            self.finished,
+            self.meta,
+        ]

@@ -1,0 +1,487 @@
+"""The worker: a fixed pool that claims due tasks and runs registered functions.
+
+Threads of one worker:
+- the claim loop (the thread that calls :meth:`Worker.run`): claims at most as
+  many tasks as there are free slots, then waits on the namespace's wake-up
+  channel with the server's delay hint as timeout;
+- ``concurrency`` pool threads for ``def`` functions;
+- one event-loop thread for ``async def`` functions (started when needed);
+- the heartbeat thread: extends leases, delivers cancellation and lease loss
+  to running functions, and reaps expired leases of the whole fleet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from distsched.client import Scheduler
+from distsched.context import TaskContext, _reset_current, _set_current
+from distsched.core import Claim, Outcome, Wait
+from distsched.errors import Cancelled, ClosedError, InvalidArgument
+
+log = logging.getLogger("distsched.worker")
+
+TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
+# The claim loop checks its stop flag at least this often while it waits.
+STOP_CHECK_S = 0.05
+RETRY_MIN_S = 0.05
+RETRY_MAX_S = 2.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _backoff() -> Iterator[float]:
+    delay = RETRY_MIN_S
+    while True:
+        yield delay
+        delay = min(RETRY_MAX_S, delay * 2)
+
+
+@dataclass
+class _Job:
+    claim: Claim
+    ctx: TaskContext
+    started: bool = False
+    released: bool = False
+    report_done: threading.Event = field(default_factory=threading.Event)
+
+
+class Worker:
+    """Run registered functions for the tasks of one scheduler's namespace.
+
+    ``functions`` maps the names used in ``schedule(fn=...)`` to callables,
+    ``def`` or ``async def``. At most ``concurrency`` functions run at once and
+    no more tasks than free slots are ever claimed.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        functions: Mapping[str, Callable[..., Any]],
+        concurrency: int = 8,
+        worker_id: str | None = None,
+        heartbeat_s: float | None = None,
+        grace: float = 30.0,
+        cancel_wait: float = 10.0,
+    ) -> None:
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+            raise InvalidArgument("concurrency", "must be an int >= 1")
+        if not isinstance(functions, Mapping) or not all(
+            isinstance(k, str) and callable(v) for k, v in functions.items()
+        ):
+            raise InvalidArgument("functions", "must map names (str) to callables")
+        self.scheduler = scheduler
+        self.functions = dict(functions)
+        self.concurrency = concurrency
+        self.worker_id = worker_id or default_worker_id()
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else scheduler.lease_s / 3.0
+        self.grace = grace
+        self.cancel_wait = cancel_wait
+
+        self._cond = threading.Condition()
+        self._jobs: dict[tuple[str, int, int], _Job] = {}
+        self._free = concurrency
+        self._running_now = 0
+        self.peak_running = 0
+        self.counts: dict[str, int] = {
+            "claimed": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "released": 0,
+            "stale": 0,
+            "duplicate": 0,
+        }
+
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._stop_grace: float | None = None
+        self._sigint_seen = False
+        self._work: queue.Queue[_Job | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._heartbeat_stop = threading.Event()
+
+    # ------------------------------------------------------------------ public
+
+    def run(self) -> None:
+        """Claim and run tasks until :meth:`stop` or SIGTERM/SIGINT, then shut down (§8)."""
+        restore = self._install_signal_handlers()
+        try:
+            self._start_threads()
+            try:
+                self._claim_loop()
+            finally:
+                self._shutdown()
+        finally:
+            restore()
+            self._stopped.set()
+
+    def stop(self, grace: float | None = None) -> None:
+        """Ask the worker to shut down; running functions get ``grace`` seconds to finish."""
+        if grace is not None:
+            self._stop_grace = grace
+        self._stopping.set()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`run` has returned; True if it did within ``timeout``."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def running(self) -> int:
+        """How many functions are executing right now."""
+        with self._cond:
+            return self._running_now
+
+    # ------------------------------------------------------------------ signals
+
+    def _install_signal_handlers(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            if signum == signal.SIGINT and self._sigint_seen:
+                # Second Ctrl-C: leave now; leases expire and the tasks are retried.
+                os._exit(130)
+            if signum == signal.SIGINT:
+                self._sigint_seen = True
+            log.info("signal %s: shutting down", signum)
+            self.stop()
+
+        previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        for s in previous:
+            signal.signal(s, on_signal)
+
+        def restore() -> None:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+        return restore
+
+    # ------------------------------------------------------------------ threads
+
+    def _start_threads(self) -> None:
+        for i in range(self.concurrency):
+            t = threading.Thread(
+                target=self._pool_thread, name=f"distsched-pool-{i}", daemon=True
+            )
+            t.start()
+            self._threads.append(t)
+        if any(inspect.iscoroutinefunction(f) for f in self.functions.values()):
+            ready = threading.Event()
+            t = threading.Thread(
+                target=self._loop_thread, args=(ready,), name="distsched-loop", daemon=True
+            )
+            t.start()
+            ready.wait()
+            self._threads.append(t)
+        hb = threading.Thread(target=self._heartbeat_thread, name="distsched-heartbeat", daemon=True)
+        hb.start()
+        self._threads.append(hb)
+
+    def _loop_thread(self, ready: threading.Event) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def _pool_thread(self) -> None:
+        while True:
+            job = self._work.get()
+            if job is None:
+                return
+            self._execute_sync(job)
+
+    # ------------------------------------------------------------------ claiming
+
+    def _claim_loop(self) -> None:
+        pubsub = None
+        retry = _backoff()
+        while not self._stopping.is_set():
+            with self._cond:
+                while self._free == 0 and not self._stopping.is_set():
+                    self._cond.wait(STOP_CHECK_S)
+                free = self._free
+            if self._stopping.is_set():
+                break
+            try:
+                if pubsub is None:
+                    pubsub = self.scheduler.client.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe(self.scheduler.keys.wake)
+                # Wake-ups that came while we were busy are covered by this claim.
+                while pubsub.get_message(timeout=0) is not None:
+                    pass
+                claims, wait = self.scheduler.claim(free, self.worker_id)
+            except ClosedError:
+                break
+            except TRANSIENT as exc:
+                pubsub = self._drop_pubsub(pubsub)
+                pause = next(retry)
+                log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
+                self._stopping.wait(pause)
+                continue
+            retry = _backoff()
+            for claim in claims:
+                self._dispatch(claim)
+            if wait is None or claims and wait.delay == 0:
+                continue
+            try:
+                self._wait_for_wake(pubsub, wait)
+            except TRANSIENT:
+                pubsub = self._drop_pubsub(pubsub)
+        self._drop_pubsub(pubsub)
+
+    @staticmethod
+    def _drop_pubsub(pubsub: Any) -> None:
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                log.debug("closing pubsub failed", exc_info=True)
+
+    def _wait_for_wake(self, pubsub: Any, wait: Wait) -> None:
+        """Block until a wake-up message, the delay hint, or stop."""
+        if wait.delay == 0:
+            return
+        deadline = None if wait.delay is None else time.monotonic() + wait.delay
+        while not self._stopping.is_set():
+            timeout = STOP_CHECK_S
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                timeout = min(timeout, left)
+            if pubsub.get_message(timeout=timeout) is not None:
+                return
+
+    def _dispatch(self, claim: Claim) -> None:
+        job = _Job(claim=claim, ctx=TaskContext(claim))
+        with self._cond:
+            self._free -= 1
+            self._jobs[claim.token] = job
+            self.counts["claimed"] += 1
+        fn = self.functions.get(claim.fn)
+        if fn is not None and inspect.iscoroutinefunction(fn) and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self._execute_async(job, fn), self._loop)
+        else:
+            self._work.put(job)
+
+    # ------------------------------------------------------------------ running
+
+    def _begin(self, job: _Job) -> bool:
+        with self._cond:
+            if job.released:
+                return False
+            job.started = True
+            self._running_now += 1
+            self.peak_running = max(self.peak_running, self._running_now)
+            return True
+
+    def _end(self, job: _Job) -> None:
+        with self._cond:
+            self._running_now -= 1
+            self._jobs.pop(job.claim.token, None)
+            self._free += 1
+            self._cond.notify_all()
+        job.report_done.set()
+
+    def _refusal(self, claim: Claim) -> str | None:
+        if claim.payload_error is not None:
+            return f"payload decode error: {claim.payload_error}"
+        if claim.fn not in self.functions:
+            return f"unregistered function {claim.fn!r}: this worker serves {sorted(self.functions)}"
+        return None
+
+    def _execute_sync(self, job: _Job) -> None:
+        if not self._begin(job):
+            return
+        try:
+            refusal = self._refusal(job.claim)
+            if refusal is not None:
+                self._report(job, "fail", refusal)
+                return
+            fn = self.functions[job.claim.fn]
+            token = _set_current(job.ctx)
+            try:
+                result = fn(*job.claim.args, **job.claim.kwargs)
+                if inspect.isawaitable(result):
+                    # An async callable not detected as such (e.g. a partial).
+                    result = asyncio.run(_await(result))
+            except Cancelled as exc:
+                self._report_cancelled(job, exc)
+            except BaseException as exc:  # noqa: BLE001 - any failure of user code is reported
+                self._report(job, "fail", exc)
+            else:
+                self._report(job, "complete", result)
+            finally:
+                _reset_current(token)
+        finally:
+            self._end(job)
+
+    async def _execute_async(self, job: _Job, fn: Callable[..., Any]) -> None:
+        if not self._begin(job):
+            return
+        try:
+            assert self._loop is not None
+            job.ctx._bind_loop(self._loop)
+            _set_current(job.ctx)
+            try:
+                result = await fn(*job.claim.args, **job.claim.kwargs)
+            except Cancelled as exc:
+                await asyncio.to_thread(self._report_cancelled, job, exc)
+            except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
+                await asyncio.to_thread(self._report, job, "fail", exc)
+            else:
+                await asyncio.to_thread(self._report, job, "complete", result)
+        finally:
+            self._end(job)
+
+    def _report_cancelled(self, job: _Job, exc: Cancelled) -> None:
+        if job.ctx._cancel_was_requested:
+            self._report(job, "confirm_cancel", None)
+        else:
+            # Lease lost (or Cancelled raised unprompted): not a cancellation of the task.
+            self._report(job, "fail", exc)
+
+    def _report(self, job: _Job, kind: str, value: object) -> None:
+        """Report an outcome, retrying through transient Redis faults until it is answered."""
+        retry = _backoff()
+        deadline = time.monotonic() + max(60.0, 2 * self.scheduler.lease_s)
+        while True:
+            try:
+                if kind == "complete":
+                    try:
+                        outcome = self.scheduler.complete(job.claim, value)
+                    except InvalidArgument as exc:
+                        kind, value = "fail", f"result not storable: {exc}"
+                        continue
+                elif kind == "confirm_cancel":
+                    outcome = self.scheduler.confirm_cancel(job.claim)
+                else:
+                    outcome = self.scheduler.fail(job.claim, value)
+            except TRANSIENT as exc:
+                if time.monotonic() > deadline:
+                    log.error("giving up reporting %s: %s", job.claim.token, exc)
+                    return
+                self._stopping.wait(next(retry))
+                continue
+            except ClosedError:
+                return
+            except Exception:
+                log.exception("reporting %s of %s failed", kind, job.claim.token)
+                return
+            self._count(kind, value, outcome)
+            return
+
+    def _count(self, kind: str, value: object, outcome: Outcome) -> None:
+        with self._cond:
+            if outcome is Outcome.APPLIED:
+                key = {"complete": "succeeded", "confirm_cancel": "cancelled"}.get(kind, "failed")
+            else:
+                key = outcome.value
+            self.counts[key] += 1
+
+    # ------------------------------------------------------------------ heartbeats
+
+    def _heartbeat_thread(self) -> None:
+        while not self._heartbeat_stop.wait(self.heartbeat_s):
+            self._heartbeat_once()
+
+    def _heartbeat_once(self) -> None:
+        with self._cond:
+            jobs = [j for j in self._jobs.values() if not j.released]
+        try:
+            if jobs:
+                statuses = self.scheduler.heartbeat_many([j.claim for j in jobs])
+                for job, status in zip(jobs, statuses):
+                    if status is None:
+                        job.ctx._signal_stop(lease_lost=True)
+                    elif status:
+                        job.ctx._signal_stop()
+            self.scheduler.reap()
+        except TRANSIENT as exc:
+            log.warning("heartbeat failed: %s", exc)
+        except ClosedError:
+            return
+
+    # ------------------------------------------------------------------ shutdown
+
+    def _shutdown(self) -> None:
+        self._stopping.set()
+        grace = self.grace if self._stop_grace is None else self._stop_grace
+        # 1. Claimed but not started: hand them back without spending an attempt.
+        with self._cond:
+            unstarted = [j for j in self._jobs.values() if not j.started and not j.released]
+            for job in unstarted:
+                job.released = True
+                self._jobs.pop(job.claim.token, None)
+                self._free += 1
+        if unstarted:
+            self._release([j.claim for j in unstarted])
+        # 2. Running: wait for them up to the grace period, 3. then signal them to stop.
+        if not self._wait_idle(grace):
+            with self._cond:
+                for job in self._jobs.values():
+                    job.ctx._signal_stop()
+            if not self._wait_idle(self.cancel_wait):
+                log.error("%d task functions did not stop; their leases will expire", self.running)
+        # 4. Last: heartbeats, the event loop and the pool threads.
+        self._heartbeat_stop.set()
+        for _ in range(self.concurrency):
+            self._work.put(None)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        current = threading.current_thread()
+        for t in self._threads:
+            if t is not current:
+                t.join(timeout=1.0)
+
+    def _release(self, claims: list[Claim]) -> None:
+        retry = _backoff()
+        for _ in range(20):
+            try:
+                released = self.scheduler.release(claims)
+            except TRANSIENT:
+                time.sleep(next(retry))
+                continue
+            except ClosedError:
+                return
+            with self._cond:
+                self.counts["released"] += released
+            return
+
+    def _wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._jobs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable

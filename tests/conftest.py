@@ -1,0 +1,148 @@
+"""Shared fixtures: real ``redis-server`` processes on free ports.
+
+Tests never touch a Redis they did not start. When ``redis-server`` is not on
+PATH the tests that need it are skipped with the reason, except under
+``CI=true``, where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from distsched import Scheduler
+
+REDIS_SERVER = shutil.which("redis-server")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require_redis_server() -> str:
+    if REDIS_SERVER is None:
+        if IN_CI:
+            pytest.fail("redis-server is not on PATH, and CI=true requires it")
+        pytest.skip("redis-server is not on PATH (install Redis 7 to run this test)")
+    return REDIS_SERVER
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """A throwaway ``redis-server`` process owned by a test."""
+
+    def __init__(self, *extra: str, port: int | None = None, appendonly: bool = False) -> None:
+        self.binary = require_redis_server()
+        self.port = port or free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="distsched-redis-"))
+        self.extra = list(extra)
+        self.appendonly = appendonly
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [
+            self.binary,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            *self.extra,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_timeout=1).ping()
+                return
+            except redis.ConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
+                time.sleep(0.02)
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        """Clean shutdown (SHUTDOWN, which writes the AOF when enabled)."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                redis.Redis(port=self.port).shutdown(nosave=not self.appendonly)
+            except redis.ConnectionError:
+                pass
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One real redis-server for the session; tests keep apart by namespace."""
+    server = RedisServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A real redis-server for this test alone (fault tests, key counts)."""
+    server = RedisServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis_server.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def scheduler(redis_client: redis.Redis, namespace: str) -> Iterator[Scheduler]:
+    s = Scheduler(redis_client, namespace=namespace, lease_s=5.0)
+    yield s
+    s.close()
+
+
+def namespace_keys(client: redis.Redis, namespace: str) -> dict[bytes, object]:
+    """Every key of a namespace with a comparable dump of its contents."""
+    out: dict[bytes, object] = {}
+    for key in client.scan_iter(match=f"ds:{{{namespace}}}:*", count=1000):
+        kind = client.type(key)
+        if kind == b"hash":
+            out[key] = client.hgetall(key)
+        elif kind == b"zset":
+            out[key] = client.zrange(key, 0, -1, withscores=True)
+        else:
+            out[key] = client.dump(key)
+    return out
