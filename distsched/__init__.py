@@ -1,8 +1,8 @@
 """distsched: a Redis-based distributed task scheduler."""
 
+from distsched.client import Scheduler
 from distsched.context import TaskContext, current_task
 from distsched.core import Claim, Outcome, State, TaskInfo, TaskSpec, Wait
-from distsched.client import Scheduler
 
 __all__ = [
     "Claim",

@@ -267,14 +267,14 @@ class Scheduler(BaseScheduler):
     def leases(self) -> list[tuple[str, float]]:
         """Running task ids with their lease deadlines (epoch seconds, server clock)."""
         self._check_open()
-        rows = self.client.zrange(self.keys.leases, 0, -1, withscores=True)
+        rows: Any = self.client.zrange(self.keys.leases, 0, -1, withscores=True)
         return [(core._text(member), float(score) / 1000.0) for member, score in rows]
 
     def server_time(self) -> float:
         """The Redis server's clock, epoch seconds (the clock that decides due-ness)."""
         self._check_open()
         seconds, micros = self.client.time()
-        return float(seconds) + micros / 1e6
+        return float(seconds) + float(micros) / 1e6
 
     def set_max_running(self, max_running: int | None) -> None:
         """Set the fleet-wide bound on running tasks (None removes it). Last writer wins."""

@@ -217,9 +217,9 @@ def validate_lease(lease_s: object) -> int:
 def validate_max_running(max_running: object) -> int | None:
     if max_running is None:
         return None
-    if not _is_int(max_running) or max_running < 0:  # type: ignore[operator]
+    if not isinstance(max_running, int) or isinstance(max_running, bool) or max_running < 0:
         raise InvalidArgument("max_running", "must be None or an int >= 0")
-    return int(max_running)  # type: ignore[call-overload]
+    return max_running
 
 
 def time_argument(run_at: object, delay: object) -> tuple[str, int]:

@@ -51,9 +51,9 @@ class ScriptError(DistschedError):
     """A script refused its input or found a corrupt record."""
 
 
-class Cancelled(DistschedError):  # noqa: N818 - the name users write in except clauses
+class Cancelled(DistschedError):
     """Raised inside a task function by ``raise_if_cancelled()``; ends the task as cancelled."""
 
 
-class LeaseLost(Cancelled):  # noqa: N818
+class LeaseLost(Cancelled):
     """Raised by ``raise_if_cancelled()`` when the worker lost the task's lease."""

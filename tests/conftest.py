@@ -7,6 +7,7 @@ PATH the tests that need it are skipped with the reason, except under
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -83,10 +84,8 @@ class RedisServer:
     def stop(self) -> None:
         """Clean shutdown (SHUTDOWN, which writes the AOF when enabled)."""
         if self.proc and self.proc.poll() is None:
-            try:
+            with contextlib.suppress(redis.ConnectionError):
                 redis.Redis(port=self.port).shutdown(nosave=not self.appendonly)
-            except redis.ConnectionError:
-                pass
             self.proc.wait(10)
 
     def kill(self) -> None:

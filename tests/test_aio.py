@@ -1,0 +1,91 @@
+"""The asyncio scheduler shares scripts, keys and replies with the sync one."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from distsched import Outcome, Scheduler, State, Wait
+from distsched.aio import AsyncScheduler
+from distsched.errors import ClosedError, ConflictError, LeaseLostError, NotFoundError
+from tests.conftest import RedisServer
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+def test_async_scheduler_runs_the_same_lifecycle_as_the_sync_one(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    async def story() -> None:
+        s = await AsyncScheduler.from_url(redis_server.url, namespace=namespace, lease_s=5)
+        try:
+            # Same run_at: the higher priority goes first.
+            await s.schedule("low", fn="f", priority=1, run_at=1_000.0)
+            await s.schedule("high", fn="f", priority=9, args=(1, 2), run_at=1_000.0)
+            first = await s.next("w")
+            assert not isinstance(first, Wait)
+            assert (first.task_id, first.args) == ("high", (1, 2))
+            with pytest.raises(ConflictError):
+                await s.schedule("high", fn="f")
+            assert await s.cancel("high") is State.RUNNING
+            assert await s.heartbeat(first) is True
+            assert await s.confirm_cancel(first) is Outcome.APPLIED
+            assert await s.confirm_cancel(first) is Outcome.DUPLICATE
+            second = await s.next("w")
+            assert not isinstance(second, Wait)
+            assert await s.complete(second, {"n": 1}) is Outcome.APPLIED
+            with pytest.raises(LeaseLostError):
+                await s.heartbeat(second)
+            info = await s.status("low")
+            assert (info.state, info.result) == (State.SUCCEEDED, {"n": 1})
+            assert await s.next("w") == Wait("empty", None)
+            with pytest.raises(NotFoundError):
+                await s.cancel("nope")
+            stats = await s.stats()
+            assert stats["counts"]["succeeded"] == 1
+            assert stats["counts"]["cancelled"] == 1
+        finally:
+            await s.close()
+        with pytest.raises(ClosedError):
+            await s.status("low")
+
+    run(story())
+
+
+def test_sync_scheduler_sees_what_the_async_one_wrote(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    async def produce() -> int:
+        s = await AsyncScheduler.from_url(redis_server.url, namespace=namespace)
+        try:
+            return await s.schedule("x", fn="f", delay=-1)
+        finally:
+            await s.close()
+
+    version = run(produce())
+    sync = Scheduler.from_url(redis_server.url, namespace=namespace)
+    try:
+        claim = sync.next("w")
+        assert not isinstance(claim, Wait)
+        assert (claim.task_id, claim.version) == ("x", version)
+    finally:
+        sync.close()
+
+
+def test_async_wait_for_wake_returns_when_a_task_is_scheduled(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    async def story() -> bool:
+        s = await AsyncScheduler.from_url(redis_server.url, namespace=namespace)
+        try:
+            waiter = asyncio.create_task(s.wait_for_wake(10.0))
+            await asyncio.sleep(0.2)
+            await s.schedule("now", fn="f")
+            return await asyncio.wait_for(waiter, 5.0)
+        finally:
+            await s.close()
+
+    assert run(story()) is True
