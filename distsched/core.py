@@ -418,7 +418,7 @@ def confirm_cancel_call(keys: Keys, claim: Claim) -> Call:
 def release_call(keys: Keys, claims: Sequence[Claim]) -> Call:
     return Call(
         "release",
-        [keys.tasks, keys.queue, keys.leases, keys.meta, keys.wake],
+        [keys.tasks, keys.queue, keys.leases, keys.meta, keys.wake, keys.finished],
         [len(claims), *_token_values(claims)],
     )
 

@@ -2,7 +2,8 @@
 --
 -- running -> succeeded, fenced by the token (id, version, attempt): only the
 -- current running attempt is applied. A token already applied before gets
--- 'duplicate'; any other token gets 'stale'. Neither changes anything.
+-- 'duplicate'; any other token gets 'stale'. Neither changes anything. A
+-- cancellation request made while it ran stays on the record.
 --
 -- KEYS[1] tasks     hash: id -> task record
 -- KEYS[2] leases    sorted set: id -> lease deadline
@@ -38,7 +39,6 @@ for i = 1, n do
     count_move(k.meta, 'running', 'succeeded')
     t.state = 'succeeded'
     t.worker = ''
-    t.cancel = 0
     t.updated = now
     save_task(k.tasks, id, t)
     if ARGV[base + 4] ~= '' then

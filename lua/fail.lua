@@ -1,8 +1,8 @@
 -- fail.lua: report a batch of claims whose function raised.
 --
 -- running -> ready (a new attempt, due after backoff * 2^(attempt-1), capped
--- at one hour) while attempts remain; running -> failed otherwise. Fenced by
--- the token exactly as complete.lua.
+-- at one hour) while attempts remain and no cancellation was requested;
+-- running -> failed otherwise. Fenced by the token exactly as complete.lua.
 --
 -- KEYS[1] tasks     hash: id -> task record
 -- KEYS[2] queue     sorted set: the ready queue

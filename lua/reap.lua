@@ -1,7 +1,8 @@
 -- reap.lua: handle leases whose deadline (server clock) has passed.
 --
--- running -> ready (a new attempt after backoff) while attempts remain,
--- running -> failed with reason 'lease expired' otherwise. The old holder's
+-- running -> ready (a new attempt after backoff) while attempts remain and no
+-- cancellation was requested, running -> failed with reason 'lease expired'
+-- otherwise. The old holder's
 -- token is then stale: its late report changes nothing.
 --
 -- KEYS[1] tasks     hash: id -> task record

@@ -121,10 +121,10 @@ local function end_attempt_failed(k, id, t, now, reason)
   local running_before = running_count(k.meta)
   redis.call('ZREM', k.leases, id)
   t.worker = ''
-  t.cancel = 0
   t.updated = now
   local woke = false
-  if t.attempt < t.max_attempts then
+  -- A task whose cancellation was requested gets no new attempt; the request stays on record.
+  if t.attempt < t.max_attempts and t.cancel == 0 then
     local delay = t.backoff_ms * 2 ^ (t.attempt - 1)
     if delay > 3600000 then delay = 3600000 end
     t.run_at = now + math.floor(delay)
