@@ -3,6 +3,7 @@
 from distsched.client import Scheduler
 from distsched.context import TaskContext, current_task
 from distsched.core import Claim, Outcome, State, TaskInfo, TaskSpec, Wait
+from distsched.worker import Worker
 
 __all__ = [
     "Claim",
@@ -13,6 +14,7 @@ __all__ = [
     "TaskInfo",
     "TaskSpec",
     "Wait",
+    "Worker",
     "current_task",
 ]
 __version__ = "0.1.0"

@@ -8,12 +8,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis.asyncio as aredis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from distsched import core
 from distsched.client import BaseScheduler
 from distsched.core import Call, Claim, Outcome, State, TaskInfo, TaskSpec, Wait
-from distsched.errors import LeaseLostError
+from distsched.errors import InvalidArgument, LeaseLostError
 from distsched.scripts import Registry
 
 
@@ -43,7 +43,11 @@ class AsyncScheduler(BaseScheduler):
     ) -> AsyncScheduler:
         """Connect to ``url``; ``max_running`` is stored when not None (last writer wins)."""
         limit = core.validate_max_running(max_running)
-        client = aredis.Redis.from_url(url)
+        url = core.validate_url(url)
+        try:
+            client = aredis.Redis.from_url(url)
+        except ValueError as exc:
+            raise InvalidArgument("url", str(exc)) from None
         try:
             scheduler = cls(client, namespace=namespace, lease_s=lease_s, **kwargs)
             if limit is not None:
@@ -58,6 +62,9 @@ class AsyncScheduler(BaseScheduler):
         self._check_open()
         try:
             return await self._scripts[call.script](keys=call.keys, args=call.args)
+        except NoPermissionError:
+            # An ACL refusal is the operator's business: keep redis-py's own exception.
+            raise
         except ResponseError as exc:
             raise core.translate_error(str(exc)) from None
 
@@ -107,6 +114,7 @@ class AsyncScheduler(BaseScheduler):
         return wait
 
     async def heartbeat_many(self, claims: Sequence[Claim]) -> list[bool | None]:
+        self._check_open()
         if not claims:
             return []
         reply = await self._run(core.heartbeat_call(self.keys, claims, self.lease_ms))
@@ -119,6 +127,7 @@ class AsyncScheduler(BaseScheduler):
         return status
 
     async def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
+        self._check_open()
         if not reports:
             return []
         return core.decode_outcomes(await self._run(core.complete_call(self.keys, reports)))
@@ -127,6 +136,7 @@ class AsyncScheduler(BaseScheduler):
         return (await self.complete_many([(claim, result)]))[0]
 
     async def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
+        self._check_open()
         if not reports:
             return []
         return core.decode_outcomes(await self._run(core.fail_call(self.keys, reports)))
@@ -139,6 +149,7 @@ class AsyncScheduler(BaseScheduler):
         return Outcome(core._text(reply))
 
     async def release(self, claims: Sequence[Claim]) -> int:
+        self._check_open()
         if not claims:
             return 0
         return sum(int(v) for v in await self._run(core.release_call(self.keys, claims)))
@@ -205,4 +216,3 @@ class AsyncScheduler(BaseScheduler):
         self._closed = True
         if self._owns_client:
             await self.client.aclose()
-

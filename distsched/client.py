@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ResponseError
 
 from distsched import core
 from distsched.core import Call, Claim, Outcome, State, TaskInfo, TaskSpec, Wait
-from distsched.errors import ClosedError, LeaseLostError
+from distsched.errors import ClosedError, InvalidArgument, LeaseLostError
 from distsched.keys import Keys
 from distsched.scripts import Registry
 
@@ -28,9 +28,9 @@ class BaseScheduler:
     ) -> None:
         self.keys = Keys(namespace)
         self.namespace = namespace
-        self.lease_s = float(lease_s)
         self.lease_ms = core.validate_lease(lease_s)
-        self.max_payload_bytes = max_payload_bytes
+        self.lease_s = float(lease_s)
+        self.max_payload_bytes = core.validate_max_payload_bytes(max_payload_bytes)
         self._closed = False
 
     def _check_open(self) -> None:
@@ -104,7 +104,11 @@ class Scheduler(BaseScheduler):
         **kwargs: Any,
     ) -> Scheduler:
         """Connect to ``redis://``, ``rediss://`` or ``unix://`` ``url``."""
-        client = redis.Redis.from_url(url)
+        url = core.validate_url(url)
+        try:
+            client = redis.Redis.from_url(url)
+        except ValueError as exc:
+            raise InvalidArgument("url", str(exc)) from None
         try:
             scheduler = cls(
                 client, namespace=namespace, lease_s=lease_s, max_running=max_running, **kwargs
@@ -121,6 +125,9 @@ class Scheduler(BaseScheduler):
         self._check_open()
         try:
             return self._scripts[call.script](keys=call.keys, args=call.args, client=client)
+        except NoPermissionError:
+            # An ACL refusal is the operator's business: keep redis-py's own exception.
+            raise
         except ResponseError as exc:
             raise core.translate_error(str(exc)) from None
 
@@ -199,6 +206,7 @@ class Scheduler(BaseScheduler):
 
     def heartbeat_many(self, claims: Sequence[Claim]) -> list[bool | None]:
         """Extend many leases in one call: True/False (cancel requested) or None (lost)."""
+        self._check_open()
         if not claims:
             return []
         reply = self._run(core.heartbeat_call(self.keys, claims, self.lease_ms))
@@ -210,6 +218,7 @@ class Scheduler(BaseScheduler):
 
     def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """Report many successes in one round trip."""
+        self._check_open()
         if not reports:
             return []
         return core.decode_outcomes(self._run(core.complete_call(self.keys, reports)))
@@ -219,6 +228,7 @@ class Scheduler(BaseScheduler):
         return self.fail_many([(claim, error)])[0]
 
     def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
+        self._check_open()
         if not reports:
             return []
         return core.decode_outcomes(self._run(core.fail_call(self.keys, reports)))
@@ -229,6 +239,7 @@ class Scheduler(BaseScheduler):
 
     def release(self, claims: Sequence[Claim]) -> int:
         """Hand back claims whose function never started; no attempt is spent."""
+        self._check_open()
         if not claims:
             return 0
         return sum(int(v) for v in self._run(core.release_call(self.keys, claims)))

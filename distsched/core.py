@@ -214,6 +214,21 @@ def validate_lease(lease_s: object) -> int:
     return max(1, seconds_to_ms(lease_s, "lease_s"))
 
 
+URL_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def validate_url(url: object) -> str:
+    if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
+        raise InvalidArgument("url", "must be a redis://, rediss:// or unix:// URL")
+    return url
+
+
+def validate_max_payload_bytes(limit: object) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise InvalidArgument("max_payload_bytes", "must be an int >= 1")
+    return limit
+
+
 def validate_max_running(max_running: object) -> int | None:
     if max_running is None:
         return None
@@ -326,7 +341,9 @@ def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int)
 
 
 def cancel_call(keys: Keys, task_id: object) -> Call:
-    return Call("cancel", [keys.tasks, keys.finished, keys.meta], [validate_task_id(task_id)])
+    return Call(
+        "cancel", [keys.tasks, keys.finished, keys.meta, keys.wake], [validate_task_id(task_id)]
+    )
 
 
 def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
@@ -423,8 +440,14 @@ def release_call(keys: Keys, claims: Sequence[Claim]) -> Call:
     )
 
 
-def reap_call(keys: Keys, task_id: str | None = None, limit: int = REAP_BATCH) -> Call:
-    target = "" if task_id is None else validate_task_id(task_id)
+# reap_call's default target: every expired lease (None is a bad task id, not "all").
+_EVERY_LEASE: Any = object()
+
+
+def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_BATCH) -> Call:
+    target = "" if task_id is _EVERY_LEASE else validate_task_id(task_id)
+    if not _is_int(limit) or limit < 1:  # type: ignore[operator]
+        raise InvalidArgument("limit", "must be an int >= 1")
     return Call(
         "reap",
         [

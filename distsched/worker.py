@@ -13,6 +13,7 @@ Threads of one worker:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -32,8 +33,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from distsched.client import Scheduler
 from distsched.context import TaskContext, _reset_current, _set_current
-from distsched.core import Claim, Outcome, Wait
-from distsched.errors import Cancelled, ClosedError, InvalidArgument
+from distsched.core import Claim, Outcome
+from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument
 
 log = logging.getLogger("distsched.worker")
 
@@ -42,6 +43,7 @@ TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 STOP_CHECK_S = 0.05
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 2.0
+SHUTDOWN_STOP = "worker shut down: the function stopped on its signal after the grace period"
 
 
 def default_worker_id() -> str:
@@ -119,6 +121,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat_stop = threading.Event()
+        self._listener_stop = threading.Event()
+        self._wake = threading.Event()
 
     # ------------------------------------------------------------------ public
 
@@ -140,6 +144,9 @@ class Worker:
         if grace is not None:
             self._stop_grace = grace
         self._stopping.set()
+        self._wake.set()
+        with self._cond:
+            self._cond.notify_all()
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         """Block until :meth:`run` has returned; True if it did within ``timeout``."""
@@ -180,9 +187,7 @@ class Worker:
 
     def _start_threads(self) -> None:
         for i in range(self.concurrency):
-            t = threading.Thread(
-                target=self._pool_thread, name=f"distsched-pool-{i}", daemon=True
-            )
+            t = threading.Thread(target=self._pool_thread, name=f"distsched-pool-{i}", daemon=True)
             t.start()
             self._threads.append(t)
         if any(inspect.iscoroutinefunction(f) for f in self.functions.values()):
@@ -193,9 +198,13 @@ class Worker:
             t.start()
             ready.wait()
             self._threads.append(t)
-        hb = threading.Thread(target=self._heartbeat_thread, name="distsched-heartbeat", daemon=True)
-        hb.start()
-        self._threads.append(hb)
+        for target, name in (
+            (self._heartbeat_thread, "distsched-heartbeat"),
+            (self._listener_thread, "distsched-listener"),
+        ):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def _loop_thread(self, ready: threading.Event) -> None:
         loop = asyncio.new_event_loop()
@@ -205,7 +214,12 @@ class Worker:
         try:
             loop.run_forever()
         finally:
-            loop.close()
+            try:
+                # close() alone leaves the default executor's threads (asyncio.to_thread)
+                # running past run(); join them here.
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
 
     def _pool_thread(self) -> None:
         while True:
@@ -217,27 +231,21 @@ class Worker:
     # ------------------------------------------------------------------ claiming
 
     def _claim_loop(self) -> None:
-        pubsub = None
         retry = _backoff()
         while not self._stopping.is_set():
             with self._cond:
                 while self._free == 0 and not self._stopping.is_set():
-                    self._cond.wait(STOP_CHECK_S)
+                    self._cond.wait(1.0)
                 free = self._free
             if self._stopping.is_set():
                 break
+            # A wake-up from here on means the claim below may have missed something.
+            self._wake.clear()
             try:
-                if pubsub is None:
-                    pubsub = self.scheduler.client.pubsub(ignore_subscribe_messages=True)
-                    pubsub.subscribe(self.scheduler.keys.wake)
-                # Wake-ups that came while we were busy are covered by this claim.
-                while pubsub.get_message(timeout=0) is not None:
-                    pass
                 claims, wait = self.scheduler.claim(free, self.worker_id)
             except ClosedError:
                 break
             except TRANSIENT as exc:
-                pubsub = self._drop_pubsub(pubsub)
                 pause = next(retry)
                 log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
                 self._stopping.wait(pause)
@@ -245,36 +253,55 @@ class Worker:
             retry = _backoff()
             for claim in claims:
                 self._dispatch(claim)
-            if wait is None or claims and wait.delay == 0:
+            if wait is None or wait.delay == 0:
                 continue
-            try:
-                self._wait_for_wake(pubsub, wait)
-            except TRANSIENT:
-                pubsub = self._drop_pubsub(pubsub)
-        self._drop_pubsub(pubsub)
+            # Sleep until the next entry is due, or until the listener hears of an earlier
+            # task or freed capacity. No polling: the server's delay hint is the timeout.
+            self._wake.wait(wait.delay)
 
-    @staticmethod
-    def _drop_pubsub(pubsub: Any) -> None:
-        if pubsub is not None:
+    def _listener_thread(self) -> None:
+        """Hold the wake-up subscription: wake the claim loop, deliver cancel requests."""
+        retry = _backoff()
+        while not self._listener_stop.is_set():
+            pubsub = self.scheduler.client.pubsub()  # type: ignore[no-untyped-call]
             try:
-                pubsub.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                log.debug("closing pubsub failed", exc_info=True)
-
-    def _wait_for_wake(self, pubsub: Any, wait: Wait) -> None:
-        """Block until a wake-up message, the delay hint, or stop."""
-        if wait.delay == 0:
-            return
-        deadline = None if wait.delay is None else time.monotonic() + wait.delay
-        while not self._stopping.is_set():
-            timeout = STOP_CHECK_S
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                timeout = min(timeout, left)
-            if pubsub.get_message(timeout=timeout) is not None:
+                pubsub.subscribe(self.scheduler.keys.wake)
+                while not self._listener_stop.is_set():
+                    msg = pubsub.get_message(timeout=STOP_CHECK_S)
+                    if msg is None:
+                        continue
+                    if msg["type"] == "subscribe":
+                        # Messages published before this point were never seen: claim again.
+                        retry = _backoff()
+                        self._wake.set()
+                    elif msg["type"] == "message":
+                        self._on_message(msg["data"])
+            except TRANSIENT as exc:
+                log.warning("wake-up subscription lost (%s); resubscribing", exc)
+                self._listener_stop.wait(next(retry))
+            except ClosedError:
                 return
+            finally:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+
+    def _on_message(self, data: bytes) -> None:
+        kind, _, rest = data.partition(b" ")
+        if kind != b"cancel":
+            self._wake.set()
+            return
+        # "cancel <version> <task id>": the request reaches the function at once, without
+        # waiting for the next heartbeat (which would deliver it too).
+        version, _, task_id = rest.partition(b" ")
+        with self._cond:
+            jobs = [
+                j
+                for j in self._jobs.values()
+                if j.claim.task_id.encode("utf-8") == task_id
+                and str(j.claim.version).encode() == version
+            ]
+        for job in jobs:
+            job.ctx._signal_stop()
 
     def _dispatch(self, claim: Claim) -> None:
         job = _Job(claim=claim, ctx=TaskContext(claim))
@@ -311,7 +338,9 @@ class Worker:
         if claim.payload_error is not None:
             return f"payload decode error: {claim.payload_error}"
         if claim.fn not in self.functions:
-            return f"unregistered function {claim.fn!r}: this worker serves {sorted(self.functions)}"
+            return (
+                f"unregistered function {claim.fn!r}: this worker serves {sorted(self.functions)}"
+            )
         return None
 
     def _execute_sync(self, job: _Job) -> None:
@@ -331,7 +360,7 @@ class Worker:
                     result = asyncio.run(_await(result))
             except Cancelled as exc:
                 self._report_cancelled(job, exc)
-            except BaseException as exc:  # noqa: BLE001 - any failure of user code is reported
+            except BaseException as exc:
                 self._report(job, "fail", exc)
             else:
                 self._report(job, "complete", result)
@@ -351,7 +380,9 @@ class Worker:
                 result = await fn(*job.claim.args, **job.claim.kwargs)
             except Cancelled as exc:
                 await asyncio.to_thread(self._report_cancelled, job, exc)
-            except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
+            except BaseException as exc:  # any failure of user code is reported
+                # CancelledError included: left unreported, the task would sit until its lease
+                # lapsed and then be retried as if the worker had vanished.
                 await asyncio.to_thread(self._report, job, "fail", exc)
             else:
                 await asyncio.to_thread(self._report, job, "complete", result)
@@ -378,14 +409,21 @@ class Worker:
                         kind, value = "fail", f"result not storable: {exc}"
                         continue
                 elif kind == "confirm_cancel":
-                    outcome = self.scheduler.confirm_cancel(job.claim)
+                    try:
+                        outcome = self.scheduler.confirm_cancel(job.claim)
+                    except ConflictError:
+                        # Only this worker's shutdown signalled it; nobody cancelled the
+                        # task, so the interrupted run is a failed attempt (retried if any remain).
+                        kind, value = "fail", SHUTDOWN_STOP
+                        continue
                 else:
                     outcome = self.scheduler.fail(job.claim, value)
             except TRANSIENT as exc:
                 if time.monotonic() > deadline:
                     log.error("giving up reporting %s: %s", job.claim.token, exc)
                     return
-                self._stopping.wait(next(retry))
+                # Not the stop flag: once shutdown began it would make this a busy loop.
+                time.sleep(next(retry))
                 continue
             except ClosedError:
                 return
@@ -415,7 +453,7 @@ class Worker:
         try:
             if jobs:
                 statuses = self.scheduler.heartbeat_many([j.claim for j in jobs])
-                for job, status in zip(jobs, statuses):
+                for job, status in zip(jobs, statuses, strict=True):
                     if status is None:
                         job.ctx._signal_stop(lease_lost=True)
                     elif status:
@@ -425,6 +463,10 @@ class Worker:
             log.warning("heartbeat failed: %s", exc)
         except ClosedError:
             return
+        except Exception:
+            # A refused call (corrupt record, read-only replica, OOM) must not end this
+            # thread: without heartbeats every running task would lose its lease.
+            log.exception("heartbeat round failed")
 
     # ------------------------------------------------------------------ shutdown
 
@@ -449,6 +491,7 @@ class Worker:
                 log.error("%d task functions did not stop; their leases will expire", self.running)
         # 4. Last: heartbeats, the event loop and the pool threads.
         self._heartbeat_stop.set()
+        self._listener_stop.set()
         for _ in range(self.concurrency):
             self._work.put(None)
         if self._loop is not None:

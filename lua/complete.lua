@@ -7,7 +7,7 @@
 --
 -- KEYS[1] tasks     hash: id -> task record
 -- KEYS[2] leases    sorted set: id -> lease deadline
--- KEYS[3] results   hash: id -> 'R' .. msgpack result
+-- KEYS[3] results   hash: id -> 'R' .. msgpack result (removed for no result)
 -- KEYS[4] done      hash: id -> recently applied tokens
 -- KEYS[5] finished  sorted set: terminal ids by time
 -- KEYS[6] meta      hash: per-state counts, max_running
@@ -43,6 +43,9 @@ for i = 1, n do
     save_task(k.tasks, id, t)
     if ARGV[base + 4] ~= '' then
       redis.call('HSET', k.results, id, 'R' .. ARGV[base + 4])
+    else
+      -- An earlier attempt's error must not show on a task that succeeded.
+      redis.call('HDEL', k.results, id)
     end
     remember_token(k.done, id, version, attempt)
     redis.call('ZADD', k.finished, now, id)

@@ -1,0 +1,588 @@
+"""The ``distsched`` command line: a thin shell over :class:`~distsched.client.Scheduler`.
+
+Each command parses its options and calls one function. Errors a user can fix
+(bad arguments, unknown ids, conflicts, an unreachable Redis) are printed as one
+line on stderr with exit code 1; click's usage errors exit with 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import importlib
+import json
+import logging
+import math
+import os
+import sys
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import click
+import redis
+
+from distsched import __version__
+from distsched.client import Scheduler
+from distsched.core import TaskInfo
+from distsched.errors import DistschedError, InvalidArgument, NotFoundError
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_NAMESPACE = "default"
+
+# How each validated field is spelled on the command line.
+OPTION_NAMES = {
+    "task_id": "ID",
+    "fn": "--fn",
+    "args": "--args",
+    "kwargs": "--kwargs",
+    "run_at": "--run-at",
+    "delay": "--delay",
+    "priority": "--priority",
+    "max_attempts": "--max-attempts",
+    "backoff": "--backoff",
+    "lease_s": "--lease",
+    "namespace": "--namespace",
+    "concurrency": "--concurrency",
+    "grace": "--grace",
+    "functions": "APP",
+    "app": "APP",
+    "url": "--redis",
+}
+
+
+@dataclasses.dataclass
+class Settings:
+    url: str
+    namespace: str
+    url_given: bool
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, fit to print."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
+    except ValueError:
+        return url
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _invalid(exc: InvalidArgument) -> str:
+    message = str(exc)
+    prefix = f"{exc.field}: "
+    if message.startswith(prefix):
+        message = message[len(prefix) :]
+    return f"invalid {OPTION_NAMES.get(exc.field, exc.field)}: {_one_line(message)}"
+
+
+class CliGroup(click.Group):
+    """Turns the errors a user can act on into one line on stderr and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except InvalidArgument as exc:
+            raise click.ClickException(_invalid(exc)) from None
+        except DistschedError as exc:
+            raise click.ClickException(_one_line(exc)) from None
+        except redis.ConnectionError as exc:
+            url = redact(_settings(ctx).url)
+            raise click.ClickException(
+                f"cannot connect to Redis at {url}: {_one_line(exc)}"
+            ) from None
+        except redis.RedisError as exc:
+            url = redact(_settings(ctx).url)
+            raise click.ClickException(f"Redis at {url}: {_one_line(exc)}") from None
+
+
+def _settings(ctx: click.Context) -> Settings:
+    settings = ctx.find_root().obj
+    assert isinstance(settings, Settings)
+    return settings
+
+
+def _connect(ctx: click.Context, lease_s: float = 30.0) -> Scheduler:
+    """A scheduler for the chosen URL and namespace, closed when the command ends."""
+    settings = _settings(ctx)
+    try:
+        scheduler = Scheduler.from_url(settings.url, namespace=settings.namespace, lease_s=lease_s)
+    except InvalidArgument:
+        raise
+    except ValueError as exc:
+        # redis-py's URL parser: bad port, bad database number, ...
+        raise click.ClickException(f"invalid --redis: {_one_line(exc)}") from None
+    ctx.call_on_close(scheduler.close)
+    return scheduler
+
+
+@contextmanager
+def _task(ctx: click.Context, task_id: str) -> Iterator[None]:
+    """Name the task and namespace when the id is unknown."""
+    try:
+        yield
+    except NotFoundError:
+        namespace = _settings(ctx).namespace
+        raise click.ClickException(f"no task {task_id!r} in namespace {namespace!r}") from None
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def parse_json(value: str, field: str, kind: type) -> Any:
+    """Parse a JSON option that must hold a list or an object."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(field, f"is not valid JSON ({exc.msg}): {value!r}") from None
+    if not isinstance(data, kind):
+        wanted = "a JSON list, e.g. '[1, \"a\"]'" if kind is list else "a JSON object"
+        raise InvalidArgument(field, f"must be {wanted}, got {value!r}")
+    return data
+
+
+def parse_run_at(value: str) -> float | _dt.datetime:
+    """Epoch seconds, or an ISO-8601 datetime that carries its UTC offset."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    text = value.strip()
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    try:
+        when = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(
+            "run_at",
+            f"{value!r} is neither epoch seconds nor an ISO-8601 datetime "
+            "(e.g. 2030-01-01T09:00:00+00:00)",
+        ) from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise InvalidArgument(
+            "run_at",
+            f"{value!r} has no UTC offset; write e.g. {text}+00:00 (a naive time is ambiguous)",
+        )
+    return when
+
+
+def load_app(spec: str) -> dict[str, Callable[..., Any]]:
+    """Import ``module:attribute``: a mapping name -> callable, or a list of callables."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise InvalidArgument("app", f"must be 'module:attribute', got {spec!r}")
+    # Like other task runners: modules next to where the worker is started are importable.
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (
+            module_name == exc.name or module_name.startswith(exc.name + ".")
+        ):
+            raise InvalidArgument("app", f"cannot import module {module_name!r}") from None
+        raise
+    target: Any = module
+    for part in attribute.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise InvalidArgument(
+                "app", f"module {module_name!r} has no attribute {attribute!r}"
+            ) from None
+    if isinstance(target, Mapping):
+        functions = dict(target)
+    elif isinstance(target, (list, tuple)):
+        functions = {getattr(f, "__name__", ""): f for f in target}
+    else:
+        raise InvalidArgument(
+            "app",
+            f"{spec} must be a mapping of name -> function or a list of functions, "
+            f"got {type(target).__name__}",
+        )
+    bad = [name for name, fn in functions.items() if not isinstance(name, str) or not name
+           or not callable(fn)]  # fmt: skip
+    if bad or not functions:
+        raise InvalidArgument("app", f"{spec} must name at least one function, by str names")
+    return functions
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _iso(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    when = _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc)
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _relative(epoch: float, now: float) -> str:
+    delta = epoch - now
+    return f"in {delta:.3f} s" if delta >= 0 else f"{-delta:.3f} s ago"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"hex": value.hex()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def info_dict(info: TaskInfo) -> dict[str, Any]:
+    data = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+    data["state"] = info.state.value
+    return {key: _jsonable(value) for key, value in data.items()}
+
+
+def _status_lines(info: TaskInfo, server_now: float) -> list[tuple[str, str]]:
+    def js(value: Any) -> str:
+        return json.dumps(_jsonable(value), ensure_ascii=False)
+
+    run_at = f"{_iso(info.run_at)} ({_relative(info.run_at, server_now)}; epoch {info.run_at:.3f})"
+    lease = "-"
+    if info.lease_deadline is not None:
+        lease = f"{_iso(info.lease_deadline)} ({_relative(info.lease_deadline, server_now)})"
+    return [
+        ("task_id", info.task_id),
+        ("state", info.state.value),
+        ("version", str(info.version)),
+        ("attempt", str(info.attempt)),
+        ("max_attempts", str(info.max_attempts)),
+        ("priority", str(info.priority)),
+        ("run_at", run_at),
+        ("backoff", f"{info.backoff:g} s"),
+        ("fn", info.fn or "-"),
+        ("args", js(list(info.args))),
+        ("kwargs", js(info.kwargs)),
+        ("cancel_requested", "yes" if info.cancel_requested else "no"),
+        ("worker", info.worker or "-"),
+        ("lease_deadline", lease),
+        ("updated_at", _iso(info.updated_at)),
+        ("error", _one_line(info.error) if info.error else "-"),
+        ("result", "-" if info.result is None else js(info.result)),
+    ]
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@click.group(cls=CliGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--redis",
+    "url",
+    envvar="DISTSCHED_REDIS_URL",
+    default=DEFAULT_URL,
+    show_default=True,
+    metavar="URL",
+    help="Redis URL (redis://, rediss:// or unix://). Env: DISTSCHED_REDIS_URL.",
+)
+@click.option(
+    "--namespace",
+    envvar="DISTSCHED_NAMESPACE",
+    default=DEFAULT_NAMESPACE,
+    show_default=True,
+    help="Namespace of the tasks. Env: DISTSCHED_NAMESPACE.",
+)
+@click.version_option(__version__, prog_name="distsched")
+@click.pass_context
+def cli(ctx: click.Context, url: str, namespace: str) -> None:
+    """distsched: a Redis-based distributed task scheduler.
+
+    Try `distsched demo` for a tour that needs no setup.
+    """
+    source = ctx.get_parameter_source("url")
+    given = source not in (None, click.core.ParameterSource.DEFAULT)
+    ctx.obj = Settings(url=url, namespace=namespace, url_given=given)
+
+
+@cli.command()
+@click.argument("app")
+@click.option(
+    "--concurrency",
+    type=int,
+    default=8,
+    show_default=True,
+    help="How many task functions may run at once in this process.",
+)
+@click.option(
+    "--lease",
+    "lease_s",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Lease length in seconds; heartbeats renew it every third of it.",
+)
+@click.option(
+    "--grace",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM/SIGINT, seconds running functions get before they are cancelled.",
+)
+@click.option("--worker-id", default=None, help="Worker id (default: host:pid:random).")
+@click.pass_context
+def worker(
+    ctx: click.Context, app: str, concurrency: int, lease_s: float, grace: float,
+    worker_id: str | None,
+) -> None:  # fmt: skip
+    """Run the functions of APP (module:attribute) for the namespace's tasks.
+
+    The attribute is a mapping of name -> function, or a list of functions
+    registered under their __name__. SIGTERM or SIGINT shuts down gracefully.
+    """
+    from distsched.worker import Worker
+
+    if not math.isfinite(grace) or grace < 0:
+        raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
+    functions = load_app(app)
+    scheduler = _connect(ctx, lease_s=lease_s)
+    scheduler.client.ping()  # an unreachable Redis is an error now, not endless retries
+    pool = Worker(scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    settings = _settings(ctx)
+    click.echo(
+        f"worker {pool.worker_id}: namespace {settings.namespace!r} at {redact(settings.url)}, "
+        f"concurrency {concurrency}, functions: {', '.join(sorted(functions))}",
+        err=True,
+    )
+    pool.run()
+    counts = ", ".join(f"{k} {v}" for k, v in pool.counts.items() if v)
+    click.echo(f"worker {pool.worker_id} stopped ({counts or 'no tasks'})", err=True)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@click.option("--fn", required=True, help="Name of the registered function to run.")
+@click.option(
+    "--args", "args_json", default="[]", metavar="JSON", help="Positional args: a JSON list."
+)
+@click.option(
+    "--kwargs", "kwargs_json", default="{}", metavar="JSON", help="Keyword args: a JSON object."
+)
+@click.option(
+    "--run-at",
+    metavar="WHEN",
+    help="Epoch seconds or ISO-8601 with offset (2030-01-01T09:00:00+00:00).",
+)
+@click.option("--delay", type=float, help="Seconds from now (server clock).")
+@click.option(
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Higher runs first among tasks due at the same time.",
+)
+@click.option("--max-attempts", type=int, default=1, show_default=True)
+@click.option(
+    "--backoff",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds before attempt 2; doubles for each later attempt.",
+)
+@click.pass_context
+def schedule(
+    ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
+    run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
+) -> None:  # fmt: skip
+    """Schedule (or replace) task ID; print its new version."""
+    args = parse_json(args_json, "args", list)
+    kwargs = parse_json(kwargs_json, "kwargs", dict)
+    when = None if run_at is None else parse_run_at(run_at)
+    scheduler = _connect(ctx)
+    version = scheduler.schedule(
+        task_id, run_at=when, priority=priority, fn=fn, args=args, kwargs=kwargs, delay=delay,
+        max_attempts=max_attempts, backoff=backoff,
+    )  # fmt: skip
+    click.echo(version)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@click.pass_context
+def cancel(ctx: click.Context, task_id: str) -> None:
+    """Cancel task ID; print its state after the call.
+
+    A queued task is cancelled at once and never runs. A running one prints
+    'running': its function is asked to stop and the task ends cancelled
+    when it does.
+    """
+    scheduler = _connect(ctx)
+    with _task(ctx, task_id):
+        state = scheduler.cancel(task_id)
+    click.echo(state.value)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def status(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Show task ID (key: value lines, or --json)."""
+    scheduler = _connect(ctx)
+    with _task(ctx, task_id):
+        info = scheduler.status(task_id)
+    if as_json:
+        click.echo(json.dumps(info_dict(info), ensure_ascii=False))
+        return
+    lines = _status_lines(info, scheduler.server_time())
+    width = max(len(key) for key, _ in lines)
+    for key, value in lines:
+        click.echo(f"{key + ':':<{width + 1}} {value}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Task counts per state, queue entries, leases and capacity."""
+    scheduler = _connect(ctx)
+    data = scheduler.stats()
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    rows: list[tuple[str, ...]] = [("state", "tasks")]
+    rows += [(state, str(count)) for state, count in data["counts"].items()]
+    for line in _table(rows):
+        click.echo(line)
+    limit = data["max_running"]
+    click.echo("")
+    for line in _table([
+        ("queue entries", f"{data['queue_entries']} ({data['live_entries']} live, "
+                          f"{data['stale_entries']} stale)"),
+        ("leases", str(data["leases"])),
+        ("running", f"{data['running']} (max_running: "
+                    f"{'unlimited' if limit is None else limit})"),
+        ("sequence", str(data["sequence"])),
+    ]):  # fmt: skip
+        click.echo(line)
+
+
+@cli.group()
+def leases() -> None:
+    """Inspect, expire and reap leases of running tasks."""
+
+
+@leases.command("list")
+@click.pass_context
+def leases_list(ctx: click.Context) -> None:
+    """Running tasks: holder, attempt and time left on the lease (server clock)."""
+    scheduler = _connect(ctx)
+    held = scheduler.leases()
+    if not held:
+        click.echo("no leases")
+        return
+    now = scheduler.server_time()
+    rows: list[tuple[str, ...]] = [("task", "holder", "attempt", "time left")]
+    for task_id, deadline in held:
+        try:
+            info = scheduler.status(task_id)
+        except NotFoundError:
+            continue  # finished and removed between the two reads
+        left = deadline - now
+        rows.append((
+            task_id,
+            info.worker or "-",
+            f"{info.attempt}/{info.max_attempts}",
+            f"{left:.3f} s" if left >= 0 else f"expired {-left:.3f} s ago",
+        ))  # fmt: skip
+    for line in _table(rows):
+        click.echo(line)
+
+
+@leases.command("expire")
+@click.argument("task_id", metavar="ID")
+@click.pass_context
+def leases_expire(ctx: click.Context, task_id: str) -> None:
+    """Expire task ID's lease now, as if its holder had vanished.
+
+    The task gets a new attempt while attempts remain, otherwise it fails.
+    """
+    scheduler = _connect(ctx)
+    with _task(ctx, task_id):
+        expired = scheduler.expire_lease(task_id)
+        info = scheduler.status(task_id)
+    if not expired:
+        raise click.ClickException(f"task {task_id!r} holds no lease (it is {info.state.value})")
+    detail = f"attempt {info.attempt} of {info.max_attempts} used"
+    click.echo(f"expired the lease of {task_id!r}: now {info.state.value} ({detail})")
+
+
+@leases.command("reap")
+@click.pass_context
+def leases_reap(ctx: click.Context) -> None:
+    """Handle every expired lease now (workers also do this as they go)."""
+    scheduler = _connect(ctx)
+    total = 0
+    while True:
+        handled = scheduler.reap()
+        total += handled
+        if handled == 0:
+            break
+    click.echo(f"reaped {total} expired lease{'s' if total != 1 else ''}")
+
+
+@cli.command()
+@click.option(
+    "--redis",
+    "demo_url",
+    metavar="URL",
+    default=None,
+    help="Run on this Redis instead of an embedded one.",
+)
+@click.pass_context
+def demo(ctx: click.Context, demo_url: str | None) -> None:
+    """A few-second tour: delays, priorities, replacement, cancellation, a vanished worker.
+
+    Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway redis-server
+    when one is on PATH, else an in-process fakeredis server.
+    """
+    from distsched.demo import run_demo
+
+    settings = _settings(ctx)
+    url: str | None = None
+    if demo_url is not None:
+        url = settings.url = demo_url
+    elif settings.url_given:
+        url = settings.url
+    if url is not None:
+        # A malformed URL or an unreachable server is reported before the story begins.
+        probe = _connect(ctx)
+        probe.client.ping()
+        probe.close()
+    if not run_demo(url, click.echo):
+        ctx.exit(1)
+
+
+def main() -> None:
+    """The ``distsched`` console script."""
+    cli(prog_name="distsched")
+
+
+if __name__ == "__main__":
+    main()

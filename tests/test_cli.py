@@ -1,0 +1,521 @@
+"""The ``distsched`` command line (§11, §12), the embedded Redis and ``distsched demo``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+from click.testing import CliRunner, Result
+
+from distsched import Outcome, Scheduler, State
+from distsched.cli import cli, load_app
+from distsched.embedded import EmbeddedRedisUnavailable, embedded_redis
+from tests.conftest import RedisServer, free_port, namespace_keys, require_redis_server
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = Path(sys.executable).parent / "distsched"
+COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "distsched.cli"]
+
+
+def _runner() -> CliRunner:
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]  # click < 8.2
+    except TypeError:
+        return CliRunner()  # click >= 8.2 keeps stderr apart by itself
+
+
+def invoke(server: RedisServer, namespace: str, *args: str) -> Result:
+    return _runner().invoke(
+        cli,
+        ["--redis", server.url, "--namespace", namespace, *args],
+        catch_exceptions=False,
+        env={"DISTSCHED_REDIS_URL": None, "DISTSCHED_NAMESPACE": None},
+    )
+
+
+def assert_one_line_error(result: Result, *words: str) -> str:
+    """Exit code 1, nothing on stdout, one line on stderr naming ``words``."""
+    assert result.exit_code == 1, (result.exit_code, result.stdout, result.stderr)
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def env_without_redis_url() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("DISTSCHED_REDIS_URL", None)
+    env.pop("DISTSCHED_NAMESPACE", None)
+    return env
+
+
+# --------------------------------------------------------------------------- schedule/status
+
+
+def test_schedule_prints_the_version_and_stores_every_option(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    before = scheduler.server_time()
+    result = invoke(
+        redis_server, namespace, "schedule", "job-1", "--fn", "add",
+        "--args", "[1, 2]", "--kwargs", '{"extra": "x"}', "--delay", "30",
+        "--priority", "-7", "--max-attempts", "3", "--backoff", "0.5",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "1"
+    info = scheduler.status("job-1")
+    assert info.state is State.READY
+    assert (info.fn, info.args, info.kwargs) == ("add", (1, 2), {"extra": "x"})
+    assert (info.priority, info.max_attempts, info.backoff) == (-7, 3, 0.5)
+    assert before + 30 - 0.01 <= info.run_at <= scheduler.server_time() + 30 + 0.01
+
+    again = invoke(redis_server, namespace, "schedule", "job-1", "--fn", "add")
+    assert again.stdout.strip() == "2"
+    assert scheduler.status("job-1").version == 2
+
+
+def test_schedule_run_at_takes_epoch_seconds_or_iso_8601_with_offset(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    ok = invoke(redis_server, namespace, "schedule", "e", "--fn", "f", "--run-at", "1.9e9")
+    assert ok.exit_code == 0, ok.stderr
+    assert scheduler.status("e").run_at == 1900000000.0
+    ok = invoke(
+        redis_server, namespace, "schedule", "e", "--fn", "f", "--run-at", "1.9000000001234e9"
+    )
+    assert scheduler.status("e").run_at == 1900000000.123
+    for text in ("2030-01-01T09:00:00+02:00", "2030-01-01T07:00:00Z"):
+        ok = invoke(redis_server, namespace, "schedule", "iso", "--fn", "f", "--run-at", text)
+        assert ok.exit_code == 0, ok.stderr
+        assert scheduler.status("iso").run_at == 1893481200.0
+
+
+def test_status_prints_readable_lines_and_json(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    scheduler.schedule("s", fn="add", args=[1, 2], priority=4, delay=60, max_attempts=2)
+    text = invoke(redis_server, namespace, "status", "s")
+    assert text.exit_code == 0, text.stderr
+    fields = dict(re.split(r":\s+", line, maxsplit=1) for line in text.stdout.splitlines())
+    assert fields["state"] == "ready"
+    assert fields["version"] == "1"
+    assert fields["priority"] == "4"
+    assert fields["max_attempts"] == "2"
+    assert fields["fn"] == "add"
+    assert fields["args"] == "[1, 2]"
+
+    raw = invoke(redis_server, namespace, "status", "s", "--json")
+    data = json.loads(raw.stdout)
+    info = scheduler.status("s")
+    assert data["state"] == "ready"
+    assert data["args"] == [1, 2]
+    assert (data["version"], data["priority"], data["run_at"]) == (1, 4, info.run_at)
+
+
+def test_status_of_an_unknown_id_is_a_one_line_error(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    assert_one_line_error(invoke(redis_server, namespace, "status", "ghost"), "ghost", namespace)
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+def test_cancel_of_a_queued_task_prints_cancelled(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    scheduler.schedule("q", fn="add", delay=60)
+    result = invoke(redis_server, namespace, "cancel", "q")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "cancelled"
+    assert scheduler.status("q").state is State.CANCELLED
+    assert scheduler.next("w").reason == "empty"  # type: ignore[union-attr]
+
+
+def test_cancel_of_a_running_task_prints_running_and_records_the_request(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    scheduler.schedule("r", fn="add")
+    claim = scheduler.next("w")
+    result = invoke(redis_server, namespace, "cancel", "r")
+    assert result.stdout.strip() == "running"
+    info = scheduler.status("r")
+    assert info.state is State.RUNNING and info.cancel_requested
+    assert scheduler.heartbeat(claim) is True  # type: ignore[arg-type]
+
+
+def test_cancel_of_an_unknown_id_is_a_one_line_error_and_writes_nothing(
+    redis_server: RedisServer, redis_client: redis.Redis, namespace: str
+) -> None:
+    before = namespace_keys(redis_client, namespace)
+    assert_one_line_error(invoke(redis_server, namespace, "cancel", "nobody"), "nobody")
+    assert namespace_keys(redis_client, namespace) == before
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def test_stats_counts_tasks_per_state(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    for task_id in ("a", "b", "c"):
+        scheduler.schedule(task_id, fn="add", delay=60)
+    scheduler.cancel("c")
+    scheduler.schedule("b", fn="add", delay=60)  # a replacement leaves one stale entry
+
+    data = json.loads(invoke(redis_server, namespace, "stats", "--json").stdout)
+    assert data["counts"]["ready"] == 2
+    assert data["counts"]["cancelled"] == 1
+    assert (data["queue_entries"], data["live_entries"], data["stale_entries"]) == (4, 2, 2)
+
+    table = invoke(redis_server, namespace, "stats").stdout
+    assert re.search(r"^ready\s+2$", table, re.M), table
+    assert re.search(r"^cancelled\s+1$", table, re.M), table
+    assert re.search(r"^queue entries\s+4 \(2 live, 2 stale\)$", table, re.M), table
+
+
+# --------------------------------------------------------------------------- leases
+
+
+def test_leases_list_shows_holder_attempt_and_time_left(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    assert invoke(redis_server, namespace, "leases", "list").stdout.strip() == "no leases"
+    scheduler.schedule("held", fn="add", max_attempts=3)
+    scheduler.next("worker-alpha")
+    out = invoke(redis_server, namespace, "leases", "list").stdout
+    row = next(line for line in out.splitlines() if line.startswith("held"))
+    task_id, holder, attempt, left, unit = row.split()
+    assert (task_id, holder, attempt, unit) == ("held", "worker-alpha", "1/3", "s")
+    assert 0 < float(left) <= scheduler.lease_s
+
+
+def test_leases_expire_retries_while_attempts_remain_then_fails(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    scheduler.schedule("x", fn="add", max_attempts=2, backoff=0)
+    scheduler.next("w")
+    first = invoke(redis_server, namespace, "leases", "expire", "x")
+    assert first.exit_code == 0, first.stderr
+    assert "ready" in first.stdout
+    info = scheduler.status("x")
+    assert (info.state, info.attempt, info.error) == (State.READY, 1, "lease expired")
+
+    scheduler.next("w")
+    second = invoke(redis_server, namespace, "leases", "expire", "x")
+    assert "failed" in second.stdout
+    info = scheduler.status("x")
+    assert (info.state, info.attempt, info.error) == (State.FAILED, 2, "lease expired")
+
+    assert_one_line_error(invoke(redis_server, namespace, "leases", "expire", "x"), "no lease")
+    assert_one_line_error(invoke(redis_server, namespace, "leases", "expire", "zz"), "zz")
+
+
+def test_leases_reap_hands_expired_leases_back(
+    redis_server: RedisServer, redis_client: redis.Redis, namespace: str, scheduler: Scheduler
+) -> None:
+    short = Scheduler(redis_client, namespace=namespace, lease_s=0.05)
+    scheduler.schedule("gone", fn="add", max_attempts=2, backoff=0)
+    scheduler.schedule("kept", fn="add", max_attempts=2, backoff=0)
+    short.next("vanished")
+    scheduler.next("alive")  # a 5 s lease: not expired, not reaped
+    deadline = dict(scheduler.leases())["gone"]
+    while scheduler.server_time() <= deadline:
+        time.sleep(0.01)
+    result = invoke(redis_server, namespace, "leases", "reap")
+    assert result.stdout.strip() == "reaped 1 expired lease"
+    assert scheduler.status("gone").state is State.READY
+    assert scheduler.status("kept").state is State.RUNNING
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        (["--priority", "2147483648"], "--priority"),
+        (["--priority", "-2147483649"], "--priority"),
+        (["--delay", "nan"], "--delay"),
+        (["--delay", "inf"], "--delay"),
+        (["--run-at", "2030-01-01T09:00:00"], "--run-at"),
+        (["--run-at", "next tuesday"], "--run-at"),
+        (["--run-at", "nan"], "--run-at"),
+        (["--delay", "1", "--run-at", "1900000000"], "--delay"),
+        (["--args", '{"a": 1}'], "--args"),
+        (["--args", "[1,"], "--args"),
+        (["--kwargs", "[1]"], "--kwargs"),
+        (["--max-attempts", "0"], "--max-attempts"),
+        (["--backoff", "-1"], "--backoff"),
+        (["--backoff", "nan"], "--backoff"),
+        (["--fn", ""], "--fn"),
+    ],
+)
+def test_bad_schedule_input_names_the_field_and_writes_nothing(
+    redis_server: RedisServer,
+    redis_client: redis.Redis,
+    namespace: str,
+    scheduler: Scheduler,
+    extra: list[str],
+    field: str,
+) -> None:
+    scheduler.schedule("keep", fn="add", args=[1, 2], delay=60)
+    before = namespace_keys(redis_client, namespace)
+    args = ["schedule", "keep", "--fn", "add", *extra]
+    if extra[0] == "--fn":
+        args = ["schedule", "keep", *extra]
+    assert_one_line_error(invoke(redis_server, namespace, *args), field)
+    assert namespace_keys(redis_client, namespace) == before
+
+
+def test_bad_id_and_namespace_name_the_field(
+    redis_server: RedisServer, redis_client: redis.Redis, namespace: str
+) -> None:
+    assert_one_line_error(invoke(redis_server, namespace, "schedule", "", "--fn", "f"), "ID")
+    assert_one_line_error(invoke(redis_server, "a b", "stats"), "--namespace")
+    assert namespace_keys(redis_client, namespace) == {}
+
+
+def test_unparseable_numbers_are_click_usage_errors(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    result = invoke(redis_server, namespace, "schedule", "x", "--fn", "f", "--priority", "high")
+    assert result.exit_code == 2
+    assert "--priority" in result.stderr
+
+
+def test_a_refused_port_is_a_one_line_connection_error() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    for args in (["stats"], ["status", "x"], ["schedule", "x", "--fn", "f"], ["demo"]):
+        result = _runner().invoke(cli, ["--redis", url, *args], catch_exceptions=False)
+        assert_one_line_error(result, "cannot connect", url)
+
+
+def test_a_malformed_url_is_a_one_line_error_naming_the_option() -> None:
+    for url in ("http://127.0.0.1:6379", "redis://127.0.0.1:notaport/0"):
+        result = _runner().invoke(cli, ["--redis", url, "stats"], catch_exceptions=False)
+        assert_one_line_error(result, "--redis")
+
+
+def test_the_url_and_namespace_come_from_the_environment(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    result = _runner().invoke(
+        cli,
+        ["schedule", "from-env", "--fn", "add"],
+        env={"DISTSCHED_REDIS_URL": redis_server.url, "DISTSCHED_NAMESPACE": namespace},
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.stderr
+    assert scheduler.status("from-env").state is State.READY
+
+
+def test_a_password_in_the_url_is_not_printed() -> None:
+    url = f"redis://user:s3cret@127.0.0.1:{free_port()}/0"
+    line = assert_one_line_error(_runner().invoke(cli, ["--redis", url, "stats"]), "cannot connect")
+    assert "s3cret" not in line
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def test_worker_app_may_be_a_mapping_or_a_list_of_functions() -> None:
+    from tests import cli_app
+
+    assert load_app("tests.cli_app:FUNCS") == cli_app.FUNCS
+    assert load_app("tests.cli_app:FUNC_LIST") == {"add": cli_app.add, "whoami": cli_app.whoami}
+
+
+@pytest.mark.parametrize(
+    "app", ["tests.no_such_module:FUNCS", "tests.cli_app:MISSING", "tests.cli_app:NOT_FUNCTIONS",
+            "tests.cli_app"],
+)  # fmt: skip
+def test_worker_with_a_bad_app_is_a_one_line_error(
+    redis_server: RedisServer, namespace: str, app: str
+) -> None:
+    assert_one_line_error(invoke(redis_server, namespace, "worker", app), "APP")
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--concurrency", "0"), ("--lease", "0"), ("--grace", "nan")]
+)
+def test_worker_with_a_bad_option_is_a_one_line_error(
+    redis_server: RedisServer, namespace: str, option: str, value: str
+) -> None:
+    result = invoke(redis_server, namespace, "worker", "tests.cli_app:FUNCS", option, value)
+    assert_one_line_error(result, option)
+
+
+def test_worker_runs_tasks_in_a_subprocess_and_exits_zero_on_sigterm(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    for i in range(4):
+        scheduler.schedule(f"add-{i}", fn="add", args=[i, 10])
+    scheduler.schedule("who", fn="whoami")
+    proc = subprocess.Popen(
+        [*COMMAND, "--redis", redis_server.url, "--namespace", namespace,
+         "worker", "tests.cli_app:FUNCS", "--concurrency", "2", "--lease", "5"],
+        cwd=REPO, env=env_without_redis_url(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        ids = [f"add-{i}" for i in range(4)] + ["who"]
+        while not all(scheduler.status(t).state is State.SUCCEEDED for t in ids):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the worker did not run the tasks"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert [scheduler.status(f"add-{i}").result for i in range(4)] == [10, 11, 12, 13]
+    assert scheduler.status("who").result == {"task_id": "who", "attempt": 1}
+    assert "Traceback" not in err
+    assert scheduler.stats()["leases"] == 0
+
+
+# --------------------------------------------------------------------------- embedded Redis
+
+
+def test_embedded_fakeredis_runs_every_script_and_delivers_wake_ups() -> None:
+    pytest.importorskip("fakeredis")
+    pytest.importorskip("lupa")
+    with embedded_redis("fakeredis") as server:
+        assert server.kind == "fakeredis"
+        s = Scheduler.from_url(server.url, namespace="emb", lease_s=5)
+        pubsub = s.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(s.keys.wake)
+            assert s.schedule("a", fn="add", args=[1, 2]) == 1  # schedule (+ wake)
+            message = None
+            deadline = time.monotonic() + 5
+            while message is None and time.monotonic() < deadline:
+                message = pubsub.get_message(timeout=0.1)
+            assert message is not None and message["channel"] == s.keys.wake.encode()
+
+            claim = s.next("w")  # claim
+            assert claim.task_id == "a"  # type: ignore[union-attr]
+            assert s.heartbeat(claim) is False  # type: ignore[arg-type]
+            assert s.complete(claim, 3) is Outcome.APPLIED  # type: ignore[arg-type]
+            assert s.status("a").result == 3
+
+            s.schedule("b", fn="add", max_attempts=2, backoff=0)
+            claim = s.next("w")
+            assert s.fail(claim, "boom") is Outcome.APPLIED  # type: ignore[arg-type]
+            claim = s.next("w")
+            assert claim.attempt == 2  # type: ignore[union-attr]
+            assert s.expire_lease("b") == 1  # reap
+            assert s.status("b").state is State.FAILED
+
+            s.schedule("c", fn="add")
+            claim = s.next("w")
+            assert s.cancel("c") is State.RUNNING  # cancel
+            assert s.confirm_cancel(claim) is Outcome.APPLIED  # type: ignore[arg-type]
+            assert s.status("c").state is State.CANCELLED
+
+            s.schedule("d", fn="add")
+            claim = s.next("w")
+            assert s.release([claim]) == 1  # type: ignore[list-item]
+            assert s.status("d").state is State.READY
+            assert s.reap() == 0
+        finally:
+            pubsub.close()
+            s.close()
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(server.url, socket_connect_timeout=1).ping()
+    assert not any(t.name == "distsched-fakeredis" for t in threading.enumerate())
+
+
+def test_embedded_redis_server_is_stopped_at_exit() -> None:
+    require_redis_server()
+    with embedded_redis() as server:
+        assert server.kind == "redis-server"
+        client = redis.Redis.from_url(server.url)
+        assert client.ping()
+        client.close()
+    client = redis.Redis.from_url(server.url, socket_connect_timeout=1)
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+    client.close()
+
+
+def test_without_redis_server_or_fakeredis_the_error_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("distsched.embedded.shutil.which", lambda name: None)
+    monkeypatch.setitem(sys.modules, "fakeredis", None)
+    with pytest.raises(EmbeddedRedisUnavailable) as info, embedded_redis():
+        pass  # pragma: no cover
+    assert "redis-server" in str(info.value) and "distsched[embedded]" in str(info.value)
+
+    result = _runner().invoke(cli, ["demo"], env={"DISTSCHED_REDIS_URL": None})
+    assert_one_line_error(result, "distsched[embedded]")
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def run_demo_process(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*COMMAND, "demo", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_demo_runs_the_whole_story_on_a_given_redis_and_cleans_up(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    proc = run_demo_process("--redis", redis_server.url, env=env_without_redis_url())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "demo OK" in proc.stdout and "FAILED" not in proc.stdout
+    namespace = re.search(r"namespace '(demo-[0-9a-f]+)'", proc.stdout).group(1)  # type: ignore[union-attr]
+    assert namespace_keys(redis_client, namespace) == {}
+    # The final table: every task with its state.
+    assert re.search(r"^\s+vanishing\s+succeeded\s+\d+\s+2\s", proc.stdout, re.M), proc.stdout
+    assert re.search(r"^\s+never-runs\s+cancelled\s", proc.stdout, re.M), proc.stdout
+
+
+def test_demo_without_redis_server_on_path_runs_on_embedded_fakeredis() -> None:
+    pytest.importorskip("fakeredis")
+    pytest.importorskip("lupa")
+    env = env_without_redis_url()
+    dirs = [d for d in env.get("PATH", "").split(os.pathsep) if d]
+    dirs = [d for d in dirs if shutil.which("redis-server", path=d) is None]
+    env["PATH"] = os.pathsep.join(dirs) or os.defpath
+    if shutil.which("redis-server", path=env["PATH"]) is not None:
+        pytest.skip("cannot build a PATH without redis-server")
+    proc = run_demo_process(env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fakeredis" in proc.stdout
+    assert "demo OK" in proc.stdout
+
+
+def test_timeline_timestamps_only_grow_in_the_demo_output(
+    redis_server: RedisServer,
+) -> None:
+    from distsched.demo import run_demo
+
+    lines: list[str] = []
+    assert run_demo(redis_server.url, lines.append) is True
+    stamps = [float(m.group(1)) for m in map(re.compile(r"^\[\+\s*(\d+) ms\]").match, lines) if m]
+    assert len(stamps) > 20
+    assert stamps == sorted(stamps)
+    assert not math.isnan(sum(stamps))
+    assert not any(t.name.startswith("distsched-") for t in threading.enumerate())
