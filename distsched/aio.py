@@ -13,7 +13,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 from distsched import core
 from distsched.client import BaseScheduler
 from distsched.core import Call, Claim, Outcome, State, TaskInfo, TaskSpec, Wait
-from distsched.errors import InvalidArgument, LeaseLostError
+from distsched.errors import BusyError, InvalidArgument, LeaseLostError
 from distsched.scripts import Registry
 
 
@@ -68,6 +68,27 @@ class AsyncScheduler(BaseScheduler):
         except ResponseError as exc:
             raise core.translate_error(str(exc)) from None
 
+    async def _transition(self, call: Call) -> Any:
+        """See ``Scheduler._transition``."""
+        while True:
+            try:
+                reply = await self._run(call)
+            except BusyError:
+                await self.settle()
+                continue
+            if core.propagation_left(call.script, reply):
+                await self.settle()
+            return reply
+
+    async def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+        """See ``Scheduler.settle``."""
+        total = 0
+        while True:
+            used, left = await self._run(core.propagate_call(self.keys, budget))
+            total += int(used)
+            if int(left) == 0:
+                return total
+
     async def schedule(
         self,
         task_id: str,
@@ -94,10 +115,47 @@ class AsyncScheduler(BaseScheduler):
         self._check_open()
         if not specs:
             return []
-        return [int(v) for v in await self._run(self._schedule_call(specs))]
+        return [int(v) for v in (await self._transition(self._schedule_call(specs)))[1:]]
 
     async def cancel(self, task_id: str) -> State:
-        return State(core._text(await self._run(core.cancel_call(self.keys, task_id))))
+        reply = await self._transition(core.cancel_call(self.keys, task_id))
+        return State(core._text(reply[0]))
+
+    async def submit(
+        self,
+        task_id: str,
+        fn: str = "",
+        deps: Sequence[str] = (),
+        optional_deps: Sequence[str] = (),
+        run_at: float | _dt.datetime | None = None,
+        priority: int = 0,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        delay: float | None = None,
+        max_attempts: int = 1,
+        backoff: float = 1.0,
+        allow_unknown: bool = False,
+    ) -> int:
+        """See ``Scheduler.submit``."""
+        spec = self._spec(
+            task_id, fn, run_at, priority, args, kwargs, delay, deps, optional_deps,
+            max_attempts, backoff, allow_unknown,
+        )  # fmt: skip
+        return (await self.schedule_many([spec]))[0]
+
+    async def submit_graph(self, specs: Sequence[TaskSpec]) -> list[int]:
+        """See ``Scheduler.submit_graph``."""
+        return await self.schedule_many(specs)
+
+    async def retry(self, task_id: str, cascade: bool = True) -> int:
+        """See ``Scheduler.retry``."""
+        return int((await self._transition(core.retry_call(self.keys, task_id, cascade)))[1])
+
+    async def add_deps(
+        self, task_id: str, deps: Sequence[str], allow_unknown: bool = False
+    ) -> None:
+        """See ``Scheduler.add_deps``."""
+        await self._transition(core.add_deps_call(self.keys, task_id, deps, allow_unknown))
 
     async def claim(self, n: int, worker_id: str) -> tuple[list[Claim], Wait | None]:
         reply = await self._run(core.claim_call(self.keys, worker_id, n, self.lease_ms))
@@ -130,7 +188,8 @@ class AsyncScheduler(BaseScheduler):
         self._check_open()
         if not reports:
             return []
-        return core.decode_outcomes(await self._run(core.complete_call(self.keys, reports)))
+        reply = await self._transition(core.complete_call(self.keys, reports))
+        return core.decode_outcomes(reply[1:])
 
     async def complete(self, claim: Claim, result: object = None) -> Outcome:
         return (await self.complete_many([(claim, result)]))[0]
@@ -139,36 +198,59 @@ class AsyncScheduler(BaseScheduler):
         self._check_open()
         if not reports:
             return []
-        return core.decode_outcomes(await self._run(core.fail_call(self.keys, reports)))
+        reply = await self._transition(core.fail_call(self.keys, reports))
+        return core.decode_outcomes(reply[1:])
 
     async def fail(self, claim: Claim, error: object) -> Outcome:
         return (await self.fail_many([(claim, error)]))[0]
 
     async def confirm_cancel(self, claim: Claim) -> Outcome:
-        reply = await self._run(core.confirm_cancel_call(self.keys, claim))
-        return Outcome(core._text(reply))
+        reply = await self._transition(core.confirm_cancel_call(self.keys, claim))
+        return Outcome(core._text(reply[0]))
 
     async def release(self, claims: Sequence[Claim]) -> int:
         self._check_open()
         if not claims:
             return 0
-        return sum(int(v) for v in await self._run(core.release_call(self.keys, claims)))
+        reply = await self._transition(core.release_call(self.keys, claims))
+        return sum(int(v) for v in reply[1:])
 
     async def reap(self, limit: int = core.REAP_BATCH) -> int:
-        return int(await self._run(core.reap_call(self.keys, limit=limit)))
+        return int((await self._transition(core.reap_call(self.keys, limit=limit)))[0])
 
     async def expire_lease(self, task_id: str) -> int:
-        return int(await self._run(core.reap_call(self.keys, task_id=task_id)))
+        return int((await self._transition(core.reap_call(self.keys, task_id=task_id)))[0])
 
     async def status(self, task_id: str) -> TaskInfo:
+        """See ``Scheduler.status``."""
         self._check_open()
         core.validate_task_id(task_id)
         pipe = self.client.pipeline(transaction=True)
         for key in core.status_reads(self.keys):
             pipe.hget(key, task_id)
         pipe.zscore(self.keys.leases, task_id)
-        record, payload, result, lease = await pipe.execute()
-        return core.decode_status(task_id, record, payload, result, lease)
+        pipe.zrangebylex(self.keys.edges, *core.edge_range(task_id))
+        record, payload, result, deps, cause, lease, edges = await pipe.execute()
+        blocked_by = None
+        if cause:
+            root, parent = core.decode_cause(cause)
+            path, seen = [task_id], {task_id}
+            while parent not in seen:
+                path.append(parent)
+                seen.add(parent)
+                if parent == root:
+                    break
+                raw = await self.client.hget(self.keys.blocked, parent)
+                if not raw:
+                    break
+                parent_root, parent = core.decode_cause(raw)
+                if parent_root != root:
+                    break
+            blocked_by = core.BlockedBy(root=root, path=tuple(reversed(path)))
+        return core.decode_status(
+            task_id, record, payload, result, lease, deps,
+            core.decode_dependents(task_id, edges), blocked_by,
+        )  # fmt: skip
 
     async def stats(self) -> dict[str, Any]:
         self._check_open()

@@ -12,7 +12,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from distsched import core
 from distsched.core import Call, Claim, Outcome, State, TaskInfo, TaskSpec, Wait
-from distsched.errors import ClosedError, InvalidArgument, LeaseLostError
+from distsched.errors import BusyError, ClosedError, InvalidArgument, LeaseLostError
 from distsched.keys import Keys
 from distsched.scripts import Registry
 
@@ -131,6 +131,35 @@ class Scheduler(BaseScheduler):
         except ResponseError as exc:
             raise core.translate_error(str(exc)) from None
 
+    def _transition(self, call: Call) -> Any:
+        """Run a transition; then settle the dependents it left (see ``settle``).
+
+        A task still settling its dependents cannot get a new version (``BUSY``):
+        settle and try again, which always makes progress.
+        """
+        while True:
+            try:
+                reply = self._run(call)
+            except BusyError:
+                self.settle()
+                continue
+            if core.propagation_left(call.script, reply):
+                self.settle()
+            return reply
+
+    def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+        """Tell waiting dependents about every task that ended, in bounded script calls.
+
+        Each call settles at most ``budget`` dependency edges, so Redis is never
+        blocked for long however large the graph. Returns the edges settled.
+        """
+        total = 0
+        while True:
+            used, left = self._run(core.propagate_call(self.keys, budget))
+            total += int(used)
+            if int(left) == 0:
+                return total
+
     # ------------------------------------------------------------------ producers
 
     def schedule(
@@ -164,11 +193,52 @@ class Scheduler(BaseScheduler):
         self._check_open()
         if not specs:
             return []
-        return [int(v) for v in self._run(self._schedule_call(specs))]
+        return [int(v) for v in self._transition(self._schedule_call(specs))[1:]]
 
     def cancel(self, task_id: str) -> State:
         """Cancel a task; return its state after the call (§5)."""
-        return State(core._text(self._run(core.cancel_call(self.keys, task_id))))
+        return State(core._text(self._transition(core.cancel_call(self.keys, task_id))[0]))
+
+    def submit(
+        self,
+        task_id: str,
+        fn: str = "",
+        deps: Sequence[str] = (),
+        optional_deps: Sequence[str] = (),
+        run_at: float | _dt.datetime | None = None,
+        priority: int = 0,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        delay: float | None = None,
+        max_attempts: int = 1,
+        backoff: float = 1.0,
+        allow_unknown: bool = False,
+    ) -> int:
+        """``schedule`` read dependencies-first: run ``fn`` once ``deps`` have succeeded.
+
+        Raises ``UnknownDependencyError`` for a dependency that does not exist
+        (unless ``allow_unknown``) and ``CycleError`` for a dependency cycle.
+        """
+        spec = self._spec(
+            task_id, fn, run_at, priority, args, kwargs, delay, deps, optional_deps,
+            max_attempts, backoff, allow_unknown,
+        )  # fmt: skip
+        return self.schedule_many([spec])[0]
+
+    def submit_graph(self, specs: Sequence[TaskSpec]) -> list[int]:
+        """Register a whole graph atomically: all of it or none of it. Returns the versions."""
+        return self.schedule_many(specs)
+
+    def retry(self, task_id: str, cascade: bool = True) -> int:
+        """A new version of a failed, cancelled or blocked task; returns its version.
+
+        With ``cascade`` the tasks it blocked get new versions too and wait again.
+        """
+        return int(self._transition(core.retry_call(self.keys, task_id, cascade))[1])
+
+    def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool = False) -> None:
+        """Add required dependencies to a pending task (``ConflictError`` otherwise)."""
+        self._transition(core.add_deps_call(self.keys, task_id, deps, allow_unknown))
 
     # ------------------------------------------------------------------ workers
 
@@ -221,7 +291,7 @@ class Scheduler(BaseScheduler):
         self._check_open()
         if not reports:
             return []
-        return core.decode_outcomes(self._run(core.complete_call(self.keys, reports)))
+        return core.decode_outcomes(self._transition(core.complete_call(self.keys, reports))[1:])
 
     def fail(self, claim: Claim, error: object) -> Outcome:
         """Report that ``claim``'s function raised: retried after backoff while attempts remain."""
@@ -231,26 +301,27 @@ class Scheduler(BaseScheduler):
         self._check_open()
         if not reports:
             return []
-        return core.decode_outcomes(self._run(core.fail_call(self.keys, reports)))
+        return core.decode_outcomes(self._transition(core.fail_call(self.keys, reports))[1:])
 
     def confirm_cancel(self, claim: Claim) -> Outcome:
         """The function stopped on a cancellation request: the task ends cancelled."""
-        return Outcome(core._text(self._run(core.confirm_cancel_call(self.keys, claim))))
+        reply = self._transition(core.confirm_cancel_call(self.keys, claim))
+        return Outcome(core._text(reply[0]))
 
     def release(self, claims: Sequence[Claim]) -> int:
         """Hand back claims whose function never started; no attempt is spent."""
         self._check_open()
         if not claims:
             return 0
-        return sum(int(v) for v in self._run(core.release_call(self.keys, claims)))
+        return sum(int(v) for v in self._transition(core.release_call(self.keys, claims))[1:])
 
     def reap(self, limit: int = core.REAP_BATCH) -> int:
         """Handle expired leases now; return how many."""
-        return int(self._run(core.reap_call(self.keys, limit=limit)))
+        return int(self._transition(core.reap_call(self.keys, limit=limit))[0])
 
     def expire_lease(self, task_id: str) -> int:
         """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""
-        return int(self._run(core.reap_call(self.keys, task_id=task_id)))
+        return int(self._transition(core.reap_call(self.keys, task_id=task_id))[0])
 
     # ------------------------------------------------------------------ inspection
 
@@ -262,8 +333,32 @@ class Scheduler(BaseScheduler):
         for key in core.status_reads(self.keys):
             pipe.hget(key, task_id)
         pipe.zscore(self.keys.leases, task_id)
-        record, payload, result, lease = pipe.execute()
-        return core.decode_status(task_id, record, payload, result, lease)
+        pipe.zrangebylex(self.keys.edges, *core.edge_range(task_id))
+        record, payload, result, deps, cause, lease, edges = pipe.execute()
+        blocked_by = self._blocked_by(task_id, cause) if cause else None
+        return core.decode_status(
+            task_id, record, payload, result, lease, deps,
+            core.decode_dependents(task_id, edges), blocked_by,
+        )  # fmt: skip
+
+    def _blocked_by(self, task_id: str, cause: bytes) -> core.BlockedBy:
+        # Follow each blocked task's parent back to the root; a link that changed since
+        # (a task on the way got a new version) ends the path there.
+        root, parent = core.decode_cause(cause)
+        path = [task_id]
+        seen = {task_id}
+        while parent not in seen:
+            path.append(parent)
+            seen.add(parent)
+            if parent == root:
+                break
+            raw = self.client.hget(self.keys.blocked, parent)
+            if not raw:
+                break
+            parent_root, parent = core.decode_cause(raw)
+            if parent_root != root:
+                break
+        return core.BlockedBy(root=root, path=tuple(reversed(path)))
 
     def stats(self) -> dict[str, Any]:
         """Counts per state, queue entries vs live ones, leases, capacity."""

@@ -17,11 +17,14 @@ from typing import Any
 import msgpack
 
 from distsched.errors import (
+    BusyError,
     ConflictError,
+    CycleError,
     InvalidArgument,
     NotFoundError,
     PayloadTooLarge,
     ScriptError,
+    UnknownDependencyError,
 )
 from distsched.keys import Keys
 
@@ -31,6 +34,9 @@ MAX_TASK_ID_BYTES = 512
 MAX_MS = 2**53 - 1
 BACKOFF_MAX_S = 3600.0
 MAX_ATTEMPTS_LIMIT = 1_000_000
+MAX_DEPS = 10_000
+# The most dependency edges one script call settles (see lua/lib/graph.lua).
+PROPAGATE_BUDGET = 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
 CLAIM_MAX_DROP = 1000
@@ -127,9 +133,23 @@ class TaskInfo:
     error: str | None
     result: Any
     remaining: int = 0
+    optional_remaining: int = 0
     deps: tuple[str, ...] = ()
+    optional_deps: tuple[str, ...] = ()
     dependents: tuple[str, ...] = ()
-    blocked_by: Any = None
+    blocked_by: BlockedBy | None = None
+
+
+@dataclass(frozen=True)
+class BlockedBy:
+    """Why a task is blocked: ``root`` failed or was cancelled; ``path`` leads from it here.
+
+    ``path[0]`` is the root and ``path[-1]`` the blocked task; each id is a required
+    dependency of the next.
+    """
+
+    root: str
+    path: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -297,12 +317,11 @@ def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
         or not 0 <= spec.backoff <= BACKOFF_MAX_S
     ):
         raise InvalidArgument("backoff", f"must be a number of seconds in [0, {BACKOFF_MAX_S:g}]")
-    for name in ("deps", "optional_deps"):
-        value = getattr(spec, name)
-        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-            raise InvalidArgument(name, "must be a sequence of task ids")
-        if list(value):
-            raise InvalidArgument(name, "dependencies are not supported by this version")
+    required = validate_deps(spec.deps, "deps", task_id)
+    optional = validate_deps(spec.optional_deps, "optional_deps", task_id)
+    both = set(required) & set(optional)
+    if both:
+        raise InvalidArgument("optional_deps", f"{sorted(both)[0]!r} is also a required dependency")
     if not isinstance(spec.allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
     payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes)
@@ -314,7 +333,29 @@ def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
         spec.max_attempts,
         seconds_to_ms(spec.backoff, "backoff"),
         payload,
+        "1" if spec.allow_unknown else "0",
+        len(required),
+        len(optional),
+        *required,
+        *optional,
     ]
+
+
+def validate_deps(value: object, field_name: str, task_id: str) -> list[str]:
+    """A list of distinct dependency ids, none of them ``task_id`` itself."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidArgument(field_name, "must be a sequence of task ids")
+    ids: list[str] = []
+    for dep in value:
+        ids.append(validate_task_id(dep, field_name))
+    if len(ids) > MAX_DEPS:
+        raise InvalidArgument(field_name, f"at most {MAX_DEPS} dependencies per task")
+    if len(set(ids)) != len(ids):
+        dup = next(d for d in ids if ids.count(d) > 1)
+        raise InvalidArgument(field_name, f"{dup!r} is listed twice")
+    if task_id in ids:
+        raise InvalidArgument(field_name, f"{task_id!r} cannot depend on itself")
+    return ids
 
 
 # --------------------------------------------------------------------------- calls
@@ -335,15 +376,13 @@ def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int)
         args.extend(values)
     return Call(
         "schedule",
-        [keys.tasks, keys.payloads, keys.results, keys.queue, keys.finished, keys.meta, keys.wake],
+        keys.script_keys(),
         args,
     )
 
 
 def cancel_call(keys: Keys, task_id: object) -> Call:
-    return Call(
-        "cancel", [keys.tasks, keys.finished, keys.meta, keys.wake], [validate_task_id(task_id)]
-    )
+    return Call("cancel", keys.script_keys(), [validate_task_id(task_id)])
 
 
 def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
@@ -351,7 +390,7 @@ def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
         raise InvalidArgument("n", "must be an int >= 1")
     return Call(
         "claim",
-        [keys.tasks, keys.payloads, keys.queue, keys.leases, keys.meta],
+        keys.script_keys(),
         [validate_worker_id(worker_id), n, lease_ms, CLAIM_MAX_DROP],
     )
 
@@ -366,9 +405,7 @@ def _token_values(claims: Sequence[Claim]) -> list[Any]:
 
 
 def heartbeat_call(keys: Keys, claims: Sequence[Claim], lease_ms: int) -> Call:
-    return Call(
-        "heartbeat", [keys.tasks, keys.leases], [lease_ms, len(claims), *_token_values(claims)]
-    )
+    return Call("heartbeat", keys.script_keys(), [lease_ms, len(claims), *_token_values(claims)])
 
 
 def encode_result(result: object) -> bytes:
@@ -388,7 +425,7 @@ def complete_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
         args.append(encode_result(result))
     return Call(
         "complete",
-        [keys.tasks, keys.leases, keys.results, keys.done, keys.finished, keys.meta, keys.wake],
+        keys.script_keys(),
         args,
     )
 
@@ -410,16 +447,7 @@ def fail_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
         args.append(error_text(error))
     return Call(
         "fail",
-        [
-            keys.tasks,
-            keys.queue,
-            keys.leases,
-            keys.results,
-            keys.done,
-            keys.finished,
-            keys.meta,
-            keys.wake,
-        ],
+        keys.script_keys(),
         args,
     )
 
@@ -427,7 +455,7 @@ def fail_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
 def confirm_cancel_call(keys: Keys, claim: Claim) -> Call:
     return Call(
         "confirm_cancel",
-        [keys.tasks, keys.leases, keys.done, keys.finished, keys.meta, keys.wake],
+        keys.script_keys(),
         _token_values([claim]),
     )
 
@@ -435,7 +463,7 @@ def confirm_cancel_call(keys: Keys, claim: Claim) -> Call:
 def release_call(keys: Keys, claims: Sequence[Claim]) -> Call:
     return Call(
         "release",
-        [keys.tasks, keys.queue, keys.leases, keys.meta, keys.wake, keys.finished],
+        keys.script_keys(),
         [len(claims), *_token_values(claims)],
     )
 
@@ -450,17 +478,29 @@ def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_B
         raise InvalidArgument("limit", "must be an int >= 1")
     return Call(
         "reap",
-        [
-            keys.tasks,
-            keys.queue,
-            keys.leases,
-            keys.results,
-            keys.finished,
-            keys.meta,
-            keys.wake,
-        ],
+        keys.script_keys(),
         [limit, target],
     )
+
+
+def propagate_call(keys: Keys, budget: int = PROPAGATE_BUDGET) -> Call:
+    return Call("propagate", keys.script_keys(), [budget])
+
+
+def retry_call(keys: Keys, task_id: object, cascade: object) -> Call:
+    if not isinstance(cascade, bool):
+        raise InvalidArgument("cascade", "must be a bool")
+    return Call("retry", keys.script_keys(), [validate_task_id(task_id), "1" if cascade else "0"])
+
+
+def add_deps_call(keys: Keys, task_id: object, deps: object, allow_unknown: object) -> Call:
+    task_id = validate_task_id(task_id)
+    ids = validate_deps(deps, "deps", task_id)
+    if not ids:
+        raise InvalidArgument("deps", "must name at least one dependency")
+    if not isinstance(allow_unknown, bool):
+        raise InvalidArgument("allow_unknown", "must be a bool")
+    return Call("add_deps", keys.script_keys(), [task_id, "1" if allow_unknown else "0", *ids])
 
 
 # --------------------------------------------------------------------------- replies
@@ -524,6 +564,26 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
     return claims, wait
 
 
+# Where each transition's reply says how many ids are still propagating.
+_PROPAGATION_LEFT_AT = {
+    "schedule": 0,
+    "cancel": 1,
+    "complete": 0,
+    "fail": 0,
+    "confirm_cancel": 1,
+    "release": 0,
+    "reap": 1,
+    "retry": 0,
+    "add_deps": 0,
+}
+
+
+def propagation_left(script: str, reply: Sequence[Any]) -> bool:
+    """True when the transition left dependents to settle."""
+    at = _PROPAGATION_LEFT_AT.get(script)
+    return at is not None and int(reply[at]) > 0
+
+
 def decode_outcomes(reply: Sequence[Any]) -> list[Outcome]:
     return [Outcome(_text(v)) for v in reply]
 
@@ -568,11 +628,41 @@ def decode_record(raw: bytes | str) -> Record:
 
 def status_reads(keys: Keys) -> list[str]:
     """The hashes read by ``status`` (HGET of the task id in each), in order."""
-    return [keys.tasks, keys.payloads, keys.results]
+    return [keys.tasks, keys.payloads, keys.results, keys.deps, keys.blocked]
+
+
+def id_prefix(task_id: str) -> bytes:
+    """``hex3(len) id``: how edges and causes name a task (see ``lua/lib/graph.lua``)."""
+    raw = task_id.encode("utf-8")
+    return b"%03x" % len(raw) + raw
+
+
+def edge_range(task_id: str) -> tuple[bytes, bytes]:
+    """ZRANGEBYLEX bounds of every edge from ``task_id`` to its dependents."""
+    prefix = id_prefix(task_id)
+    return b"[" + prefix, b"(" + prefix + b"\xff"
+
+
+def decode_dependents(task_id: str, members: Sequence[bytes]) -> tuple[str, ...]:
+    skip = len(id_prefix(task_id)) + 2  # the prefix, then flag and kind
+    return tuple(dict.fromkeys(m[skip:].decode("utf-8") for m in members))
+
+
+def decode_cause(raw: Any) -> tuple[str, str]:
+    """(root, parent) of a stored block cause."""
+    size = int(raw[:3], 16)
+    return raw[3 : 3 + size].decode("utf-8"), raw[3 + size :].decode("utf-8")
 
 
 def decode_status(
-    task_id: str, raw_record: Any, raw_payload: Any, raw_result: Any, lease_score: Any
+    task_id: str,
+    raw_record: Any,
+    raw_payload: Any,
+    raw_result: Any,
+    lease_score: Any,
+    raw_deps: Any = None,
+    dependents: tuple[str, ...] = (),
+    blocked_by: BlockedBy | None = None,
 ) -> TaskInfo:
     if raw_record is None:
         raise NotFoundError(task_id)
@@ -609,6 +699,11 @@ def decode_status(
         error=error,
         result=result,
         remaining=rec.remaining,
+        optional_remaining=rec.optional_remaining,
+        deps=tuple(d for kind, d in decode_deps_list(raw_deps) if kind == "r"),
+        optional_deps=tuple(d for kind, d in decode_deps_list(raw_deps) if kind == "o"),
+        dependents=dependents,
+        blocked_by=blocked_by,
     )
 
 
@@ -634,23 +729,58 @@ def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> di
     }
 
 
-_ERROR_PREFIXES: dict[str, type[Exception]] = {
-    "NOTFOUND": NotFoundError,
-    "CONFLICT": ConflictError,
-}
+def decode_id_list(raw: str) -> list[str]:
+    """Decode the concatenation of ``hex3(len) id`` items (byte lengths)."""
+    data = raw.encode("utf-8")
+    out, pos = [], 0
+    while pos < len(data):
+        size = int(data[pos : pos + 3], 16)
+        out.append(data[pos + 3 : pos + 3 + size].decode("utf-8"))
+        pos += 3 + size
+    return out
+
+
+def decode_deps_list(raw: bytes | None) -> list[tuple[str, str]]:
+    """Decode a stored dependency list into ``(kind, id)`` pairs, kind 'r' or 'o'."""
+    out: list[tuple[str, str]] = []
+    if not raw:
+        return out
+    pos = 0
+    while pos < len(raw):
+        kind = chr(raw[pos])
+        size = int(raw[pos + 1 : pos + 4], 16)
+        out.append((kind, raw[pos + 4 : pos + 4 + size].decode("utf-8")))
+        pos += 4 + size
+    return out
 
 
 def translate_error(message: str) -> Exception:
     """Map a script error reply to the exception the API promises."""
     code, _, rest = message.partition(" ")
-    exc_type = _ERROR_PREFIXES.get(code)
-    if exc_type is NotFoundError:
+    if code == "NOTFOUND":
         return NotFoundError(f"no task {rest!r}")
-    if exc_type is ConflictError:
-        what, _, task_id = rest.partition(" ")
+    if code == "CONFLICT":
+        what, _, detail = rest.partition(" ")
         if what == "running":
-            return ConflictError(f"task {task_id!r} is running; it cannot be replaced")
+            return ConflictError(f"task {detail!r} is running; it cannot be replaced")
         if what == "not_requested":
-            return ConflictError(f"task {task_id!r} has no cancellation request")
+            return ConflictError(f"task {detail!r} has no cancellation request")
+        if what == "state":
+            state, _, task_id = detail.partition(" ")
+            return ConflictError(f"task {task_id!r} is {state}")
         return ConflictError(rest)
+    if code == "BUSY":
+        return BusyError(f"task {rest!r} is still settling its dependents")
+    if code == "CYCLE":
+        return CycleError(decode_id_list(rest))
+    if code == "UNKNOWN":
+        raw = rest.encode("utf-8")
+        size = int(raw[:3], 16)
+        task_id, dep = raw[3 : 3 + size].decode("utf-8"), raw[3 + size :].decode("utf-8")
+        err = UnknownDependencyError(
+            f"task {task_id!r} depends on {dep!r}, which does not exist "
+            "(pass allow_unknown=True to wait for it)"
+        )
+        err.task_id, err.dependency = task_id, dep
+        return err
     return ScriptError(message)

@@ -44,7 +44,17 @@ class CycleError(DistschedError):
 
 
 class UnknownDependencyError(DistschedError):
-    """A dependency names a task that does not exist (closed graph)."""
+    """A dependency names a task that does not exist (closed graph).
+
+    ``task_id`` is the task being submitted, ``dependency`` the missing id.
+    """
+
+    task_id: str = ""
+    dependency: str = ""
+
+
+class BusyError(DistschedError):
+    """A task's dependents are still being told that it ended; retried transparently."""
 
 
 class ScriptError(DistschedError):

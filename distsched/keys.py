@@ -88,8 +88,33 @@ class Keys:
         """Pub/sub channel: published when waiting workers may have work."""
         return self.prefix + "wake"
 
-    def all_keys(self) -> list[str]:
-        """Every data key of the namespace (not the channel)."""
+    @property
+    def edges(self) -> str:
+        """Sorted set (scores 0): dependency edges, ``hex3(len(parent)) parent flag kind child``."""
+        return self.prefix + "edges"
+
+    @property
+    def deps(self) -> str:
+        """Hash: task id -> the current version's dependency list."""
+        return self.prefix + "deps"
+
+    @property
+    def blocked(self) -> str:
+        """Hash: blocked task id -> its first cause (root task and the parent it came through)."""
+        return self.prefix + "blocked"
+
+    @property
+    def blockedby(self) -> str:
+        """Sorted set (scores 0): ``hex3(len(root)) root child`` for each task a root blocked."""
+        return self.prefix + "blockedby"
+
+    @property
+    def propagating(self) -> str:
+        """Sorted set: terminal task ids whose waiting dependents are still to be told."""
+        return self.prefix + "propagating"
+
+    def script_keys(self) -> list[str]:
+        """The KEYS every script receives, in the order of ``lua/lib/keys.lua``."""
         return [
             self.tasks,
             self.payloads,
@@ -99,4 +124,14 @@ class Keys:
             self.leases,
             self.finished,
             self.meta,
+            self.wake,
+            self.edges,
+            self.deps,
+            self.blocked,
+            self.blockedby,
+            self.propagating,
         ]
+
+    def all_keys(self) -> list[str]:
+        """Every data key of the namespace (not the channel)."""
+        return [key for key in self.script_keys() if key != self.wake]

@@ -23,7 +23,13 @@ SCRIPT_NAMES = (
     "confirm_cancel",
     "release",
     "reap",
+    "propagate",
+    "retry",
+    "add_deps",
 )
+
+# The shared library, in load order: each file may use what the earlier ones define.
+LIBRARY = ("keys", "record", "graph")
 
 
 def lua_dir() -> Traversable:
@@ -38,8 +44,7 @@ def lua_dir() -> Traversable:
 @functools.cache
 def library_source() -> str:
     lib = lua_dir() / "lib"
-    names = sorted(p.name for p in lib.iterdir() if p.name.endswith(".lua"))
-    return "\n".join((lib / name).read_text("utf-8") for name in names)
+    return "\n".join((lib / f"{name}.lua").read_text("utf-8") for name in LIBRARY)
 
 
 @functools.cache

@@ -121,6 +121,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat_stop = threading.Event()
+        # Set to run a heartbeat round at once instead of at the next interval.
+        self._heartbeat_now = threading.Event()
         self._listener_stop = threading.Event()
         self._wake = threading.Event()
 
@@ -271,9 +273,11 @@ class Worker:
                     if msg is None:
                         continue
                     if msg["type"] == "subscribe":
-                        # Messages published before this point were never seen: claim again.
+                        # Messages published before this point were never seen: claim
+                        # again, and learn of missed cancel requests from a heartbeat.
                         retry = _backoff()
                         self._wake.set()
+                        self._heartbeat_now.set()
                     elif msg["type"] == "message":
                         self._on_message(msg["data"])
             except TRANSIENT as exc:
@@ -444,7 +448,11 @@ class Worker:
     # ------------------------------------------------------------------ heartbeats
 
     def _heartbeat_thread(self) -> None:
-        while not self._heartbeat_stop.wait(self.heartbeat_s):
+        while True:
+            self._heartbeat_now.wait(self.heartbeat_s)
+            self._heartbeat_now.clear()
+            if self._heartbeat_stop.is_set():
+                return
             self._heartbeat_once()
 
     def _heartbeat_once(self) -> None:
@@ -491,6 +499,7 @@ class Worker:
                 log.error("%d task functions did not stop; their leases will expire", self.running)
         # 4. Last: heartbeats, the event loop and the pool threads.
         self._heartbeat_stop.set()
+        self._heartbeat_now.set()
         self._listener_stop.set()
         for _ in range(self.concurrency):
             self._work.put(None)

@@ -2,38 +2,39 @@
 --
 -- pending / ready -> cancelled, atomically: a claim racing with it either ran
 -- first (the task is running) or will find it cancelled and drop its entry.
--- running: cancel_requested is recorded and published, so the holder learns
--- it at once (and from its next heartbeat in any case). Terminal: nothing changes. O(1): the queue entry is left for the
--- claim script to drop.
+-- The queue entry is left for the claim script to drop. Pending dependents of a
+-- cancelled task become blocked (settled within the propagation budget).
+-- running: cancel_requested is recorded and published as 'cancel <version> <id>',
+-- so the holder learns it at once (and from its next heartbeat in any case).
+-- Terminal: nothing changes.
 --
--- KEYS[1] tasks     hash: id -> task record
--- KEYS[2] finished  sorted set: terminal ids by time
--- KEYS[3] meta      hash: per-state counts
--- KEYS[4] wake      pub/sub channel: 'cancel <version> <id>' for a running task
+-- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, finished, meta,
+--   wake, and for dependents edges, blocked, blockedby, propagating, queue.
 --
 -- ARGV[1] task id
 --
--- Reply: the state after the call ('cancelled', 'running' or the terminal state).
+-- Reply: { state after the call ('cancelled', 'running' or the terminal state),
+--          propagating ids left }.
 -- Errors: NOTFOUND <id>.
+-- Cost: O(1) plus the dependents settled within the propagation budget.
 
-local k = { tasks = KEYS[1], finished = KEYS[2], meta = KEYS[3], wake = KEYS[4] }
-local id = ARGV[1]
-local t = load_task(k.tasks, id)
-if not t then return redis.error_reply('NOTFOUND ' .. id) end
-if t.err then return t end
-
-if t.state == 'pending' or t.state == 'ready' then
+return run(function()
+  local id = ARGV[1]
+  local t = load_task(id)
+  if not t then error({ err = 'NOTFOUND ' .. id }) end
   local now = now_ms()
-  count_move(k.meta, t.state, 'cancelled')
-  t.state = 'cancelled'
-  t.updated = now
-  save_task(k.tasks, id, t)
-  redis.call('ZADD', k.finished, now, id)
-  return 'cancelled'
-end
-if t.state == 'running' and t.cancel == 0 then
-  t.cancel = 1
-  save_task(k.tasks, id, t)
-  redis.call('PUBLISH', k.wake, string.format('cancel %d ', t.version) .. id)
-end
-return t.state
+  if t.state == 'pending' or t.state == 'ready' then
+    count_move(t.state, 'cancelled')
+    t.state = 'cancelled'
+    t.updated = now
+    save_task(id, t)
+    redis.call('ZADD', k.finished, now, id)
+    return { 'cancelled', settle_after_terminal({ id }, now) }
+  end
+  if t.state == 'running' and t.cancel == 0 then
+    t.cancel = 1
+    save_task(id, t)
+    redis.call('PUBLISH', k.wake, string.format('cancel %d ', t.version) .. id)
+  end
+  return { t.state, redis.call('ZCARD', k.propagating) }
+end)

@@ -7,11 +7,8 @@
 -- deadline (server clock) in the leases sorted set. The per-namespace
 -- max_running (meta field) bounds the running count across the fleet.
 --
--- KEYS[1] tasks     hash: id -> task record
--- KEYS[2] payloads  hash: id -> msgpack payload
--- KEYS[3] queue     sorted set: the ready queue
--- KEYS[4] leases    sorted set: id -> lease deadline ms
--- KEYS[5] meta      hash: max_running, count:<state>
+-- KEYS[1..14] the namespace layout of lib/keys.lua. Reads payloads, meta; writes
+--   tasks, queue, leases, meta.
 --
 -- ARGV[1] worker id
 -- ARGV[2] n, the most tasks to claim (>= 1)
@@ -25,56 +22,58 @@
 --   delay_ms -1 when not meaningful.
 -- Cost: O((claimed + dropped) log N).
 
-local k = { tasks = KEYS[1], payloads = KEYS[2], queue = KEYS[3], leases = KEYS[4], meta = KEYS[5] }
-local worker = ARGV[1]
-local n, err = to_int(ARGV[2], 'n'); if not n then return err end
-local lease_ms; lease_ms, err = to_int(ARGV[3], 'lease_ms'); if not lease_ms then return err end
-local max_drop; max_drop, err = to_int(ARGV[4], 'max_drop'); if not max_drop then return err end
-if n < 1 then return redis.error_reply('BADARG n must be >= 1') end
-if lease_ms < 1 then return redis.error_reply('BADARG lease_ms must be >= 1') end
+return run(function()
+  local worker = ARGV[1]
+  local n = to_int(ARGV[2], 'n')
+  local lease_ms = to_int(ARGV[3], 'lease_ms')
+  local max_drop = to_int(ARGV[4], 'max_drop')
+  if n < 1 then error({ err = 'BADARG n must be >= 1' }) end
+  if lease_ms < 1 then error({ err = 'BADARG lease_ms must be >= 1' }) end
 
-local now = now_ms()
-local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
-local running = running_count(k.meta)
-local out = {}
-local claimed, dropped = 0, 0
-local reason, delay = '', -1
+  local now = now_ms()
+  local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
+  local running = running_count()
+  local out = {}
+  local claimed, dropped = 0, 0
+  local reason, delay = '', -1
 
-while claimed < n do
-  local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
-  if #head == 0 then reason = 'empty'; break end
-  local member, score = head[1], tonumber(head[2])
-  local version, id = parse_member(member)
-  local t = load_task(k.tasks, id)
-  if t and t.err then return t end
-  if not t or t.state ~= 'ready' or t.version ~= version then
-    redis.call('ZREM', k.queue, member)
-    dropped = dropped + 1
-    if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
-  elseif score > now then
-    reason = 'not_due'; delay = score - now; break
-  elseif limit and running >= limit then
-    reason = 'capacity'; break
-  else
-    redis.call('ZREM', k.queue, member)
-    t.state = 'running'
-    t.attempt = t.attempt + 1
-    t.worker = worker
-    t.updated = now
-    save_task(k.tasks, id, t)
-    redis.call('ZADD', k.leases, now + lease_ms, id)
-    running = running + 1
-    claimed = claimed + 1
-    out[#out + 1] = id
-    out[#out + 1] = t.version
-    out[#out + 1] = t.attempt
-    out[#out + 1] = t.priority
-    out[#out + 1] = t.run_at
-    out[#out + 1] = redis.call('HGET', k.payloads, id) or ''
+  while claimed < n do
+    local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+    if #head == 0 then reason = 'empty'; break end
+    local member, score = head[1], tonumber(head[2])
+    local version, id = parse_member(member)
+    local t = load_task(id)
+    if not t or t.state ~= 'ready' or t.version ~= version then
+      redis.call('ZREM', k.queue, member)
+      dropped = dropped + 1
+      if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
+    elseif score > now then
+      reason = 'not_due'; delay = score - now; break
+    elseif limit and running >= limit then
+      reason = 'capacity'; break
+    else
+      redis.call('ZREM', k.queue, member)
+      t.state = 'running'
+      t.attempt = t.attempt + 1
+      t.worker = worker
+      t.updated = now
+      save_task(id, t)
+      redis.call('ZADD', k.leases, now + lease_ms, id)
+      running = running + 1
+      claimed = claimed + 1
+      out[#out + 1] = id
+      out[#out + 1] = t.version
+      out[#out + 1] = t.attempt
+      out[#out + 1] = t.priority
+      out[#out + 1] = t.run_at
+      out[#out + 1] = redis.call('HGET', k.payloads, id) or ''
+    end
   end
-end
-if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:ready', -claimed) end
-if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:running', claimed) end
-local reply = { claimed, reason, delay }
-for i = 1, #out do reply[#reply + 1] = out[i] end
-return reply
+  if claimed > 0 then
+    redis.call('HINCRBY', k.meta, 'count:ready', -claimed)
+    redis.call('HINCRBY', k.meta, 'count:running', claimed)
+  end
+  local reply = { claimed, reason, delay }
+  for i = 1, #out do reply[#reply + 1] = out[i] end
+  return reply
+end)

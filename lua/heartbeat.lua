@@ -4,8 +4,7 @@
 -- attempt gets its lease deadline moved to now + lease; any other token is
 -- reported lost so that its holder stops the function.
 --
--- KEYS[1] tasks   hash: id -> task record
--- KEYS[2] leases  sorted set: id -> lease deadline ms
+-- KEYS[1..14] the namespace layout of lib/keys.lua. Reads tasks; writes leases.
 --
 -- ARGV[1] lease length in ms (>= 1)
 -- ARGV[2] n; then 3 values per token: id, version, attempt
@@ -14,25 +13,25 @@
 -- 0 lost (lease reaped, task replaced or finished).
 -- Cost: O(n log N).
 
-local k = { tasks = KEYS[1], leases = KEYS[2] }
-local lease_ms, err = to_int(ARGV[1], 'lease_ms'); if not lease_ms then return err end
-if lease_ms < 1 then return redis.error_reply('BADARG lease_ms must be >= 1') end
-local n; n, err = to_int(ARGV[2], 'n'); if not n then return err end
-if #ARGV ~= 2 + 3 * n then return redis.error_reply('BADARG ARGV expected 3 values per token') end
+return run(function()
+  local lease_ms = to_int(ARGV[1], 'lease_ms')
+  if lease_ms < 1 then error({ err = 'BADARG lease_ms must be >= 1' }) end
+  local n = to_int(ARGV[2], 'n')
+  if #ARGV ~= 2 + 3 * n then error({ err = 'BADARG ARGV expected 3 values per token' }) end
 
-local deadline = now_ms() + lease_ms
-local reply = {}
-for i = 1, n do
-  local base = 2 + 3 * (i - 1)
-  local id = ARGV[base + 1]
-  local t = load_task(k.tasks, id)
-  if t and t.err then return t end
-  if t and t.state == 'running' and t.version == tonumber(ARGV[base + 2])
-      and t.attempt == tonumber(ARGV[base + 3]) then
-    redis.call('ZADD', k.leases, 'XX', deadline, id)
-    reply[i] = 1 + t.cancel
-  else
-    reply[i] = 0
+  local deadline = now_ms() + lease_ms
+  local reply = {}
+  for i = 1, n do
+    local base = 2 + 3 * (i - 1)
+    local id = ARGV[base + 1]
+    local t = load_task(id)
+    if t and t.state == 'running' and t.version == tonumber(ARGV[base + 2])
+        and t.attempt == tonumber(ARGV[base + 3]) then
+      redis.call('ZADD', k.leases, 'XX', deadline, id)
+      reply[i] = 1 + t.cancel
+    else
+      reply[i] = 0
+    end
   end
-end
-return reply
+  return reply
+end)

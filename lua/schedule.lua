@@ -1,95 +1,127 @@
--- schedule.lua: submit a batch of tasks, each as a new version.
+-- schedule.lua: submit a batch of tasks atomically, each as a new version.
 --
--- (none) / terminal / pending / ready -> ready. A running task is never
--- replaced: the whole batch is refused and nothing is written. The old queue
--- entry of a replaced ready task stays in the queue; the claim script drops
--- it lazily when it reaches the head.
+-- (none) / pending / ready / terminal -> ready, pending or blocked:
+--   ready    no unfinished dependency
+--   pending  a required dependency not yet succeeded, or an optional one not yet terminal
+--   blocked  a required dependency already failed, cancelled or blocked
+-- A running task is never replaced. A replaced task's old version forgets its
+-- edges before the new ones are registered; its old queue entry stays in the
+-- queue and the claim script drops it lazily. The whole batch is validated
+-- before anything is written: on any error nothing changes.
+-- Cycles: a batch that would close a cycle of awaited dependencies (through
+-- its own tasks and existing pending ones) is refused with the cycle's path.
 --
--- KEYS[1] tasks     hash: id -> task record
--- KEYS[2] payloads  hash: id -> msgpack payload
--- KEYS[3] results   hash: id -> last outcome detail (cleared)
--- KEYS[4] queue     sorted set: the time-indexed ready queue
--- KEYS[5] finished  sorted set: terminal ids (a replaced terminal id leaves it)
--- KEYS[6] meta      hash: seq counter and per-state counts
--- KEYS[7] wake      pub/sub channel
+-- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, payloads,
+--   results, queue, finished, meta, wake, edges, deps, blocked, blockedby, propagating.
 --
--- ARGV[1] n, the number of tasks; then 7 values per task i (base = 1 + 7*(i-1)):
---   +1 task id
---   +2 time mode: 'at' (time is absolute epoch ms) or 'in' (ms from the server's now)
---   +3 time, integer ms
---   +4 priority, integer in [-2^31, 2^31 - 1]
---   +5 max_attempts, integer >= 1
---   +6 backoff, integer ms >= 0
---   +7 payload bytes (msgpack map)
+-- ARGV[1] n, the number of tasks; then for each task, in order:
+--   id, time mode ('at': time is absolute epoch ms; 'in': ms from the server's now),
+--   time (integer ms), priority (integer in [-2^31, 2^31 - 1]), max_attempts (>= 1),
+--   backoff (integer ms >= 0), payload (msgpack map), allow_unknown ('1' or '0'),
+--   r (number of required deps), o (number of optional deps), then r ids, then o ids.
 --
--- Reply: array of the n new versions, in argument order.
+-- Reply: { propagating ids left, version 1, ..., version n }.
 -- Errors (nothing written):
---   CONFLICT running <id>   a task of the batch is running
---   BADARG <field> ...      malformed argument
--- Publishes 'ready' on KEYS[7] when a new entry became the queue head.
--- Cost: O(n log N).
+--   CONFLICT running <id>     a task of the batch is running
+--   BUSY <id>                 a task of the batch is still telling its dependents
+--                             that it ended; settle with propagate.lua and try again
+--   UNKNOWN <id> <dep>        a dependency that exists nowhere (and allow_unknown is 0)
+--   CYCLE <encoded path>      the path, each id a dependency of the next, first = last,
+--                             encoded as the concatenation of hex3(#id) .. id
+--   BADARG <field> ...        malformed argument
+-- Publishes 'ready' on the wake channel when a new entry became the queue head.
+-- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
+-- cycle check; blocked tasks' dependents are settled within the propagation budget.
 
-local k = { tasks = KEYS[1], payloads = KEYS[2], results = KEYS[3], queue = KEYS[4],
-            finished = KEYS[5], meta = KEYS[6], wake = KEYS[7] }
-local n, err = to_int(ARGV[1], 'n')
-if not n then return err end
-if #ARGV ~= 1 + 7 * n then return redis.error_reply('BADARG ARGV expected 7 values per task') end
+return run(function()
+  local n = to_int(ARGV[1], 'n')
+  local now = now_ms()
+  local specs, batch, order = {}, {}, {}
+  local pos = 2
+  for i = 1, n do
+    local id = ARGV[pos]
+    if not id or id == '' then error({ err = 'BADARG task_id must not be empty' }) end
+    if batch[id] then error({ err = 'BADARG task_id duplicated in batch: ' .. id }) end
+    local mode = ARGV[pos + 1]
+    if mode ~= 'at' and mode ~= 'in' then error({ err = 'BADARG time mode must be at or in' }) end
+    local s = {
+      id = id, time = to_int(ARGV[pos + 2], 'run_at'), priority = to_int(ARGV[pos + 3], 'priority'),
+      max_attempts = to_int(ARGV[pos + 4], 'max_attempts'), backoff = to_int(ARGV[pos + 5], 'backoff'),
+      payload = ARGV[pos + 6], allow_unknown = ARGV[pos + 7] == '1', deps = {},
+    }
+    if s.priority < -2147483648 or s.priority > 2147483647 then
+      error({ err = 'BADARG priority out of range' })
+    end
+    if s.max_attempts < 1 then error({ err = 'BADARG max_attempts must be >= 1' }) end
+    if s.backoff < 0 then error({ err = 'BADARG backoff must be >= 0' }) end
+    s.run_at = s.time
+    if mode == 'in' then s.run_at = now + s.time end
+    local r, o = to_int(ARGV[pos + 8], 'deps'), to_int(ARGV[pos + 9], 'optional_deps')
+    pos = pos + 10
+    local seen = {}
+    for j = 1, r + o do
+      local d = ARGV[pos]
+      if not d or d == '' then error({ err = 'BADARG deps must hold non-empty ids' }) end
+      if d == id then error({ err = 'BADARG deps: ' .. id .. ' depends on itself' }) end
+      if seen[d] then error({ err = 'BADARG deps: ' .. d .. ' listed twice' }) end
+      seen[d] = true
+      s.deps[j] = { kind = (j <= r) and 'r' or 'o', id = d }
+      pos = pos + 1
+    end
+    s.old = load_task(id)
+    if s.old and s.old.state == 'running' then error({ err = 'CONFLICT running ' .. id }) end
+    busy_check(id)
+    batch[id] = s
+    specs[i] = s
+  end
+  if pos ~= #ARGV + 1 then error({ err = 'BADARG ARGV length does not match the counts' }) end
 
-local now = now_ms()
-local specs = {}
-local seen = {}
-for i = 1, n do
-  local base = 1 + 7 * (i - 1)
-  local id = ARGV[base + 1]
-  if id == '' then return redis.error_reply('BADARG task_id must not be empty') end
-  if seen[id] then return redis.error_reply('BADARG task_id duplicated in batch: ' .. id) end
-  seen[id] = true
-  local mode = ARGV[base + 2]
-  if mode ~= 'at' and mode ~= 'in' then
-    return redis.error_reply('BADARG time mode must be at or in')
+  -- Unknown dependencies, and the batch's own edges (parent -> batch children).
+  local children = {}
+  for _, s in ipairs(specs) do
+    for _, d in ipairs(s.deps) do
+      if not batch[d.id] and redis.call('HEXISTS', k.tasks, d.id) == 0 and not s.allow_unknown then
+        error({ err = 'UNKNOWN ' .. id_prefix(s.id) .. d.id })
+      end
+      children[d.id] = children[d.id] or {}
+      table.insert(children[d.id], s.id)
+    end
   end
-  local time, priority, max_attempts, backoff
-  time, err = to_int(ARGV[base + 3], 'run_at'); if not time then return err end
-  priority, err = to_int(ARGV[base + 4], 'priority'); if not priority then return err end
-  if priority < -2147483648 or priority > 2147483647 then
-    return redis.error_reply('BADARG priority out of range')
-  end
-  max_attempts, err = to_int(ARGV[base + 5], 'max_attempts'); if not max_attempts then return err end
-  if max_attempts < 1 then return redis.error_reply('BADARG max_attempts must be >= 1') end
-  backoff, err = to_int(ARGV[base + 6], 'backoff'); if not backoff then return err end
-  if backoff < 0 then return redis.error_reply('BADARG backoff must be >= 0') end
-  local run_at = time
-  if mode == 'in' then run_at = now + time end
-  local old = load_task(k.tasks, id)
-  if old and old.err then return old end
-  if old and old.state == 'running' then
-    return redis.error_reply('CONFLICT running ' .. id)
-  end
-  specs[i] = { id = id, run_at = run_at, priority = priority, max_attempts = max_attempts,
-               backoff = backoff, payload = ARGV[base + 7], old = old }
-end
 
-local versions = {}
-local head = false
-for i = 1, n do
-  local s = specs[i]
-  local version = redis.call('HINCRBY', k.meta, 'seq', 1)
-  local t = {
-    state = 'ready', version = version, attempt = 0, max_attempts = s.max_attempts,
-    backoff_ms = s.backoff, run_at = s.run_at, priority = s.priority, cancel = 0,
-    updated = now, remaining = 0, optional = 0, worker = '',
-  }
-  if s.old then
-    count_move(k.meta, s.old.state, 'ready')
-    if TERMINAL[s.old.state] then redis.call('ZREM', k.finished, s.id) end
-  else
-    count_move(k.meta, nil, 'ready')
+  check_cycles(specs, batch, children)
+
+  -- Topological order of the batch (dependencies first), so that a task sees the
+  -- state its batch dependencies get.
+  local placed = {}
+  for _, root in ipairs(specs) do
+    if not placed[root.id] then
+      placed[root.id] = true
+      local stack = { { s = root, i = 0 } }
+      while #stack > 0 do
+        local top = stack[#stack]
+        top.i = top.i + 1
+        local d = top.s.deps[top.i]
+        if d == nil then
+          order[#order + 1] = top.s
+          stack[#stack] = nil
+        elseif batch[d.id] and not placed[d.id] then
+          placed[d.id] = true
+          stack[#stack + 1] = { s = batch[d.id], i = 0 }
+        end
+      end
+    end
   end
-  save_task(k.tasks, s.id, t)
-  redis.call('HSET', k.payloads, s.id, s.payload)
-  redis.call('HDEL', k.results, s.id)
-  if enqueue(k.queue, t, s.id) then head = true end
-  versions[i] = version
-end
-if head then redis.call('PUBLISH', k.wake, 'ready') end
-return versions
+
+  local versions, state_of, head = {}, {}, false
+  for _, s in ipairs(order) do
+    local version, state, is_head = write_version(s.id, s.old, s, s.deps, now, state_of)
+    redis.call('HSET', k.payloads, s.id, s.payload)
+    state_of[s.id] = state
+    versions[s.id] = version
+    head = head or is_head
+  end
+  if head then redis.call('PUBLISH', k.wake, 'ready') end
+  local reply = { settle_after_terminal({}, now) }
+  for i, s in ipairs(specs) do reply[i + 1] = versions[s.id] end
+  return reply
+end)

@@ -49,22 +49,46 @@ class Header:
     has_reply: bool
 
 
-def parse_header(name: str, text: str) -> Header:
-    lines = []
-    for line in text.splitlines():
-        if not line.startswith("--"):
-            break
-        lines.append(line)
-    first = re.match(rf"^-- {re.escape(name)}\.lua: (\S.*)$", lines[0]) if lines else None
+LAYOUT_LINE = re.compile(r"^-- KEYS\[1\.\.(\d+)\] the namespace layout of lib/keys\.lua")
+
+
+def documented_keys(lines: list[str]) -> list[str]:
     keys: dict[int, str] = {}
     for line in lines:
         m = re.match(r"^-- KEYS\[(\d+)\]\s+(\w+)\s+\S", line)
         if m:
             keys[int(m.group(1))] = m.group(2)
-    assert sorted(keys) == list(range(1, len(keys) + 1)), f"{name}: KEYS lines not 1..n"
+    assert sorted(keys) == list(range(1, len(keys) + 1)), "KEYS lines not 1..n"
+    return [keys[i] for i in sorted(keys)]
+
+
+def header_lines(text: str) -> list[str]:
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line)
+    return lines
+
+
+def layout() -> list[str]:
+    """The KEYS layout every script receives, as lib/keys.lua documents it."""
+    return documented_keys(header_lines(library_files()["keys.lua"]))
+
+
+def parse_header(name: str, text: str) -> Header:
+    lines = header_lines(text)
+    first = re.match(rf"^-- {re.escape(name)}\.lua: (\S.*)$", lines[0]) if lines else None
+    keys = documented_keys(lines)
+    for line in lines:
+        m = LAYOUT_LINE.match(line)
+        if m:
+            assert not keys, f"{name}: both the layout and its own KEYS lines"
+            keys = layout()
+            assert int(m.group(1)) == len(keys), f"{name}: layout size"
     return Header(
         purpose=first.group(1) if first else "",
-        keys=[keys[i] for i in sorted(keys)],
+        keys=keys,
         has_argv=any(re.match(r"^-- ARGV\[\d+\]", line) for line in lines),
         has_reply=any(re.match(r"^-- Reply: \S", line) for line in lines),
     )
@@ -92,6 +116,9 @@ def sample_calls() -> dict[str, core.Call]:
         "confirm_cancel": core.confirm_cancel_call(keys, claim),
         "release": core.release_call(keys, [claim]),
         "reap": core.reap_call(keys),
+        "propagate": core.propagate_call(keys),
+        "retry": core.retry_call(keys, "a", True),
+        "add_deps": core.add_deps_call(keys, "a", ["b"], False),
     }
 
 
@@ -221,19 +248,23 @@ def test_the_key_checker_flags_keys_that_do_not_come_from_keys() -> None:
 def test_each_script_only_touches_keys_passed_in_keys(name: str) -> None:
     text = source(name)
     assert key_violations(text) == []
-    header = parse_header(name, script_files()[name])
-    code = strip_comments(script_files()[name])
-    # Every KEYS index used exists in the header, and the k table names match it.
-    used = {int(i) for i in re.findall(r"KEYS\[(\d+)\]", code)}
-    assert used == set(range(1, len(header.keys) + 1))
-    table = dict((int(i), field) for field, i in re.findall(r"(\w+)\s*=\s*KEYS\[(\d+)\]", code))
-    assert [table[i] for i in sorted(table)] == header.keys
+    # Scripts reach keys only through the k table of lib/keys.lua, never KEYS directly.
+    assert "KEYS[" not in strip_comments(script_files()[name])
+
+
+def test_the_keys_layout_builds_k_from_every_documented_key_in_order() -> None:
+    code = strip_comments(library_files()["keys.lua"])
+    table = {int(i): field for field, i in re.findall(r"(\w+)\s*=\s*KEYS\[(\d+)\]", code)}
+    assert [table[i] for i in sorted(table)] == layout()
+    keys = Keys("ns")
+    assert [getattr(keys, name) for name in layout()] == keys.script_keys()
 
 
 def test_the_shared_library_touches_no_key_of_its_own() -> None:
-    for text in library_files().values():
+    for name, text in library_files().items():
         assert key_violations(text) == []
-        assert "KEYS[" not in strip_comments(text)
+        if name != "keys.lua":
+            assert "KEYS[" not in strip_comments(text)
 
 
 # --------------------------------------------------------------------------- on a server
@@ -285,6 +316,13 @@ def lifecycle(s: Scheduler) -> None:
     stats = s.stats()
     assert stats["counts"]["ready"] == 1 and stats["stale_entries"] == 0
     assert s.leases() == []
+    # Dependencies: a pending task, more dependencies, a retry, and settling.
+    s.submit("g", fn="f", deps=["d"])
+    s.add_deps("g", ["c"])  # c is cancelled: g is blocked at once
+    assert s.status("g").state is State.BLOCKED
+    assert s.retry("c", cascade=True) > 0
+    assert s.status("g").state is State.PENDING
+    assert s.settle() == 0
 
 
 @pytest.fixture

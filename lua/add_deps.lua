@@ -1,0 +1,71 @@
+-- add_deps.lua: add required dependencies to a pending task's current version.
+--
+-- pending -> pending (more awaited), or pending -> blocked when a new dependency
+-- already failed, was cancelled or is blocked. Only a pending task takes new
+-- dependencies. A dependency that closes a cycle of awaited dependencies is
+-- refused with the cycle's path; nothing is written on any error.
+--
+-- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, deps, edges, and
+--   when it blocks finished, meta, blocked, blockedby, propagating.
+--
+-- ARGV[1] task id
+-- ARGV[2] allow_unknown: '1' or '0'
+-- ARGV[3..] the new dependency ids
+--
+-- Reply: { propagating ids left, the task's state after the call }.
+-- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not pending);
+--   UNKNOWN <hex3 len><id><dep>; CYCLE <encoded path>; BADARG deps ...
+-- Cost: O(deps log N) plus the task's pending descendants for the cycle check.
+
+return run(function()
+  local id = ARGV[1]
+  local allow_unknown = ARGV[2] == '1'
+  local t = load_task(id)
+  if not t then error({ err = 'NOTFOUND ' .. id }) end
+  if t.state ~= 'pending' then error({ err = 'CONFLICT state ' .. t.state .. ' ' .. id }) end
+  local deps = decode_deps(redis.call('HGET', k.deps, id))
+  local seen = {}
+  for _, d in ipairs(deps) do seen[d.id] = true end
+  local added = {}
+  for i = 3, #ARGV do
+    local d = ARGV[i]
+    if d == '' then error({ err = 'BADARG deps must hold non-empty ids' }) end
+    if d == id then error({ err = 'BADARG deps: ' .. id .. ' depends on itself' }) end
+    if seen[d] then error({ err = 'BADARG deps: ' .. d .. ' is already a dependency' }) end
+    seen[d] = true
+    if redis.call('HEXISTS', k.tasks, d) == 0 and not allow_unknown then
+      error({ err = 'UNKNOWN ' .. id_prefix(id) .. d })
+    end
+    added[#added + 1] = { kind = 'r', id = d }
+  end
+  local children = {}
+  for _, d in ipairs(added) do children[d.id] = { id } end
+  -- The task keeps its existing awaited edges, so only the new ones join the walk.
+  check_cycles({ { id = id } }, {}, children)
+
+  local now = now_ms()
+  local cause = nil
+  for _, d in ipairs(added) do
+    local dt = load_task(d.id)
+    local st = dt and dt.state
+    local flag = 'w'
+    if st == 'succeeded' then
+      flag = 's'
+    elseif TERMINAL[st] then
+      flag = 's'
+      if not cause then cause = { root = root_through(d.id, st), parent = d.id } end
+    else
+      t.remaining = t.remaining + 1
+    end
+    redis.call('ZADD', k.edges, 0, edge_member(d.id, flag, 'r', id))
+    deps[#deps + 1] = d
+  end
+  redis.call('HSET', k.deps, id, encode_deps(deps))
+  t.updated = now
+  if cause then
+    block_task(id, t, cause.root, cause.parent, now)
+  else
+    save_task(id, t)
+  end
+  return { settle_after_terminal({}, now), t.state }
+end)

@@ -1,0 +1,306 @@
+-- lib/graph.lua: dependency edges, release and blocking of dependents.
+--
+-- Edge member of the edges sorted set (every score 0, so ZRANGEBYLEX ranges work):
+--   hex3(#parent) .. parent .. flag .. kind .. child
+--   flag  'w' the child's current version still waits on the parent; 's' settled
+--   kind  'r' required, 'o' optional
+-- Every edge of the current versions is stored exactly once. UTF-8 ids never
+-- contain byte 0xFF, so '(' .. prefix .. '\255' closes a prefix range.
+--
+-- Dependency list (deps hash): kind .. hex3(#id) .. id, concatenated, in the order given.
+-- Block cause (blocked hash): hex3(#root) .. root .. parent, where parent is the
+-- dependency the block came through; following parents back to root is the path.
+-- blockedby member: hex3(#root) .. root .. child, for each task root blocked.
+--
+-- Propagation. When a task becomes terminal, its waiting edges must be settled:
+-- success releases dependents (remaining - 1; ready at 0), any terminal state
+-- releases optional edges, and failure, cancellation or block blocks the pending
+-- dependents of its required edges (which then propagate in turn). The terminal
+-- id enters the propagating set, and each script call settles at most a budget of
+-- edges, so no call runs long however many dependents there are.
+-- Invariant that keeps the chunks correct under concurrent calls: an id in the
+-- propagating set is terminal and cannot get a new version (schedule, retry and
+-- add_deps refuse it with BUSY until its propagation ends), and no waiting edge
+-- to a terminal task is ever created (a new dependent sees it settled or blocked
+-- at once). So the waiting edges of a propagating id are exactly those that
+-- existed when it became terminal, each settled once, whatever runs in between.
+
+local PROPAGATE_BUDGET = 1000
+
+local function id_prefix(id)
+  return string.format('%03x', #id) .. id
+end
+
+local function edge_member(parent, flag, kind, child)
+  return id_prefix(parent) .. flag .. kind .. child
+end
+
+local function encode_deps(list)
+  local parts = {}
+  for i, d in ipairs(list) do parts[i] = d.kind .. id_prefix(d.id) end
+  return table.concat(parts)
+end
+
+local function decode_deps(raw)
+  local list = {}
+  if not raw then return list end
+  local pos = 1
+  while pos <= #raw do
+    local kind = string.sub(raw, pos, pos)
+    local len = tonumber(string.sub(raw, pos + 1, pos + 3), 16)
+    list[#list + 1] = { kind = kind, id = string.sub(raw, pos + 4, pos + 3 + len) }
+    pos = pos + 4 + len
+  end
+  return list
+end
+
+-- (root, parent) of a blocked task, or nil.
+local function block_cause(id)
+  local raw = redis.call('HGET', k.blocked, id)
+  if not raw then return nil end
+  local len = tonumber(string.sub(raw, 1, 3), 16)
+  return string.sub(raw, 4, 3 + len), string.sub(raw, 4 + len)
+end
+
+local function needs_propagation(id)
+  if not redis.call('ZSCORE', k.propagating, id) then
+    redis.call('ZADD', k.propagating, redis.call('HINCRBY', k.meta, 'pseq', 1), id)
+  end
+end
+
+local function busy_check(id)
+  if redis.call('ZSCORE', k.propagating, id) then
+    error({ err = 'BUSY ' .. id })
+  end
+end
+
+-- The root to record when a task is blocked through dependency `parent`.
+local function root_through(parent, parent_state)
+  if parent_state == 'blocked' then
+    local root = block_cause(parent)
+    if root then return root end
+  end
+  return parent
+end
+
+local function block_task(id, t, root, parent, now)
+  count_move(t.state, 'blocked')
+  t.state = 'blocked'
+  t.updated = now
+  save_task(id, t)
+  redis.call('ZADD', k.finished, now, id)
+  redis.call('HSET', k.blocked, id, id_prefix(root) .. parent)
+  redis.call('ZADD', k.blockedby, 0, id_prefix(root) .. id)
+  needs_propagation(id)
+end
+
+-- Forget what an old version of id knew: its edges and its block cause.
+local function clear_version(id)
+  for _, d in ipairs(decode_deps(redis.call('HGET', k.deps, id))) do
+    redis.call('ZREM', k.edges, edge_member(d.id, 'w', d.kind, id), edge_member(d.id, 's', d.kind, id))
+  end
+  redis.call('HDEL', k.deps, id)
+  local root = block_cause(id)
+  if root then
+    redis.call('ZREM', k.blockedby, id_prefix(root) .. id)
+    redis.call('HDEL', k.blocked, id)
+  end
+end
+
+-- Settle up to budget waiting edges of the propagating ids, oldest first.
+-- Returns (edges settled, whether a released task became the queue head).
+local function propagate(budget, now)
+  local used, woke = 0, false
+  while used < budget do
+    local head = redis.call('ZRANGE', k.propagating, 0, 0)
+    if #head == 0 then break end
+    local p = head[1]
+    local pt = load_task(p)
+    -- A record can only vanish by retention, which leaves propagating ids alone.
+    local p_state = pt and pt.state
+    local prefix = id_prefix(p) .. 'w'
+    local want = budget - used
+    local edges = redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255',
+                             'LIMIT', 0, want)
+    for _, m in ipairs(edges) do
+      local kind = string.sub(m, #prefix + 1, #prefix + 1)
+      local c = string.sub(m, #prefix + 2)
+      redis.call('ZREM', k.edges, m)
+      redis.call('ZADD', k.edges, 0, edge_member(p, 's', kind, c))
+      local ct = load_task(c)
+      if p_state and ct and ct.state == 'pending' then
+        if kind == 'o' then
+          ct.optional = ct.optional - 1
+        elseif p_state == 'succeeded' then
+          ct.remaining = ct.remaining - 1
+        else
+          block_task(c, ct, root_through(p, p_state), p, now)
+          ct = nil
+        end
+        if ct then
+          ct.updated = now
+          if ct.remaining <= 0 and ct.optional <= 0 then
+            count_move('pending', 'ready')
+            ct.state = 'ready'
+            save_task(c, ct)
+            if enqueue(ct, c) then woke = true end
+          else
+            save_task(c, ct)
+          end
+        end
+      end
+    end
+    used = used + #edges
+    if #edges < want then redis.call('ZREM', k.propagating, p) end
+  end
+  if woke then redis.call('PUBLISH', k.wake, 'ready') end
+  return used
+end
+
+-- A task just became terminal: queue its dependents' propagation and settle a budget now.
+-- Returns the number of propagating ids left (0 when everything was settled).
+local function settle_after_terminal(ids, now)
+  for _, id in ipairs(ids) do needs_propagation(id) end
+  propagate(PROPAGATE_BUDGET, now)
+  return redis.call('ZCARD', k.propagating)
+end
+
+-- End a running attempt that failed (raised, or its lease expired): a new
+-- attempt after backoff while attempts remain and no cancellation was
+-- requested, otherwise failed. Returns true when the task became terminal.
+local function end_attempt_failed(id, t, now, reason)
+  local running_before = running_count()
+  redis.call('ZREM', k.leases, id)
+  t.worker = ''
+  t.updated = now
+  local woke, terminal = false, false
+  -- A task whose cancellation was requested gets no new attempt; the request stays on record.
+  if t.attempt < t.max_attempts and t.cancel == 0 then
+    local delay = t.backoff_ms * 2 ^ (t.attempt - 1)
+    if delay > 3600000 then delay = 3600000 end
+    t.run_at = now + math.floor(delay)
+    t.state = 'ready'
+    count_move('running', 'ready')
+    save_task(id, t)
+    woke = enqueue(t, id)
+  else
+    t.state = 'failed'
+    count_move('running', 'failed')
+    save_task(id, t)
+    redis.call('ZADD', k.finished, now, id)
+    terminal = true
+  end
+  redis.call('HSET', k.results, id, 'E' .. reason)
+  if woke then redis.call('PUBLISH', k.wake, 'ready') end
+  capacity_freed(running_before)
+  return terminal
+end
+
+-- Refuse a cycle of awaited dependencies. Depth-first, white-grey-black with parent
+-- pointers, over edges parent -> dependent: the new edges of the tasks being written
+-- (children: parent id -> list of dependent ids; batch: id -> truthy for those tasks)
+-- replace their old ones, and otherwise only pending tasks wait. Raises
+-- CYCLE <path>, the path listing each id before the ids that depend on it, first = last.
+local function check_cycles(starts, batch, children)
+  local function dependents_of(x)
+    local out = {}
+    local prefix = id_prefix(x) .. 'w'
+    for _, m in ipairs(redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255')) do
+      local c = string.sub(m, #prefix + 2)
+      if not batch[c] then
+        local ct = load_task(c)
+        if ct and ct.state == 'pending' then out[#out + 1] = c end
+      end
+    end
+    for _, c in ipairs(children[x] or {}) do out[#out + 1] = c end
+    return out
+  end
+  local color, parent = {}, {}
+  for _, s in ipairs(starts) do
+    if not color[s.id] then
+      color[s.id] = 1
+      local stack = { { id = s.id, next = dependents_of(s.id), i = 0 } }
+      while #stack > 0 do
+        local top = stack[#stack]
+        top.i = top.i + 1
+        local c = top.next[top.i]
+        if c == nil then
+          color[top.id] = 2
+          stack[#stack] = nil
+        elseif color[c] == 1 then
+          local path = { c }
+          local cur = top.id
+          while cur ~= c do
+            table.insert(path, 2, cur)
+            cur = parent[cur]
+          end
+          path[#path + 1] = c
+          local parts = {}
+          for i, id in ipairs(path) do parts[i] = id_prefix(id) end
+          error({ err = 'CYCLE ' .. table.concat(parts) })
+        elseif not color[c] then
+          color[c] = 1
+          parent[c] = top.id
+          stack[#stack + 1] = { id = c, next = dependents_of(c), i = 0 }
+        end
+      end
+    end
+  end
+end
+
+-- Write a new version of id (old: its current record or nil) with parameters p
+-- (run_at, priority, max_attempts, backoff) and dependency list deps. known: id ->
+-- state to assume for a dependency instead of its record (tasks written in the same
+-- call). The new version is ready, pending or blocked (then its dependents are queued
+-- for propagation). Returns version, state, and whether it became the queue head.
+local function write_version(id, old, p, deps, now, known)
+  if old then
+    count_move(old.state, nil)
+    if TERMINAL[old.state] then redis.call('ZREM', k.finished, id) end
+    clear_version(id)
+  end
+  local version = redis.call('HINCRBY', k.meta, 'seq', 1)
+  local remaining, optional, cause, waits = 0, 0, nil, {}
+  for j, d in ipairs(deps) do
+    local st = known[d.id]
+    if not st then
+      local dt = load_task(d.id)
+      st = dt and dt.state
+    end
+    if d.kind == 'o' then
+      if not TERMINAL[st] then optional = optional + 1; waits[j] = true end
+    elseif st == 'succeeded' then
+      -- already satisfied
+    elseif TERMINAL[st] then
+      if not cause then cause = { root = root_through(d.id, st), parent = d.id } end
+    else
+      remaining = remaining + 1
+      waits[j] = true
+    end
+  end
+  local t = {
+    state = 'pending', version = version, attempt = 0, max_attempts = p.max_attempts,
+    backoff_ms = p.backoff, run_at = p.run_at, priority = p.priority, cancel = 0,
+    updated = now, remaining = remaining, optional = optional, worker = '',
+  }
+  local head = false
+  if cause then
+    count_move(nil, 'pending')
+    block_task(id, t, cause.root, cause.parent, now)
+  elseif remaining + optional > 0 then
+    count_move(nil, 'pending')
+    save_task(id, t)
+  else
+    t.state = 'ready'
+    count_move(nil, 'ready')
+    save_task(id, t)
+    head = enqueue(t, id)
+  end
+  for j, d in ipairs(deps) do
+    local flag = (waits[j] and not cause) and 'w' or 's'
+    redis.call('ZADD', k.edges, 0, edge_member(d.id, flag, d.kind, id))
+  end
+  if #deps > 0 then redis.call('HSET', k.deps, id, encode_deps(deps)) end
+  redis.call('HDEL', k.results, id)
+  return version, t.state, head
+end
