@@ -3,8 +3,9 @@
 -- failed / cancelled / blocked -> ready, pending or blocked (as schedule.lua
 -- decides from its dependencies), with attempt 0 and the same payload, run_at,
 -- priority, max_attempts, backoff and dependency list. With cascade, every task
--- this one blocked (blocked with it as root) gets a new version too; tasks of the
--- retried set count as unfinished for each other, so they return to pending.
+-- this one blocked before the retry (blocked with it as root) gets a new version
+-- too, in bounded chunks run by propagate.lua (the first one in this call): tasks
+-- of the cascade count as pending for each other, so they return to pending.
 --
 -- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, results, queue,
 --   finished, meta, wake, edges, deps, blocked, blockedby, propagating.
@@ -12,10 +13,10 @@
 -- ARGV[1] task id
 -- ARGV[2] cascade: '1' or '0'
 --
--- Reply: { propagating ids left, new version of the task, number of tasks retried }.
+-- Reply: { propagating jobs left, new version of the task }.
 -- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not failed, cancelled or blocked);
 --   BUSY <id> (still telling its dependents that it ended; settle with propagate.lua).
--- Cost: O((1 + cascaded) * (deps + log N)).
+-- Cost: O(deps + log N), plus the propagation budget for the cascade.
 
 return run(function()
   local id = ARGV[1]
@@ -26,30 +27,19 @@ return run(function()
     error({ err = 'CONFLICT state ' .. t.state .. ' ' .. id })
   end
   busy_check(id)
-  local set, known = { { id = id, t = t } }, { [id] = 'pending' }
+  local now = now_ms()
+  local params = { run_at = t.run_at, priority = t.priority, max_attempts = t.max_attempts,
+                   backoff = t.backoff_ms }
+  local deps = decode_deps(redis.call('HGET', k.deps, id))
+  local version, _, head = write_version(id, t, params, deps, now, record_state)
+  if head then redis.call('PUBLISH', k.wake, 'ready') end
   if cascade then
     local prefix = id_prefix(id)
-    for _, m in ipairs(redis.call('ZRANGEBYLEX', k.blockedby, '[' .. prefix, '(' .. prefix .. '\255')) do
-      local c = string.sub(m, #prefix + 1)
-      local ct = load_task(c)
-      if ct and ct.state == 'blocked' and block_cause(c) == id and not known[c] then
-        busy_check(c)
-        set[#set + 1] = { id = c, t = ct }
-        known[c] = 'pending'
-      end
+    local any = redis.call('ZRANGEBYLEX', k.blockedby, '[' .. prefix, '(' .. prefix .. '\255', 'LIMIT', 0, 1)
+    if #any > 0 then
+      redis.call('HSET', k.meta, 'cascade:' .. id, string.format('%d|', version))
+      add_job('r' .. id)
     end
   end
-  local now = now_ms()
-  local version, head = nil, false
-  for i, x in ipairs(set) do
-    local deps = decode_deps(redis.call('HGET', k.deps, x.id))
-    local p = { run_at = x.t.run_at, priority = x.t.priority, max_attempts = x.t.max_attempts,
-                backoff = x.t.backoff_ms }
-    local v, state, is_head = write_version(x.id, x.t, p, deps, now, known)
-    known[x.id] = nil
-    if i == 1 then version = v end
-    head = head or is_head
-  end
-  if head then redis.call('PUBLISH', k.wake, 'ready') end
-  return { settle_after_terminal({}, now), version, #set }
+  return { settle_after_terminal({}, now), version }
 end)

@@ -112,11 +112,12 @@ return run(function()
     end
   end
 
-  local versions, state_of, head = {}, {}, false
+  local versions, written, head = {}, {}, false
+  local function state_of(id) return written[id] or record_state(id) end
   for _, s in ipairs(order) do
     local version, state, is_head = write_version(s.id, s.old, s, s.deps, now, state_of)
     redis.call('HSET', k.payloads, s.id, s.payload)
-    state_of[s.id] = state
+    written[s.id] = state
     versions[s.id] = version
     head = head or is_head
   end

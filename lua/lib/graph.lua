@@ -18,12 +18,15 @@
 -- dependents of its required edges (which then propagate in turn). The terminal
 -- id enters the propagating set, and each script call settles at most a budget of
 -- edges, so no call runs long however many dependents there are.
--- Invariant that keeps the chunks correct under concurrent calls: an id in the
--- propagating set is terminal and cannot get a new version (schedule, retry and
--- add_deps refuse it with BUSY until its propagation ends), and no waiting edge
--- to a terminal task is ever created (a new dependent sees it settled or blocked
--- at once). So the waiting edges of a propagating id are exactly those that
--- existed when it became terminal, each settled once, whatever runs in between.
+-- Invariant that keeps the chunks correct under concurrent calls: an id with a
+-- 'p' job is terminal and cannot get a new version (schedule and retry refuse it
+-- with BUSY until its job ends), and no waiting edge to a terminal task is ever
+-- created (a new dependent sees it settled or blocked at once). So the waiting
+-- edges of a propagating id are exactly those that existed when it became
+-- terminal, each settled once, whatever runs in between.
+-- A retry's cascade ('r' job) re-versions only tasks blocked with the retried
+-- task as root and a version below the retry's own: versions come from one
+-- counter, so a task blocked again after the retry is never retried by it.
 
 local PROPAGATE_BUDGET = 1000
 
@@ -62,14 +65,26 @@ local function block_cause(id)
   return string.sub(raw, 4, 3 + len), string.sub(raw, 4 + len)
 end
 
-local function needs_propagation(id)
-  if not redis.call('ZSCORE', k.propagating, id) then
-    redis.call('ZADD', k.propagating, redis.call('HINCRBY', k.meta, 'pseq', 1), id)
+local function has_waiting_edges(id)
+  local prefix = id_prefix(id) .. 'w'
+  return #redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255', 'LIMIT', 0, 1) > 0
+end
+
+-- Jobs in the propagating set: 'p' .. id settles the waiting edges of terminal id;
+-- 'r' .. id re-versions the tasks id blocked (a retry's cascade), its progress kept
+-- in meta field 'cascade:' .. id as '<version threshold>|<last blockedby member>'.
+local function add_job(member)
+  if not redis.call('ZSCORE', k.propagating, member) then
+    redis.call('ZADD', k.propagating, redis.call('HINCRBY', k.meta, 'pseq', 1), member)
   end
 end
 
+local function needs_propagation(id)
+  add_job('p' .. id)
+end
+
 local function busy_check(id)
-  if redis.call('ZSCORE', k.propagating, id) then
+  if redis.call('ZSCORE', k.propagating, 'p' .. id) or redis.call('ZSCORE', k.propagating, 'r' .. id) then
     error({ err = 'BUSY ' .. id })
   end
 end
@@ -91,7 +106,12 @@ local function block_task(id, t, root, parent, now)
   redis.call('ZADD', k.finished, now, id)
   redis.call('HSET', k.blocked, id, id_prefix(root) .. parent)
   redis.call('ZADD', k.blockedby, 0, id_prefix(root) .. id)
-  needs_propagation(id)
+  if has_waiting_edges(id) then needs_propagation(id) end
+end
+
+local function record_state(id)
+  local t = load_task(id)
+  return t and t.state
 end
 
 -- Forget what an old version of id knew: its edges and its block cause.
@@ -105,64 +125,6 @@ local function clear_version(id)
     redis.call('ZREM', k.blockedby, id_prefix(root) .. id)
     redis.call('HDEL', k.blocked, id)
   end
-end
-
--- Settle up to budget waiting edges of the propagating ids, oldest first.
--- Returns (edges settled, whether a released task became the queue head).
-local function propagate(budget, now)
-  local used, woke = 0, false
-  while used < budget do
-    local head = redis.call('ZRANGE', k.propagating, 0, 0)
-    if #head == 0 then break end
-    local p = head[1]
-    local pt = load_task(p)
-    -- A record can only vanish by retention, which leaves propagating ids alone.
-    local p_state = pt and pt.state
-    local prefix = id_prefix(p) .. 'w'
-    local want = budget - used
-    local edges = redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255',
-                             'LIMIT', 0, want)
-    for _, m in ipairs(edges) do
-      local kind = string.sub(m, #prefix + 1, #prefix + 1)
-      local c = string.sub(m, #prefix + 2)
-      redis.call('ZREM', k.edges, m)
-      redis.call('ZADD', k.edges, 0, edge_member(p, 's', kind, c))
-      local ct = load_task(c)
-      if p_state and ct and ct.state == 'pending' then
-        if kind == 'o' then
-          ct.optional = ct.optional - 1
-        elseif p_state == 'succeeded' then
-          ct.remaining = ct.remaining - 1
-        else
-          block_task(c, ct, root_through(p, p_state), p, now)
-          ct = nil
-        end
-        if ct then
-          ct.updated = now
-          if ct.remaining <= 0 and ct.optional <= 0 then
-            count_move('pending', 'ready')
-            ct.state = 'ready'
-            save_task(c, ct)
-            if enqueue(ct, c) then woke = true end
-          else
-            save_task(c, ct)
-          end
-        end
-      end
-    end
-    used = used + #edges
-    if #edges < want then redis.call('ZREM', k.propagating, p) end
-  end
-  if woke then redis.call('PUBLISH', k.wake, 'ready') end
-  return used
-end
-
--- A task just became terminal: queue its dependents' propagation and settle a budget now.
--- Returns the number of propagating ids left (0 when everything was settled).
-local function settle_after_terminal(ids, now)
-  for _, id in ipairs(ids) do needs_propagation(id) end
-  propagate(PROPAGATE_BUDGET, now)
-  return redis.call('ZCARD', k.propagating)
 end
 
 -- End a running attempt that failed (raised, or its lease expired): a new
@@ -249,11 +211,11 @@ local function check_cycles(starts, batch, children)
 end
 
 -- Write a new version of id (old: its current record or nil) with parameters p
--- (run_at, priority, max_attempts, backoff) and dependency list deps. known: id ->
--- state to assume for a dependency instead of its record (tasks written in the same
--- call). The new version is ready, pending or blocked (then its dependents are queued
+-- (run_at, priority, max_attempts, backoff) and dependency list deps. state_of(id)
+-- is the state to count a dependency in (its record's, or what a task written in the
+-- same call or awaiting the same cascade will be). The new version is ready, pending or blocked (then its dependents are queued
 -- for propagation). Returns version, state, and whether it became the queue head.
-local function write_version(id, old, p, deps, now, known)
+local function write_version(id, old, p, deps, now, state_of)
   if old then
     count_move(old.state, nil)
     if TERMINAL[old.state] then redis.call('ZREM', k.finished, id) end
@@ -262,11 +224,7 @@ local function write_version(id, old, p, deps, now, known)
   local version = redis.call('HINCRBY', k.meta, 'seq', 1)
   local remaining, optional, cause, waits = 0, 0, nil, {}
   for j, d in ipairs(deps) do
-    local st = known[d.id]
-    if not st then
-      local dt = load_task(d.id)
-      st = dt and dt.state
-    end
+    local st = state_of(d.id)
     if d.kind == 'o' then
       if not TERMINAL[st] then optional = optional + 1; waits[j] = true end
     elseif st == 'succeeded' then
@@ -304,3 +262,117 @@ local function write_version(id, old, p, deps, now, known)
   redis.call('HDEL', k.results, id)
   return version, t.state, head
 end
+
+-- Settle the edges of one 'p' job: at most want edges. Returns (cost, done, woke).
+local function settle_edges(p, want, now)
+  local pt = load_task(p)
+  -- A record can only vanish by retention, which leaves propagating ids alone.
+  local p_state = pt and pt.state
+  local prefix = id_prefix(p) .. 'w'
+  local edges = redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255',
+                           'LIMIT', 0, want)
+  local woke = false
+  for _, m in ipairs(edges) do
+    local kind = string.sub(m, #prefix + 1, #prefix + 1)
+    local c = string.sub(m, #prefix + 2)
+    redis.call('ZREM', k.edges, m)
+    redis.call('ZADD', k.edges, 0, edge_member(p, 's', kind, c))
+    local ct = load_task(c)
+    if p_state and ct and ct.state == 'pending' then
+      if kind == 'o' then
+        ct.optional = ct.optional - 1
+      elseif p_state == 'succeeded' then
+        ct.remaining = ct.remaining - 1
+      else
+        block_task(c, ct, root_through(p, p_state), p, now)
+        ct = nil
+      end
+      if ct then
+        ct.updated = now
+        if ct.remaining <= 0 and ct.optional <= 0 then
+          count_move('pending', 'ready')
+          ct.state = 'ready'
+          save_task(c, ct)
+          if enqueue(ct, c) then woke = true end
+        else
+          save_task(c, ct)
+        end
+      end
+    end
+  end
+  return #edges, #edges < want, woke
+end
+
+-- Re-version at most want of the tasks root blocked before its retry (version below
+-- the threshold). Tasks of the same cascade count as pending for each other, so
+-- the order they are written in does not matter. Returns (cost, done, woke).
+local function cascade_retry(root, want, now)
+  local field = 'cascade:' .. root
+  local threshold, cursor = string.match(redis.call('HGET', k.meta, field) or '0|', '^(%d+)|(.*)$')
+  threshold = tonumber(threshold)
+  local function in_cascade(id, t)
+    return t and t.state == 'blocked' and t.version < threshold and block_cause(id) == root
+  end
+  local function state_of(id)
+    local t = load_task(id)
+    if in_cascade(id, t) then return 'pending' end
+    return t and t.state
+  end
+  local prefix = id_prefix(root)
+  local lo = '[' .. prefix
+  if cursor ~= '' then lo = '(' .. cursor end
+  local members = redis.call('ZRANGEBYLEX', k.blockedby, lo, '(' .. prefix .. '\255', 'LIMIT', 0, want)
+  local woke = false
+  for _, m in ipairs(members) do
+    local c = string.sub(m, #prefix + 1)
+    local ct = load_task(c)
+    if in_cascade(c, ct) then
+      local params = { run_at = ct.run_at, priority = ct.priority,
+                       max_attempts = ct.max_attempts, backoff = ct.backoff_ms }
+      local deps = decode_deps(redis.call('HGET', k.deps, c))
+      local _, _, head = write_version(c, ct, params, deps, now, state_of)
+      woke = woke or head
+    end
+  end
+  local done = #members < want
+  if done then
+    redis.call('HDEL', k.meta, field)
+  else
+    redis.call('HSET', k.meta, field, string.format('%d|', threshold) .. members[#members])
+  end
+  return #members, done, woke
+end
+
+-- Run the propagating jobs, oldest first, within budget (edges settled plus tasks
+-- visited). Returns the budget used.
+local function propagate(budget, now)
+  local used, woke = 0, false
+  while used < budget do
+    local head = redis.call('ZRANGE', k.propagating, 0, 0)
+    if #head == 0 then break end
+    local job = head[1]
+    local want = budget - used
+    local cost, done, job_woke
+    if string.sub(job, 1, 1) == 'r' then
+      cost, done, job_woke = cascade_retry(string.sub(job, 2), want, now)
+    else
+      cost, done, job_woke = settle_edges(string.sub(job, 2), want, now)
+    end
+    -- Visiting a job costs like one edge, so a long line of small jobs cannot
+    -- stretch one call either.
+    used = used + math.max(cost, 1)
+    woke = woke or job_woke
+    if done then redis.call('ZREM', k.propagating, job) end
+  end
+  if woke then redis.call('PUBLISH', k.wake, 'ready') end
+  return used
+end
+
+-- A task just became terminal: queue its dependents' propagation and settle a budget now.
+-- Returns the number of propagating ids left (0 when everything was settled).
+local function settle_after_terminal(ids, now)
+  for _, id in ipairs(ids) do needs_propagation(id) end
+  propagate(PROPAGATE_BUDGET, now)
+  return redis.call('ZCARD', k.propagating)
+end
+
