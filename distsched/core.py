@@ -418,11 +418,13 @@ def encode_result(result: object) -> bytes:
     return data
 
 
-def complete_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
+def complete_call(
+    keys: Keys, reports: Sequence[tuple[Claim, object]], encoded: bool = False
+) -> Call:
     args: list[Any] = [len(reports)]
     for claim, result in reports:
         args.extend(_token_values([claim]))
-        args.append(encode_result(result))
+        args.append(result if encoded else encode_result(result))
     return Call(
         "complete",
         keys.script_keys(),
@@ -783,4 +785,9 @@ def translate_error(message: str) -> Exception:
         )
         err.task_id, err.dependency = task_id, dep
         return err
+    if code == "BADARG":
+        # Only a script can see some bad arguments (add_deps naming a dependency the
+        # task already has): they are still bad arguments naming their field (§12).
+        field_name, _, detail = rest.partition(" ")
+        return InvalidArgument(field_name.rstrip(":"), detail)
     return ScriptError(message)

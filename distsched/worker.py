@@ -31,6 +31,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from distsched import core
 from distsched.client import Scheduler
 from distsched.context import TaskContext, _reset_current, _set_current
 from distsched.core import Claim, Outcome
@@ -43,6 +44,8 @@ TRANSIENT = (RedisConnectionError, RedisTimeoutError, OSError)
 STOP_CHECK_S = 0.05
 RETRY_MIN_S = 0.05
 RETRY_MAX_S = 2.0
+# The most outcomes sent in one report call.
+REPORT_BATCH = 512
 SHUTDOWN_STOP = "worker shut down: the function stopped on its signal after the grace period"
 
 
@@ -118,6 +121,7 @@ class Worker:
         self._stop_grace: float | None = None
         self._sigint_seen = False
         self._work: queue.Queue[_Job | None] = queue.Queue()
+        self._reports: queue.Queue[tuple[_Job, str, object] | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat_stop = threading.Event()
@@ -160,6 +164,18 @@ class Worker:
         with self._cond:
             return self._running_now
 
+    def snapshot(self) -> dict[str, int]:
+        """One consistent look at the pool: executing, claimed but not started, and
+        finished with the report still on its way (those still hold their lease)."""
+        with self._cond:
+            unstarted = sum(1 for j in self._jobs.values() if not j.started and not j.released)
+            return {
+                "executing": self._running_now,
+                "unstarted": unstarted,
+                "reporting": len(self._jobs) - unstarted - self._running_now,
+                "free": self._free,
+            }
+
     # ------------------------------------------------------------------ signals
 
     def _install_signal_handlers(self) -> Callable[[], None]:
@@ -200,6 +216,10 @@ class Worker:
             t.start()
             ready.wait()
             self._threads.append(t)
+        self._reporter = threading.Thread(
+            target=self._reporter_thread, name="distsched-reporter", daemon=True
+        )
+        self._reporter.start()
         for target, name in (
             (self._heartbeat_thread, "distsched-heartbeat"),
             (self._listener_thread, "distsched-listener"),
@@ -331,12 +351,11 @@ class Worker:
             return True
 
     def _end(self, job: _Job) -> None:
+        """The function returned: its slot is free; the job stays until its report lands."""
         with self._cond:
             self._running_now -= 1
-            self._jobs.pop(job.claim.token, None)
             self._free += 1
             self._cond.notify_all()
-        job.report_done.set()
 
     def _refusal(self, claim: Claim) -> str | None:
         if claim.payload_error is not None:
@@ -383,13 +402,13 @@ class Worker:
             try:
                 result = await fn(*job.claim.args, **job.claim.kwargs)
             except Cancelled as exc:
-                await asyncio.to_thread(self._report_cancelled, job, exc)
+                self._report_cancelled(job, exc)
             except BaseException as exc:  # any failure of user code is reported
                 # CancelledError included: left unreported, the task would sit until its lease
                 # lapsed and then be retried as if the worker had vanished.
-                await asyncio.to_thread(self._report, job, "fail", exc)
+                self._report(job, "fail", exc)
             else:
-                await asyncio.to_thread(self._report, job, "complete", result)
+                self._report(job, "complete", result)
         finally:
             self._end(job)
 
@@ -401,43 +420,94 @@ class Worker:
             self._report(job, "fail", exc)
 
     def _report(self, job: _Job, kind: str, value: object) -> None:
-        """Report an outcome, retrying through transient Redis faults until it is answered."""
+        """Hand an outcome to the reporter thread, which sends reports in batches."""
+        if kind == "complete":
+            try:
+                value = core.encode_result(value)
+            except InvalidArgument as exc:
+                kind, value = "fail", f"result not storable: {exc}"
+        elif kind == "fail":
+            value = core.error_text(value)
+        self._reports.put((job, kind, value))
+
+    def _reporter_thread(self) -> None:
+        # Reports that pile up during one round trip go together in the next, so the
+        # batch grows with the load and an idle worker still reports at once.
+        while True:
+            first = self._reports.get()
+            if first is None:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < REPORT_BATCH:
+                try:
+                    item = self._reports.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._send_reports(batch)
+            if stop:
+                return
+
+    def _send_reports(self, batch: list[tuple[_Job, str, object]]) -> None:
+        by_kind: dict[str, list[tuple[_Job, object]]] = {}
+        for job, kind, value in batch:
+            by_kind.setdefault(kind, []).append((job, value))
+        for kind, items in by_kind.items():
+            if kind == "confirm_cancel":
+                for job, _ in items:
+                    self._send(kind, [(job, None)])
+            else:
+                self._send(kind, items)
+
+    def _send(self, kind: str, items: list[tuple[_Job, object]]) -> None:
+        """Send one kind of report, retrying through transient Redis faults."""
         retry = _backoff()
         deadline = time.monotonic() + max(60.0, 2 * self.scheduler.lease_s)
         while True:
             try:
                 if kind == "complete":
-                    try:
-                        outcome = self.scheduler.complete(job.claim, value)
-                    except InvalidArgument as exc:
-                        kind, value = "fail", f"result not storable: {exc}"
-                        continue
+                    outcomes = self.scheduler.complete_encoded(
+                        [(job.claim, value) for job, value in items]  # type: ignore[misc]
+                    )
                 elif kind == "confirm_cancel":
+                    job = items[0][0]
                     try:
-                        outcome = self.scheduler.confirm_cancel(job.claim)
+                        outcomes = [self.scheduler.confirm_cancel(job.claim)]
                     except ConflictError:
                         # Only this worker's shutdown signalled it; nobody cancelled the
                         # task, so the interrupted run is a failed attempt (retried if any remain).
-                        kind, value = "fail", SHUTDOWN_STOP
+                        kind, items = "fail", [(job, SHUTDOWN_STOP)]
                         continue
                 else:
-                    outcome = self.scheduler.fail(job.claim, value)
+                    outcomes = self.scheduler.fail_many(
+                        [(job.claim, value) for job, value in items]
+                    )
             except TRANSIENT as exc:
                 if time.monotonic() > deadline:
-                    log.error("giving up reporting %s: %s", job.claim.token, exc)
-                    return
-                # Not the stop flag: once shutdown began it would make this a busy loop.
+                    log.error("giving up reporting %d outcomes: %s", len(items), exc)
+                    break
                 time.sleep(next(retry))
                 continue
             except ClosedError:
-                return
+                break
             except Exception:
-                log.exception("reporting %s of %s failed", kind, job.claim.token)
-                return
-            self._count(kind, value, outcome)
-            return
+                log.exception("reporting %d %s outcomes failed", len(items), kind)
+                break
+            for outcome in outcomes:
+                self._count(kind, outcome)
+            break
+        with self._cond:
+            for job, _ in items:
+                self._jobs.pop(job.claim.token, None)
+            self._cond.notify_all()
+        for job, _ in items:
+            job.report_done.set()
 
-    def _count(self, kind: str, value: object, outcome: Outcome) -> None:
+    def _count(self, kind: str, outcome: Outcome) -> None:
         with self._cond:
             if outcome is Outcome.APPLIED:
                 key = {"complete": "succeeded", "confirm_cancel": "cancelled"}.get(kind, "failed")
@@ -497,7 +567,10 @@ class Worker:
                     job.ctx._signal_stop()
             if not self._wait_idle(self.cancel_wait):
                 log.error("%d task functions did not stop; their leases will expire", self.running)
-        # 4. Last: heartbeats, the event loop and the pool threads.
+        # 4. Last: the reporter (once every outcome is sent), heartbeats, the event loop
+        # and the pool threads.
+        self._reports.put(None)
+        self._reporter.join(timeout=max(5.0, self.cancel_wait))
         self._heartbeat_stop.set()
         self._heartbeat_now.set()
         self._listener_stop.set()
