@@ -24,9 +24,17 @@ import click
 import redis
 
 from distsched import __version__
+from distsched import graphview as graph_walk
 from distsched.client import Scheduler
 from distsched.core import TaskInfo
-from distsched.errors import DistschedError, InvalidArgument, NotFoundError
+from distsched.errors import (
+    ConflictError,
+    CycleError,
+    DistschedError,
+    InvalidArgument,
+    NotFoundError,
+    UnknownDependencyError,
+)
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "default"
@@ -42,6 +50,9 @@ OPTION_NAMES = {
     "priority": "--priority",
     "max_attempts": "--max-attempts",
     "backoff": "--backoff",
+    "deps": "--dep",
+    "optional_deps": "--optional-dep",
+    "limit": "--limit",
     "lease_s": "--lease",
     "namespace": "--namespace",
     "concurrency": "--concurrency",
@@ -243,6 +254,9 @@ def _jsonable(value: Any) -> Any:
         return [_jsonable(v) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        # e.g. TaskInfo.blocked_by
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return value
 
 
@@ -256,7 +270,14 @@ def _status_lines(info: TaskInfo, server_now: float) -> list[tuple[str, str]]:
     def js(value: Any) -> str:
         return json.dumps(_jsonable(value), ensure_ascii=False)
 
+    def ids(values: tuple[str, ...]) -> str:
+        return ", ".join(graph_walk.show_id(v) for v in values) or "-"
+
     run_at = f"{_iso(info.run_at)} ({_relative(info.run_at, server_now)}; epoch {info.run_at:.3f})"
+    blocked = "-"
+    if info.blocked_by is not None:
+        cause = info.blocked_by
+        blocked = f"{graph_walk.show_id(cause.root)} via {graph_walk.show_path(cause.path)}"
     lease = "-"
     if info.lease_deadline is not None:
         lease = f"{_iso(info.lease_deadline)} ({_relative(info.lease_deadline, server_now)})"
@@ -278,6 +299,11 @@ def _status_lines(info: TaskInfo, server_now: float) -> list[tuple[str, str]]:
         ("updated_at", _iso(info.updated_at)),
         ("error", _one_line(info.error) if info.error else "-"),
         ("result", "-" if info.result is None else js(info.result)),
+        ("deps", ids(info.deps)),
+        ("optional_deps", ids(info.optional_deps)),
+        ("remaining", f"{info.remaining} required, {info.optional_remaining} optional"),
+        ("dependents", ids(info.dependents)),
+        ("blocked_by", blocked),
     ]
 
 
@@ -375,50 +401,126 @@ def worker(
     click.echo(f"worker {pool.worker_id} stopped ({counts or 'no tasks'})", err=True)
 
 
+def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that describe a task, shared by ``schedule`` and ``submit``."""
+    options = [
+        click.option("--fn", required=True, help="Name of the registered function to run."),
+        click.option(
+            "--args", "args_json", default="[]", metavar="JSON",
+            help="Positional args: a JSON list.",
+        ),
+        click.option(
+            "--kwargs", "kwargs_json", default="{}", metavar="JSON",
+            help="Keyword args: a JSON object.",
+        ),
+        click.option(
+            "--run-at",
+            metavar="WHEN",
+            help="Epoch seconds or ISO-8601 with offset (2030-01-01T09:00:00+00:00).",
+        ),
+        click.option("--delay", type=float, help="Seconds from now (server clock)."),
+        click.option(
+            "--priority",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Higher runs first among tasks due at the same time.",
+        ),
+        click.option("--max-attempts", type=int, default=1, show_default=True),
+        click.option(
+            "--backoff",
+            type=float,
+            default=1.0,
+            show_default=True,
+            help="Seconds before attempt 2; doubles for each later attempt.",
+        ),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _task_keywords(
+    args_json: str, kwargs_json: str, run_at: str | None, delay: float | None, priority: int,
+    max_attempts: int, backoff: float,
+) -> dict[str, Any]:  # fmt: skip
+    """The options of ``_task_options`` as ``Scheduler.schedule`` keywords."""
+    return {
+        "args": parse_json(args_json, "args", list),
+        "kwargs": parse_json(kwargs_json, "kwargs", dict),
+        "run_at": None if run_at is None else parse_run_at(run_at),
+        "delay": delay,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "backoff": backoff,
+    }
+
+
 @cli.command()
 @click.argument("task_id", metavar="ID")
-@click.option("--fn", required=True, help="Name of the registered function to run.")
-@click.option(
-    "--args", "args_json", default="[]", metavar="JSON", help="Positional args: a JSON list."
-)
-@click.option(
-    "--kwargs", "kwargs_json", default="{}", metavar="JSON", help="Keyword args: a JSON object."
-)
-@click.option(
-    "--run-at",
-    metavar="WHEN",
-    help="Epoch seconds or ISO-8601 with offset (2030-01-01T09:00:00+00:00).",
-)
-@click.option("--delay", type=float, help="Seconds from now (server clock).")
-@click.option(
-    "--priority",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Higher runs first among tasks due at the same time.",
-)
-@click.option("--max-attempts", type=int, default=1, show_default=True)
-@click.option(
-    "--backoff",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Seconds before attempt 2; doubles for each later attempt.",
-)
+@_task_options
 @click.pass_context
 def schedule(
     ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
     run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
 ) -> None:  # fmt: skip
     """Schedule (or replace) task ID; print its new version."""
-    args = parse_json(args_json, "args", list)
-    kwargs = parse_json(kwargs_json, "kwargs", dict)
-    when = None if run_at is None else parse_run_at(run_at)
+    options = _task_keywords(args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff)
     scheduler = _connect(ctx)
-    version = scheduler.schedule(
-        task_id, run_at=when, priority=priority, fn=fn, args=args, kwargs=kwargs, delay=delay,
-        max_attempts=max_attempts, backoff=backoff,
-    )  # fmt: skip
+    click.echo(scheduler.schedule(task_id, fn=fn, **options))
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@_task_options
+@click.option(
+    "--dep",
+    "deps",
+    multiple=True,
+    metavar="ID",
+    help="A required dependency: the task runs only after it succeeded. Repeatable.",
+)
+@click.option(
+    "--optional-dep",
+    "optional_deps",
+    multiple=True,
+    metavar="ID",
+    help="An optional dependency: waited for, but any outcome will do. Repeatable.",
+)
+@click.option(
+    "--allow-unknown",
+    is_flag=True,
+    help="Accept dependencies not submitted yet, and wait for them.",
+)
+@click.pass_context
+def submit(
+    ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
+    run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
+    deps: tuple[str, ...], optional_deps: tuple[str, ...], allow_unknown: bool,
+) -> None:  # fmt: skip
+    """Submit (or replace) task ID after its dependencies; print its new version.
+
+    The task waits (pending) until every --dep has succeeded and every
+    --optional-dep has ended; a failed, cancelled or blocked --dep blocks it.
+    A dependency cycle is refused with its path.
+    """
+    options = _task_keywords(args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff)
+    scheduler = _connect(ctx)
+    try:
+        version = scheduler.submit(
+            task_id, fn=fn, deps=deps, optional_deps=optional_deps,
+            allow_unknown=allow_unknown, **options,
+        )  # fmt: skip
+    except CycleError as exc:
+        raise click.ClickException(
+            f"refused, nothing written: dependency cycle: {graph_walk.show_path(exc.path)}"
+        ) from None
+    except UnknownDependencyError as exc:
+        namespace = _settings(ctx).namespace
+        raise click.ClickException(
+            f"unknown dependency {exc.dependency!r}: no such task in namespace {namespace!r} "
+            "(submit it first, or pass --allow-unknown to wait for it)"
+        ) from None
     click.echo(version)
 
 
@@ -548,6 +650,74 @@ def leases_reap(ctx: click.Context) -> None:
 
 
 @cli.command()
+@click.argument("task_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--limit",
+    type=int,
+    default=graph_walk.DEFAULT_LIMIT,
+    show_default=True,
+    help="Read at most this many tasks.",
+)
+@click.pass_context
+def graph(ctx: click.Context, task_id: str, as_json: bool, limit: int) -> None:
+    """Show what task ID depends on and what depends on it, with their states.
+
+    Optional edges are marked [optional]; a blocked task names the task whose
+    failure or cancellation blocked it, and the path from there.
+    """
+    if limit < 1:
+        raise InvalidArgument("limit", "must be at least 1")
+    scheduler = _connect(ctx)
+    with _task(ctx, task_id):
+        hood = graph_walk.walk(scheduler, task_id, limit=limit)
+    if as_json:
+        data = graph_walk.render_json(hood)
+        click.echo(json.dumps(_jsonable(data), ensure_ascii=False))
+        return
+    for line in graph_walk.render_text(hood, _settings(ctx).namespace):
+        click.echo(line)
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@click.option(
+    "--no-cascade", is_flag=True,
+    help="Retry only ID; the tasks it blocked stay blocked.",
+)  # fmt: skip
+@click.pass_context
+def retry(ctx: click.Context, task_id: str, no_cascade: bool) -> None:
+    """Run a failed, cancelled or blocked task ID again as a new version.
+
+    Prints the new version and state. By default the tasks it blocked get new
+    versions too and wait for it again.
+    """
+    scheduler = _connect(ctx)
+    with _task(ctx, task_id):
+        try:
+            report = graph_walk.retry(scheduler, task_id, cascade=not no_cascade)
+        except ConflictError:
+            state = scheduler.status(task_id).state.value
+            raise click.ClickException(
+                f"cannot retry {task_id!r}: it is {state} "
+                "(only a failed, cancelled or blocked task can be retried)"
+            ) from None
+    task = report.task
+    click.echo(f"retried {task_id!r}: version {task.version}, {graph_walk.describe(task)}")
+    if report.blocked:
+        click.echo(
+            "tasks it had blocked, left blocked (--no-cascade):"
+            if no_cascade
+            else "tasks it had blocked, retried with it:"
+        )
+    for info in report.blocked:
+        click.echo(
+            f"  {graph_walk.show_id(info.task_id)}: version {info.version}, "
+            f"{graph_walk.describe(info)}"
+        )
+
+
+@cli.command()
 @click.option(
     "--redis",
     "demo_url",
@@ -557,7 +727,7 @@ def leases_reap(ctx: click.Context) -> None:
 )
 @click.pass_context
 def demo(ctx: click.Context, demo_url: str | None) -> None:
-    """A few-second tour: delays, priorities, replacement, cancellation, a vanished worker.
+    """A few-second tour: delays, priorities, replacement, cancellation, a lost worker, a pipeline.
 
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway redis-server
     when one is on PATH, else an in-process fakeredis server.

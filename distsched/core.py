@@ -325,20 +325,12 @@ def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
     if not isinstance(spec.allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
     payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes)
-    return [
-        task_id,
-        mode,
-        ms,
-        spec.priority,
-        spec.max_attempts,
-        seconds_to_ms(spec.backoff, "backoff"),
-        payload,
-        "1" if spec.allow_unknown else "0",
-        len(required),
-        len(optional),
-        *required,
-        *optional,
-    ]
+    # The fixed fields travel as one argument: fewer arguments to encode per task.
+    fields = (
+        f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
+        f" {1 if spec.allow_unknown else 0} {len(required)} {len(optional)}"
+    )
+    return [task_id, fields, payload, *required, *optional]
 
 
 def validate_deps(value: object, field_name: str, task_id: str) -> list[str]:

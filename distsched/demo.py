@@ -22,7 +22,8 @@ import redis
 
 from distsched.client import Scheduler
 from distsched.context import current_task
-from distsched.core import Claim, Outcome, State, TaskSpec
+from distsched.core import BlockedBy, Claim, Outcome, State, TaskSpec
+from distsched.graphview import describe, render_text, walk
 from distsched.worker import Worker
 
 Echo = Callable[[str], Any]
@@ -33,6 +34,17 @@ STEP_TIMEOUT_S = 10.0
 POLL_S = 0.01
 WORKER_ID = "demo-worker"
 VANISHED_ID = "vanished-worker"
+
+# The pipeline chapter: (task id, function, required dependencies).
+PIPELINE: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("extract", "record", ()),
+    ("transform-a", "record", ("extract",)),
+    ("transform-b", "flaky", ("extract",)),
+    ("transform-c", "record", ("extract",)),
+    ("load", "record", ("transform-a", "transform-b", "transform-c")),
+    ("publish", "record", ("load",)),
+)
+FLAKY_ERROR = "source unavailable (first call only)"
 
 
 class _StoryFailed(Exception):
@@ -63,6 +75,7 @@ class _Story:
         self.failures: list[str] = []
         self.release_hold = threading.Event()
         self.stop_functions = threading.Event()
+        self.raised: set[str] = set()  # ids whose flaky function already raised
         # Relates the server clock to this process's monotonic clock, for display only:
         # due-ness is always decided, and checked, with the server clock.
         before = time.monotonic()
@@ -141,8 +154,19 @@ class _Story:
                 ctx.raise_if_cancelled()
         return "finished without being cancelled"
 
+    def flaky(self, label: str) -> str:
+        """Raises the first time it runs for a task id, succeeds after that."""
+        run = self._started(label)
+        with self.lock:
+            first = run.task_id not in self.raised
+            self.raised.add(run.task_id)
+        if first:
+            self.say("worker", f"'{run.task_id}' raises: {FLAKY_ERROR}")
+            raise RuntimeError(FLAKY_ERROR)
+        return f"done: {label}"
+
     def functions(self) -> dict[str, Callable[..., Any]]:
-        return {"record": self.record, "hold": self.hold, "watch": self.watch}
+        return {"record": self.record, "hold": self.hold, "watch": self.watch, "flaky": self.flaky}
 
     # ---------------------------------------------------------------- helpers
 
@@ -153,6 +177,10 @@ class _Story:
     def started_order(self, prefix: str) -> list[str]:
         with self.lock:
             return [r.task_id for r in self.runs if r.task_id.startswith(prefix)]
+
+    def started_among(self, ids: list[str]) -> list[str]:
+        with self.lock:
+            return [r.task_id for r in self.runs if r.task_id in ids]
 
     def schedule(self, task_id: str, note: str = "", **kwargs: Any) -> int:
         # Holding the output lock: the worker may start the task at once, and its
@@ -362,6 +390,79 @@ class _Story:
             "the late report of the lost attempt changed nothing",
         )
 
+    def part_pipeline(self) -> None:
+        self.heading(
+            "6. A pipeline: 'extract' fans out to three transforms that fan in to 'load', "
+            "then 'publish';\n   'transform-b' fails (max_attempts=1) and blocks what needs it "
+            "until it is retried"
+        )
+        ids = [task_id for task_id, _, _ in PIPELINE]
+        specs = [
+            TaskSpec(task_id, fn=fn, args=[f"{task_id} step"], deps=deps, max_attempts=1)
+            for task_id, fn, deps in PIPELINE
+        ]
+        # One atomic graph: no task can start before all of it is registered.
+        with self.lock:
+            versions = self.s.submit_graph(specs)
+            for (task_id, _, deps), version in zip(PIPELINE, versions, strict=True):
+                self.submitted.append(task_id)
+                after = f"after {', '.join(deps)}" if deps else "no dependencies"
+                self._line("producer", f"submit '{task_id}' -> version {version}, {after}")
+        for task_id, state in (
+            ("transform-a", State.SUCCEEDED),
+            ("transform-c", State.SUCCEEDED),
+            ("transform-b", State.FAILED),
+            ("publish", State.BLOCKED),
+        ):
+            self.wait_state(task_id, state)
+        for task_id in ("transform-b", "load", "publish"):
+            self.say("status", f"'{task_id}': {describe(self.s.status(task_id))}")
+        self.say("demo", "what `distsched graph load` prints now:")
+        with self.lock:
+            for line in render_text(walk(self.s, "load"), self.s.namespace):
+                self.echo(f"{'':21}{line}")
+        load, publish = self.s.status("load"), self.s.status("publish")
+        order = self.started_among(ids)
+        self.check(
+            load.blocked_by == BlockedBy("transform-b", ("transform-b", "load"))
+            and publish.blocked_by == BlockedBy("transform-b", ("transform-b", "load", "publish")),
+            "'load' and 'publish' are blocked, naming 'transform-b' as the cause with the path",
+        )
+        self.check(
+            order[:1] == ["extract"]
+            and sorted(order[1:]) == ["transform-a", "transform-b", "transform-c"]
+            and not self.runs_of("load")
+            and not self.runs_of("publish"),
+            "'extract' ran before the transforms, and nothing that needs 'transform-b' ran",
+        )
+
+        with self.lock:
+            version = self.s.retry("transform-b")
+            self._line("producer", f"retry 'transform-b' (cascade) -> version {version}")
+            # The worker cannot finish 'transform-b' while this lock is held, so the
+            # states read here are the ones the retry left.
+            states = {t: self.s.status(t) for t in ("load", "publish")}
+            for task_id, info in states.items():
+                self._line("status", f"'{task_id}': version {info.version}, {describe(info)}")
+        self.check(
+            all(info.state is State.PENDING for info in states.values()),
+            "the retry cascaded: 'load' and 'publish' got new versions and wait again",
+        )
+        self.wait_state("publish", State.SUCCEEDED, State.FAILED, State.BLOCKED)
+        runs = {task_id: self.runs_of(task_id) for task_id in ids}
+        self.check(
+            self.s.status("publish").state is State.SUCCEEDED
+            and [r.version for r in runs["transform-b"]][1:] == [version]
+            and self.started_among(ids)[-3:] == ["transform-b", "load", "publish"],
+            "the new 'transform-b' succeeded, then 'load' and 'publish' ran: the pipeline "
+            "completed",
+        )
+        self.check(
+            all(len(runs[t]) == 1 for t in ids if t != "transform-b")
+            and len(runs["transform-b"]) == 2,
+            "every other step ran exactly once: the retry redid only what had not succeeded",
+        )
+
     def final_table(self) -> None:
         self.heading("Every task, as Redis has it now:")
         rows = [("task", "state", "version", "attempt", "priority", "outcome")]
@@ -421,7 +522,10 @@ def run_demo(url: str | None, echo: Echo) -> bool:
     """Run the story on ``url`` (None: an embedded Redis); True when it went as told."""
     with _redis_url(url) as (redis_url, started):
         namespace = f"demo-{uuid.uuid4().hex[:8]}"
-        echo("distsched demo: delays, priorities, replacement, cancellation and a vanished worker")
+        echo(
+            "distsched demo: delays, priorities, replacement, cancellation, a vanished worker "
+            "and a pipeline"
+        )
         if started is not None:
             echo(f"Redis: started {started}")
         else:
@@ -459,6 +563,7 @@ def _run_story(scheduler: Scheduler, echo: Echo, namespace: str) -> bool:
             story.part_replacement,
             story.part_cancel,
             story.part_vanished,
+            story.part_pipeline,
         ):
             part()
     except _StoryFailed as exc:

@@ -31,8 +31,7 @@ return run(function()
   local params = { run_at = t.run_at, priority = t.priority, max_attempts = t.max_attempts,
                    backoff = t.backoff_ms }
   local deps = decode_deps(redis.call('HGET', k.deps, id))
-  local version, _, head = write_version(id, t, params, deps, now, record_state)
-  if head then redis.call('PUBLISH', k.wake, 'ready') end
+  local version = write_version(id, t, params, deps, now, record_state)
   if cascade then
     local prefix = id_prefix(id)
     local any = redis.call('ZRANGEBYLEX', k.blockedby, '[' .. prefix, '(' .. prefix .. '\255', 'LIMIT', 0, 1)

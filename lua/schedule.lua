@@ -15,10 +15,14 @@
 --   results, queue, finished, meta, wake, edges, deps, blocked, blockedby, propagating.
 --
 -- ARGV[1] n, the number of tasks; then for each task, in order:
---   id, time mode ('at': time is absolute epoch ms; 'in': ms from the server's now),
---   time (integer ms), priority (integer in [-2^31, 2^31 - 1]), max_attempts (>= 1),
---   backoff (integer ms >= 0), payload (msgpack map), allow_unknown ('1' or '0'),
---   r (number of required deps), o (number of optional deps), then r ids, then o ids.
+--   id;
+--   spec, eight fields joined by single spaces:
+--     mode ('at': time is absolute epoch ms; 'in': ms from the server's now),
+--     time (integer ms), priority (integer in [-2^31, 2^31 - 1]), max_attempts (>= 1),
+--     backoff (integer ms >= 0), allow_unknown ('1' or '0'),
+--     r (number of required deps), o (number of optional deps);
+--   payload (msgpack map);
+--   then r required dependency ids, then o optional ones.
 --
 -- Reply: { propagating ids left, version 1, ..., version n }.
 -- Errors (nothing written):
@@ -33,31 +37,40 @@
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
 -- cycle check; blocked tasks' dependents are settled within the propagation budget.
 
+local SPEC_PATTERN = '^(%l%l) (-?%d+) (-?%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$'
+
 return run(function()
   local n = to_int(ARGV[1], 'n')
   local now = now_ms()
   local specs, batch, order = {}, {}, {}
+  local jobs_pending = redis.call('ZCARD', k.propagating) > 0
   local pos = 2
   for i = 1, n do
     local id = ARGV[pos]
     if not id or id == '' then error({ err = 'BADARG task_id must not be empty' }) end
     if batch[id] then error({ err = 'BADARG task_id duplicated in batch: ' .. id }) end
-    local mode = ARGV[pos + 1]
-    if mode ~= 'at' and mode ~= 'in' then error({ err = 'BADARG time mode must be at or in' }) end
+    local mode, time, pr, ma, bo, au, r, o = string.match(ARGV[pos + 1] or '', SPEC_PATTERN)
+    if not mode then
+      error({ err = 'BADARG spec of ' .. id .. ' must be: at|in time priority max_attempts backoff 0|1 r o' })
+    end
     local s = {
-      id = id, time = to_int(ARGV[pos + 2], 'run_at'), priority = to_int(ARGV[pos + 3], 'priority'),
-      max_attempts = to_int(ARGV[pos + 4], 'max_attempts'), backoff = to_int(ARGV[pos + 5], 'backoff'),
-      payload = ARGV[pos + 6], allow_unknown = ARGV[pos + 7] == '1', deps = {},
+      id = id, time = tonumber(time), priority = tonumber(pr), max_attempts = tonumber(ma),
+      backoff = tonumber(bo), payload = ARGV[pos + 2], allow_unknown = au == '1', deps = {},
     }
+    if not s.payload then error({ err = 'BADARG payload missing for ' .. id }) end
     if s.priority < -2147483648 or s.priority > 2147483647 then
       error({ err = 'BADARG priority out of range' })
     end
     if s.max_attempts < 1 then error({ err = 'BADARG max_attempts must be >= 1' }) end
     if s.backoff < 0 then error({ err = 'BADARG backoff must be >= 0' }) end
     s.run_at = s.time
-    if mode == 'in' then s.run_at = now + s.time end
-    local r, o = to_int(ARGV[pos + 8], 'deps'), to_int(ARGV[pos + 9], 'optional_deps')
-    pos = pos + 10
+    if mode == 'in' then
+      s.run_at = now + s.time
+    elseif mode ~= 'at' then
+      error({ err = 'BADARG time mode must be at or in' })
+    end
+    r, o = tonumber(r), tonumber(o)
+    pos = pos + 3
     local seen = {}
     for j = 1, r + o do
       local d = ARGV[pos]
@@ -70,7 +83,7 @@ return run(function()
     end
     s.old = load_task(id)
     if s.old and s.old.state == 'running' then error({ err = 'CONFLICT running ' .. id }) end
-    busy_check(id)
+    if jobs_pending then busy_check(id) end
     batch[id] = s
     specs[i] = s
   end
@@ -88,7 +101,12 @@ return run(function()
     end
   end
 
-  check_cycles(specs, batch, children)
+  -- A task with no dependency awaits nothing, so no cycle can pass through it.
+  local starts = {}
+  for _, s in ipairs(specs) do
+    if #s.deps > 0 then starts[#starts + 1] = s end
+  end
+  check_cycles(starts, batch, children)
 
   -- Topological order of the batch (dependencies first), so that a task sees the
   -- state its batch dependencies get.
@@ -112,17 +130,19 @@ return run(function()
     end
   end
 
-  local versions, written, head = {}, {}, false
+  -- Versions follow the submission order (they are the queue's sequence numbers),
+  -- whatever order the dependencies make us write the tasks in.
+  local last = redis.call('HINCRBY', k.meta, 'seq', n)
+  local reply, written = { 0 }, {}
+  for i, s in ipairs(specs) do
+    s.version = last - n + i
+    reply[i + 1] = s.version
+  end
   local function state_of(id) return written[id] or record_state(id) end
   for _, s in ipairs(order) do
-    local version, state, is_head = write_version(s.id, s.old, s, s.deps, now, state_of)
+    written[s.id] = select(2, write_version(s.id, s.old, s, s.deps, now, state_of, s.version))
     redis.call('HSET', k.payloads, s.id, s.payload)
-    written[s.id] = state
-    versions[s.id] = version
-    head = head or is_head
   end
-  if head then redis.call('PUBLISH', k.wake, 'ready') end
-  local reply = { settle_after_terminal({}, now) }
-  for i, s in ipairs(specs) do reply[i + 1] = versions[s.id] end
+  reply[1] = settle_after_terminal({}, now)
   return reply
 end)

@@ -135,7 +135,7 @@ local function end_attempt_failed(id, t, now, reason)
   redis.call('ZREM', k.leases, id)
   t.worker = ''
   t.updated = now
-  local woke, terminal = false, false
+  local terminal = false
   -- A task whose cancellation was requested gets no new attempt; the request stays on record.
   if t.attempt < t.max_attempts and t.cancel == 0 then
     local delay = t.backoff_ms * 2 ^ (t.attempt - 1)
@@ -144,7 +144,7 @@ local function end_attempt_failed(id, t, now, reason)
     t.state = 'ready'
     count_move('running', 'ready')
     save_task(id, t)
-    woke = enqueue(t, id)
+    enqueue(t, id)
   else
     t.state = 'failed'
     count_move('running', 'failed')
@@ -153,7 +153,6 @@ local function end_attempt_failed(id, t, now, reason)
     terminal = true
   end
   redis.call('HSET', k.results, id, 'E' .. reason)
-  if woke then redis.call('PUBLISH', k.wake, 'ready') end
   capacity_freed(running_before)
   return terminal
 end
@@ -213,15 +212,16 @@ end
 -- Write a new version of id (old: its current record or nil) with parameters p
 -- (run_at, priority, max_attempts, backoff) and dependency list deps. state_of(id)
 -- is the state to count a dependency in (its record's, or what a task written in the
--- same call or awaiting the same cascade will be). The new version is ready, pending or blocked (then its dependents are queued
--- for propagation). Returns version, state, and whether it became the queue head.
-local function write_version(id, old, p, deps, now, state_of)
+-- same call or awaiting the same cascade will be). version: the one reserved for
+-- it, or nil to take the next from the namespace sequence. The new version is ready, pending or blocked (then its dependents are queued
+-- for propagation). Returns the version and the state.
+local function write_version(id, old, p, deps, now, state_of, version)
   if old then
     count_move(old.state, nil)
     if TERMINAL[old.state] then redis.call('ZREM', k.finished, id) end
     clear_version(id)
   end
-  local version = redis.call('HINCRBY', k.meta, 'seq', 1)
+  version = version or redis.call('HINCRBY', k.meta, 'seq', 1)
   local remaining, optional, cause, waits = 0, 0, nil, {}
   for j, d in ipairs(deps) do
     local st = state_of(d.id)
@@ -241,7 +241,6 @@ local function write_version(id, old, p, deps, now, state_of)
     backoff_ms = p.backoff, run_at = p.run_at, priority = p.priority, cancel = 0,
     updated = now, remaining = remaining, optional = optional, worker = '',
   }
-  local head = false
   if cause then
     count_move(nil, 'pending')
     block_task(id, t, cause.root, cause.parent, now)
@@ -252,18 +251,18 @@ local function write_version(id, old, p, deps, now, state_of)
     t.state = 'ready'
     count_move(nil, 'ready')
     save_task(id, t)
-    head = enqueue(t, id)
+    enqueue(t, id)
   end
   for j, d in ipairs(deps) do
     local flag = (waits[j] and not cause) and 'w' or 's'
     redis.call('ZADD', k.edges, 0, edge_member(d.id, flag, d.kind, id))
   end
   if #deps > 0 then redis.call('HSET', k.deps, id, encode_deps(deps)) end
-  redis.call('HDEL', k.results, id)
-  return version, t.state, head
+  if old then redis.call('HDEL', k.results, id) end
+  return version, t.state
 end
 
--- Settle the edges of one 'p' job: at most want edges. Returns (cost, done, woke).
+-- Settle the edges of one 'p' job: at most want edges. Returns (cost, done).
 local function settle_edges(p, want, now)
   local pt = load_task(p)
   -- A record can only vanish by retention, which leaves propagating ids alone.
@@ -271,7 +270,6 @@ local function settle_edges(p, want, now)
   local prefix = id_prefix(p) .. 'w'
   local edges = redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255',
                            'LIMIT', 0, want)
-  local woke = false
   for _, m in ipairs(edges) do
     local kind = string.sub(m, #prefix + 1, #prefix + 1)
     local c = string.sub(m, #prefix + 2)
@@ -293,19 +291,19 @@ local function settle_edges(p, want, now)
           count_move('pending', 'ready')
           ct.state = 'ready'
           save_task(c, ct)
-          if enqueue(ct, c) then woke = true end
+          enqueue(ct, c)
         else
           save_task(c, ct)
         end
       end
     end
   end
-  return #edges, #edges < want, woke
+  return #edges, #edges < want
 end
 
 -- Re-version at most want of the tasks root blocked before its retry (version below
 -- the threshold). Tasks of the same cascade count as pending for each other, so
--- the order they are written in does not matter. Returns (cost, done, woke).
+-- the order they are written in does not matter. Returns (cost, done).
 local function cascade_retry(root, want, now)
   local field = 'cascade:' .. root
   local threshold, cursor = string.match(redis.call('HGET', k.meta, field) or '0|', '^(%d+)|(.*)$')
@@ -322,7 +320,6 @@ local function cascade_retry(root, want, now)
   local lo = '[' .. prefix
   if cursor ~= '' then lo = '(' .. cursor end
   local members = redis.call('ZRANGEBYLEX', k.blockedby, lo, '(' .. prefix .. '\255', 'LIMIT', 0, want)
-  local woke = false
   for _, m in ipairs(members) do
     local c = string.sub(m, #prefix + 1)
     local ct = load_task(c)
@@ -330,8 +327,7 @@ local function cascade_retry(root, want, now)
       local params = { run_at = ct.run_at, priority = ct.priority,
                        max_attempts = ct.max_attempts, backoff = ct.backoff_ms }
       local deps = decode_deps(redis.call('HGET', k.deps, c))
-      local _, _, head = write_version(c, ct, params, deps, now, state_of)
-      woke = woke or head
+      write_version(c, ct, params, deps, now, state_of)
     end
   end
   local done = #members < want
@@ -340,31 +336,29 @@ local function cascade_retry(root, want, now)
   else
     redis.call('HSET', k.meta, field, string.format('%d|', threshold) .. members[#members])
   end
-  return #members, done, woke
+  return #members, done
 end
 
 -- Run the propagating jobs, oldest first, within budget (edges settled plus tasks
 -- visited). Returns the budget used.
 local function propagate(budget, now)
-  local used, woke = 0, false
+  local used = 0
   while used < budget do
     local head = redis.call('ZRANGE', k.propagating, 0, 0)
     if #head == 0 then break end
     local job = head[1]
     local want = budget - used
-    local cost, done, job_woke
+    local cost, done
     if string.sub(job, 1, 1) == 'r' then
-      cost, done, job_woke = cascade_retry(string.sub(job, 2), want, now)
+      cost, done = cascade_retry(string.sub(job, 2), want, now)
     else
-      cost, done, job_woke = settle_edges(string.sub(job, 2), want, now)
+      cost, done = settle_edges(string.sub(job, 2), want, now)
     end
     -- Visiting a job costs like one edge, so a long line of small jobs cannot
     -- stretch one call either.
     used = used + math.max(cost, 1)
-    woke = woke or job_woke
     if done then redis.call('ZREM', k.propagating, job) end
   end
-  if woke then redis.call('PUBLISH', k.wake, 'ready') end
   return used
 end
 

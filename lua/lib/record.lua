@@ -52,18 +52,23 @@ local function parse_member(member)
   return tonumber(string.sub(member, 9, 22), 16), string.sub(member, 23)
 end
 
--- Per-state counters live in the meta hash as count:<state>.
+-- Per-state counters live in the meta hash as count:<state>. A script tallies its
+-- moves and writes each changed counter once, when its body has succeeded.
+local count_delta = {}
+
 local function count_move(from_state, to_state)
-  if from_state then redis.call('HINCRBY', k.meta, 'count:' .. from_state, -1) end
-  if to_state then redis.call('HINCRBY', k.meta, 'count:' .. to_state, 1) end
+  if from_state then count_delta[from_state] = (count_delta[from_state] or 0) - 1 end
+  if to_state then count_delta[to_state] = (count_delta[to_state] or 0) + 1 end
 end
 
--- Put a ready task into the queue; returns true when it became the head, so
--- the caller knows waiting workers should be woken.
+-- Put a ready task into the queue. Waiting workers are woken once, at the end of
+-- the script, if one of the entries it added is then the queue head.
+local enqueued = {}
+
 local function enqueue(t, id)
   local member = queue_member(t, id)
   redis.call('ZADD', k.queue, t.run_at, member)
-  return redis.call('ZRANK', k.queue, member) == 0
+  enqueued[member] = true
 end
 
 -- A token is (version, attempt). The done hash keeps the most recent applied
@@ -106,7 +111,7 @@ local function to_int(value, field)
 end
 
 local function running_count()
-  return tonumber(redis.call('HGET', k.meta, 'count:running')) or 0
+  return (tonumber(redis.call('HGET', k.meta, 'count:running')) or 0) + (count_delta.running or 0)
 end
 
 -- Wake waiting workers when the fleet-wide capacity was full and a slot frees.
@@ -116,9 +121,19 @@ local function capacity_freed(running_before)
 end
 
 -- Run a script body; an error raised as {err = 'CODE ...'} becomes that error reply.
+-- After a body that succeeded: the tallied counters, then the wake-up.
 local function run(body)
   local ok, res = pcall(body)
-  if ok then return res end
+  if ok then
+    for state, delta in pairs(count_delta) do
+      if delta ~= 0 then redis.call('HINCRBY', k.meta, 'count:' .. state, delta) end
+    end
+    if next(enqueued) then
+      local head = redis.call('ZRANGE', k.queue, 0, 0)
+      if head[1] and enqueued[head[1]] then redis.call('PUBLISH', k.wake, 'ready') end
+    end
+    return res
+  end
   if type(res) == 'table' and res.err then return redis.error_reply(res.err) end
   return redis.error_reply('ERR ' .. tostring(res))
 end

@@ -1,0 +1,300 @@
+"""Read-only walks of the dependency graph around one task (``distsched graph``, ``retry``).
+
+Everything here reads through :meth:`Scheduler.status`: ancestors follow each
+task's ``deps`` and ``optional_deps``, descendants its ``dependents``. Each walk
+keeps a visited set (a new version may list, as an already satisfied dependency,
+a task that transitively depends on it, so the stored lists can loop) and stops
+fetching after ``limit`` tasks, so a huge graph costs a bounded number of reads.
+The snapshot is not atomic: tasks may move on while it is taken.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from distsched.client import Scheduler
+from distsched.core import State, TaskInfo
+from distsched.errors import NotFoundError
+
+DEFAULT_LIMIT = 200
+ERROR_WIDTH = 60
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``dependent`` waits on ``dependency``; an optional edge is satisfied by any end."""
+
+    dependency: str
+    dependent: str
+    optional: bool
+
+
+@dataclass
+class Neighbourhood:
+    """A task, its ancestors and descendants, and the edges between them."""
+
+    task_id: str
+    limit: int
+    # None: named as a dependency but not submitted (yet).
+    tasks: dict[str, TaskInfo | None] = field(default_factory=dict)
+    ancestors: list[str] = field(default_factory=list)
+    descendants: list[str] = field(default_factory=list)
+    up: dict[str, list[Edge]] = field(default_factory=dict)  # task -> its dependencies
+    down: dict[str, list[Edge]] = field(default_factory=dict)  # task -> its dependents
+    # Tasks whose dependencies / dependents were not all fetched: the limit was reached.
+    cut_up: set[str] = field(default_factory=set)
+    cut_down: set[str] = field(default_factory=set)
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.cut_up or self.cut_down)
+
+    @property
+    def root(self) -> TaskInfo:
+        info = self.tasks[self.task_id]
+        assert info is not None
+        return info
+
+
+def _lookup(scheduler: Scheduler, task_id: str) -> TaskInfo | None:
+    try:
+        return scheduler.status(task_id)
+    except NotFoundError:
+        return None
+
+
+def walk(
+    scheduler: Scheduler,
+    task_id: str,
+    limit: int = DEFAULT_LIMIT,
+    ancestors: bool = True,
+    descendants: bool = True,
+) -> Neighbourhood:
+    """Fetch ``task_id`` and up to ``limit - 1`` related tasks (``NotFoundError`` if unknown)."""
+    hood = Neighbourhood(task_id=task_id, limit=limit)
+    hood.tasks[task_id] = scheduler.status(task_id)
+    if ancestors:
+        _walk_up(scheduler, hood)
+    if descendants:
+        _walk_down(scheduler, hood)
+    return hood
+
+
+def _walk_up(scheduler: Scheduler, hood: Neighbourhood) -> None:
+    seen = {hood.task_id}
+    queue = deque([hood.task_id])
+    while queue:
+        current = queue.popleft()
+        info = hood.tasks[current]
+        if info is None:
+            continue
+        edges = hood.up.setdefault(current, [])
+        named = [(d, False) for d in info.deps] + [(d, True) for d in info.optional_deps]
+        for dep, optional in named:
+            if dep not in hood.tasks:
+                if len(hood.tasks) >= hood.limit:
+                    hood.cut_up.add(current)
+                    continue
+                hood.tasks[dep] = _lookup(scheduler, dep)
+            edges.append(Edge(dep, current, optional))
+            if dep not in seen:
+                seen.add(dep)
+                if dep != hood.task_id:
+                    hood.ancestors.append(dep)
+                queue.append(dep)
+
+
+def _walk_down(scheduler: Scheduler, hood: Neighbourhood) -> None:
+    seen = {hood.task_id}
+    queue = deque([hood.task_id])
+    while queue:
+        current = queue.popleft()
+        info = hood.tasks[current]
+        if info is None:
+            continue
+        edges = hood.down.setdefault(current, [])
+        for child in info.dependents:
+            if child not in hood.tasks:
+                if len(hood.tasks) >= hood.limit:
+                    hood.cut_down.add(current)
+                    continue
+                found = _lookup(scheduler, child)
+                if found is None:
+                    continue  # removed since the edge was read
+                hood.tasks[child] = found
+            child_info = hood.tasks[child]
+            # The edge and the child's own list are two reads; trust the child's list.
+            if child_info is None or current not in (*child_info.deps, *child_info.optional_deps):
+                continue
+            edges.append(Edge(current, child, current in child_info.optional_deps))
+            if child not in seen:
+                seen.add(child)
+                if child != hood.task_id:
+                    hood.descendants.append(child)
+                queue.append(child)
+
+
+# --------------------------------------------------------------------------- retry
+
+
+@dataclass(frozen=True)
+class RetryReport:
+    task: TaskInfo  # after the retry
+    # Tasks the retried one had blocked, as they are after the retry: with cascade they
+    # got new versions; without, they stay blocked.
+    blocked: tuple[TaskInfo, ...]
+
+
+def retry(
+    scheduler: Scheduler, task_id: str, cascade: bool, limit: int = DEFAULT_LIMIT
+) -> RetryReport:
+    """Retry ``task_id`` and report it with the descendants it had blocked.
+
+    The report lists those found among the first ``limit`` descendants; the retry
+    itself (in Redis) reaches all of them.
+    """
+    before = walk(scheduler, task_id, limit=limit, ancestors=False)
+    blocked = [
+        d
+        for d in before.descendants
+        if (info := before.tasks[d]) is not None
+        and info.state is State.BLOCKED
+        and info.blocked_by is not None
+        and info.blocked_by.root == task_id
+    ]
+    scheduler.retry(task_id, cascade=cascade)
+    after = [info for d in blocked if (info := _lookup(scheduler, d)) is not None]
+    return RetryReport(task=scheduler.status(task_id), blocked=tuple(after))
+
+
+# --------------------------------------------------------------------------- output
+
+
+def show_id(task_id: str) -> str:
+    """An id as printed: bare when that is unambiguous, else quoted."""
+    if task_id.isprintable() and not any(c.isspace() for c in task_id) and "->" not in task_id:
+        return task_id
+    return repr(task_id)
+
+
+def show_path(path: Iterable[str]) -> str:
+    return " -> ".join(show_id(p) for p in path)
+
+
+def describe(info: TaskInfo | None) -> str:
+    """A task's state with what explains it, on one line."""
+    if info is None:
+        return "not submitted yet"
+    state = info.state
+    if state is State.PENDING:
+        waits = [f"{info.remaining} required"] if info.remaining else []
+        if info.optional_remaining:
+            waits.append(f"{info.optional_remaining} optional")
+        return f"pending (waiting on {', '.join(waits)})" if waits else "pending"
+    if state is State.BLOCKED and info.blocked_by is not None:
+        cause = info.blocked_by
+        return f"blocked by {show_id(cause.root)} via {show_path(cause.path)}"
+    if state is State.RUNNING:
+        return f"running (attempt {info.attempt}/{info.max_attempts}, {info.worker or '?'})"
+    if state is State.FAILED and info.error:
+        error = " ".join(info.error.split())
+        if len(error) > ERROR_WIDTH:
+            error = error[: ERROR_WIDTH - 3] + "..."
+        return f"failed: {error}"
+    return str(state.value)
+
+
+def _tree(
+    hood: Neighbourhood,
+    edges_of: Callable[[str], list[Edge]],
+    other: Callable[[Edge], str],
+    cut: set[str],
+) -> list[str]:
+    """ASCII tree below the root; a task met again is listed but not expanded again."""
+    lines: list[str] = []
+    shown = {hood.task_id}
+    # Entries: (edge, prefix of its line, prefix of the lines below it), or (None, a note
+    # line, ""). Iterative, since a chain may be longer than Python's recursion limit.
+    stack: list[tuple[Edge | None, str, str]] = []
+
+    def push(task_id: str, indent: str) -> None:
+        if task_id in cut:
+            stack.append((None, f"{indent}... (more not shown: limit reached)", ""))
+        edges = edges_of(task_id)
+        for i, edge in reversed(list(enumerate(edges))):
+            last = i == len(edges) - 1
+            branch, below = ("`-- ", "    ") if last else ("|-- ", "|   ")
+            stack.append((edge, indent + branch, indent + below))
+
+    push(hood.task_id, "  ")
+    while stack:
+        edge, head, indent = stack.pop()
+        if edge is None:
+            lines.append(head)
+            continue
+        task_id = other(edge)
+        again = task_id in shown
+        marks = " (see above)" if again else ""
+        # The edge's mark goes next to the id: it belongs to the edge, not to the state.
+        label = f"{show_id(task_id)}{' [optional]' if edge.optional else ''}"
+        lines.append(f"{head}{label}: {describe(hood.tasks[task_id])}{marks}")
+        if not again:
+            shown.add(task_id)
+            push(task_id, indent)
+    return lines
+
+
+def render_text(hood: Neighbourhood, namespace: str | None = None) -> list[str]:
+    root = hood.root
+    where = f" in namespace {namespace!r}" if namespace is not None else ""
+    lines = [f"{show_id(hood.task_id)}{where}, version {root.version}: {describe(root)}"]
+    up = _tree(hood, lambda t: hood.up.get(t, []), lambda e: e.dependency, hood.cut_up)
+    lines.append("depends on:")
+    lines += up or ["  (nothing)"]
+    down = _tree(hood, lambda t: hood.down.get(t, []), lambda e: e.dependent, hood.cut_down)
+    lines.append("needed by:")
+    lines += down or ["  (nothing)"]
+    if hood.truncated:
+        lines.append(f"(stopped after {hood.limit} tasks; raise --limit to see more)")
+    return lines
+
+
+def _task_json(info: TaskInfo | None) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    blocked = info.blocked_by
+    return {
+        "state": info.state.value,
+        "version": info.version,
+        "attempt": info.attempt,
+        "max_attempts": info.max_attempts,
+        "remaining": info.remaining,
+        "optional_remaining": info.optional_remaining,
+        "error": info.error,
+        "blocked_by": None
+        if blocked is None
+        else {"root": blocked.root, "path": list(blocked.path)},
+    }
+
+
+def render_json(hood: Neighbourhood) -> dict[str, Any]:
+    """The walk as plain data; a task that was named but never submitted maps to null."""
+    edges: dict[tuple[str, str], Edge] = {}
+    for group in (*hood.up.values(), *hood.down.values()):
+        for edge in group:
+            edges[(edge.dependency, edge.dependent)] = edge
+    return {
+        "task_id": hood.task_id,
+        "tasks": {task_id: _task_json(info) for task_id, info in hood.tasks.items()},
+        "ancestors": list(hood.ancestors),
+        "descendants": list(hood.descendants),
+        "edges": [
+            {"dependency": e.dependency, "dependent": e.dependent, "optional": e.optional}
+            for e in edges.values()
+        ],
+        "truncated": hood.truncated,
+        "limit": hood.limit,
+    }
