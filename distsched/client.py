@@ -327,6 +327,24 @@ class Scheduler(BaseScheduler):
         """Handle expired leases now; return how many."""
         return int(self._transition(core.reap_call(self.keys, limit=limit))[0])
 
+    def purge(self, limit: int = core.PURGE_BATCH) -> int:
+        """Remove up to ``limit`` terminal tasks older than the retention; return how many."""
+        return int(self._run(core.purge_call(self.keys, limit))[0])
+
+    def set_retention(self, retention_s: float) -> None:
+        """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
+        self._run(core.purge_call(self.keys, 1, retention_s))
+
+    def compact(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+        """Drop stale queue entries if they pile up (one bounded step); return how many."""
+        return int(self._run(core.compact_call(self.keys, budget))[0])
+
+    def housekeeping(self) -> None:
+        """The periodic chores every worker runs: reap leases, compact, purge."""
+        self.reap()
+        self.compact()
+        self.purge()
+
     def expire_lease(self, task_id: str) -> int:
         """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""
         return int(self._transition(core.reap_call(self.keys, task_id=task_id))[0])

@@ -481,6 +481,27 @@ def propagate_call(keys: Keys, budget: int = PROPAGATE_BUDGET) -> Call:
     return Call("propagate", keys.script_keys(), [budget])
 
 
+DEFAULT_RETENTION_S = 86400.0
+PURGE_BATCH = 500
+# Compaction walks the queue only when stale entries are the majority and at least this many.
+COMPACT_MINIMUM = 1000
+
+
+def purge_call(keys: Keys, limit: int = PURGE_BATCH, retention_s: object = None) -> Call:
+    retention = ""
+    if retention_s is not None:
+        if not _is_number(retention_s) or float(retention_s) < 0:  # type: ignore[arg-type]
+            raise InvalidArgument("retention_s", "must be a number of seconds >= 0")
+        retention = str(seconds_to_ms(retention_s, "retention_s"))
+    return Call("purge", keys.script_keys(), [limit, retention])
+
+
+def compact_call(
+    keys: Keys, budget: int = PROPAGATE_BUDGET, minimum: int = COMPACT_MINIMUM
+) -> Call:
+    return Call("compact", keys.script_keys(), [budget, minimum])
+
+
 def retry_call(keys: Keys, task_id: object, cascade: object) -> Call:
     if not isinstance(cascade, bool):
         raise InvalidArgument("cascade", "must be a bool")
@@ -708,7 +729,7 @@ def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> di
         key = _text(raw_key)
         if key.startswith("count:"):
             counts[key[6:]] = int(raw_value)
-        else:
+        elif key in ("max_running", "retention_ms", "seq"):
             settings[key] = int(raw_value)
     ready = counts.get(State.READY.value, 0)
     return {
@@ -719,6 +740,7 @@ def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> di
         "leases": leases,
         "running": counts.get(State.RUNNING.value, 0),
         "max_running": settings.get("max_running"),
+        "retention_s": settings.get("retention_ms", int(DEFAULT_RETENTION_S * 1000)) / 1000.0,
         "sequence": settings.get("seq", 0),
     }
 

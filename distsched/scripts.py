@@ -26,6 +26,8 @@ SCRIPT_NAMES = (
     "propagate",
     "retry",
     "add_deps",
+    "purge",
+    "compact",
 )
 
 # The shared library, in load order: each file may use what the earlier ones define.

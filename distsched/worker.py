@@ -536,7 +536,7 @@ class Worker:
                         job.ctx._signal_stop(lease_lost=True)
                     elif status:
                         job.ctx._signal_stop()
-            self.scheduler.reap()
+            self.scheduler.housekeeping()
         except TRANSIENT as exc:
             log.warning("heartbeat failed: %s", exc)
         except ClosedError:

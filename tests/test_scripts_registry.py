@@ -119,6 +119,8 @@ def sample_calls() -> dict[str, core.Call]:
         "propagate": core.propagate_call(keys),
         "retry": core.retry_call(keys, "a", True),
         "add_deps": core.add_deps_call(keys, "a", ["b"], False),
+        "purge": core.purge_call(keys),
+        "compact": core.compact_call(keys),
     }
 
 
@@ -323,6 +325,10 @@ def lifecycle(s: Scheduler) -> None:
     assert s.retry("c", cascade=True) > 0
     assert s.status("g").state is State.PENDING
     assert s.settle() == 0
+    # Housekeeping: compaction (nothing to do here) and retention.
+    assert s.compact() == 0
+    s.set_retention(3600)
+    assert s.purge() == 0 and s.stats()["retention_s"] == 3600
 
 
 @pytest.fixture

@@ -1,0 +1,56 @@
+-- purge.lua: remove terminal tasks older than the namespace's retention.
+--
+-- succeeded / failed / cancelled / blocked, terminal for longer than the
+-- retention -> (gone): the record, payload, result, applied tokens, dependency
+-- list, block cause and every edge to or from the task are removed, so Redis
+-- memory does not grow with history. A task whose dependents are still being
+-- settled is kept until that ends. A later dependency on a purged id is an
+-- unknown dependency; its old dependents keep their own records.
+--
+-- KEYS[1..14] the namespace layout of lib/keys.lua. Reads meta (retention_ms);
+--   writes tasks, payloads, results, done, finished, meta, edges, deps, blocked, blockedby.
+--
+-- ARGV[1] the most tasks to remove in this call (>= 1)
+-- ARGV[2] retention in ms to store first, or '' to use the stored one
+--         (meta field retention_ms; default 86400000, 24 hours)
+--
+-- Reply: { tasks removed, terminal tasks still kept }.
+-- Cost: O(m (deps + dependents + log N)) for m removed tasks.
+
+local DEFAULT_RETENTION_MS = 86400000
+
+return run(function()
+  local limit = to_int(ARGV[1], 'limit')
+  if limit < 1 then error({ err = 'BADARG limit must be >= 1' }) end
+  if ARGV[2] and ARGV[2] ~= '' then
+    local retention = to_int(ARGV[2], 'retention')
+    if retention < 0 then error({ err = 'BADARG retention must be >= 0' }) end
+    redis.call('HSET', k.meta, 'retention_ms', retention)
+  end
+  local retention = tonumber(redis.call('HGET', k.meta, 'retention_ms')) or DEFAULT_RETENTION_MS
+  local now = now_ms()
+  local ids = redis.call('ZRANGEBYSCORE', k.finished, '-inf', now - retention, 'LIMIT', 0, limit)
+  local removed = 0
+  for _, id in ipairs(ids) do
+    local t = load_task(id)
+    if t and not TERMINAL[t.state] then
+      -- Not terminal any more (a new version): it should not be listed.
+      redis.call('ZREM', k.finished, id)
+    elseif not redis.call('ZSCORE', k.propagating, 'p' .. id) then
+      if t then count_move(t.state, nil) end
+      clear_version(id)
+      local prefix = id_prefix(id)
+      local outgoing = redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255')
+      for i = 1, #outgoing, 500 do
+        redis.call('ZREM', k.edges, unpack(outgoing, i, math.min(i + 499, #outgoing)))
+      end
+      redis.call('HDEL', k.tasks, id)
+      redis.call('HDEL', k.payloads, id)
+      redis.call('HDEL', k.results, id)
+      redis.call('HDEL', k.done, id)
+      redis.call('ZREM', k.finished, id)
+      removed = removed + 1
+    end
+  end
+  return { removed, redis.call('ZCARD', k.finished) }
+end)
