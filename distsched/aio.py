@@ -113,9 +113,10 @@ class AsyncScheduler(BaseScheduler):
 
     async def schedule_many(self, specs: Sequence[TaskSpec]) -> list[int]:
         self._check_open()
+        call = self._schedule_call(specs)  # validates the container even when empty
         if not specs:
             return []
-        return [int(v) for v in (await self._transition(self._schedule_call(specs)))[1:]]
+        return [int(v) for v in (await self._transition(call))[1:]]
 
     async def cancel(self, task_id: str) -> State:
         reply = await self._transition(core.cancel_call(self.keys, task_id))

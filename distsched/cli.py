@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import sys
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -60,6 +61,7 @@ OPTION_NAMES = {
     "functions": "APP",
     "app": "APP",
     "url": "--redis",
+    "retention_s": "SECONDS",
 }
 
 
@@ -371,10 +373,25 @@ def cli(ctx: click.Context, url: str, namespace: str) -> None:
     help="On SIGTERM/SIGINT, seconds running functions get before they are cancelled.",
 )
 @click.option("--worker-id", default=None, help="Worker id (default: host:pid:random).")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    metavar="PORT",
+    help="Serve Prometheus metrics at http://ADDR:PORT/metrics (0: any free port). "
+    "Needs distsched[metrics].",
+)
+@click.option(
+    "--metrics-addr",
+    default="127.0.0.1",
+    show_default=True,
+    metavar="ADDR",
+    help="Address the metrics endpoint listens on.",
+)
 @click.pass_context
 def worker(
     ctx: click.Context, app: str, concurrency: int, lease_s: float, grace: float,
-    worker_id: str | None,
+    worker_id: str | None, metrics_port: int | None, metrics_addr: str,
 ) -> None:  # fmt: skip
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
@@ -388,7 +405,11 @@ def worker(
     functions = load_app(app)
     scheduler = _connect(ctx, lease_s=lease_s)
     scheduler.client.ping()  # an unreachable Redis is an error now, not endless retries
-    pool = Worker(scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace)
+    metrics = _serve_metrics(ctx, metrics_port, metrics_addr)
+    pool = Worker(
+        scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
+        metrics=metrics,
+    )  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = _settings(ctx)
     click.echo(
@@ -399,6 +420,24 @@ def worker(
     pool.run()
     counts = ", ".join(f"{k} {v}" for k, v in pool.counts.items() if v)
     click.echo(f"worker {pool.worker_id} stopped ({counts or 'no tasks'})", err=True)
+
+
+def _serve_metrics(ctx: click.Context, port: int | None, addr: str) -> Any:
+    """Start the metrics endpoint (closed when the command ends); None without a port."""
+    if port is None:
+        return None
+    from distsched.metrics import PrometheusMetrics, process_registry, serve_metrics
+
+    metrics = PrometheusMetrics(process_registry())
+    try:
+        server = serve_metrics(port, addr, metrics.registry)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot serve metrics on {addr}:{port}: {_one_line(exc)}"
+        ) from None
+    ctx.call_on_close(server.close)
+    click.echo(f"metrics at http://{addr}:{server.port}/metrics", err=True)
+    return metrics
 
 
 def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -558,31 +597,146 @@ def status(ctx: click.Context, task_id: str, as_json: bool) -> None:
         click.echo(f"{key + ':':<{width + 1}} {value}")
 
 
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.pass_context
-def stats(ctx: click.Context, as_json: bool) -> None:
-    """Task counts per state, queue entries, leases and capacity."""
-    scheduler = _connect(ctx)
-    data = scheduler.stats()
-    if as_json:
-        click.echo(json.dumps(data))
-        return
+def _require_namespace(ctx: click.Context, scheduler: Scheduler) -> None:
+    """A namespace without a single key is most likely a typo: say so."""
+    from distsched.metrics import namespace_exists
+
+    if not namespace_exists(scheduler):
+        settings = _settings(ctx)
+        raise click.ClickException(
+            f"namespace {settings.namespace!r} does not exist at {redact(settings.url)} "
+            "(it has no keys: check --namespace and --redis)"
+        )
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds:g} s ({seconds / size:.4g} {unit})"
+    return f"{seconds:g} s"
+
+
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str, field: str) -> float:
+    """Seconds, or a number with a unit: ``90s``, ``30m``, ``12h``, ``7d``, ``500ms``."""
+    text = value.strip().lower()
+    number, scale = text, 1.0
+    for unit in sorted(DURATION_UNITS, key=len, reverse=True):
+        if text.endswith(unit):
+            number, scale = text[: -len(unit)].strip(), DURATION_UNITS[unit]
+            break
+    try:
+        seconds = float(number) * scale
+    except ValueError:
+        raise InvalidArgument(
+            field, f"{value!r} is not a duration (seconds, or e.g. 90s, 30m, 12h, 7d)"
+        ) from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidArgument(field, f"must be a finite duration >= 0, got {value!r}")
+    return seconds
+
+
+def _stats_lines(data: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, ...]] = [("state", "tasks")]
     rows += [(state, str(count)) for state, count in data["counts"].items()]
-    for line in _table(rows):
-        click.echo(line)
     limit = data["max_running"]
-    click.echo("")
-    for line in _table([
+    oldest = data["oldest_ready_age"]
+    soon = f"{data['leases_soon_s']:g} s"
+    return [*_table(rows), "", *_table([
         ("queue entries", f"{data['queue_entries']} ({data['live_entries']} live, "
                           f"{data['stale_entries']} stale)"),
-        ("leases", str(data["leases"])),
+        ("stale ratio", f"{100 * data['stale_ratio']:.1f}%"),
+        ("oldest due", "-" if oldest is None else f"{oldest:.3f} s waiting to start"),
         ("running", f"{data['running']} (max_running: "
                     f"{'unlimited' if limit is None else limit})"),
+        ("leases", f"{data['leases']} ({data['leases_expired']} expired, "
+                   f"{data['leases_expiring']} expiring within {soon})"),
+        ("retention", _duration(data["retention_s"])),
         ("sequence", str(data["sequence"])),
-    ]):  # fmt: skip
-        click.echo(line)
+    ])]  # fmt: skip
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per draw).")
+@click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.01), default=2.0, show_default=True,
+    help="Seconds between draws with --watch.",
+)  # fmt: skip
+@click.option(
+    "--count", type=click.IntRange(min=1), default=None,
+    help="With --watch: stop after this many draws.",
+)  # fmt: skip
+@click.option(
+    "--soon", "soon_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
+    help="Count the leases whose deadline is within this many seconds.",
+)  # fmt: skip
+@click.pass_context
+def stats(
+    ctx: click.Context, as_json: bool, watch: bool, interval: float, count: int | None,
+    soon_s: float,
+) -> None:  # fmt: skip
+    """Tasks per state, queue entries (live, stale), the oldest due task's wait,
+    running vs max_running, leases (expired, expiring soon) and retention.
+
+    All times are on the Redis server's clock.
+    """
+    from distsched.metrics import overview
+
+    scheduler = _connect(ctx)
+    _require_namespace(ctx, scheduler)
+    settings = _settings(ctx)
+    interactive = watch and not as_json and sys.stdout.isatty()
+    draws = 0
+    try:
+        while True:
+            data = overview(scheduler, soon_s)
+            if as_json:
+                click.echo(json.dumps(data))
+            else:
+                if interactive:
+                    click.clear()
+                if watch:
+                    if draws and not interactive:
+                        click.echo("")
+                    click.echo(
+                        f"namespace {settings.namespace!r} at {redact(settings.url)}, "
+                        f"{_iso(data['server_time'])}"
+                    )
+                for line in _stats_lines(data):
+                    click.echo(line)
+            draws += 1
+            if not watch or (count is not None and draws >= count):
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how --watch ends
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})  # '-1' is a value here
+@click.argument("seconds", required=False, metavar="[SECONDS]")
+@click.pass_context
+def retention(ctx: click.Context, seconds: str | None) -> None:
+    """Show, or set to SECONDS, how long terminal tasks are kept.
+
+    SECONDS is a number of seconds or has a unit: 500ms, 90s, 30m, 12h, 7d.
+    The setting belongs to the namespace (default 24 h). Workers purge older
+    succeeded, failed, cancelled and blocked tasks, with their payloads,
+    results and edges, as they go.
+    """
+    scheduler = _connect(ctx)
+    namespace = _settings(ctx).namespace
+    if seconds is None:
+        _require_namespace(ctx, scheduler)
+        kept = scheduler.stats()["retention_s"]
+        click.echo(f"retention of namespace {namespace!r}: {_duration(kept)}")
+        return
+    value = parse_duration(seconds, "retention_s")
+    scheduler.set_retention(value)
+    kept = scheduler.stats()["retention_s"]
+    click.echo(f"retention of namespace {namespace!r} set to {_duration(kept)}")
 
 
 @cli.group()
@@ -595,6 +749,7 @@ def leases() -> None:
 def leases_list(ctx: click.Context) -> None:
     """Running tasks: holder, attempt and time left on the lease (server clock)."""
     scheduler = _connect(ctx)
+    _require_namespace(ctx, scheduler)
     held = scheduler.leases()
     if not held:
         click.echo("no leases")
@@ -640,6 +795,7 @@ def leases_expire(ctx: click.Context, task_id: str) -> None:
 def leases_reap(ctx: click.Context) -> None:
     """Handle every expired lease now (workers also do this as they go)."""
     scheduler = _connect(ctx)
+    _require_namespace(ctx, scheduler)
     total = 0
     while True:
         handled = scheduler.reap()
@@ -746,6 +902,103 @@ def demo(ctx: click.Context, demo_url: str | None) -> None:
         probe.client.ping()
         probe.close()
     if not run_demo(url, click.echo):
+        ctx.exit(1)
+
+
+def _parse_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in value.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(f"must be comma-separated integers, got {value!r}") from None
+    if not sizes:
+        raise click.BadParameter("must name at least one size")
+    return sizes
+
+
+def _bench_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """One option per size of ``distsched.bench.BenchConfig``, with its default."""
+    from distsched.bench import BenchConfig
+
+    d = BenchConfig()
+    options = [
+        click.option("--evalsha-calls", type=int, default=d.evalsha_calls, show_default=True,
+                     help="(a) EVALSHA calls, sequential and pipelined."),
+        click.option("--pipeline", type=int, default=d.pipeline, show_default=True,
+                     help="(a) EVALSHA calls per pipeline."),
+        click.option("--schedule-calls", type=int, default=d.schedule_calls, show_default=True,
+                     help="(b) schedule calls, one task each."),
+        click.option("--enqueue-tasks", type=int, default=d.enqueue_tasks, show_default=True,
+                     help="(b) tasks enqueued with schedule_many."),
+        click.option("--batch", type=int, default=d.batch, show_default=True,
+                     help="Tasks per schedule_many call, everywhere."),
+        click.option("--tasks", type=int, default=d.tasks, show_default=True,
+                     help="(c) no-op tasks drained end to end."),
+        click.option("--concurrency", type=int, default=d.concurrency, show_default=True,
+                     help="Threads per worker process."),
+        click.option("--delayed", type=int, default=d.delayed, show_default=True,
+                     help="(d) delayed tasks."),
+        click.option("--delay-min", type=float, default=d.delay_min, show_default=True,
+                     help="(d) smallest delay, seconds."),
+        click.option("--delay-max", type=float, default=d.delay_max, show_default=True,
+                     help="(d) largest delay, seconds."),
+        click.option("--claim-sizes", default=",".join(str(n) for n in d.claim_sizes),
+                     show_default=True, callback=_parse_sizes,
+                     help="(e) queue sizes to claim from, comma-separated."),
+        click.option("--claims", type=int, default=d.claims, show_default=True,
+                     help="(e) claims timed per queue size, with ready(1) and ready(100)."),
+        click.option("--chain", type=int, default=d.chain, show_default=True,
+                     help="(f) tasks in the chain."),
+        click.option("--fanout", type=int, default=d.fanout, show_default=True,
+                     help="(f) width of the fan-out/fan-in."),
+        click.option("--dependents", type=int, default=d.dependents, show_default=True,
+                     help="(f) dependents released, then blocked, by one task."),
+        click.option("--memory-tasks", type=int, default=d.memory_tasks, show_default=True,
+                     help="(g) tasks queued to measure memory per task."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@cli.command()
+@click.option(
+    "--redis",
+    "bench_url",
+    metavar="URL",
+    default=None,
+    help="Run on this Redis (its own namespaces, removed at the end) instead of an embedded one.",
+)
+@click.option("--json", "json_path", metavar="FILE", default=None, help="Also write JSON here.")
+@_bench_options
+@click.pass_context
+def bench(
+    ctx: click.Context, /, bench_url: str | None, json_path: str | None, **sizes: Any
+) -> None:
+    """Measure the scheduler against raw Redis: one run, about two minutes.
+
+    Script-call ceiling, enqueue, end-to-end no-op tasks through worker
+    processes (each checked to run exactly once), lateness of delayed tasks,
+    claim rate by queue size, dependency graphs, memory per task. Prints a
+    table with the targets next to the figures; progress goes to stderr.
+
+    Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway
+    redis-server when one is on PATH, else an in-process fakeredis server.
+    Exits 1 when a task did not run exactly once.
+    """
+    from distsched.bench import BenchConfig, bench_command
+
+    settings = _settings(ctx)
+    url: str | None = None
+    if bench_url is not None:
+        url = settings.url = bench_url
+    elif settings.url_given:
+        url = settings.url
+    if url is not None:
+        probe = _connect(ctx)
+        probe.client.ping()
+        probe.close()
+    config = BenchConfig(**sizes)
+    if not bench_command(url, config, json_path, click.echo, lambda s: click.echo(s, err=True)):
         ctx.exit(1)
 
 

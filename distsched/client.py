@@ -191,9 +191,10 @@ class Scheduler(BaseScheduler):
     def schedule_many(self, specs: Sequence[TaskSpec]) -> list[int]:
         """Schedule a batch atomically in one round trip; return the versions in order."""
         self._check_open()
+        call = self._schedule_call(specs)  # validates the container even when empty
         if not specs:
             return []
-        return [int(v) for v in self._transition(self._schedule_call(specs))[1:]]
+        return [int(v) for v in self._transition(call)[1:]]
 
     def cancel(self, task_id: str) -> State:
         """Cancel a task; return its state after the call (§5)."""
@@ -333,17 +334,33 @@ class Scheduler(BaseScheduler):
 
     def set_retention(self, retention_s: float) -> None:
         """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
+        if retention_s is None:
+            # purge_call takes None as "keep the stored retention": refuse it here.
+            raise InvalidArgument("retention_s", "must be a number of seconds >= 0, got None")
         self._run(core.purge_call(self.keys, 1, retention_s))
 
     def compact(self, budget: int = core.PROPAGATE_BUDGET) -> int:
         """Drop stale queue entries if they pile up (one bounded step); return how many."""
         return int(self._run(core.compact_call(self.keys, budget))[0])
 
-    def housekeeping(self) -> None:
-        """The periodic chores every worker runs: reap leases, compact, purge."""
-        self.reap()
-        self.compact()
-        self.purge()
+    def housekeeping(self, purge_calls: int = 20) -> dict[str, int]:
+        """The periodic chores every worker runs: reap leases, compact, purge.
+
+        Purging goes on while whole batches come back, up to ``purge_calls``
+        bounded calls, so a busy namespace's history is removed about as fast as
+        it is made (one batch per round would fall behind a few hundred tasks a
+        second). Returns how many leases were reaped, stale queue entries
+        dropped and terminal tasks purged.
+        """
+        reaped = self.reap()
+        compacted = self.compact()
+        purged = 0
+        for _ in range(purge_calls):
+            removed = self.purge()
+            purged += removed
+            if removed < core.PURGE_BATCH:
+                break
+        return {"reaped": reaped, "compacted": compacted, "purged": purged}
 
     def expire_lease(self, task_id: str) -> int:
         """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""

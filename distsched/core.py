@@ -32,6 +32,7 @@ PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
 MAX_TASK_ID_BYTES = 512
 MAX_MS = 2**53 - 1
+MAX_DELAY_MS = 2**52
 BACKOFF_MAX_S = 3600.0
 MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_DEPS = 10_000
@@ -214,22 +215,37 @@ def validate_worker_id(worker_id: object) -> str:
     return worker_id
 
 
-def seconds_to_ms(value: object, field_name: str) -> int:
-    """Round a finite number of seconds to whole milliseconds."""
+def _finite(value: object) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool), else None."""
+    if not _is_number(value):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond the float range
+        return None
+    return number if math.isfinite(number) else None
+
+
+def seconds_to_ms(value: object, field_name: str, limit: int = MAX_MS) -> int:
+    """Round a finite number of seconds to whole milliseconds, at most ``limit`` in size."""
     if not _is_number(value):
         raise InvalidArgument(field_name, f"must be a number, got {type(value).__name__}")
-    seconds = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(seconds):
+    seconds = _finite(value)
+    if seconds is None:
         raise InvalidArgument(field_name, "must be finite")
+    # Checked before the product, which overflows for the largest floats.
+    if abs(seconds) > limit / 1000.0 + 1:
+        raise InvalidArgument(field_name, "is out of range")
     ms = math.floor(seconds * 1000.0 + 0.5)
-    if abs(ms) > MAX_MS:
+    if abs(ms) > limit:
         raise InvalidArgument(field_name, "is out of range")
     return int(ms)
 
 
 def validate_lease(lease_s: object) -> int:
     """Return the lease length in ms for a positive number of seconds."""
-    if not _is_number(lease_s) or not math.isfinite(float(lease_s)) or float(lease_s) <= 0:  # type: ignore[arg-type]
+    seconds = _finite(lease_s)
+    if seconds is None or seconds <= 0:
         raise InvalidArgument("lease_s", "must be a positive, finite number of seconds")
     return max(1, seconds_to_ms(lease_s, "lease_s"))
 
@@ -240,6 +256,12 @@ URL_SCHEMES = ("redis://", "rediss://", "unix://")
 def validate_url(url: object) -> str:
     if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
         raise InvalidArgument("url", "must be a redis://, rediss:// or unix:// URL")
+    if not url.startswith("unix://"):
+        # redis-py quietly uses database 0 when the path is not a number.
+        database = url.partition("://")[2].partition("?")[0].partition("#")[0]
+        database = database.partition("/")[2].strip("/")
+        if database and not database.isdigit():
+            raise InvalidArgument("url", f"the database must be a number, got {database!r}")
     return url
 
 
@@ -262,7 +284,9 @@ def time_argument(run_at: object, delay: object) -> tuple[str, int]:
     if run_at is not None and delay is not None:
         raise InvalidArgument("delay", "give run_at or delay, not both")
     if delay is not None:
-        return "in", seconds_to_ms(delay, "delay")
+        # The server adds its clock (under 2**52 ms until the year 144,683), and the sum
+        # must stay an exact number of milliseconds.
+        return "in", seconds_to_ms(delay, "delay", MAX_DELAY_MS)
     if run_at is None:
         return "in", 0
     if isinstance(run_at, _dt.datetime):
@@ -278,6 +302,10 @@ def encode_payload(
     """Encode the payload map ``{"fn", "args", "kwargs"}`` with msgpack."""
     if not isinstance(fn, str) or not fn:
         raise InvalidArgument("fn", "must be a non-empty str naming a registered function")
+    try:
+        fn.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument("fn", "must be valid UTF-8 (no lone surrogates)") from None
     if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)):
         raise InvalidArgument("args", "must be a list or tuple")
     if kwargs is None:
@@ -286,7 +314,12 @@ def encode_payload(
         raise InvalidArgument("kwargs", "must be a mapping")
     if not all(isinstance(k, str) for k in kwargs):
         raise InvalidArgument("kwargs", "keys must be str")
-    payload = {"fn": fn, "args": list(args), "kwargs": dict(kwargs)}
+    # Empty args and kwargs are left out: a queued no-op task then costs less memory.
+    payload: dict[str, Any] = {"fn": fn}
+    if args:
+        payload["args"] = list(args)
+    if kwargs:
+        payload["kwargs"] = dict(kwargs)
     try:
         data: bytes = msgpack.packb(payload, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -299,23 +332,27 @@ def encode_payload(
             bad = "kwargs"
         raise InvalidArgument(bad, f"cannot be encoded with msgpack: {exc}") from None
     if len(data) > max_bytes:
-        raise PayloadTooLarge("args", f"payload is {len(data)} bytes, limit {max_bytes}")
+        # Name the part that takes the most room.
+        sizes = {
+            "fn": len(fn.encode("utf-8")),
+            "args": len(msgpack.packb(payload.get("args", []), use_bin_type=True)),
+            "kwargs": len(msgpack.packb(payload.get("kwargs", {}), use_bin_type=True)),
+        }
+        field_name = max(sizes, key=lambda name: sizes[name])
+        raise PayloadTooLarge(field_name, f"payload is {len(data)} bytes, limit {max_bytes}")
     return data
 
 
 def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
-    """Validate one task and return its 7 schedule-script values."""
+    """Validate one task and return its schedule-script values (see lua/schedule.lua)."""
     task_id = validate_task_id(spec.task_id)
     mode, ms = time_argument(spec.run_at, spec.delay)
     if not _is_int(spec.priority) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
         raise InvalidArgument("priority", f"must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}]")
     if not _is_int(spec.max_attempts) or not 1 <= spec.max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidArgument("max_attempts", f"must be an int in [1, {MAX_ATTEMPTS_LIMIT}]")
-    if (
-        not _is_number(spec.backoff)
-        or not math.isfinite(float(spec.backoff))
-        or not 0 <= spec.backoff <= BACKOFF_MAX_S
-    ):
+    backoff = _finite(spec.backoff)
+    if backoff is None or not 0 <= backoff <= BACKOFF_MAX_S:
         raise InvalidArgument("backoff", f"must be a number of seconds in [0, {BACKOFF_MAX_S:g}]")
     required = validate_deps(spec.deps, "deps", task_id)
     optional = validate_deps(spec.optional_deps, "optional_deps", task_id)
@@ -392,6 +429,11 @@ def _token_values(claims: Sequence[Claim]) -> list[Any]:
     for claim in claims:
         if not isinstance(claim, Claim):
             raise InvalidArgument("claim", f"must be a Claim, got {type(claim).__name__}")
+        validate_task_id(claim.task_id, "claim")
+        for number in (claim.version, claim.attempt):
+            # A claim built by hand may hold anything; Redis must not be the one to refuse it.
+            if not _is_int(number) or not 0 <= number <= MAX_MS:
+                raise InvalidArgument("claim", "version and attempt must be ints >= 0")
         values.extend((claim.task_id, claim.version, claim.attempt))
     return values
 
@@ -490,7 +532,8 @@ COMPACT_MINIMUM = 1000
 def purge_call(keys: Keys, limit: int = PURGE_BATCH, retention_s: object = None) -> Call:
     retention = ""
     if retention_s is not None:
-        if not _is_number(retention_s) or float(retention_s) < 0:  # type: ignore[arg-type]
+        seconds = _finite(retention_s)
+        if seconds is None or seconds < 0:
             raise InvalidArgument("retention_s", "must be a number of seconds >= 0")
         retention = str(seconds_to_ms(retention_s, "retention_s"))
     return Call("purge", keys.script_keys(), [limit, retention])
@@ -746,14 +789,8 @@ def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> di
 
 
 def decode_id_list(raw: str) -> list[str]:
-    """Decode the concatenation of ``hex3(len) id`` items (byte lengths)."""
-    data = raw.encode("utf-8")
-    out, pos = [], 0
-    while pos < len(data):
-        size = int(data[pos : pos + 3], 16)
-        out.append(data[pos + 3 : pos + 3 + size].decode("utf-8"))
-        pos += 3 + size
-    return out
+    """Decode the space-separated hex ids of a script error (see ``hex_id`` in graph.lua)."""
+    return [bytes.fromhex(part).decode("utf-8") for part in raw.split()]
 
 
 def decode_deps_list(raw: bytes | None) -> list[tuple[str, str]]:
@@ -790,9 +827,7 @@ def translate_error(message: str) -> Exception:
     if code == "CYCLE":
         return CycleError(decode_id_list(rest))
     if code == "UNKNOWN":
-        raw = rest.encode("utf-8")
-        size = int(raw[:3], 16)
-        task_id, dep = raw[3 : 3 + size].decode("utf-8"), raw[3 + size :].decode("utf-8")
+        task_id, dep = decode_id_list(rest)
         err = UnknownDependencyError(
             f"task {task_id!r} depends on {dep!r}, which does not exist "
             "(pass allow_unknown=True to wait for it)"

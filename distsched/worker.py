@@ -36,6 +36,7 @@ from distsched.client import Scheduler
 from distsched.context import TaskContext, _reset_current, _set_current
 from distsched.core import Claim, Outcome
 from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument
+from distsched.metrics import WorkerMetrics
 
 log = logging.getLogger("distsched.worker")
 
@@ -86,6 +87,7 @@ class Worker:
         heartbeat_s: float | None = None,
         grace: float = 30.0,
         cancel_wait: float = 10.0,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise InvalidArgument("concurrency", "must be an int >= 1")
@@ -100,6 +102,13 @@ class Worker:
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else scheduler.lease_s / 3.0
         self.grace = grace
         self.cancel_wait = cancel_wait
+        # Hooks (distsched.metrics); with none given they are no-ops and the heartbeat
+        # thread reads no namespace stats for them.
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
+        self._observed = metrics is not None
+        # Server clock minus this machine's, measured on the heartbeat thread, so start
+        # waits are measured against run_at on the clock that decided due-ness.
+        self._clock_offset = 0.0
 
         self._cond = threading.Condition()
         self._jobs: dict[tuple[str, int, int], _Job] = {}
@@ -264,7 +273,9 @@ class Worker:
             # A wake-up from here on means the claim below may have missed something.
             self._wake.clear()
             try:
+                started = time.monotonic()
                 claims, wait = self.scheduler.claim(free, self.worker_id)
+                self.metrics.on_claimed(len(claims), time.monotonic() - started)
             except ClosedError:
                 break
             except TRANSIENT as exc:
@@ -376,16 +387,20 @@ class Worker:
                 return
             fn = self.functions[job.claim.fn]
             token = _set_current(job.ctx)
+            started = self._started(job)
             try:
                 result = fn(*job.claim.args, **job.claim.kwargs)
                 if inspect.isawaitable(result):
                     # An async callable not detected as such (e.g. a partial).
                     result = asyncio.run(_await(result))
             except Cancelled as exc:
+                self._finished(job, started)
                 self._report_cancelled(job, exc)
             except BaseException as exc:
+                self._finished(job, started)
                 self._report(job, "fail", exc)
             else:
+                self._finished(job, started)
                 self._report(job, "complete", result)
             finally:
                 _reset_current(token)
@@ -399,18 +414,30 @@ class Worker:
             assert self._loop is not None
             job.ctx._bind_loop(self._loop)
             _set_current(job.ctx)
+            started = self._started(job)
             try:
                 result = await fn(*job.claim.args, **job.claim.kwargs)
             except Cancelled as exc:
+                self._finished(job, started)
                 self._report_cancelled(job, exc)
             except BaseException as exc:  # any failure of user code is reported
                 # CancelledError included: left unreported, the task would sit until its lease
                 # lapsed and then be retried as if the worker had vanished.
+                self._finished(job, started)
                 self._report(job, "fail", exc)
             else:
+                self._finished(job, started)
                 self._report(job, "complete", result)
         finally:
             self._end(job)
+
+    def _started(self, job: _Job) -> float:
+        wait = time.time() + self._clock_offset - job.claim.run_at
+        self.metrics.on_started(job.claim, wait)
+        return time.monotonic()
+
+    def _finished(self, job: _Job, started: float) -> None:
+        self.metrics.on_finished(job.claim, time.monotonic() - started)
 
     def _report_cancelled(self, job: _Job, exc: Cancelled) -> None:
         if job.ctx._cancel_was_requested:
@@ -514,6 +541,7 @@ class Worker:
             else:
                 key = outcome.value
             self.counts[key] += 1
+        self.metrics.on_outcome(kind, outcome)
 
     # ------------------------------------------------------------------ heartbeats
 
@@ -533,10 +561,15 @@ class Worker:
                 statuses = self.scheduler.heartbeat_many([j.claim for j in jobs])
                 for job, status in zip(jobs, statuses, strict=True):
                     if status is None:
+                        if not job.ctx.lease_lost:
+                            self.metrics.on_lease_lost(job.claim)
                         job.ctx._signal_stop(lease_lost=True)
                     elif status:
                         job.ctx._signal_stop()
-            self.scheduler.housekeeping()
+            chores = self.scheduler.housekeeping()
+            self.metrics.on_housekeeping(chores["reaped"], chores["compacted"], chores["purged"])
+            if self._observed:
+                self._observe_namespace()
         except TRANSIENT as exc:
             log.warning("heartbeat failed: %s", exc)
         except ClosedError:
@@ -545,6 +578,13 @@ class Worker:
             # A refused call (corrupt record, read-only replica, OOM) must not end this
             # thread: without heartbeats every running task would lose its lease.
             log.exception("heartbeat round failed")
+
+    def _observe_namespace(self) -> None:
+        before = time.time()
+        server = self.scheduler.server_time()
+        self._clock_offset = server - (before + time.time()) / 2.0
+        self.metrics.on_stats(self.scheduler.stats())
+        self.metrics.on_pool(self.snapshot())
 
     # ------------------------------------------------------------------ shutdown
 
@@ -595,6 +635,7 @@ class Worker:
                 return
             with self._cond:
                 self.counts["released"] += released
+            self.metrics.on_released(released)
             return
 
     def _wait_idle(self, timeout: float) -> bool:

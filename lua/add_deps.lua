@@ -14,7 +14,7 @@
 --
 -- Reply: { propagating ids left, the task's state after the call }.
 -- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not pending);
---   UNKNOWN <hex3 len><id><dep>; CYCLE <encoded path>; BADARG deps ...
+--   UNKNOWN <id> <dep>; CYCLE <id> <id> ... (ids in hex, as in schedule.lua); BADARG deps ...
 -- Cost: O(deps log N) plus the task's pending descendants for the cycle check.
 
 return run(function()
@@ -34,7 +34,7 @@ return run(function()
     if seen[d] then error({ err = 'BADARG deps: ' .. d .. ' is already a dependency' }) end
     seen[d] = true
     if redis.call('HEXISTS', k.tasks, d) == 0 and not allow_unknown then
-      error({ err = 'UNKNOWN ' .. id_prefix(id) .. d })
+      error({ err = 'UNKNOWN ' .. hex_id(id) .. ' ' .. hex_id(d) })
     end
     added[#added + 1] = { kind = 'r', id = d }
   end

@@ -5,7 +5,8 @@
 -- priority, max_attempts, backoff and dependency list. With cascade, every task
 -- this one blocked before the retry (blocked with it as root) gets a new version
 -- too, in bounded chunks run by propagate.lua (the first one in this call): tasks
--- of the cascade count as pending for each other, so they return to pending.
+-- of the cascade count as pending for each other, so they return to pending
+-- (tasks that would then wait on each other in a cycle stay or become blocked).
 --
 -- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, results, queue,
 --   finished, meta, wake, edges, deps, blocked, blockedby, propagating.

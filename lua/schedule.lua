@@ -30,8 +30,8 @@
 --   BUSY <id>                 a task of the batch is still telling its dependents
 --                             that it ended; settle with propagate.lua and try again
 --   UNKNOWN <id> <dep>        a dependency that exists nowhere (and allow_unknown is 0)
---   CYCLE <encoded path>      the path, each id a dependency of the next, first = last,
---                             encoded as the concatenation of hex3(#id) .. id
+--   CYCLE <id> <id> ...       the path, each id a dependency of the next, first = last
+--                             (ids in these two errors are in lowercase hex)
 --   BADARG <field> ...        malformed argument
 -- Publishes 'ready' on the wake channel when a new entry became the queue head.
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
@@ -94,7 +94,7 @@ return run(function()
   for _, s in ipairs(specs) do
     for _, d in ipairs(s.deps) do
       if not batch[d.id] and redis.call('HEXISTS', k.tasks, d.id) == 0 and not s.allow_unknown then
-        error({ err = 'UNKNOWN ' .. id_prefix(s.id) .. d.id })
+        error({ err = 'UNKNOWN ' .. hex_id(s.id) .. ' ' .. hex_id(d.id) })
       end
       children[d.id] = children[d.id] or {}
       table.insert(children[d.id], s.id)
@@ -133,7 +133,7 @@ return run(function()
   -- Versions follow the submission order (they are the queue's sequence numbers),
   -- whatever order the dependencies make us write the tasks in.
   local last = redis.call('HINCRBY', k.meta, 'seq', n)
-  local reply, written = { 0 }, {}
+  local reply, written, blocked_any = { 0 }, {}, false
   for i, s in ipairs(specs) do
     s.version = last - n + i
     reply[i + 1] = s.version
@@ -141,8 +141,10 @@ return run(function()
   local function state_of(id) return written[id] or record_state(id) end
   for _, s in ipairs(order) do
     written[s.id] = select(2, write_version(s.id, s.old, s, s.deps, now, state_of, s.version))
+    if written[s.id] == 'blocked' then blocked_any = true end
     redis.call('HSET', k.payloads, s.id, s.payload)
   end
-  reply[1] = settle_after_terminal({}, now)
+  -- Only a blocked task, or work already waiting, needs the propagation budget here.
+  if jobs_pending or blocked_any then reply[1] = settle_after_terminal({}, now) end
   return reply
 end)

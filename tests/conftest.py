@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from distsched import Scheduler
 
@@ -71,12 +73,18 @@ class RedisServer:
         deadline = time.monotonic() + 10
         while True:
             try:
-                redis.Redis(port=self.port, socket_timeout=1).ping()
+                with self._admin() as admin:
+                    admin.ping()
                 return
             except redis.ConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"redis-server on port {self.port} did not start") from None
                 time.sleep(0.02)
+
+    def _admin(self) -> redis.Redis:
+        # No retries: redis-py's default policy retries a refused connection for seconds,
+        # which would make every start and stop that long.
+        return redis.Redis(port=self.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
 
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(port=self.port, **kwargs)  # type: ignore[arg-type]
@@ -84,8 +92,8 @@ class RedisServer:
     def stop(self) -> None:
         """Clean shutdown (SHUTDOWN, which writes the AOF when enabled)."""
         if self.proc and self.proc.poll() is None:
-            with contextlib.suppress(redis.ConnectionError):
-                redis.Redis(port=self.port).shutdown(nosave=not self.appendonly)
+            with contextlib.suppress(redis.ConnectionError), self._admin() as admin:
+                admin.shutdown(nosave=not self.appendonly)
             self.proc.wait(10)
 
     def kill(self) -> None:

@@ -194,8 +194,8 @@ def test_stats_counts_tasks_per_state(
 def test_leases_list_shows_holder_attempt_and_time_left(
     redis_server: RedisServer, namespace: str, scheduler: Scheduler
 ) -> None:
-    assert invoke(redis_server, namespace, "leases", "list").stdout.strip() == "no leases"
     scheduler.schedule("held", fn="add", max_attempts=3)
+    assert invoke(redis_server, namespace, "leases", "list").stdout.strip() == "no leases"
     scheduler.next("worker-alpha")
     out = invoke(redis_server, namespace, "leases", "list").stdout
     row = next(line for line in out.splitlines() if line.startswith("held"))

@@ -34,6 +34,12 @@ local function id_prefix(id)
   return string.format('%03x', #id) .. id
 end
 
+-- An id inside an error reply travels as lowercase hex: Redis turns line breaks in an
+-- error message into spaces and cuts it at a NUL byte, both of which an id may hold.
+local function hex_id(id)
+  return (string.gsub(id, '.', function(c) return string.format('%02x', string.byte(c)) end))
+end
+
 local function edge_member(parent, flag, kind, child)
   return id_prefix(parent) .. flag .. kind .. child
 end
@@ -161,7 +167,8 @@ end
 -- pointers, over edges parent -> dependent: the new edges of the tasks being written
 -- (children: parent id -> list of dependent ids; batch: id -> truthy for those tasks)
 -- replace their old ones, and otherwise only pending tasks wait. Raises
--- CYCLE <path>, the path listing each id before the ids that depend on it, first = last.
+-- CYCLE <path>, the path listing each id before the ids that depend on it, first = last,
+-- each id in hex (hex_id), separated by spaces.
 local function check_cycles(starts, batch, children)
   local function dependents_of(x)
     local out = {}
@@ -197,8 +204,8 @@ local function check_cycles(starts, batch, children)
           end
           path[#path + 1] = c
           local parts = {}
-          for i, id in ipairs(path) do parts[i] = id_prefix(id) end
-          error({ err = 'CYCLE ' .. table.concat(parts) })
+          for i, id in ipairs(path) do parts[i] = hex_id(id) end
+          error({ err = 'CYCLE ' .. table.concat(parts, ' ') })
         elseif not color[c] then
           color[c] = 1
           parent[c] = top.id
@@ -301,9 +308,30 @@ local function settle_edges(p, want, now)
   return #edges, #edges < want
 end
 
+-- Would a new version of id with deps (counted by state_of) close a cycle of awaited
+-- dependencies? Edges made while a dependency had ended were never checked, and a
+-- cascade makes such dependencies awaited again.
+local function closes_cycle(id, deps, state_of)
+  local children = {}
+  for _, d in ipairs(deps) do
+    local st = state_of(d.id)
+    -- Blocked at once: it will await nothing.
+    if d.kind == 'r' and TERMINAL[st] and st ~= 'succeeded' then return false end
+    if not TERMINAL[st] then children[d.id] = { id } end
+  end
+  local ok, err = pcall(check_cycles, { { id = id } }, { [id] = true }, children)
+  if ok then return false end
+  -- Redis hands an error table back to pcall as its message string.
+  local msg = type(err) == 'table' and err.err or tostring(err)
+  if string.sub(msg, 1, 6) == 'CYCLE ' then return true end
+  error({ err = msg })
+end
+
 -- Re-version at most want of the tasks root blocked before its retry (version below
 -- the threshold). Tasks of the same cascade count as pending for each other, so
--- the order they are written in does not matter. Returns (cost, done).
+-- the order they are written in does not matter, except that of tasks that would
+-- wait on each other in a cycle the last one written stays blocked (closes_cycle)
+-- and blocks the others again. Returns (cost, done).
 local function cascade_retry(root, want, now)
   local field = 'cascade:' .. root
   local threshold, cursor = string.match(redis.call('HGET', k.meta, field) or '0|', '^(%d+)|(.*)$')
@@ -323,10 +351,14 @@ local function cascade_retry(root, want, now)
   for _, m in ipairs(members) do
     local c = string.sub(m, #prefix + 1)
     local ct = load_task(c)
-    if in_cascade(c, ct) then
+    local deps = in_cascade(c, ct) and decode_deps(redis.call('HGET', k.deps, c))
+    if deps and closes_cycle(c, deps, state_of) then
+      -- Reviving c would leave tasks waiting on each other for ever: it stays blocked,
+      -- and its job blocks again the tasks of the cascade that wait on it.
+      needs_propagation(c)
+    elseif deps then
       local params = { run_at = ct.run_at, priority = ct.priority,
                        max_attempts = ct.max_attempts, backoff = ct.backoff_ms }
-      local deps = decode_deps(redis.call('HGET', k.deps, c))
       write_version(c, ct, params, deps, now, state_of)
     end
   end

@@ -1,0 +1,1249 @@
+"""``distsched bench``: the scheduler measured against raw Redis, in one run.
+
+Sections (each on fresh namespaces):
+
+- ``ceiling``: sequential and pipelined EVALSHA of ``return 1`` from one client,
+  the most script calls one client can get from this Redis;
+- ``enqueue``: one ``schedule`` call per task, and batched ``schedule_many``;
+- ``e2e``: queued no-op tasks drained by one, then two, real worker processes,
+  with every task checked to have run exactly once;
+- ``lateness``: how late delayed tasks start against the Redis clock;
+- ``claim``: claim rate with small and very large queues, one and 100 per call;
+- ``dag``: a long chain, a wide fan-out/fan-in, and the longest single script
+  call while 100,000 dependents are released or blocked;
+- ``memory``: Redis memory per queued no-op task.
+
+Worker processes run ``python -m distsched.bench worker URL NAMESPACE``: a
+``Worker`` whose no-op records each run (task id, version, attempt, start time,
+``run_at``) and writes them to a file when SIGTERM stops it.
+
+Figures are printed next to the project's targets, as information.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+
+import redis
+
+from distsched import __version__, core
+from distsched.client import Scheduler
+from distsched.core import TaskSpec
+from distsched.errors import DistschedError, InvalidArgument
+from distsched.keys import Keys
+
+Echo = Callable[[str], None]
+
+SECTIONS = ("ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory")
+NOOP = "noop"
+# Batches for graph submissions and the dependents' fill: big enough to be fast,
+# small enough that no single submission is a long script call.
+GRAPH_BATCH = 5_000
+WORKER_START_TIMEOUT_S = 60.0
+WORKER_STOP_TIMEOUT_S = 60.0
+POLL_S = 0.01
+
+
+class BenchError(DistschedError):
+    """A worker process of the bench did not start or stop as it should."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """The sizes of one run; the defaults take about two minutes on two cores."""
+
+    evalsha_calls: int = 20_000
+    pipeline: int = 100
+    schedule_calls: int = 5_000
+    enqueue_tasks: int = 50_000
+    batch: int = 1_000
+    tasks: int = 30_000
+    concurrency: int = 32
+    delayed: int = 2_000
+    delay_min: float = 0.5
+    delay_max: float = 3.5
+    claim_sizes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
+    claims: int = 5_000
+    chain: int = 10_000
+    fanout: int = 10_000
+    dependents: int = 100_000
+    memory_tasks: int = 100_000
+
+    def validate(self) -> None:
+        for name in (
+            "evalsha_calls",
+            "pipeline",
+            "schedule_calls",
+            "enqueue_tasks",
+            "batch",
+            "tasks",
+            "concurrency",
+            "delayed",
+            "claims",
+            "chain",
+            "fanout",
+            "dependents",
+            "memory_tasks",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArgument(name, "must be an int >= 1")
+        if self.fanout > core.MAX_DEPS:
+            # The fan-in task depends on every task of the fan-out.
+            raise InvalidArgument("fanout", f"must be at most {core.MAX_DEPS}")
+        if not self.claim_sizes or any(n < 2 for n in self.claim_sizes):
+            raise InvalidArgument("claim_sizes", "must be queue sizes >= 2")
+        if not (
+            math.isfinite(self.delay_min)
+            and math.isfinite(self.delay_max)
+            and 0 <= self.delay_min <= self.delay_max
+        ):
+            raise InvalidArgument("delay_max", "need 0 <= delay_min <= delay_max")
+
+
+# --------------------------------------------------------------------------- exactly once
+
+
+class Run(NamedTuple):
+    """One execution of the no-op, as its worker process recorded it."""
+
+    task_id: str
+    version: int
+    attempt: int
+    started: float = 0.0  # epoch seconds, Redis server clock
+    run_at: float = 0.0
+
+
+def check_exactly_once(expected_ids: Iterable[str], runs: Iterable[Run]) -> list[str]:
+    """Every problem with "each expected task ran exactly once, on its first attempt"."""
+    expected = set(expected_ids)
+    by_id: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_id[run.task_id].append(run)
+    problems: list[str] = []
+    for task_id in sorted(expected - by_id.keys()):
+        problems.append(f"task {task_id!r} never ran")
+    for task_id in sorted(by_id):
+        got = by_id[task_id]
+        if task_id not in expected:
+            problems.append(f"task {task_id!r} ran but was not part of the run")
+        elif len(got) > 1:
+            tokens = ", ".join(f"v{r.version}/a{r.attempt}" for r in got)
+            problems.append(f"task {task_id!r} ran {len(got)} times ({tokens})")
+        elif got[0].attempt != 1:
+            # An earlier attempt was claimed and lost: either it ran unrecorded or its
+            # lease expired, and both break "exactly once" for this run.
+            problems.append(f"task {task_id!r} ran as attempt {got[0].attempt}, not 1")
+    return problems
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def clock_offset(client: redis.Redis, samples: int = 25) -> tuple[float, float]:
+    """(Redis clock - local clock, round trip) in seconds, from the fastest of ``samples``."""
+    best: tuple[float, float] | None = None
+    for _ in range(samples):
+        t0 = time.time()
+        seconds, micros = client.time()
+        t1 = time.time()
+        server = float(seconds) + float(micros) / 1e6
+        sample = (server - (t0 + t1) / 2.0, t1 - t0)
+        if best is None or sample[1] < best[1]:
+            best = sample
+    assert best is not None
+    return best
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile of ``values`` (not empty)."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(p / 100.0 * len(ordered)))
+    return ordered[min(len(ordered), rank) - 1]
+
+
+def _redact(url: str) -> str:
+    from distsched.cli import redact
+
+    return redact(url)
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    section: str
+    name: str
+    value: float | None
+    unit: str
+    ratio: float | None = None
+    ratio_to: str = ""
+    target: str = ""
+    met: bool | None = None
+    # Mean time Redis spent per script call (INFO commandstats), microseconds.
+    server_us: float | None = None
+
+
+@dataclass
+class ServerTime:
+    """Script calls seen by Redis during a measurement (other clients' calls included),
+    less the calls measured apart with ``exclude``."""
+
+    measured: bool = False
+    calls: int = 0
+    usec: int = 0
+
+    @property
+    def us_per_call(self) -> float | None:
+        return self.usec / self.calls if self.measured and self.calls > 0 else None
+
+
+# --------------------------------------------------------------------------- worker processes
+
+
+@dataclass
+class WorkerReport:
+    worker_id: str
+    offset: float
+    runs: list[Run]
+    counts: dict[str, int]
+    peak_running: int
+
+
+class WorkerProcesses:
+    """Worker processes on one namespace, started together on a go line, stopped by SIGTERM."""
+
+    def __init__(self, url: str, namespace: str, count: int, concurrency: int, workdir: Path):
+        self.url = url
+        self.namespace = namespace
+        self.count = count
+        self.concurrency = concurrency
+        self.workdir = workdir
+        self.procs: list[subprocess.Popen[str]] = []
+        self.outs: list[Path] = []
+        self.errs: list[IO[str]] = []
+
+    def start(self) -> None:
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        for i in range(self.count):
+            tag = f"{self.namespace}-{i}"
+            out = self.workdir / f"{tag}.json"
+            err = open(self.workdir / f"{tag}.err", "w+")  # noqa: SIM115 - closed by close()
+            self.outs.append(out)
+            self.errs.append(err)
+            command = [
+                sys.executable,
+                "-m",
+                "distsched.bench",
+                "worker",
+                self.url,
+                self.namespace,
+                "--concurrency",
+                str(self.concurrency),
+                "--out",
+                str(out),
+            ]
+            self.procs.append(
+                subprocess.Popen(
+                    command,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    text=True,
+                    env=env,
+                    cwd=self.workdir,
+                )
+            )
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        for i, proc in enumerate(self.procs):
+            assert proc.stdout is not None
+            # Nothing is buffered before the first line, so the pipe itself says when it comes.
+            readable, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+            line = proc.stdout.readline().strip() if readable else ""
+            if line != "ready":
+                raise BenchError(f"worker process did not start: {self._stderr(i)}")
+
+    def go(self) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+
+    def alive(self) -> bool:
+        return all(proc.poll() is None for proc in self.procs)
+
+    def stop(self) -> list[WorkerReport]:
+        """SIGTERM each process (a graceful shutdown) and read what its no-op recorded."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        reports: list[WorkerReport] = []
+        failures: list[str] = []
+        for i, proc in enumerate(self.procs):
+            try:
+                code = proc.wait(WORKER_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                code = None
+            if code != 0 or not self.outs[i].exists():
+                failures.append(f"worker process exited with {code}: {self._stderr(i)}")
+                continue
+            data = json.loads(self.outs[i].read_text("utf-8"))
+            reports.append(
+                WorkerReport(
+                    worker_id=data["worker_id"],
+                    offset=float(data["offset"]),
+                    runs=[Run(*r) for r in data["runs"]],
+                    counts=data["counts"],
+                    peak_running=int(data["peak_running"]),
+                )
+            )
+        self.close()
+        if failures:
+            raise BenchError("; ".join(failures))
+        return reports
+
+    def close(self) -> None:
+        """Kill what is still running and release pipes and files (idempotent)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None and not pipe.closed:
+                    # A broken pipe to a process already gone is no news.
+                    with suppress(OSError):
+                        pipe.close()
+        for err in self.errs:
+            if not err.closed:
+                err.close()
+
+    def _stderr(self, i: int) -> str:
+        err = self.errs[i]
+        err.flush()
+        text = (self.workdir / f"{self.namespace}-{i}.err").read_text("utf-8", "replace")
+        lines = text.strip().splitlines()
+        return " | ".join(lines[-5:]) if lines else "(no output)"
+
+
+def worker_main(argv: Sequence[str]) -> int:
+    """``python -m distsched.bench worker URL NAMESPACE --concurrency N --out FILE``."""
+    from distsched.context import current_task
+    from distsched.worker import Worker
+
+    parser = argparse.ArgumentParser(prog="python -m distsched.bench worker")
+    parser.add_argument("url")
+    parser.add_argument("namespace")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--lease", type=float, default=30.0)
+    options = parser.parse_args(argv)
+
+    runs: list[tuple[str, int, int, float, float]] = []
+
+    def noop() -> None:
+        started = time.time()
+        ctx = current_task()
+        # list.append is atomic: the pool threads need no lock for it.
+        runs.append((ctx.task_id, ctx.version, ctx.attempt, started, ctx.claim.run_at))
+
+    scheduler = Scheduler.from_url(options.url, namespace=options.namespace, lease_s=options.lease)
+    try:
+        worker = Worker(scheduler, {NOOP: noop}, concurrency=options.concurrency)
+        before, _ = clock_offset(scheduler.client)
+        print("ready", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            return 1
+        worker.run()  # on the main thread: SIGTERM shuts it down gracefully
+        after, _ = clock_offset(scheduler.client)
+        offset = (before + after) / 2.0
+        data = {
+            "worker_id": worker.worker_id,
+            "offset": offset,
+            "runs": [[t, v, a, started + offset, run_at] for t, v, a, started, run_at in runs],
+            "counts": worker.counts,
+            "peak_running": worker.peak_running,
+        }
+        partial = Path(options.out + ".partial")
+        partial.write_text(json.dumps(data), "utf-8")
+        partial.replace(options.out)
+    finally:
+        scheduler.close()
+    return 0
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class Bench:
+    """One run against one Redis; ``throwaway`` when this run started that server."""
+
+    def __init__(
+        self, url: str, backend: str, throwaway: bool, config: BenchConfig, progress: Echo
+    ) -> None:
+        self.url = url
+        self.backend = backend
+        self.throwaway = throwaway
+        self.config = config
+        self.progress = progress
+        self.client = redis.Redis.from_url(url)
+        self.prefix = f"bench-{uuid.uuid4().hex[:8]}"
+        self.namespaces: list[str] = []
+        self.sections: dict[str, dict[str, Any]] = {}
+        self.rows: list[Row] = []
+        self.problems: list[str] = []
+        self.workdir = Path(tempfile.mkdtemp(prefix="distsched-bench-"))
+        self._phase_started = 0.0
+
+    # -- plumbing
+
+    def close(self) -> None:
+        try:
+            for namespace in self.namespaces:
+                with suppress(redis.RedisError):
+                    self._drop(namespace)
+        finally:
+            self.client.close()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _namespace(self, name: str) -> str:
+        namespace = f"{self.prefix}-{name}"
+        self.namespaces.append(namespace)
+        return namespace
+
+    def _drop(self, namespace: str) -> None:
+        """Remove a namespace's keys (UNLINK: freed off the main thread of Redis)."""
+        keys = Keys(namespace).all_keys()
+        self.client.unlink(*keys)
+
+    def _clean(self, *namespaces: str) -> None:
+        if self.throwaway:
+            self.client.flushall()
+        else:
+            for namespace in namespaces:
+                self._drop(namespace)
+
+    @contextmanager
+    def _scheduler(self, namespace: str, lease_s: float = 30.0) -> Iterator[Scheduler]:
+        scheduler = Scheduler(self.client, namespace=namespace, lease_s=lease_s)
+        try:
+            yield scheduler
+        finally:
+            scheduler.close()
+
+    def _phase(self, index: int, title: str) -> None:
+        self._phase_started = time.perf_counter()
+        self.progress(f"[{index}/{len(SECTIONS)}] {title}")
+
+    def _step(self, text: str) -> None:
+        elapsed = time.perf_counter() - self._phase_started
+        self.progress(f"      {elapsed:6.1f} s  {text}")
+
+    def _row(self, section: str, name: str, value: float | None, unit: str, **extra: Any) -> Row:
+        row = Row(section, name, value, unit, **extra)
+        self.rows.append(row)
+        return row
+
+    def _problem(self, section: str, problems: Sequence[str]) -> None:
+        for problem in problems:
+            self.problems.append(f"{section}: {problem}")
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            self._step(f"PROBLEM: {'; '.join(problems[:3])}{more}")
+
+    def _fill(self, scheduler: Scheduler, prefix: str, count: int, **spec: Any) -> float:
+        """Queue ``count`` no-op tasks in batches; return the seconds spent in the calls."""
+        batch = self.config.batch
+        spent = 0.0
+        for start in range(0, count, batch):
+            specs = [
+                TaskSpec(f"{prefix}{i}", NOOP, **spec)
+                for i in range(start, min(count, start + batch))
+            ]
+            t0 = time.perf_counter()
+            scheduler.schedule_many(specs)
+            spent += time.perf_counter() - t0
+        return spent
+
+    def _wait_for(
+        self,
+        scheduler: Scheduler,
+        state: str,
+        count: int,
+        procs: WorkerProcesses | None,
+        timeout: float,
+    ) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if scheduler.stats()["counts"][state] >= count:
+                return True
+            if procs is not None and not procs.alive():
+                return False
+            time.sleep(POLL_S)
+        return False
+
+    def _last_finished(self, scheduler: Scheduler) -> tuple[float, list[str]]:
+        """Server time (seconds) of the namespace's latest completion, from the task
+        records (stamped by the scripts with the Redis clock); and the tasks that did
+        not end succeeded on their first attempt."""
+        last, problems = 0.0, []
+        for raw_id, raw in self.client.hscan_iter(scheduler.keys.tasks, count=1000):
+            record = core.decode_record(raw)
+            if record.state is not core.State.SUCCEEDED or record.attempt != 1:
+                task_id = core._text(raw_id)
+                problems.append(
+                    f"task {task_id!r} is {record.state.value} after attempt {record.attempt}"
+                )
+            last = max(last, record.updated_ms / 1000.0)
+        return last, problems
+
+    def _drain(
+        self, section: str, namespace: str, scheduler: Scheduler, ids: Sequence[str], processes: int
+    ) -> dict[str, Any]:
+        """Run queued tasks ``ids`` with worker processes; time from first start to last end."""
+        procs = WorkerProcesses(
+            self.url, namespace, processes, self.config.concurrency, self.workdir
+        )
+        try:
+            procs.start()
+            procs.go()
+            finished = self._wait_for(
+                scheduler, "succeeded", len(ids), procs, timeout=60.0 + len(ids) / 500.0
+            )
+            end, record_problems = self._last_finished(scheduler)
+            reports = procs.stop()
+        finally:
+            procs.close()
+        runs = [run for report in reports for run in report.runs]
+        problems = [] if finished else [f"not all {len(ids)} tasks succeeded in time"]
+        problems += check_exactly_once(ids, runs) + record_problems
+        self._problem(section, problems)
+        start = min((run.started for run in runs), default=float("nan"))
+        seconds = end - start
+        return {
+            "processes": processes,
+            "concurrency": self.config.concurrency,
+            "tasks": len(ids),
+            "drain_s": seconds,
+            "tasks_per_s": len(ids) / seconds if seconds > 0 else None,
+            "exactly_once_problems": problems,
+            "worker_counts": [r.counts for r in reports],
+            "peak_running": [r.peak_running for r in reports],
+            "clock_offset_ms": [r.offset * 1000.0 for r in reports],
+        }
+
+    def _used_memory(self) -> int:
+        # Memory still being freed from earlier phases would be counted as ours.
+        deadline = time.monotonic() + 30.0
+        while time.monotonic() < deadline:
+            info = self.client.info("memory")
+            if not int(info.get("lazyfree_pending_objects", 0)):
+                break
+            time.sleep(0.05)
+        return int(info.get("used_memory", 0))
+
+    # -- (a) the ceiling
+
+    def ceiling(self) -> None:
+        cfg = self.config
+        self._phase(1, "ceiling: EVALSHA of 'return 1' from one client")
+        sha = self.client.script_load("return 1")
+        for _ in range(100):
+            self.client.evalsha(sha, 0)
+        with self._server_time() as seq_server:
+            t0 = time.perf_counter()
+            for _ in range(cfg.evalsha_calls):
+                self.client.evalsha(sha, 0)
+            sequential = cfg.evalsha_calls / (time.perf_counter() - t0)
+        self._step(f"sequential: {sequential:,.0f} calls/s")
+        pipe = self.client.pipeline(transaction=False)
+        rounds = max(1, cfg.evalsha_calls // cfg.pipeline)
+        with self._server_time() as pipe_server:
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                for _ in range(cfg.pipeline):
+                    pipe.evalsha(sha, 0)
+                pipe.execute()
+            pipelined = rounds * cfg.pipeline / (time.perf_counter() - t0)
+        self._step(f"pipelined: {pipelined:,.0f} calls/s")
+        self.sections["ceiling"] = {
+            "sequential_calls": cfg.evalsha_calls,
+            "sequential_per_s": sequential,
+            "sequential_server_us_per_call": seq_server.us_per_call,
+            "pipeline": cfg.pipeline,
+            "pipelined_calls": rounds * cfg.pipeline,
+            "pipelined_per_s": pipelined,
+            "pipelined_server_us_per_call": pipe_server.us_per_call,
+        }
+        self._row(
+            "ceiling",
+            "EVALSHA 'return 1', sequential",
+            sequential,
+            "calls/s",
+            server_us=seq_server.us_per_call,
+        )
+        self._row(
+            "ceiling",
+            f"EVALSHA 'return 1', pipelines of {cfg.pipeline}",
+            pipelined,
+            "calls/s",
+            ratio=pipelined / sequential,
+            ratio_to="sequential",
+            server_us=pipe_server.us_per_call,
+        )
+
+    @property
+    def _evalsha(self) -> float:
+        return float(self.sections["ceiling"]["sequential_per_s"])
+
+    # -- (b) enqueue
+
+    def enqueue(self) -> None:
+        cfg = self.config
+        self._phase(2, "enqueue: schedule one task per call, then schedule_many")
+        single_ns, batch_ns = self._namespace("single"), self._namespace("batched")
+        with self._scheduler(single_ns) as s:
+            s.schedule("warm-up", fn=NOOP)
+            with self._server_time() as single_server:
+                t0 = time.perf_counter()
+                for i in range(cfg.schedule_calls):
+                    s.schedule(f"s{i}", fn=NOOP)
+                single = cfg.schedule_calls / (time.perf_counter() - t0)
+        self._step(f"schedule: {single:,.0f} calls/s")
+        with self._scheduler(batch_ns) as s, self._server_time() as batch_server:
+            batched = cfg.enqueue_tasks / self._fill(s, "b", cfg.enqueue_tasks)
+        self._step(f"schedule_many: {batched:,.0f} tasks/s")
+        self._clean(single_ns, batch_ns)
+        ratio = single / self._evalsha
+        self.sections["enqueue"] = {
+            "single_calls": cfg.schedule_calls,
+            "single_per_s": single,
+            "single_vs_evalsha": ratio,
+            "single_server_us_per_call": single_server.us_per_call,
+            "batched_tasks": cfg.enqueue_tasks,
+            "batch": cfg.batch,
+            "batched_per_s": batched,
+            "batched_server_us_per_call": batch_server.us_per_call,
+        }
+        self._row(
+            "enqueue",
+            "schedule, one call per task",
+            single,
+            "calls/s",
+            ratio=ratio,
+            ratio_to="seq EVALSHA",
+            target=">= 0.9x seq EVALSHA",
+            met=ratio >= 0.9,
+            server_us=single_server.us_per_call,
+        )
+        self._row(
+            "enqueue",
+            f"schedule_many, batches of {cfg.batch}",
+            batched,
+            "tasks/s",
+            ratio=batched / self._evalsha,
+            ratio_to="seq EVALSHA",
+            target=">= 50,000/s",
+            met=batched >= 50_000,
+            server_us=batch_server.us_per_call,
+        )
+
+    # -- (c) end to end
+
+    def e2e(self) -> None:
+        cfg = self.config
+        self._phase(
+            3,
+            f"end to end: {cfg.tasks:,} no-op tasks, worker processes of {cfg.concurrency} threads",
+        )
+        runs = []
+        for processes in (1, 2):
+            namespace = self._namespace(f"e2e{processes}")
+            with self._scheduler(namespace) as s:
+                enqueue = cfg.tasks / self._fill(s, "t", cfg.tasks)
+                ids = [f"t{i}" for i in range(cfg.tasks)]
+                result = self._drain("e2e", namespace, s, ids, processes)
+            result["enqueue_per_s"] = enqueue
+            rate = result["tasks_per_s"]
+            self._step(
+                f"{processes} process{'es' if processes > 1 else ''}: "
+                f"{rate or 0:,.0f} tasks/s in {result['drain_s']:.2f} s"
+            )
+            self._clean(namespace)
+            runs.append(result)
+            ratio = rate / self._evalsha if rate else None
+            self._row(
+                "e2e",
+                f"end to end, {processes} worker process{'es' if processes > 1 else ''}",
+                rate,
+                "tasks/s",
+                ratio=ratio,
+                ratio_to="seq EVALSHA",
+                target=">= 12,000/s and >= 1.7x seq EVALSHA",
+                met=None if ratio is None else (rate >= 12_000 and ratio >= 1.7),
+            )
+            self._row(
+                "e2e",
+                f"  not exactly once ({processes} process{'es' if processes > 1 else ''})",
+                len(result["exactly_once_problems"]),
+                "tasks",
+                target="0",
+                met=not result["exactly_once_problems"],
+            )
+        self.sections["e2e"] = {"tasks": cfg.tasks, "concurrency": cfg.concurrency, "runs": runs}
+
+    # -- (d) lateness
+
+    def lateness(self) -> None:
+        cfg = self.config
+        self._phase(
+            4,
+            f"lateness: {cfg.delayed:,} tasks due over "
+            f"[{cfg.delay_min:g}, {cfg.delay_max:g}] s, one worker process",
+        )
+        namespace = self._namespace("late")
+        rng = random.Random(7)
+        ids = [f"d{i}" for i in range(cfg.delayed)]
+        procs = WorkerProcesses(self.url, namespace, 1, cfg.concurrency, self.workdir)
+        with self._scheduler(namespace) as s:
+            try:
+                procs.start()
+                procs.go()
+                for start in range(0, cfg.delayed, cfg.batch):
+                    s.schedule_many(
+                        [
+                            TaskSpec(task_id, NOOP, delay=rng.uniform(cfg.delay_min, cfg.delay_max))
+                            for task_id in ids[start : start + cfg.batch]
+                        ]
+                    )
+                finished = self._wait_for(
+                    s, "succeeded", cfg.delayed, procs, timeout=cfg.delay_max + 60.0
+                )
+                reports = procs.stop()
+            finally:
+                procs.close()
+        self._clean(namespace)
+        runs = [run for report in reports for run in report.runs]
+        problems = [] if finished else [f"not all {cfg.delayed} tasks succeeded in time"]
+        problems += check_exactly_once(ids, runs)
+        self._problem("lateness", problems)
+        late = [(run.started - run.run_at) * 1000.0 for run in runs]
+        p50, p99, worst = (
+            (percentile(late, 50), percentile(late, 99), max(late)) if late else (None,) * 3
+        )
+        self.sections["lateness"] = {
+            "tasks": cfg.delayed,
+            "delay_min_s": cfg.delay_min,
+            "delay_max_s": cfg.delay_max,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "max_ms": worst,
+            "min_ms": min(late) if late else None,
+            "clock_offset_ms": [r.offset * 1000.0 for r in reports],
+            "exactly_once_problems": problems,
+        }
+        self._step(f"p50 {p50 or 0:.2f} ms, p99 {p99 or 0:.2f} ms, max {worst or 0:.2f} ms")
+        self._row("lateness", "delayed task start - run_at, p50", p50, "ms")
+        self._row(
+            "lateness",
+            "delayed task start - run_at, p99",
+            p99,
+            "ms",
+            target="<= 2 ms",
+            met=None if p99 is None else p99 <= 2.0,
+        )
+        self._row("lateness", "delayed task start - run_at, max", worst, "ms")
+
+    # -- (e) claim rate
+
+    def claim(self) -> None:
+        cfg = self.config
+        sizes = sorted(set(cfg.claim_sizes))
+        self._phase(5, f"claim rate with {', '.join(f'{n:,}' for n in sizes)} tasks queued")
+        results: list[dict[str, Any]] = []
+        for size in sizes:
+            namespace = self._namespace(f"claim{size}")
+            with self._scheduler(namespace, lease_s=3600.0) as s:
+                before = self._used_memory()
+                fill = size / self._fill(s, "c", size)
+                after = self._used_memory()
+                s.release(s.ready(1, "bench-claimer"))  # the claim script is loaded
+                one, per_one, one_server = self._claim_rate(s, 1, size)
+                many, per_many, many_server = self._claim_rate(s, 100, size)
+            self._clean(namespace)
+            self._step(
+                f"{size:,} queued (filled at {fill:,.0f} tasks/s): "
+                f"{per_one:,.0f} claims/s one per call, {per_many:,.0f} with 100"
+            )
+            results.append(
+                {
+                    "queued": size,
+                    "fill_per_s": fill,
+                    "bytes_per_task": (after - before) / size,
+                    "n1": {
+                        "claims": one,
+                        "calls": one,
+                        "claims_per_s": per_one,
+                        "server_us_per_call": one_server.us_per_call,
+                    },
+                    "n100": {
+                        "claims": many,
+                        "calls": math.ceil(many / 100),
+                        "claims_per_s": per_many,
+                        "server_us_per_call": many_server.us_per_call,
+                    },
+                }
+            )
+        self.sections["claim"] = {"claims": cfg.claims, "sizes": results}
+        smallest = results[0]
+        for result in results:
+            for key, label in (("n1", "ready(1)"), ("n100", "ready(100)")):
+                rate = result[key]["claims_per_s"]
+                base = smallest[key]["claims_per_s"]
+                row: dict[str, Any] = {}
+                if result is not smallest:
+                    ratio = rate / base
+                    row = {"ratio": ratio, "ratio_to": f"at {smallest['queued']:,}"}
+                    if result is results[-1]:
+                        row.update(target=f">= 0.8x at {smallest['queued']:,}", met=ratio >= 0.8)
+                self._row(
+                    "claim",
+                    f"claim with {result['queued']:,} queued, {label}",
+                    rate,
+                    "claims/s",
+                    server_us=result[key]["server_us_per_call"],
+                    **row,
+                )
+
+    def _claim_rate(self, s: Scheduler, n: int, size: int) -> tuple[int, float, ServerTime]:
+        """Time ``claims`` claims of up to ``n`` per call, the queue kept near ``size``.
+
+        Claimed tasks go back to the queue (``release``, no attempt spent) every 100
+        claims, outside the timed calls: so a small queue stays as full as a big one.
+        """
+        total = self.config.claims
+        claimed, spent, held = 0, 0.0, []
+        with self._server_time() as server:
+            while claimed < total:
+                t0 = time.perf_counter()
+                got = s.ready(min(n, total - claimed), "bench-claimer")
+                spent += time.perf_counter() - t0
+                if not got:
+                    self._problem("claim", [f"a queue of {size} ran dry"])
+                    break
+                claimed += len(got)
+                held += got
+                if len(held) >= min(100, size // 2):
+                    with self._exclude(server):
+                        s.release(held)
+                    held = []
+            if held:
+                with self._exclude(server):
+                    s.release(held)
+        return claimed, claimed / spent if spent > 0 else 0.0, server
+
+    # -- (f) dependencies
+
+    def dag(self) -> None:
+        cfg = self.config
+        self._phase(
+            6,
+            f"dependencies: a {cfg.chain:,}-task chain, a {cfg.fanout:,}-wide "
+            f"fan-out/fan-in, {cfg.dependents:,} dependents released and blocked",
+        )
+        section: dict[str, Any] = {}
+        # A chain: each task depends on the one before.
+        namespace = self._namespace("chain")
+        ids = [f"c{i}" for i in range(cfg.chain)]
+        specs = [TaskSpec(ids[0], NOOP)] + [
+            TaskSpec(ids[i], NOOP, deps=[ids[i - 1]]) for i in range(1, cfg.chain)
+        ]
+        with self._scheduler(namespace) as s:
+            chain = self._submit_whole(s, specs)
+            chain.update(self._drain("dag", namespace, s, ids, 1))
+        self._clean(namespace)
+        section["chain"] = chain
+        self._step(f"chain: {chain['tasks_per_s'] or 0:,.0f} tasks/s")
+        # Fan-out/fan-in: root -> fanout tasks -> sink.
+        namespace = self._namespace("fan")
+        mids = [f"m{i}" for i in range(cfg.fanout)]
+        specs = [TaskSpec("root", NOOP)]
+        specs += [TaskSpec(m, NOOP, deps=["root"]) for m in mids]
+        specs.append(TaskSpec("sink", NOOP, deps=mids))
+        with self._scheduler(namespace) as s:
+            fan = self._submit_whole(s, specs)
+            fan.update(self._drain("dag", namespace, s, ["root", *mids, "sink"], 1))
+        self._clean(namespace)
+        section["fan"] = fan
+        self._step(f"fan-out/fan-in: {fan['tasks_per_s'] or 0:,.0f} tasks/s")
+        # The longest script call: one task's end settles many dependents.
+        for mode in ("complete", "fail"):
+            section[mode] = self._settle_many(mode)
+            self._step(
+                f"{cfg.dependents:,} dependents, {mode}: longest script call "
+                f"{section[mode]['max_ms']:.1f} ms over {section[mode]['calls']} calls"
+            )
+        self.sections["dag"] = section
+        for key, label in (
+            ("chain", f"{cfg.chain:,}-task chain, 1 worker process"),
+            ("fan", f"fan-out/fan-in 1 -> {cfg.fanout:,} -> 1, 1 worker process"),
+        ):
+            data = section[key]
+            self._row("dag", label, data["tasks_per_s"], "tasks/s")
+            self._row(
+                "dag",
+                f"  submit_graph of all {data['tasks']:,} tasks, one script call",
+                data["submit_ms"],
+                "ms",
+                target="<= 50 ms",
+                met=data["submit_ms"] <= 50.0,
+                server_us=data["submit_server_us"],
+            )
+        for mode, verb in (("complete", "releasing"), ("fail", "blocking")):
+            data = section[mode]
+            self._row(
+                "dag",
+                f"longest script call {verb} {cfg.dependents:,} dependents",
+                data["max_ms"],
+                "ms",
+                target="<= 50 ms",
+                met=data["max_ms"] <= 50.0,
+                server_us=data["server_us_per_call"],
+            )
+            if data["slowlog_max_ms"] is not None:
+                self._row(
+                    "dag",
+                    "  same, server side (SLOWLOG)",
+                    data["slowlog_max_ms"],
+                    "ms",
+                    target="<= 50 ms",
+                    met=data["slowlog_max_ms"] <= 50.0,
+                )
+
+    def _submit_whole(self, s: Scheduler, specs: Sequence[TaskSpec]) -> dict[str, Any]:
+        """submit_graph of a whole graph, as a user would: one atomic script call."""
+        with self._server_time() as server:
+            t0 = time.perf_counter()
+            s.submit_graph(specs)
+            elapsed = time.perf_counter() - t0
+        return {"submit_ms": elapsed * 1000.0, "submit_server_us": server.us_per_call}
+
+    def _submit_graph(self, s: Scheduler, specs: Sequence[TaskSpec]) -> list[float]:
+        """submit_graph in batches (each batch only names tasks already known); ms per call."""
+        times = []
+        for start in range(0, len(specs), GRAPH_BATCH):
+            t0 = time.perf_counter()
+            s.submit_graph(specs[start : start + GRAPH_BATCH])
+            times.append((time.perf_counter() - t0) * 1000.0)
+        return times
+
+    def _settle_many(self, mode: str) -> dict[str, Any]:
+        cfg = self.config
+        namespace = self._namespace(f"settle-{mode}")
+        with self._scheduler(namespace) as s:
+            s.submit("root", fn=NOOP)
+            ids = [f"d{i}" for i in range(cfg.dependents)]
+            submit = self._submit_graph(s, [TaskSpec(i, NOOP, deps=["root"]) for i in ids])
+            claim = s.next("bench")
+            assert isinstance(claim, core.Claim)
+            mark = self._slowlog_mark()
+            call = (
+                core.complete_call(s.keys, [(claim, None)])
+                if mode == "complete"
+                else core.fail_call(s.keys, [(claim, "bench")])
+            )
+            # Each script call timed alone, as the client sees it: the task's own
+            # transition, then the bounded propagation calls until nothing is left.
+            times = []
+            with self._server_time() as server:
+                t0 = time.perf_counter()
+                s._run(call)
+                times.append(time.perf_counter() - t0)
+                left = 1
+                while left:
+                    t0 = time.perf_counter()
+                    _, left = s._run(core.propagate_call(s.keys))
+                    times.append(time.perf_counter() - t0)
+                    left = int(left)
+            slowlog_max = self._slowlog_max_ms(mark)
+            counts = s.stats()["counts"]
+        self._clean(namespace)
+        expected = "ready" if mode == "complete" else "blocked"
+        if counts[expected] != cfg.dependents:
+            self._problem(
+                "dag",
+                [f"after {mode}: {counts[expected]} of {cfg.dependents} dependents {expected}"],
+            )
+        return {
+            "dependents": cfg.dependents,
+            "calls": len(times),
+            "max_ms": max(times) * 1000.0,
+            "mean_ms": sum(times) / len(times) * 1000.0,
+            "total_s": sum(times),
+            "server_us_per_call": server.us_per_call,
+            "slowlog_max_ms": slowlog_max,
+            "slowlog_threshold_ms": self._slowlog_threshold_ms(),
+            "submit_max_ms": max(submit),
+        }
+
+    @contextmanager
+    def _server_time(self) -> Iterator[ServerTime]:
+        """Measure the script calls made inside the block, from Redis's side."""
+        result = ServerTime()
+        before = self._script_stats()
+        yield result
+        after = self._script_stats()
+        if before is not None and after is not None:
+            result.measured = True
+            result.calls += after[0] - before[0]
+            result.usec += after[1] - before[1]
+
+    @contextmanager
+    def _exclude(self, server: ServerTime) -> Iterator[None]:
+        """Leave the script calls made inside the block out of ``server``'s figure."""
+        before = self._script_stats()
+        yield
+        after = self._script_stats()
+        if before is not None and after is not None:
+            server.calls -= after[0] - before[0]
+            server.usec -= after[1] - before[1]
+
+    def _script_stats(self) -> tuple[int, int] | None:
+        """(calls, microseconds) of EVALSHA from INFO commandstats; scripts' inner
+        commands are counted apart, so this is the whole script calls' time."""
+        try:
+            stats = self.client.info("commandstats")
+        except redis.RedisError:
+            return None
+        entry = stats.get("cmdstat_evalsha")
+        if not isinstance(entry, dict):
+            return None
+        return int(entry.get("calls", 0)), int(entry.get("usec", 0))
+
+    def _slowlog_threshold_ms(self) -> float | None:
+        try:
+            value = self.client.config_get("slowlog-log-slower-than").get("slowlog-log-slower-than")
+        except redis.RedisError:
+            return None
+        return None if value is None else int(value) / 1000.0
+
+    def _slowlog_mark(self) -> int | None:
+        """The newest SLOWLOG entry id now (-1: empty; None: no SLOWLOG here)."""
+        try:
+            if self.throwaway:
+                # Our own server: log every script call slower than 1 ms, and keep them all.
+                # Top-level commands only: a script's inner commands are never logged.
+                self.client.config_set("slowlog-log-slower-than", 1000)
+                self.client.config_set("slowlog-max-len", 10_000)
+            entries = self.client.slowlog_get(1)
+        except redis.RedisError:
+            return None
+        return int(entries[0]["id"]) if entries else -1
+
+    def _slowlog_max_ms(self, mark: int | None) -> float | None:
+        if mark is None:
+            return None
+        try:
+            entries = self.client.slowlog_get(10_000)
+        except redis.RedisError:
+            return None
+        durations = [
+            int(e["duration"])
+            for e in entries
+            if int(e["id"]) > mark and _command_name(e.get("command")) in (b"EVALSHA", b"EVAL")
+        ]
+        return max(durations) / 1000.0 if durations else None
+
+    # -- (g) memory
+
+    def memory(self) -> None:
+        cfg = self.config
+        self._phase(7, f"memory: {cfg.memory_tasks:,} queued no-op tasks")
+        namespace = self._namespace("memory")
+        with self._scheduler(namespace) as s:
+            s.schedule("warm-up", fn=NOOP)  # the namespace's fixed keys are not per task
+            before = self._used_memory()
+            self._fill(s, "m", cfg.memory_tasks)
+            after = self._used_memory()
+        self._clean(namespace)
+        per_task = (after - before) / cfg.memory_tasks
+        self._step(f"{per_task:.0f} bytes/task")
+        self.sections["memory"] = {
+            "tasks": cfg.memory_tasks,
+            "task_id_example": f"m{cfg.memory_tasks - 1}",
+            "used_memory_before": before,
+            "used_memory_after": after,
+            "bytes_per_task": per_task,
+        }
+        self._row(
+            "memory",
+            "Redis memory per queued no-op task",
+            per_task,
+            "bytes",
+            target="<= 300 bytes",
+            met=per_task <= 300,
+        )
+
+    # -- everything
+
+    def run(self) -> dict[str, Any]:
+        started = time.time()
+        t0 = time.perf_counter()
+        info = self.client.info("server")
+        if self.throwaway:
+            self.client.flushall()
+        for name in SECTIONS:
+            getattr(self, name)()
+        return {
+            "distsched_version": __version__,
+            "started_at": started,
+            "duration_s": time.perf_counter() - t0,
+            "redis": {
+                "url": _redact(self.url),
+                "backend": self.backend,
+                "version": info.get("redis_version"),
+                "throwaway": self.throwaway,
+            },
+            "namespace_prefix": self.prefix,
+            "config": asdict(self.config),
+            "sections": self.sections,
+            "rows": [asdict(row) for row in self.rows],
+            "problems": self.problems,
+        }
+
+
+def _command_name(command: Any) -> bytes:
+    if isinstance(command, (list, tuple)):
+        command = command[0] if command else b""
+    if isinstance(command, str):
+        command = command.encode()
+    if not isinstance(command, bytes):
+        return b""
+    return command.split(b" ", 1)[0].upper()
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _value_text(value: float | None, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if unit == "ms":
+        return f"{value:,.2f}"
+    return f"{value:,.0f}"
+
+
+def format_table(report: dict[str, Any]) -> list[str]:
+    """The report's rows as an aligned text table."""
+    header = ("section", "measure", "value", "unit", "ratio", "server us/call", "target", "met")
+    lines: list[tuple[str, ...]] = [header]
+    for row in report["rows"]:
+        ratio = f"{row['ratio']:.2f}x {row['ratio_to']}" if row["ratio"] is not None else ""
+        server = "" if row["server_us"] is None else f"{row['server_us']:,.1f}"
+        met = "" if row["met"] is None else ("yes" if row["met"] else "no")
+        value = _value_text(row["value"], row["unit"])
+        lines.append(
+            (row["section"], row["name"], value, row["unit"], ratio, server, row["target"], met)
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    right = {2, 5}
+    out = []
+    for line in lines:
+        cells = [
+            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            for i, cell in enumerate(line)
+        ]
+        out.append("  ".join(cells).rstrip())
+    return out
+
+
+def run_bench(url: str | None, config: BenchConfig, progress: Echo) -> dict[str, Any]:
+    """Run every section on ``url``, or on an embedded throwaway Redis when None."""
+    config.validate()
+    if url is not None:
+        bench = Bench(url, "external", throwaway=False, config=config, progress=progress)
+        try:
+            return bench.run()
+        finally:
+            bench.close()
+    from distsched.embedded import embedded_redis
+
+    with embedded_redis() as server:
+        progress(f"running on {server.description}")
+        if server.kind != "redis-server":
+            progress("note: fakeredis is far slower than Redis; these are not Redis figures")
+        bench = Bench(server.url, server.kind, throwaway=True, config=config, progress=progress)
+        try:
+            return bench.run()
+        finally:
+            bench.close()
+
+
+def bench_command(
+    url: str | None, config: BenchConfig, json_path: str | None, echo: Echo, progress: Echo
+) -> bool:
+    """What ``distsched bench`` does: run, print the table, write JSON; False on problems."""
+    report = run_bench(url, config, progress)
+    redis_info = report["redis"]
+    echo(
+        f"distsched {report['distsched_version']} on {redis_info['backend']} Redis "
+        f"{redis_info['version']} at {redis_info['url']}, {report['duration_s']:.0f} s"
+    )
+    echo("")
+    for line in format_table(report):
+        echo(line)
+    echo("")
+    echo("Targets are information, not pass/fail; figures are noisy on a busy machine.")
+    if json_path is not None:
+        text = json.dumps(_finite(report), indent=2, allow_nan=False)
+        Path(json_path).write_text(text + "\n", "utf-8")
+        echo(f"wrote {json_path}")
+    if report["problems"]:
+        echo(f"{len(report['problems'])} correctness problem(s):")
+        for problem in report["problems"][:20]:
+            echo(f"  {problem}")
+        return False
+    return True
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities (a figure that could not be measured) as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _main(argv: Sequence[str]) -> int:
+    if argv and argv[0] == "worker":
+        return worker_main(argv[1:])
+    print("usage: python -m distsched.bench worker URL NAMESPACE --out FILE", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

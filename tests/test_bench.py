@@ -1,0 +1,137 @@
+"""``distsched bench``: one run of every section, its JSON, and the exactly-once check.
+
+Sizes are tiny: these tests check that the run completes, reports every figure
+and cleans up after itself, never how fast anything is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner, Result
+
+from distsched.bench import SECTIONS, Run, check_exactly_once
+from distsched.cli import cli
+from tests.conftest import RedisServer
+
+TINY = [
+    "--evalsha-calls", "200", "--pipeline", "20", "--schedule-calls", "50",
+    "--enqueue-tasks", "300", "--batch", "100", "--tasks", "200", "--concurrency", "4",
+    "--delayed", "40", "--delay-min", "0.1", "--delay-max", "0.4",
+    "--claim-sizes", "60,120", "--claims", "20", "--chain", "30", "--fanout", "30",
+    "--dependents", "1500", "--memory-tasks", "200",
+]  # fmt: skip
+
+
+def bench(*args: str) -> Result:
+    try:
+        runner = CliRunner(mix_stderr=False)  # type: ignore[call-arg]  # click < 8.2
+    except TypeError:
+        runner = CliRunner()  # click >= 8.2 keeps stderr apart by itself
+    return runner.invoke(
+        cli,
+        ["bench", *args],
+        catch_exceptions=False,
+        env={"DISTSCHED_REDIS_URL": None, "DISTSCHED_NAMESPACE": None},
+    )
+
+
+def check_report(report: dict, throwaway: bool) -> None:
+    assert set(report["sections"]) == set(SECTIONS)
+    assert report["problems"] == []
+    assert report["redis"]["throwaway"] is throwaway
+    sections = report["sections"]
+    assert sections["ceiling"]["sequential_per_s"] > 0
+    assert sections["enqueue"]["single_calls"] == 50
+    assert [run["processes"] for run in sections["e2e"]["runs"]] == [1, 2]
+    for run in sections["e2e"]["runs"]:
+        assert run["tasks"] == 200
+        assert run["exactly_once_problems"] == []
+        assert sum(counts["succeeded"] for counts in run["worker_counts"]) == 200
+        assert run["tasks_per_s"] > 0
+    late = sections["lateness"]
+    assert late["tasks"] == 40
+    assert late["p50_ms"] <= late["p99_ms"] <= late["max_ms"]
+    assert [size["queued"] for size in sections["claim"]["sizes"]] == [60, 120]
+    for size in sections["claim"]["sizes"]:
+        assert size["n1"]["claims"] == 20
+        assert size["n100"]["claims"] == 20
+    dag = sections["dag"]
+    assert dag["chain"]["tasks"] == 30
+    assert dag["fan"]["tasks"] == 32
+    for mode in ("complete", "fail"):
+        # 1,500 dependents at 1,000 edges per call: the task's own call, then propagation.
+        assert dag[mode]["calls"] >= 2
+        assert dag[mode]["max_ms"] > 0
+    assert sections["memory"]["tasks"] == 200
+    assert {row["section"] for row in report["rows"]} == set(SECTIONS)
+
+
+def test_bench_runs_every_section_on_a_given_redis_and_removes_its_namespaces(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    client = redis_server.client()
+    try:
+        client.set("someone-else:key", "kept")
+        slowlog_before = client.config_get("slowlog-log-slower-than")
+        out = tmp_path / "bench.json"
+        result = bench("--redis", redis_server.url, *TINY, "--json", str(out))
+        assert result.exit_code == 0, result.stderr
+        report = json.loads(out.read_text("utf-8"))
+        check_report(report, throwaway=False)
+        # The table on stdout, one progress line per section on stderr.
+        assert "end to end, 2 worker processes" in result.stdout
+        assert "bytes" in result.stdout
+        for i in range(1, len(SECTIONS) + 1):
+            assert f"[{i}/{len(SECTIONS)}]" in result.stderr
+        # A user's Redis: only the bench's own namespaces were removed, nothing flushed,
+        # no setting changed.
+        assert not list(client.scan_iter(match=f"ds:{{{report['namespace_prefix']}*"))
+        assert client.get("someone-else:key") == b"kept"
+        assert client.config_get("slowlog-log-slower-than") == slowlog_before
+    finally:
+        client.delete("someone-else:key")
+        client.close()
+
+
+def test_bench_without_a_url_runs_on_a_throwaway_server(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = bench(*TINY, "--json", str(out))
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(out.read_text("utf-8"))
+    check_report(report, throwaway=True)
+    assert report["redis"]["backend"] in ("redis-server", "fakeredis")
+    assert "running on a throwaway" in result.stderr
+
+
+def test_bench_refuses_a_fan_in_wider_than_the_dependency_limit() -> None:
+    result = bench("--fanout", "10001")
+    assert result.exit_code == 1
+    assert "fanout" in result.stderr
+
+
+# --------------------------------------------------------------------------- exactly once
+
+
+def test_exactly_once_check_passes_when_every_task_ran_once() -> None:
+    runs = [Run("b", 1, 1), Run("a", 1, 1), Run("c", 3, 1)]
+    assert check_exactly_once(["a", "b", "c"], runs) == []
+
+
+def test_exactly_once_check_reports_a_duplicate_run_and_a_missing_one() -> None:
+    runs = [Run("a", 1, 1), Run("b", 1, 1), Run("b", 1, 1)]
+    problems = check_exactly_once(["a", "b", "c"], runs)
+    assert len(problems) == 2, problems
+    duplicate = [p for p in problems if "'b'" in p]
+    missing = [p for p in problems if "'c'" in p]
+    assert len(duplicate) == 1 and "2 times" in duplicate[0]
+    assert len(missing) == 1 and "never ran" in missing[0]
+
+
+def test_exactly_once_check_reports_a_stray_run_and_a_run_on_a_later_attempt() -> None:
+    runs = [Run("a", 1, 2), Run("zz", 1, 1)]
+    problems = check_exactly_once(["a"], runs)
+    assert len(problems) == 2, problems
+    assert any("'a'" in p and "attempt 2" in p for p in problems)
+    assert any("'zz'" in p and "not part of the run" in p for p in problems)
