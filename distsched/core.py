@@ -664,12 +664,24 @@ class Record:
     worker: str
 
 
+# How the task record stores each state (see lua/lib/record.lua).
+_STATE_BY_CODE = {
+    "p": State.PENDING,
+    "r": State.READY,
+    "x": State.RUNNING,
+    "s": State.SUCCEEDED,
+    "f": State.FAILED,
+    "c": State.CANCELLED,
+    "b": State.BLOCKED,
+}
+
+
 def decode_record(raw: bytes | str) -> Record:
     parts = _text(raw).split("|", 11)
     if len(parts) != 12:
         raise ScriptError("corrupt task record")
     return Record(
-        state=State(parts[0]),
+        state=_STATE_BY_CODE[parts[0]],
         version=int(parts[1]),
         attempt=int(parts[2]),
         max_attempts=int(parts[3]),
@@ -677,7 +689,7 @@ def decode_record(raw: bytes | str) -> Record:
         run_at_ms=int(parts[5]),
         priority=int(parts[6]),
         cancel_requested=parts[7] == "1",
-        updated_ms=int(parts[8]),
+        updated_ms=int(parts[5]) + int(parts[8]),
         remaining=int(parts[9]),
         optional_remaining=int(parts[10]),
         worker=parts[11],

@@ -2,9 +2,13 @@
 --
 -- Prepended (after lib/keys.lua, which defines k) to every transition script.
 --
--- Task record (field <task id> of the tasks hash), fields joined by '|':
+-- Task record (field <task id> of the tasks hash), fields joined by '|' (state as
+-- one letter: p pending, r ready, x running, s succeeded, f failed, c cancelled,
+-- b blocked):
 --   state|version|attempt|max_attempts|backoff_ms|run_at_ms|priority|
---   cancel_requested|updated_ms|remaining|optional_remaining|worker
+--   cancel_requested|updated_delta_ms|remaining|optional_remaining|worker
+-- updated_delta_ms is the time of the last transition minus run_at: 0 for a task
+-- submitted due now, which keeps a queued record within a smaller allocation.
 -- worker is last and may itself contain '|'. remaining counts the required
 -- dependencies not yet succeeded, optional_remaining the optional ones not
 -- yet terminal.
@@ -14,9 +18,17 @@
 -- is run_at in ms, so ZRANGE order is exactly (run_at, -priority, sequence).
 
 local RECORD_PATTERN =
-  '^(%a+)|(%d+)|(%d+)|(%d+)|(%d+)|(-?%d+)|(-?%d+)|(%d)|(%d+)|(%d+)|(%d+)|(.*)$'
+  '^(%a+)|(%d+)|(%d+)|(%d+)|(%d+)|(-?%d+)|(-?%d+)|(%d)|(-?%d+)|(%d+)|(%d+)|(.*)$'
 
 local TERMINAL = { succeeded = true, failed = true, cancelled = true, blocked = true }
+
+-- States are stored as one letter (a queued record then fits a smaller allocation).
+local STATE_CODE = {
+  pending = 'p', ready = 'r', running = 'x', succeeded = 's', failed = 'f', cancelled = 'c',
+  blocked = 'b',
+}
+local STATE_NAME = {}
+for name, code in pairs(STATE_CODE) do STATE_NAME[code] = name end
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -28,19 +40,19 @@ local function load_task(id)
   local raw = redis.call('HGET', k.tasks, id)
   if not raw then return nil end
   local s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w = string.match(raw, RECORD_PATTERN)
-  if not s then error({ err = 'CORRUPT task record of ' .. id }) end
+  if not s or not STATE_NAME[s] then error({ err = 'CORRUPT task record of ' .. id }) end
   return {
-    state = s, version = tonumber(v), attempt = tonumber(a), max_attempts = tonumber(ma),
+    state = STATE_NAME[s], version = tonumber(v), attempt = tonumber(a), max_attempts = tonumber(ma),
     backoff_ms = tonumber(bo), run_at = tonumber(ra), priority = tonumber(pr),
-    cancel = tonumber(cr), updated = tonumber(ut), remaining = tonumber(rem),
+    cancel = tonumber(cr), updated = tonumber(ra) + tonumber(ut), remaining = tonumber(rem),
     optional = tonumber(orem), worker = w,
   }
 end
 
 local function save_task(id, t)
   redis.call('HSET', k.tasks, id, string.format('%s|%d|%d|%d|%d|%d|%d|%d|%d|%d|%d|%s',
-    t.state, t.version, t.attempt, t.max_attempts, t.backoff_ms, t.run_at, t.priority,
-    t.cancel, t.updated, t.remaining, t.optional, t.worker))
+    STATE_CODE[t.state], t.version, t.attempt, t.max_attempts, t.backoff_ms, t.run_at, t.priority,
+    t.cancel, t.updated - t.run_at, t.remaining, t.optional, t.worker))
 end
 
 local function queue_member(t, id)
