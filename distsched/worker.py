@@ -129,8 +129,8 @@ class Worker:
         self._stopped = threading.Event()
         self._stop_grace: float | None = None
         self._sigint_seen = False
-        self._work: queue.Queue[_Job | None] = queue.Queue()
-        self._reports: queue.Queue[tuple[_Job, str, object] | None] = queue.Queue()
+        self._work: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._reports: queue.SimpleQueue[tuple[_Job, str, object] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat_stop = threading.Event()
