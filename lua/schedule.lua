@@ -81,13 +81,25 @@ return run(function()
       s.deps[j] = { kind = (j <= r) and 'r' or 'o', id = d }
       pos = pos + 1
     end
-    s.old = load_task(id)
-    if s.old and s.old.state == 'running' then error({ err = 'CONFLICT running ' .. id }) end
-    if jobs_pending then busy_check(id) end
     batch[id] = s
     specs[i] = s
   end
   if pos ~= #ARGV + 1 then error({ err = 'BADARG ARGV length does not match the counts' }) end
+
+  -- The current records of the whole batch, read in slices of one HMGET each.
+  for first = 1, n, 1000 do
+    local ids = {}
+    for i = first, math.min(first + 999, n) do ids[#ids + 1] = specs[i].id end
+    local raws = redis.call('HMGET', k.tasks, unpack(ids))
+    for j, raw in ipairs(raws) do
+      local s = specs[first + j - 1]
+      if raw then
+        s.old = load_task(s.id, raw)
+        if s.old.state == 'running' then error({ err = 'CONFLICT running ' .. s.id }) end
+      end
+      if jobs_pending then busy_check(s.id) end
+    end
+  end
 
   -- Unknown dependencies, and the batch's own edges (parent -> batch children).
   local children = {}
@@ -139,11 +151,34 @@ return run(function()
     reply[i + 1] = s.version
   end
   local function state_of(id) return written[id] or record_state(id) end
+  -- A new task without dependencies is always ready: its writes are gathered and sent
+  -- as one command per key for the whole batch.
+  local records, payloads, entries = {}, {}, {}
   for _, s in ipairs(order) do
-    written[s.id] = select(2, write_version(s.id, s.old, s, s.deps, now, state_of, s.version))
-    if written[s.id] == 'blocked' then blocked_any = true end
-    redis.call('HSET', k.payloads, s.id, s.payload)
+    if not s.old and #s.deps == 0 then
+      local t = {
+        state = 'ready', version = s.version, attempt = 0, max_attempts = s.max_attempts,
+        backoff_ms = s.backoff, run_at = s.run_at, priority = s.priority, cancel = 0,
+        updated = now, remaining = 0, optional = 0, worker = '',
+      }
+      count_move(nil, 'ready')
+      local member = queue_member(t, s.id)
+      enqueued[member] = true
+      records[#records + 1] = s.id
+      records[#records + 1] = encode_task(t)
+      entries[#entries + 1] = s.run_at
+      entries[#entries + 1] = member
+      written[s.id] = 'ready'
+    else
+      written[s.id] = select(2, write_version(s.id, s.old, s, s.deps, now, state_of, s.version))
+      if written[s.id] == 'blocked' then blocked_any = true end
+    end
+    payloads[#payloads + 1] = s.id
+    payloads[#payloads + 1] = s.payload
   end
+  call_many('HSET', k.tasks, records)
+  call_many('HSET', k.payloads, payloads)
+  call_many('ZADD', k.queue, entries)
   -- Only a blocked task, or work already waiting, needs the propagation budget here.
   if jobs_pending or blocked_any then reply[1] = settle_after_terminal({}, now) end
   return reply

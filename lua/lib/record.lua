@@ -36,8 +36,9 @@ local function now_ms()
 end
 
 -- Returns the record table, nil for an unknown id; raises on a corrupt record.
-local function load_task(id)
-  local raw = redis.call('HGET', k.tasks, id)
+-- raw: the stored record when the caller already read it.
+local function load_task(id, raw)
+  raw = raw or redis.call('HGET', k.tasks, id)
   if not raw then return nil end
   local s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w = string.match(raw, RECORD_PATTERN)
   if not s or not STATE_NAME[s] then error({ err = 'CORRUPT task record of ' .. id }) end
@@ -49,10 +50,22 @@ local function load_task(id)
   }
 end
 
-local function save_task(id, t)
-  redis.call('HSET', k.tasks, id, string.format('%s|%d|%d|%d|%d|%d|%d|%d|%d|%d|%d|%s',
+local function encode_task(t)
+  return string.format('%s|%d|%d|%d|%d|%d|%d|%d|%d|%d|%d|%s',
     STATE_CODE[t.state], t.version, t.attempt, t.max_attempts, t.backoff_ms, t.run_at, t.priority,
-    t.cancel, t.updated - t.run_at, t.remaining, t.optional, t.worker))
+    t.cancel, t.updated - t.run_at, t.remaining, t.optional, t.worker)
+end
+
+local function save_task(id, t)
+  redis.call('HSET', k.tasks, id, encode_task(t))
+end
+
+-- Send one command with many trailing arguments (field/value or score/member pairs),
+-- in slices that stay within Lua's argument limit.
+local function call_many(command, key, args)
+  for i = 1, #args, 1000 do
+    redis.call(command, key, unpack(args, i, math.min(i + 999, #args)))
+  end
 end
 
 local function queue_member(t, id)
