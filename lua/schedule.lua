@@ -101,11 +101,29 @@ return run(function()
     end
   end
 
-  -- Unknown dependencies, and the batch's own edges (parent -> batch children).
+  -- The states of the dependencies outside the batch, read in slices of one HMGET each
+  -- (nothing this script writes changes them before the end), then unknown dependencies,
+  -- and the batch's own edges (parent -> batch children).
+  local outside, outside_ids = {}, {}
+  for _, s in ipairs(specs) do
+    for _, d in ipairs(s.deps) do
+      if not batch[d.id] and outside[d.id] == nil then
+        outside[d.id] = false
+        outside_ids[#outside_ids + 1] = d.id
+      end
+    end
+  end
+  for first = 1, #outside_ids, 1000 do
+    local ids = { unpack(outside_ids, first, math.min(first + 999, #outside_ids)) }
+    for j, raw in ipairs(redis.call('HMGET', k.tasks, unpack(ids))) do
+      -- Only the state is needed: its letter leads the record.
+      if raw then outside[ids[j]] = STATE_NAME[string.sub(raw, 1, 1)] end
+    end
+  end
   local children = {}
   for _, s in ipairs(specs) do
     for _, d in ipairs(s.deps) do
-      if not batch[d.id] and redis.call('HEXISTS', k.tasks, d.id) == 0 and not s.allow_unknown then
+      if not batch[d.id] and not outside[d.id] and not s.allow_unknown then
         error({ err = 'UNKNOWN ' .. hex_id(s.id) .. ' ' .. hex_id(d.id) })
       end
       children[d.id] = children[d.id] or {}
@@ -150,7 +168,11 @@ return run(function()
     s.version = last - n + i
     reply[i + 1] = s.version
   end
-  local function state_of(id) return written[id] or record_state(id) end
+  local function state_of(id)
+    if written[id] then return written[id] end
+    if outside[id] ~= nil then return outside[id] or nil end
+    return record_state(id)
+  end
   -- A new task without dependencies is always ready: its writes are gathered and sent
   -- as one command per key for the whole batch.
   local records, payloads, entries = {}, {}, {}

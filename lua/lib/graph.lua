@@ -260,11 +260,17 @@ local function write_version(id, old, p, deps, now, state_of, version)
     save_task(id, t)
     enqueue(t, id)
   end
+  -- The edges and the stored list (encode_deps, edge_member) share each id's prefix.
+  local edges, listed = {}, {}
   for j, d in ipairs(deps) do
+    local prefix = id_prefix(d.id)
     local flag = (waits[j] and not cause) and 'w' or 's'
-    redis.call('ZADD', k.edges, 0, edge_member(d.id, flag, d.kind, id))
+    edges[2 * j - 1] = 0
+    edges[2 * j] = prefix .. flag .. d.kind .. id
+    listed[j] = d.kind .. prefix
   end
-  if #deps > 0 then redis.call('HSET', k.deps, id, encode_deps(deps)) end
+  call_many('ZADD', k.edges, edges)
+  if #deps > 0 then redis.call('HSET', k.deps, id, table.concat(listed)) end
   if old then redis.call('HDEL', k.results, id) end
   return version, t.state
 end
