@@ -593,7 +593,7 @@ CLAIM_FIELDS = 6
 
 def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
     """Decode the claim script's reply into claims and, when short, why."""
-    count, reason, delay_ms = int(reply[0]), _text(reply[1]), int(reply[2])
+    count, reason, delay_us = int(reply[0]), _text(reply[1]), int(reply[2])
     claims: list[Claim] = []
     for i in range(count):
         base = 3 + CLAIM_FIELDS * i
@@ -618,7 +618,7 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
         )
     wait = None
     if reason:
-        wait = Wait(reason=reason, delay=None if delay_ms < 0 else delay_ms / 1000.0)
+        wait = Wait(reason=reason, delay=None if delay_us < 0 else delay_us / 1e6)
     return claims, wait
 
 

@@ -15,11 +15,12 @@
 -- ARGV[3] lease length in ms (>= 1)
 -- ARGV[4] the most stale entries to drop in this call (bounds its run time)
 --
--- Reply: { claimed, reason, delay_ms, (id, version, attempt, priority, run_at, payload) * claimed }
+-- Reply: { claimed, reason, delay_us, (id, version, attempt, priority, run_at, payload) * claimed }
 --   reason  '' when n were claimed; else why not more:
---           'empty' (no live entry), 'not_due' (head not due yet; delay_ms until it is, or 0
+--           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
 --           when the stale-drop bound was reached), 'capacity' (max_running reached)
---   delay_ms -1 when not meaningful.
+--   delay_us microseconds (from the server clock's microseconds, so a waiting worker does
+--           not oversleep by the part of a millisecond already gone); -1 when not meaningful.
 -- Cost: O((claimed + dropped) log N).
 
 return run(function()
@@ -30,7 +31,9 @@ return run(function()
   if n < 1 then error({ err = 'BADARG n must be >= 1' }) end
   if lease_ms < 1 then error({ err = 'BADARG lease_ms must be >= 1' }) end
 
-  local now = now_ms()
+  local clock = redis.call('TIME')
+  local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  local now = math.floor(now_us / 1000)
   local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
   local running = running_count()
   local out = {}
@@ -48,7 +51,7 @@ return run(function()
       dropped = dropped + 1
       if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
     elseif score > now then
-      reason = 'not_due'; delay = score - now; break
+      reason = 'not_due'; delay = score * 1000 - now_us; break
     elseif limit and running >= limit then
       reason = 'capacity'; break
     else
