@@ -21,7 +21,7 @@
 --           when the stale-drop bound was reached), 'capacity' (max_running reached)
 --   delay_us microseconds (from the server clock's microseconds, so a waiting worker does
 --           not oversleep by the part of a millisecond already gone); -1 when not meaningful.
--- Cost: O((claimed + dropped) log N).
+-- Cost: O((claimed + dropped) log N), in a few commands per call whatever n is.
 
 return run(function()
   local worker = ARGV[1]
@@ -36,47 +36,68 @@ return run(function()
   local now = math.floor(now_us / 1000)
   local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
   local running = running_count()
-  local out = {}
-  local claimed, dropped = 0, 0
+  local out, records, leases, claimed_ids = {}, {}, {}, {}
+  local claimed, dropped, handled = 0, 0, 0
   local reason, delay = '', -1
 
-  while claimed < n do
-    local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
-    if #head == 0 then reason = 'empty'; break end
-    local member, score = head[1], tonumber(head[2])
-    local version, id = parse_member(member)
-    local t = load_task(id)
-    if not t or t.state ~= 'ready' or t.version ~= version then
-      redis.call('ZREM', k.queue, member)
-      dropped = dropped + 1
-      if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
-    elseif score > now then
-      reason = 'not_due'; delay = score * 1000 - now_us; break
-    elseif limit and running >= limit then
-      reason = 'capacity'; break
-    else
-      redis.call('ZREM', k.queue, member)
-      t.state = 'running'
-      t.attempt = t.attempt + 1
-      t.worker = worker
-      t.updated = now
-      save_task(id, t)
-      redis.call('ZADD', k.leases, now + lease_ms, id)
-      running = running + 1
-      claimed = claimed + 1
-      out[#out + 1] = id
-      out[#out + 1] = t.version
-      out[#out + 1] = t.attempt
-      out[#out + 1] = t.priority
-      out[#out + 1] = t.run_at
-      out[#out + 1] = redis.call('HGET', k.payloads, id) or ''
+  -- The head is read a page at a time (with the records in one HMGET); every entry
+  -- handled, claimed or dropped as stale, is a prefix of the queue, removed at the end
+  -- with one ZREMRANGEBYRANK.
+  while claimed < n and reason == '' do
+    local page = redis.call('ZRANGE', k.queue, handled, handled + math.max(n - claimed, 16) - 1,
+                            'WITHSCORES')
+    if #page == 0 then reason = 'empty'; break end
+    local ids = {}
+    for i = 1, #page, 2 do ids[#ids + 1] = string.sub(page[i], 23) end
+    local raws = redis.call('HMGET', k.tasks, unpack(ids))
+    for i = 1, #page, 2 do
+      local member, score = page[i], tonumber(page[i + 1])
+      local version, id = parse_member(member)
+      local raw = raws[(i + 1) / 2]
+      local t = raw and load_task(id, raw)
+      if not t or t.state ~= 'ready' or t.version ~= version or claimed_ids[id] then
+        handled = handled + 1
+        dropped = dropped + 1
+        if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
+      elseif score > now then
+        reason = 'not_due'; delay = score * 1000 - now_us; break
+      elseif limit and running >= limit then
+        reason = 'capacity'; break
+      else
+        handled = handled + 1
+        t.state = 'running'
+        t.attempt = t.attempt + 1
+        t.worker = worker
+        t.updated = now
+        records[#records + 1] = id
+        records[#records + 1] = encode_task(t)
+        leases[#leases + 1] = now + lease_ms
+        leases[#leases + 1] = id
+        claimed_ids[id] = true
+        running = running + 1
+        claimed = claimed + 1
+        out[#out + 1] = { id, t.version, t.attempt, t.priority, t.run_at }
+        if claimed >= n then break end
+      end
     end
+  end
+  if handled > 0 then redis.call('ZREMRANGEBYRANK', k.queue, 0, handled - 1) end
+  call_many('HSET', k.tasks, records)
+  call_many('ZADD', k.leases, leases)
+  local payloads = {}
+  if claimed > 0 then
+    local ids = {}
+    for i, c in ipairs(out) do ids[i] = c[1] end
+    payloads = redis.call('HMGET', k.payloads, unpack(ids))
   end
   if claimed > 0 then
     redis.call('HINCRBY', k.meta, 'count:ready', -claimed)
     redis.call('HINCRBY', k.meta, 'count:running', claimed)
   end
   local reply = { claimed, reason, delay }
-  for i = 1, #out do reply[#reply + 1] = out[i] end
+  for i, c in ipairs(out) do
+    for _, value in ipairs(c) do reply[#reply + 1] = value end
+    reply[#reply + 1] = payloads[i] or ''
+  end
   return reply
 end)
