@@ -44,8 +44,8 @@ return run(function()
   -- handled, claimed or dropped as stale, is a prefix of the queue, removed at the end
   -- with one ZREMRANGEBYRANK.
   while claimed < n and reason == '' do
-    local page = redis.call('ZRANGE', k.queue, handled, handled + math.max(n - claimed, 16) - 1,
-                            'WITHSCORES')
+    -- A couple of entries beyond what is wanted, to get past a stale one or two at once.
+    local page = redis.call('ZRANGE', k.queue, handled, handled + (n - claimed) + 1, 'WITHSCORES')
     if #page == 0 then reason = 'empty'; break end
     local ids = {}
     for i = 1, #page, 2 do ids[#ids + 1] = string.sub(page[i], 23) end
