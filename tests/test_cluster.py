@@ -1,0 +1,129 @@
+"""Redis Cluster: a namespace is one hash slot, so every script runs on one node (§9)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from redis.cluster import RedisCluster
+
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker
+from tests.conftest import IN_CI, RedisServer, free_port
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is valid and free too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisCluster]:
+    """Three real redis-server masters joined into a cluster on free ports."""
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        if IN_CI:
+            pytest.fail("redis-cli is not on PATH, and CI=true requires it for the cluster test")
+        pytest.skip("redis-cli is not on PATH (it creates the test cluster)")
+    nodes: list[RedisServer] = []
+    try:
+        for _ in range(3):
+            nodes.append(
+                RedisServer(
+                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    port=cluster_port(),
+                )
+            )  # fmt: skip
+        subprocess.run(
+            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while nodes[0].client().cluster("info")["cluster_state"] != "ok":
+            assert time.monotonic() < deadline, "the test cluster did not come up"
+            time.sleep(0.1)
+        client = RedisCluster(host="127.0.0.1", port=nodes[0].port)
+        yield client
+        client.close()
+    finally:
+        for node in nodes:
+            node.close()
+
+
+def test_every_key_of_a_namespace_hashes_to_one_cluster_slot(cluster: RedisCluster) -> None:
+    s = Scheduler(cluster, namespace="slot-check")
+    s.submit_graph([TaskSpec("a", "f"), TaskSpec("b", "f", deps=["a"])])
+    slots = {cluster.keyslot(key) for key in s.keys.script_keys()}
+    assert len(slots) == 1
+    present = [key for key in s.keys.all_keys() if cluster.exists(key)]
+    assert present and {cluster.keyslot(key) for key in present} == slots
+
+
+def test_a_worker_on_a_cluster_runs_a_graph_in_order_and_wakes_for_new_tasks(
+    cluster: RedisCluster,
+) -> None:
+    s = Scheduler(cluster, namespace="cluster-run", lease_s=2.0)
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def record(name: str) -> str:
+        with lock:
+            ran.append(name)
+        return name
+
+    s.submit_graph(
+        [
+            TaskSpec("extract", "record", args=("extract",)),
+            TaskSpec("transform", "record", args=("transform",), deps=["extract"]),
+            TaskSpec("load", "record", args=("load",), deps=["transform"]),
+        ]
+    )
+    worker = Worker(s, {"record": record}, concurrency=2)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while s.status("load").state is not State.SUCCEEDED:
+            assert time.monotonic() < deadline, "the graph did not finish on the cluster"
+            time.sleep(0.02)
+        # A task scheduled while the worker waits on an empty queue starts promptly.
+        s.schedule("late", fn="record", args=("late",))
+        while s.status("late").state is not State.SUCCEEDED:
+            assert time.monotonic() < deadline + 10, "the late task did not run"
+            time.sleep(0.02)
+    finally:
+        worker.stop(2)
+        thread.join(20)
+    assert not thread.is_alive()
+    assert ran == ["extract", "transform", "load", "late"]
+    assert s.stats()["counts"]["succeeded"] == 4
+
+
+def test_fencing_and_cancellation_hold_on_a_cluster(cluster: RedisCluster) -> None:
+    s = Scheduler(cluster, namespace="cluster-fence", lease_s=5.0)
+    s.schedule("x", fn="f")
+    s.schedule("queued", fn="f", delay=60)
+    claim = s.next("w1")
+    assert isinstance(claim, Claim) and claim.task_id == "x"
+    assert s.cancel("queued") is State.CANCELLED
+    assert s.complete(claim) is Outcome.APPLIED
+    assert s.complete(claim) is Outcome.DUPLICATE
+    s.schedule("y", fn="f")
+    stale = s.next("w1")
+    assert isinstance(stale, Claim)
+    assert s.expire_lease("y") == 1  # lease lost: the task fails (max_attempts=1)
+    assert s.complete(stale) is Outcome.STALE
