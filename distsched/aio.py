@@ -234,20 +234,13 @@ class AsyncScheduler(BaseScheduler):
         record, payload, result, deps, cause, lease, edges = await pipe.execute()
         blocked_by = None
         if cause:
-            root, parent = core.decode_cause(cause)
-            path, seen = [task_id], {task_id}
-            while parent not in seen:
-                path.append(parent)
-                seen.add(parent)
-                if parent == root:
-                    break
-                raw = await self.client.hget(self.keys.blocked, parent)
-                if not raw:
-                    break
-                parent_root, parent = core.decode_cause(raw)
-                if parent_root != root:
-                    break
-            blocked_by = core.BlockedBy(root=root, path=tuple(reversed(path)))
+            walk = core.blocked_path(task_id, cause)
+            try:
+                parent = next(walk)
+                while True:
+                    parent = walk.send(await self.client.hget(self.keys.blocked, parent))
+            except StopIteration as done:
+                blocked_by = done.value
         return core.decode_status(
             task_id, record, payload, result, lease, deps,
             core.decode_dependents(task_id, edges), blocked_by,

@@ -385,23 +385,14 @@ class Scheduler(BaseScheduler):
         )  # fmt: skip
 
     def _blocked_by(self, task_id: str, cause: bytes) -> core.BlockedBy:
-        # Follow each blocked task's parent back to the root; a link that changed since
-        # (a task on the way got a new version) ends the path there.
-        root, parent = core.decode_cause(cause)
-        path = [task_id]
-        seen = {task_id}
-        while parent not in seen:
-            path.append(parent)
-            seen.add(parent)
-            if parent == root:
-                break
-            raw = self.client.hget(self.keys.blocked, parent)
-            if not raw:
-                break
-            parent_root, parent = core.decode_cause(raw)
-            if parent_root != root:
-                break
-        return core.BlockedBy(root=root, path=tuple(reversed(path)))
+        walk = core.blocked_path(task_id, cause)
+        try:
+            parent = next(walk)
+            while True:
+                parent = walk.send(self.client.hget(self.keys.blocked, parent))
+        except StopIteration as done:
+            result: core.BlockedBy = done.value
+            return result
 
     def stats(self) -> dict[str, Any]:
         """Counts per state, queue entries vs live ones, leases, capacity."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import enum
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -722,6 +722,29 @@ def decode_cause(raw: Any) -> tuple[str, str]:
     """(root, parent) of a stored block cause."""
     size = int(raw[:3], 16)
     return raw[3 : 3 + size].decode("utf-8"), raw[3 + size :].decode("utf-8")
+
+
+def blocked_path(task_id: str, cause: Any) -> Generator[str, Any, BlockedBy]:
+    """Follow a blocked task's parents back to its root cause, without I/O.
+
+    Yields each parent id whose stored cause (``blocked`` hash) is needed and takes it
+    back through ``send``; returns the ``BlockedBy``. A link that changed since (a task
+    on the way got a new version) ends the path there.
+    """
+    root, parent = decode_cause(cause)
+    path, seen = [task_id], {task_id}
+    while parent not in seen:
+        path.append(parent)
+        seen.add(parent)
+        if parent == root:
+            break
+        raw = yield parent
+        if not raw:
+            break
+        parent_root, parent = decode_cause(raw)
+        if parent_root != root:
+            break
+    return BlockedBy(root=root, path=tuple(reversed(path)))
 
 
 def decode_status(

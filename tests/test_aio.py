@@ -89,3 +89,24 @@ def test_async_wait_for_wake_returns_when_a_task_is_scheduled(
             await s.close()
 
     assert run(story()) is True
+
+
+def test_async_status_names_the_root_cause_and_path_of_a_blocked_task(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    async def story() -> tuple[str, tuple[str, ...]]:
+        s = await AsyncScheduler.from_url(redis_server.url, namespace=namespace)
+        try:
+            await s.submit("a", fn="f")
+            await s.submit("b", fn="f", deps=["a"])
+            await s.submit("c", fn="f", deps=["b"])
+            claim = await s.next("w")
+            assert not isinstance(claim, Wait)
+            assert await s.fail(claim, "boom") is Outcome.APPLIED
+            info = await s.status("c")
+            assert info.state is State.BLOCKED and info.blocked_by is not None
+            return info.blocked_by.root, info.blocked_by.path
+        finally:
+            await s.close()
+
+    assert run(story()) == ("a", ("a", "b", "c"))
