@@ -3,8 +3,8 @@
 -- failed / cancelled / blocked -> ready, pending or blocked (as schedule.lua
 -- decides from its dependencies), with attempt 0 and the same payload, run_at,
 -- priority, max_attempts, backoff and dependency list. With cascade, every task
--- this one blocked before the retry (blocked with it as root) gets a new version
--- too, in bounded chunks run by propagate.lua (the first one in this call): tasks
+-- this one blocked before the retry (blocked with it as root, or, when it was itself
+-- blocked, blocked through it) gets a new version too, in bounded chunks run by propagate.lua (the first one in this call): tasks
 -- of the cascade count as pending for each other, so they return to pending
 -- (tasks that would then wait on each other in a cycle stay or become blocked).
 --
@@ -28,16 +28,19 @@ return run(function()
     error({ err = 'CONFLICT state ' .. t.state .. ' ' .. id })
   end
   busy_check(id)
+  -- The tasks this one blocked share its root cause: itself, or its own root if blocked.
+  local root = id
+  if t.state == 'blocked' then root = block_cause(id) or id end
   local now = now_ms()
   local params = { run_at = t.run_at, priority = t.priority, max_attempts = t.max_attempts,
                    backoff = t.backoff_ms }
   local deps = decode_deps(redis.call('HGET', k.deps, id))
   local version = write_version(id, t, params, deps, now, record_state)
   if cascade then
-    local prefix = id_prefix(id)
+    local prefix = id_prefix(root)
     local any = redis.call('ZRANGEBYLEX', k.blockedby, '[' .. prefix, '(' .. prefix .. '\255', 'LIMIT', 0, 1)
     if #any > 0 then
-      redis.call('HSET', k.meta, 'cascade:' .. id, string.format('%d|', version))
+      redis.call('HSET', k.meta, 'cascade:' .. id, string.format('%d|', version) .. prefix)
       add_job('r' .. id)
     end
   end

@@ -198,8 +198,28 @@ class Model:
                     ct.state = State.READY
 
     def retry(self, task_id: str, cascade: bool) -> int:
+        # What it blocked shares its root cause: itself, or its own root when blocked.
+        own = self.tasks[task_id]
+        root = own.cause[0] if own.state is State.BLOCKED and own.cause else task_id
         version = self.write(task_id, self.tasks[task_id].deps)
         if cascade:
+
+            def through(x: str) -> bool:
+                """x's chain of block parents leads to task_id before the root."""
+                seen: set[str] = set()
+                cur = x
+                while cur not in seen:
+                    seen.add(cur)
+                    t = self.tasks.get(cur)
+                    if t is None or t.cause is None or t.cause[0] != root:
+                        return False
+                    parent = t.cause[1]
+                    if parent == task_id:
+                        return True
+                    if parent == root:
+                        return False
+                    cur = parent
+                return False
 
             def in_cascade(x: str) -> bool:
                 t = self.tasks.get(x)
@@ -208,7 +228,8 @@ class Model:
                     and t.state is State.BLOCKED
                     and t.version < version
                     and t.cause is not None
-                    and t.cause[0] == task_id
+                    and t.cause[0] == root
+                    and (root == task_id or through(x))
                 )
 
             def state_of(x: str) -> State | None:

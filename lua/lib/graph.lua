@@ -333,17 +333,42 @@ local function closes_cycle(id, deps, state_of)
   error({ err = msg })
 end
 
--- Re-version at most want of the tasks root blocked before its retry (version below
--- the threshold). Tasks of the same cascade count as pending for each other, so
+-- Re-version at most want of the tasks blocked through the retried task before its
+-- retry (version below the threshold): those whose recorded root is the retried task,
+-- or, when the retried task was itself blocked, those with the same root whose chain
+-- of parents passes through it. Tasks of the same cascade count as pending for each other, so
 -- the order they are written in does not matter, except that of tasks that would
 -- wait on each other in a cycle the last one written stays blocked (closes_cycle)
 -- and blocks the others again. Returns (cost, done).
-local function cascade_retry(root, want, now)
-  local field = 'cascade:' .. root
-  local threshold, cursor = string.match(redis.call('HGET', k.meta, field) or '0|', '^(%d+)|(.*)$')
+local function cascade_retry(retried, want, now)
+  local field = 'cascade:' .. retried
+  local threshold, rest = string.match(redis.call('HGET', k.meta, field) or '0|000', '^(%d+)|(.*)$')
   threshold = tonumber(threshold)
+  local root_len = tonumber(string.sub(rest, 1, 3), 16)
+  local root = string.sub(rest, 4, 3 + root_len)
+  local cursor = string.sub(rest, 4 + root_len)
+  local steps = 0
+  -- Was id blocked through the retried task? Its parents lead back to the root; the
+  -- answer is kept for every task on the way, so each is walked once per call.
+  local through = { [retried] = true }
+  local function passes(id)
+    local trail = {}
+    local cur = id
+    while through[cur] == nil do
+      trail[#trail + 1] = cur
+      through[cur] = false  -- until known: a loop of stale parents then ends as false
+      steps = steps + 1
+      local r, parent = block_cause(cur)
+      if r ~= root or not parent or (parent == root and root ~= retried) then break end
+      cur = parent
+    end
+    local answer = through[cur]
+    for _, t in ipairs(trail) do through[t] = answer end
+    return answer
+  end
   local function in_cascade(id, t)
     return t and t.state == 'blocked' and t.version < threshold and block_cause(id) == root
+      and passes(id)
   end
   local function state_of(id)
     local t = load_task(id)
@@ -354,6 +379,7 @@ local function cascade_retry(root, want, now)
   local lo = '[' .. prefix
   if cursor ~= '' then lo = '(' .. cursor end
   local members = redis.call('ZRANGEBYLEX', k.blockedby, lo, '(' .. prefix .. '\255', 'LIMIT', 0, want)
+  local cost = #members
   for _, m in ipairs(members) do
     local c = string.sub(m, #prefix + 1)
     local ct = load_task(c)
@@ -372,9 +398,10 @@ local function cascade_retry(root, want, now)
   if done then
     redis.call('HDEL', k.meta, field)
   else
-    redis.call('HSET', k.meta, field, string.format('%d|', threshold) .. members[#members])
+    redis.call('HSET', k.meta, field,
+               string.format('%d|', threshold) .. id_prefix(root) .. members[#members])
   end
-  return #members, done
+  return cost + steps, done
 end
 
 -- Run the propagating jobs, oldest first, within budget (edges settled plus tasks
