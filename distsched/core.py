@@ -701,6 +701,12 @@ def status_reads(keys: Keys) -> list[str]:
     return [keys.tasks, keys.payloads, keys.results, keys.deps, keys.blocked]
 
 
+def parse_queue_member(member: bytes) -> tuple[int, str]:
+    """(version, task id) of a queue entry: ``hex8(2^31-1-priority) hex14(version) id``
+    (``queue_member`` in ``lua/lib/record.lua``)."""
+    return int(member[8:22], 16), member[22:].decode("utf-8")
+
+
 def id_prefix(task_id: str) -> bytes:
     """``hex3(len) id``: how edges and causes name a task (see ``lua/lib/graph.lua``)."""
     raw = task_id.encode("utf-8")

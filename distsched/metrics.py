@@ -276,12 +276,6 @@ def serve_metrics(port: int, addr: str = "127.0.0.1", registry: Any = None) -> M
 # --------------------------------------------------------------------------- overview
 
 
-def _parse_queue_member(member: bytes) -> tuple[int, str]:
-    """(version, task id) of a queue entry: ``hex8(priority) hex14(version) id``
-    (``queue_member`` in ``lua/lib/record.lua``)."""
-    return int(member[8:22], 16), member[22:].decode("utf-8")
-
-
 def namespace_exists(scheduler: Scheduler) -> bool:
     """True when the namespace has any key at all in this Redis."""
     return int(scheduler.client.exists(*scheduler.keys.all_keys())) > 0
@@ -308,7 +302,7 @@ def overview(scheduler: Scheduler, soon_s: float = 5.0, scan: int = 100) -> dict
     expired, expiring, due = pipe.execute()
     oldest: float | None = None
     if due:
-        entries = [(_parse_queue_member(member), score) for member, score in due]
+        entries = [(core.parse_queue_member(member), score) for member, score in due]
         records = scheduler.client.hmget(keys.tasks, [task_id for (_, task_id), _ in entries])
         for ((version, _), score), raw in zip(entries, records, strict=True):
             if raw is None:

@@ -290,7 +290,7 @@ def queue_with_stale_entries(s: Scheduler, tasks: int, cancelled: int, replaced:
 def live_members(s: Scheduler) -> bool:
     """True when every queue entry is the current version of a ready task."""
     for member in s.client.zrange(s.keys.queue, 0, -1):
-        version, task_id = int(member[8:22], 16), member[22:].decode("utf-8")
+        version, task_id = core.parse_queue_member(member)
         info = s.status(task_id)
         if info.state is not State.READY or info.version != version:
             return False
