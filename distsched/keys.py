@@ -9,6 +9,7 @@ queued task costs no key of its own.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 PREFIX = "ds"
@@ -114,7 +115,14 @@ class Keys:
         return self.prefix + "propagating"
 
     def script_keys(self) -> list[str]:
-        """The KEYS every script receives, in the order of ``lua/lib/keys.lua``."""
+        """The KEYS every script receives, in the order of ``lua/lib/keys.lua``.
+
+        Built once per namespace: every script call sends it (do not modify it).
+        """
+        return self._script_keys
+
+    @functools.cached_property
+    def _script_keys(self) -> list[str]:
         return [
             self.tasks,
             self.payloads,
