@@ -873,6 +873,23 @@ def retry(ctx: click.Context, task_id: str, no_cascade: bool) -> None:
         )
 
 
+def _given_url_checked(ctx: click.Context, override: str | None) -> str | None:
+    """The Redis URL the user gave (the command's own --redis first), or None for the
+    embedded default. A given URL is checked before anything starts, so a malformed URL
+    or an unreachable server is one clear error."""
+    settings = _settings(ctx)
+    url: str | None = None
+    if override is not None:
+        url = settings.url = override
+    elif settings.url_given:
+        url = settings.url
+    if url is not None:
+        probe = _connect(ctx)
+        probe.client.ping()
+        probe.close()
+    return url
+
+
 @cli.command()
 @click.option(
     "--redis",
@@ -890,17 +907,7 @@ def demo(ctx: click.Context, demo_url: str | None) -> None:
     """
     from distsched.demo import run_demo
 
-    settings = _settings(ctx)
-    url: str | None = None
-    if demo_url is not None:
-        url = settings.url = demo_url
-    elif settings.url_given:
-        url = settings.url
-    if url is not None:
-        # A malformed URL or an unreachable server is reported before the story begins.
-        probe = _connect(ctx)
-        probe.client.ping()
-        probe.close()
+    url = _given_url_checked(ctx, demo_url)
     if not run_demo(url, click.echo):
         ctx.exit(1)
 
@@ -987,16 +994,7 @@ def bench(
     """
     from distsched.bench import BenchConfig, bench_command
 
-    settings = _settings(ctx)
-    url: str | None = None
-    if bench_url is not None:
-        url = settings.url = bench_url
-    elif settings.url_given:
-        url = settings.url
-    if url is not None:
-        probe = _connect(ctx)
-        probe.client.ping()
-        probe.close()
+    url = _given_url_checked(ctx, bench_url)
     config = BenchConfig(**sizes)
     if not bench_command(url, config, json_path, click.echo, lambda s: click.echo(s, err=True)):
         ctx.exit(1)
