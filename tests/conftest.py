@@ -13,9 +13,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from distsched import Scheduler
+from distsched import Scheduler, Worker
 
 REDIS_SERVER = shutil.which("redis-server")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -153,3 +155,25 @@ def namespace_keys(client: redis.Redis, namespace: str) -> dict[bytes, object]:
         else:
             out[key] = client.dump(key)
     return out
+
+
+@contextmanager
+def running(worker: Worker, grace: float = 5.0) -> Iterator[threading.Thread]:
+    """Run ``worker`` on its own thread; stop it and check that ``run()`` returned cleanly."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # handed to the test
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="test-worker-run")
+    thread.start()
+    try:
+        yield thread
+    finally:
+        worker.stop(grace)
+        thread.join(30)
+    assert not thread.is_alive(), "Worker.run() did not return after stop()"
+    assert not errors, errors

@@ -28,7 +28,7 @@ from redis.retry import Retry
 
 from distsched import Claim, Scheduler, State, TaskSpec, Worker
 from distsched.core import Call
-from tests.conftest import RedisServer, namespace_keys
+from tests.conftest import RedisServer, namespace_keys, running
 from tests.fault_procs import ends_key, reports_key, rows, runs_key, seen_key
 
 PROCS = Path(__file__).with_name("fault_procs.py")
@@ -74,28 +74,6 @@ def reaped(*procs: subprocess.Popen[str]) -> Iterator[None]:
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-
-
-@contextmanager
-def running(worker: Worker) -> Iterator[threading.Thread]:
-    """Run ``worker`` on a thread; stop it and check that ``run()`` returned without error."""
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:  # handed to the test
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="test-worker-run")
-    thread.start()
-    try:
-        yield thread
-    finally:
-        worker.stop(5.0)
-        thread.join(30)
-    assert not thread.is_alive(), "Worker.run() did not return after stop()"
-    assert not errors, errors
 
 
 def done_tokens(client: redis.Redis, s: Scheduler, task_id: str) -> list[str]:
