@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import redis
 
 from distsched import Scheduler, State, TaskInfo, Worker, current_task
 from distsched.errors import LeaseLost
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, running
 from tests.worker_procs import HoldingWorker, started_key
 
 PROCS = Path(__file__).with_name("worker_procs.py")
@@ -48,28 +47,6 @@ def wait_state(s: Scheduler, task_id: str, *states: State, timeout: float = 10.0
 
 def distsched_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("distsched")]
-
-
-@contextmanager
-def running(worker: Worker, grace: float = 5.0) -> Iterator[threading.Thread]:
-    """Run ``worker`` on its own thread; stop it and check that ``run()`` returned cleanly."""
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:  # handed to the test
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="test-worker-run")
-    thread.start()
-    try:
-        yield thread
-    finally:
-        worker.stop(grace)
-        thread.join(30)
-    assert not thread.is_alive(), "Worker.run() did not return after stop()"
-    assert not errors, errors
 
 
 @pytest.fixture
@@ -581,6 +558,30 @@ def test_worker_process_signalled_while_busy_finishes_running_tasks_and_releases
     assert redis_client.get(started_key(ns, "held")) is None
     assert redis_client.get(started_key(ns, "queued")) is None
     assert fast.stats()["running"] == 0
+
+
+def test_a_second_sigint_exits_at_once_leaving_the_lease_to_expire(
+    redis_server: RedisServer, fast: Scheduler, redis_client: redis.Redis
+) -> None:
+    ns = fast.namespace
+    fast.schedule("long", fn="sleep", args=(30.0, "long"))
+    proc = _start_worker_process(redis_server.url, ns, "--concurrency", "1")
+    try:
+        wait_until(lambda: redis_client.get(started_key(ns, "long")), 15, "the task to start")
+        proc.send_signal(signal.SIGINT)  # graceful: it would wait for the 30 s function
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)  # the second one leaves now
+        proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130
+    # Nothing was reported: the task is still running under its lease, which will expire.
+    info = fast.status("long")
+    assert info.state is State.RUNNING and info.lease_deadline is not None
+    assert fast.expire_lease("long") == 1
+    assert fast.status("long").state is State.FAILED
 
 
 # --------------------------------------------------------------------------- wake-ups
