@@ -405,13 +405,13 @@ def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int)
         args.extend(values)
     return Call(
         "schedule",
-        keys.script_keys(),
+        keys.for_script("schedule"),
         args,
     )
 
 
 def cancel_call(keys: Keys, task_id: object) -> Call:
-    return Call("cancel", keys.script_keys(), [validate_task_id(task_id)])
+    return Call("cancel", keys.for_script("cancel"), [validate_task_id(task_id)])
 
 
 def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
@@ -419,7 +419,7 @@ def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
         raise InvalidArgument("n", "must be an int >= 1")
     return Call(
         "claim",
-        keys.script_keys(),
+        keys.for_script("claim"),
         [validate_worker_id(worker_id), n, lease_ms, CLAIM_MAX_DROP],
     )
 
@@ -439,7 +439,9 @@ def _token_values(claims: Sequence[Claim]) -> list[Any]:
 
 
 def heartbeat_call(keys: Keys, claims: Sequence[Claim], lease_ms: int) -> Call:
-    return Call("heartbeat", keys.script_keys(), [lease_ms, len(claims), *_token_values(claims)])
+    return Call(
+        "heartbeat", keys.for_script("heartbeat"), [lease_ms, len(claims), *_token_values(claims)]
+    )
 
 
 def encode_result(result: object) -> bytes:
@@ -461,7 +463,7 @@ def complete_call(
         args.append(result if encoded else encode_result(result))
     return Call(
         "complete",
-        keys.script_keys(),
+        keys.for_script("complete"),
         args,
     )
 
@@ -483,7 +485,7 @@ def fail_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
         args.append(error_text(error))
     return Call(
         "fail",
-        keys.script_keys(),
+        keys.for_script("fail"),
         args,
     )
 
@@ -491,7 +493,7 @@ def fail_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
 def confirm_cancel_call(keys: Keys, claim: Claim) -> Call:
     return Call(
         "confirm_cancel",
-        keys.script_keys(),
+        keys.for_script("confirm_cancel"),
         _token_values([claim]),
     )
 
@@ -499,7 +501,7 @@ def confirm_cancel_call(keys: Keys, claim: Claim) -> Call:
 def release_call(keys: Keys, claims: Sequence[Claim]) -> Call:
     return Call(
         "release",
-        keys.script_keys(),
+        keys.for_script("release"),
         [len(claims), *_token_values(claims)],
     )
 
@@ -514,13 +516,13 @@ def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_B
         raise InvalidArgument("limit", "must be an int >= 1")
     return Call(
         "reap",
-        keys.script_keys(),
+        keys.for_script("reap"),
         [limit, target],
     )
 
 
 def propagate_call(keys: Keys, budget: int = PROPAGATE_BUDGET) -> Call:
-    return Call("propagate", keys.script_keys(), [budget])
+    return Call("propagate", keys.for_script("propagate"), [budget])
 
 
 DEFAULT_RETENTION_S = 86400.0
@@ -536,19 +538,21 @@ def purge_call(keys: Keys, limit: int = PURGE_BATCH, retention_s: object = None)
         if seconds is None or seconds < 0:
             raise InvalidArgument("retention_s", "must be a number of seconds >= 0")
         retention = str(seconds_to_ms(retention_s, "retention_s"))
-    return Call("purge", keys.script_keys(), [limit, retention])
+    return Call("purge", keys.for_script("purge"), [limit, retention])
 
 
 def compact_call(
     keys: Keys, budget: int = PROPAGATE_BUDGET, minimum: int = COMPACT_MINIMUM
 ) -> Call:
-    return Call("compact", keys.script_keys(), [budget, minimum])
+    return Call("compact", keys.for_script("compact"), [budget, minimum])
 
 
 def retry_call(keys: Keys, task_id: object, cascade: object) -> Call:
     if not isinstance(cascade, bool):
         raise InvalidArgument("cascade", "must be a bool")
-    return Call("retry", keys.script_keys(), [validate_task_id(task_id), "1" if cascade else "0"])
+    return Call(
+        "retry", keys.for_script("retry"), [validate_task_id(task_id), "1" if cascade else "0"]
+    )
 
 
 def add_deps_call(keys: Keys, task_id: object, deps: object, allow_unknown: object) -> Call:
@@ -558,7 +562,9 @@ def add_deps_call(keys: Keys, task_id: object, deps: object, allow_unknown: obje
         raise InvalidArgument("deps", "must name at least one dependency")
     if not isinstance(allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
-    return Call("add_deps", keys.script_keys(), [task_id, "1" if allow_unknown else "0", *ids])
+    return Call(
+        "add_deps", keys.for_script("add_deps"), [task_id, "1" if allow_unknown else "0", *ids]
+    )
 
 
 # --------------------------------------------------------------------------- replies

@@ -140,6 +140,10 @@ class Keys:
             self.propagating,
         ]
 
+    def for_script(self, script: str) -> list[str]:
+        """The KEYS sent with ``script`` (every script receives the full layout today)."""
+        return self._script_keys
+
     def all_keys(self) -> list[str]:
         """Every data key of the namespace (not the channel)."""
         return [key for key in self.script_keys() if key != self.wake]
