@@ -46,7 +46,7 @@ class AsyncScheduler(BaseScheduler):
 
     def __init__(
         self,
-        client: aredis.Redis,
+        client: aredis.Redis | aredis.RedisCluster,
         namespace: str = "default",
         lease_s: float = 30.0,
         max_running: int | None = None,
@@ -70,8 +70,8 @@ class AsyncScheduler(BaseScheduler):
         max_running: int | None = None,
         max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> AsyncScheduler:
-        """Connect to a ``redis://``, ``rediss://`` or ``unix://`` URL; closing closes it."""
-        client = client_from_url(url, aredis.Redis.from_url)
+        """See :meth:`Scheduler.from_url`."""
+        client = client_from_url(url, aredis.Redis.from_url, aredis.RedisCluster.from_url)
         scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes)
         scheduler._owns_client = True
         return scheduler
@@ -106,7 +106,10 @@ class AsyncScheduler(BaseScheduler):
                 return await self._scripts[request.script](keys=request.keys, args=request.args)
             except ResponseError as exc:
                 return self._translate(exc)
-        pipe = self.client.pipeline(transaction=request.atomic)
+        # redis-py's asyncio cluster client is left unable to load scripts after a
+        # transaction: its reads go without MULTI (each command is still one slot's).
+        atomic = request.atomic and not isinstance(self.client, aredis.RedisCluster)
+        pipe = self.client.pipeline(transaction=atomic)
         for command in request.commands:
             pipe.execute_command(*command)
         return await pipe.execute()

@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
+from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, ResponseError
 
 from distsched import core
@@ -67,11 +68,13 @@ class BaseScheduler:
         return core.Failure(core.translate_error(str(exc)))
 
 
-def client_from_url(url: str, factory: Any) -> Any:
-    """A redis-py client for ``url`` (validated), built by ``factory`` (sync or asyncio)."""
+def client_from_url(url: str, single: Any, cluster: Any) -> Any:
+    """A redis-py client for ``url`` (validated): ``single(url)``, or ``cluster(seed)`` for
+    a ``redis+cluster://`` / ``rediss+cluster://`` URL (sync or asyncio factories)."""
     url = core.validate_url(url)
+    seed = core.cluster_seed(url)
     try:
-        return factory(url)
+        return single(url) if seed is None else cluster(seed)
     except ValueError as exc:
         raise InvalidArgument("url", str(exc)) from None
 
@@ -86,7 +89,7 @@ class Scheduler(BaseScheduler):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         namespace: str = "default",
         lease_s: float = 30.0,
         max_running: int | None = None,
@@ -110,8 +113,13 @@ class Scheduler(BaseScheduler):
         max_running: int | None = None,
         max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> Scheduler:
-        """Connect to a ``redis://``, ``rediss://`` or ``unix://`` URL; closing closes it."""
-        client = client_from_url(url, redis.Redis.from_url)
+        """Connect to a URL; closing the scheduler closes the connection.
+
+        ``redis://``, ``rediss://`` (TLS) and ``unix://`` name one server;
+        ``redis+cluster://host:port`` and ``rediss+cluster://`` a Redis Cluster through
+        any one of its nodes. User names and passwords go in the URL as usual.
+        """
+        client = client_from_url(url, redis.Redis.from_url, RedisCluster.from_url)
         try:
             scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes)
         except BaseException:
@@ -148,7 +156,7 @@ class Scheduler(BaseScheduler):
                 return self._translate(exc)
         pipe = self.client.pipeline(transaction=request.atomic)
         for command in request.commands:
-            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call,unused-ignore]
         return pipe.execute()
 
     # ------------------------------------------------------------------ producers
@@ -359,6 +367,10 @@ class Scheduler(BaseScheduler):
             if self._closed:
                 return
             self._closed = True
-        if self._owns_client:
+        if not self._owns_client:
+            return
+        if isinstance(self.client, RedisCluster):
+            self.client.close()
+        else:
             # Idle connections only: calls already in flight finish on theirs.
             self.client.connection_pool.disconnect(inuse_connections=False)

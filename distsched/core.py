@@ -304,13 +304,31 @@ def validate_lease(lease_s: object) -> int:
     return max(1, seconds_to_ms(lease_s, "lease_s"))
 
 
-URL_SCHEMES = ("redis://", "rediss://", "unix://")
+# A Redis Cluster is named by one seed node under its own scheme; the client finds the rest.
+CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss://"}
+URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
+
+
+def cluster_seed(url: str) -> str | None:
+    """The plain ``redis://``/``rediss://`` URL of a cluster URL's seed node, else None."""
+    for scheme, plain in CLUSTER_SCHEMES.items():
+        if url.startswith(scheme):
+            return plain + url[len(scheme) :]
+    return None
 
 
 def validate_url(url: object) -> str:
     if not isinstance(url, str) or not url.startswith(URL_SCHEMES):
-        raise InvalidArgument("url", "must be a redis://, rediss:// or unix:// URL")
-    if not url.startswith("unix://"):
+        raise InvalidArgument(
+            "url",
+            "must be a redis://, rediss://, unix://, redis+cluster:// or rediss+cluster:// URL",
+        )
+    seed = cluster_seed(url)
+    if seed is not None:
+        database = seed.partition("://")[2].partition("?")[0].partition("/")[2].strip("/")
+        if database not in ("", "0"):
+            raise InvalidArgument("url", "a Redis Cluster has only database 0")
+    elif not url.startswith("unix://"):
         # redis-py quietly uses database 0 when the path is not a number.
         database = url.partition("://")[2].partition("?")[0].partition("#")[0]
         database = database.partition("/")[2].strip("/")

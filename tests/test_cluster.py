@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from redis.cluster import RedisCluster
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker
+from distsched.aio import AsyncScheduler
 from tests.conftest import IN_CI, RedisServer, free_port
 
 
@@ -127,3 +129,29 @@ def test_fencing_and_cancellation_hold_on_a_cluster(cluster: RedisCluster) -> No
     assert isinstance(stale, Claim)
     assert s.expire_lease("y") == 1  # lease lost: the task fails (max_attempts=1)
     assert s.complete(stale) is Outcome.STALE
+
+
+def test_both_schedulers_reach_a_cluster_through_one_seed_node_url(
+    cluster: RedisCluster,
+) -> None:
+    seed = cluster.get_nodes()[-1]
+    url = f"redis+cluster://{seed.host}:{seed.port}"
+    with Scheduler.from_url(url, namespace="cluster-url", max_running=5) as s:
+        s.schedule("a", fn="f", args=(1,))
+        s.schedule("b", fn="f", deps=["a"])
+        assert s.status("b").state is State.PENDING
+        assert s.stats()["max_running"] == 5
+        claim = s.next("w")
+        assert isinstance(claim, Claim) and claim.args == (1,)
+        assert s.complete(claim) is Outcome.APPLIED
+        assert s.status("b").state is State.READY
+        assert s.overview()["counts"]["succeeded"] == 1
+        assert abs(s.server_time() - time.time()) < 5
+
+    async def story() -> None:
+        async with AsyncScheduler.from_url(url, namespace="cluster-url") as a:
+            assert (await a.status("b")).state is State.READY
+            assert await a.cancel("b") is State.CANCELLED
+            assert (await a.stats())["counts"]["cancelled"] == 1
+
+    asyncio.run(story())
