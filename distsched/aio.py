@@ -13,7 +13,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aredis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError
 
 from distsched import core
 from distsched.client import BaseScheduler, client_from_url
@@ -101,11 +101,16 @@ class AsyncScheduler(BaseScheduler):
         return step.value
 
     async def _send(self, request: core.Request) -> Any:
+        try:
+            return await self._request(request)
+        except RedisError as exc:
+            return core.failure(exc)
+
+    async def _request(self, request: core.Request) -> Any:
+        if isinstance(request, core.Sleep):
+            return await asyncio.sleep(request.seconds)
         if isinstance(request, core.Call):
-            try:
-                return await self._scripts[request.script](keys=request.keys, args=request.args)
-            except ResponseError as exc:
-                return self._translate(exc)
+            return await self._scripts[request.script](keys=request.keys, args=request.args)
         # redis-py's asyncio cluster client is left unable to load scripts after a
         # transaction: its reads go without MULTI (each command is still one slot's).
         atomic = request.atomic and not isinstance(self.client, aredis.RedisCluster)

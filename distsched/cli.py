@@ -105,13 +105,13 @@ class CliGroup(click.Group):
             return super().invoke(ctx)
         except InvalidArgument as exc:
             raise click.ClickException(_invalid(exc)) from None
-        except DistschedError as exc:
-            raise click.ClickException(_one_line(exc)) from None
-        except redis.ConnectionError as exc:
+        except redis.ConnectionError as exc:  # distsched's Unavailable included
             url = redact(_settings(ctx).url)
             raise click.ClickException(
                 f"cannot connect to Redis at {url}: {_one_line(exc)}"
             ) from None
+        except DistschedError as exc:
+            raise click.ClickException(_one_line(exc)) from None
         except redis.RedisError as exc:
             url = redact(_settings(ctx).url)
             raise click.ClickException(f"Redis at {url}: {_one_line(exc)}") from None

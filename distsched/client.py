@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import RedisError
 
 from distsched import core
 from distsched.core import (
@@ -59,13 +59,6 @@ class BaseScheduler:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the scheduler is closed")
-
-    @staticmethod
-    def _translate(exc: ResponseError) -> core.Failure:
-        if isinstance(exc, NoPermissionError):
-            # An ACL refusal is the operator's business: keep redis-py's own exception.
-            raise exc
-        return core.Failure(core.translate_error(str(exc)))
 
 
 def client_from_url(url: str, single: Any, cluster: Any) -> Any:
@@ -149,11 +142,16 @@ class Scheduler(BaseScheduler):
         return step.value
 
     def _send(self, request: core.Request) -> Any:
+        try:
+            return self._request(request)
+        except RedisError as exc:
+            return core.failure(exc)
+
+    def _request(self, request: core.Request) -> Any:
+        if isinstance(request, core.Sleep):
+            return time.sleep(request.seconds)
         if isinstance(request, core.Call):
-            try:
-                return self._scripts[request.script](keys=request.keys, args=request.args)
-            except ResponseError as exc:
-                return self._translate(exc)
+            return self._scripts[request.script](keys=request.keys, args=request.args)
         pipe = self.client.pipeline(transaction=request.atomic)
         for command in request.commands:
             pipe.execute_command(*command)  # type: ignore[no-untyped-call,unused-ignore]

@@ -15,6 +15,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, TypedDict, TypeVar
 
 import msgpack
+from redis import exceptions as redis_exceptions
 
 from distsched.errors import (
     BusyError,
@@ -25,6 +26,7 @@ from distsched.errors import (
     NotFoundError,
     PayloadTooLarge,
     ScriptError,
+    Unavailable,
     UnknownDependencyError,
 )
 from distsched.keys import Keys
@@ -1022,8 +1024,58 @@ class Commands:
     atomic: bool = True
 
 
-Request = Call | Commands
+@dataclass(frozen=True)
+class Sleep:
+    """Pause before the next request (a retry after Redis was briefly unavailable)."""
+
+    seconds: float
+
+
+Request = Call | Commands | Sleep
 Op = Generator[Request, Any, T]
+
+# Pauses between tries of a read while Redis is briefly unavailable (a failover or a
+# slot migration takes about this long); reads are idempotent, so they are retried.
+READ_RETRY_PAUSES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+
+# Errors that say "not now" rather than "not this": the call may succeed if sent again.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis_exceptions.ConnectionError,  # BusyLoadingError included
+    redis_exceptions.TimeoutError,
+    redis_exceptions.TryAgainError,
+    redis_exceptions.ClusterDownError,  # MasterDownError included
+    redis_exceptions.ReadOnlyError,
+    redis_exceptions.AskError,  # MovedError included: redirects the client did not follow
+    redis_exceptions.SlotNotCoveredError,
+)
+
+
+def failure(exc: Exception) -> Failure:
+    """The error a refused or failed request raises inside its operation.
+
+    Transient errors become :class:`~distsched.errors.Unavailable`; a script's own
+    error reply becomes the exception the API promises for it; anything else (an ACL
+    refusal among them) is raised as it is.
+    """
+    if isinstance(exc, Unavailable):
+        return Failure(exc)
+    if isinstance(
+        exc,
+        (
+            redis_exceptions.NoPermissionError,
+            redis_exceptions.AuthenticationError,
+            redis_exceptions.AuthorizationError,
+        ),
+    ):
+        # The operator's business, not a passing fault: keep redis-py's own exception.
+        raise exc
+    if isinstance(exc, TRANSIENT_ERRORS):
+        error = Unavailable(f"{type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return Failure(error)
+    if isinstance(exc, redis_exceptions.ResponseError):
+        return Failure(translate_error(str(exc)))
+    raise exc
 
 
 @dataclass(frozen=True)
@@ -1102,6 +1154,19 @@ class Ops:
             if left > 0:
                 yield from self.settle(PROPAGATE_BUDGET)
             return values
+
+    def read(self, *commands: tuple[Any, ...], atomic: bool = True) -> Op[list[Any]]:
+        """Send read-only commands together; again after a pause while Redis is
+        briefly unavailable (a failover, a slot migration)."""
+        request = Commands(commands, atomic)
+        for pause in READ_RETRY_PAUSES:
+            try:
+                reply: list[Any] = yield request
+                return reply
+            except Unavailable:
+                yield Sleep(pause)
+        reply = yield request
+        return reply
 
     def once(self, call: Call) -> Op[tuple[int, list[Any]]]:
         """Send one script call as it is: (ids still propagating, its own values)."""
@@ -1251,14 +1316,14 @@ class Ops:
         reads: list[tuple[Any, ...]] = [("HGET", key, task_id) for key in status_reads(k)]
         reads.append(("ZSCORE", k.leases, task_id))
         reads.append(("ZRANGEBYLEX", k.edges, *edge_range(task_id)))
-        record, payload, result, deps, cause, lease, edges = yield Commands(tuple(reads))
+        record, payload, result, deps, cause, lease, edges = yield from self.read(*reads)
         blocked_by = None
         if cause:
             walk = blocked_path(task_id, cause)
             try:
                 parent = next(walk)
                 while True:
-                    (raw,) = yield _one(("HGET", k.blocked, parent))
+                    (raw,) = yield from self.read(("HGET", k.blocked, parent))
                     parent = walk.send(raw)
             except StopIteration as done:
                 blocked_by = done.value
@@ -1269,13 +1334,13 @@ class Ops:
 
     def stats(self) -> Op[Stats]:
         k = self.keys
-        meta, entries, leases = yield Commands(
-            (("HGETALL", k.meta), ("ZCARD", k.queue), ("ZCARD", k.leases))
+        meta, entries, leases = yield from self.read(
+            ("HGETALL", k.meta), ("ZCARD", k.queue), ("ZCARD", k.leases)
         )
         return decode_stats(_mapping(meta), int(entries), int(leases))
 
     def server_time(self) -> Op[float]:
-        (reply,) = yield _one(("TIME",))
+        (reply,) = yield from self.read(("TIME",), atomic=False)
         seconds, micros = reply
         return float(seconds) + float(micros) / 1e6
 
@@ -1289,17 +1354,17 @@ class Ops:
         now = yield from self.server_time()
         now_ms = int(now * 1000)
         k = self.keys
-        expired, expiring, due = yield Commands(
-            (
-                ("ZCOUNT", k.leases, "-inf", f"({now_ms}"),
-                ("ZCOUNT", k.leases, now_ms, now_ms + int(soon * 1000)),
-                ("ZRANGEBYSCORE", k.queue, "-inf", now_ms, "WITHSCORES", "LIMIT", 0, scan),
-            )
+        expired, expiring, due = yield from self.read(
+            ("ZCOUNT", k.leases, "-inf", f"({now_ms}"),
+            ("ZCOUNT", k.leases, now_ms, now_ms + int(soon * 1000)),
+            ("ZRANGEBYSCORE", k.queue, "-inf", now_ms, "WITHSCORES", "LIMIT", 0, scan),
         )
         oldest: float | None = None
         entries = [(parse_queue_member(member), score) for member, score in _pairs(due)]
         if entries:
-            (records,) = yield _one(("HMGET", k.tasks, *[task_id for (_, task_id), _ in entries]))
+            (records,) = yield from self.read(
+                ("HMGET", k.tasks, *[task_id for (_, task_id), _ in entries])
+            )
             for ((version, _), score), raw in zip(entries, records, strict=True):
                 if raw is None:
                     continue
@@ -1319,11 +1384,11 @@ class Ops:
         )
 
     def leases(self) -> Op[list[tuple[str, float]]]:
-        (rows,) = yield _one(("ZRANGE", self.keys.leases, 0, -1, "WITHSCORES"))
+        (rows,) = yield from self.read(("ZRANGE", self.keys.leases, 0, -1, "WITHSCORES"))
         return [(_text(member), float(score) / 1000.0) for member, score in _pairs(rows)]
 
     def exists(self) -> Op[bool]:
-        (count,) = yield _one(("EXISTS", *self.keys.all_keys()))
+        (count,) = yield from self.read(("EXISTS", *self.keys.all_keys()))
         return int(count) > 0
 
     def clear(self) -> Op[None]:

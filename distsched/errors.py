@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 
 class DistschedError(Exception):
     """Base class of every distsched error."""
@@ -17,6 +19,18 @@ class InvalidArgument(DistschedError, ValueError):
 
 class PayloadTooLarge(InvalidArgument):
     """The encoded payload exceeds the scheduler's ``max_payload_bytes``."""
+
+
+class Unavailable(DistschedError, RedisConnectionError):
+    """Redis could not serve the call now; try again.
+
+    Raised for a lost connection, a timeout, a failover in progress (``CLUSTERDOWN``,
+    ``MASTERDOWN``, a read-only replica), a slot being migrated (``TRYAGAIN``) or a
+    server still loading its data. A ``schedule`` whose reply was lost may have been
+    applied: sending it again at worst writes a newer version of the same task, never
+    a second runnable copy; a repeated report is answered ``duplicate``. It is a
+    ``redis.exceptions.ConnectionError`` too, so code that catches that keeps working.
+    """
 
 
 class ConflictError(DistschedError):

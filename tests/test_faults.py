@@ -88,12 +88,12 @@ class CountingScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[float, str, bool]] = []
 
-    def _send(self, request: Request) -> Any:
+    def _request(self, request: Request) -> Any:
         if not isinstance(request, Call):
-            return super()._send(request)
+            return super()._request(request)
         started = time.monotonic()
         try:
-            reply = super()._send(request)
+            reply = super()._request(request)
         except Exception:
             self.calls.append((started, request.script, False))
             raise
