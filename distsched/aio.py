@@ -76,7 +76,7 @@ class AsyncScheduler(BaseScheduler):
             except BusyError:
                 await self.settle()
                 continue
-            if core.propagation_left(call.script, reply):
+            if core.propagation_left(reply):
                 await self.settle()
             return reply
 
@@ -84,7 +84,7 @@ class AsyncScheduler(BaseScheduler):
         """See ``Scheduler.settle``."""
         total = 0
         while True:
-            used, left = await self._run(core.propagate_call(self.keys, budget))
+            left, used = await self._run(core.propagate_call(self.keys, budget))
             total += int(used)
             if int(left) == 0:
                 return total
@@ -120,7 +120,7 @@ class AsyncScheduler(BaseScheduler):
 
     async def cancel(self, task_id: str) -> State:
         reply = await self._transition(core.cancel_call(self.keys, task_id))
-        return State(core._text(reply[0]))
+        return State(core._text(reply[1]))
 
     async def submit(
         self,
@@ -177,7 +177,7 @@ class AsyncScheduler(BaseScheduler):
         if not claims:
             return []
         reply = await self._run(core.heartbeat_call(self.keys, claims, self.lease_ms))
-        return [None if int(v) == 0 else int(v) == 2 for v in reply]
+        return [None if int(v) == 0 else int(v) == 2 for v in reply[1:]]
 
     async def heartbeat(self, claim: Claim) -> bool:
         status = (await self.heartbeat_many([claim]))[0]
@@ -207,7 +207,7 @@ class AsyncScheduler(BaseScheduler):
 
     async def confirm_cancel(self, claim: Claim) -> Outcome:
         reply = await self._transition(core.confirm_cancel_call(self.keys, claim))
-        return Outcome(core._text(reply[0]))
+        return Outcome(core._text(reply[1]))
 
     async def release(self, claims: Sequence[Claim]) -> int:
         self._check_open()
@@ -217,10 +217,10 @@ class AsyncScheduler(BaseScheduler):
         return sum(int(v) for v in reply[1:])
 
     async def reap(self, limit: int = core.REAP_BATCH) -> int:
-        return int((await self._transition(core.reap_call(self.keys, limit=limit)))[0])
+        return int((await self._transition(core.reap_call(self.keys, limit=limit)))[1])
 
     async def expire_lease(self, task_id: str) -> int:
-        return int((await self._transition(core.reap_call(self.keys, task_id=task_id)))[0])
+        return int((await self._transition(core.reap_call(self.keys, task_id=task_id)))[1])
 
     async def status(self, task_id: str) -> TaskInfo:
         """See ``Scheduler.status``."""

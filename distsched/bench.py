@@ -1010,7 +1010,7 @@ class Bench:
                 left = 1
                 while left:
                     t0 = time.perf_counter()
-                    _, left = s._run(core.propagate_call(s.keys))
+                    left, _ = s._run(core.propagate_call(s.keys))
                     times.append(time.perf_counter() - t0)
                     left = int(left)
             slowlog_max = self._slowlog_max_ms(mark)

@@ -143,7 +143,7 @@ class Scheduler(BaseScheduler):
             except BusyError:
                 self.settle()
                 continue
-            if core.propagation_left(call.script, reply):
+            if core.propagation_left(reply):
                 self.settle()
             return reply
 
@@ -155,7 +155,7 @@ class Scheduler(BaseScheduler):
         """
         total = 0
         while True:
-            used, left = self._run(core.propagate_call(self.keys, budget))
+            left, used = self._run(core.propagate_call(self.keys, budget))
             total += int(used)
             if int(left) == 0:
                 return total
@@ -198,7 +198,7 @@ class Scheduler(BaseScheduler):
 
     def cancel(self, task_id: str) -> State:
         """Cancel a task; return its state after the call (§5)."""
-        return State(core._text(self._transition(core.cancel_call(self.keys, task_id))[0]))
+        return State(core._text(self._transition(core.cancel_call(self.keys, task_id))[1]))
 
     def submit(
         self,
@@ -281,7 +281,7 @@ class Scheduler(BaseScheduler):
         if not claims:
             return []
         reply = self._run(core.heartbeat_call(self.keys, claims, self.lease_ms))
-        return [None if int(v) == 0 else int(v) == 2 for v in reply]
+        return [None if int(v) == 0 else int(v) == 2 for v in reply[1:]]
 
     def complete(self, claim: Claim, result: object = None) -> Outcome:
         """Report success of ``claim`` (fenced by its token)."""
@@ -315,7 +315,7 @@ class Scheduler(BaseScheduler):
     def confirm_cancel(self, claim: Claim) -> Outcome:
         """The function stopped on a cancellation request: the task ends cancelled."""
         reply = self._transition(core.confirm_cancel_call(self.keys, claim))
-        return Outcome(core._text(reply[0]))
+        return Outcome(core._text(reply[1]))
 
     def release(self, claims: Sequence[Claim]) -> int:
         """Hand back claims whose function never started; no attempt is spent."""
@@ -326,11 +326,11 @@ class Scheduler(BaseScheduler):
 
     def reap(self, limit: int = core.REAP_BATCH) -> int:
         """Handle expired leases now; return how many."""
-        return int(self._transition(core.reap_call(self.keys, limit=limit))[0])
+        return int(self._transition(core.reap_call(self.keys, limit=limit))[1])
 
     def purge(self, limit: int = core.PURGE_BATCH) -> int:
         """Remove up to ``limit`` terminal tasks older than the retention; return how many."""
-        return int(self._run(core.purge_call(self.keys, limit))[0])
+        return int(self._run(core.purge_call(self.keys, limit))[1])
 
     def set_retention(self, retention_s: float) -> None:
         """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
@@ -341,7 +341,7 @@ class Scheduler(BaseScheduler):
 
     def compact(self, budget: int = core.PROPAGATE_BUDGET) -> int:
         """Drop stale queue entries if they pile up (one bounded step); return how many."""
-        return int(self._run(core.compact_call(self.keys, budget))[0])
+        return int(self._run(core.compact_call(self.keys, budget))[1])
 
     def housekeeping(self, purge_calls: int = 20) -> dict[str, int]:
         """The periodic chores every worker runs: reap leases, compact, purge.
@@ -364,7 +364,7 @@ class Scheduler(BaseScheduler):
 
     def expire_lease(self, task_id: str) -> int:
         """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""
-        return int(self._transition(core.reap_call(self.keys, task_id=task_id))[0])
+        return int(self._transition(core.reap_call(self.keys, task_id=task_id))[1])
 
     # ------------------------------------------------------------------ inspection
 

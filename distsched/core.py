@@ -34,9 +34,13 @@ MAX_TASK_ID_BYTES = 512
 MAX_MS = 2**53 - 1
 MAX_DELAY_MS = 2**52
 BACKOFF_MAX_S = 3600.0
+# The longest wait between two attempts, whatever the backoff and attempt (§6); sent to
+# the scripts that end attempts (fail.lua, reap.lua).
+BACKOFF_CAP_MS = 3_600_000
 MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_DEPS = 10_000
-# The most dependency edges one script call settles (see lua/lib/graph.lua).
+# The most dependency edges one script call settles (see lua/lib/settle.lua); sent as
+# ARGV[1] to every script that settles dependents.
 PROPAGATE_BUDGET = 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
@@ -393,7 +397,7 @@ def validate_deps(value: object, field_name: str, task_id: str) -> list[str]:
 def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int) -> Call:
     if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
         raise InvalidArgument("specs", "must be a sequence of TaskSpec")
-    args: list[Any] = [len(specs)]
+    args: list[Any] = [PROPAGATE_BUDGET, len(specs)]
     seen: set[str] = set()
     for spec in specs:
         if not isinstance(spec, TaskSpec):
@@ -411,7 +415,7 @@ def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int)
 
 
 def cancel_call(keys: Keys, task_id: object) -> Call:
-    return Call("cancel", keys.for_script("cancel"), [validate_task_id(task_id)])
+    return Call("cancel", keys.for_script("cancel"), [PROPAGATE_BUDGET, validate_task_id(task_id)])
 
 
 def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
@@ -457,7 +461,7 @@ def encode_result(result: object) -> bytes:
 def complete_call(
     keys: Keys, reports: Sequence[tuple[Claim, object]], encoded: bool = False
 ) -> Call:
-    args: list[Any] = [len(reports)]
+    args: list[Any] = [PROPAGATE_BUDGET, len(reports)]
     for claim, result in reports:
         args.extend(_token_values([claim]))
         args.append(result if encoded else encode_result(result))
@@ -479,7 +483,7 @@ def error_text(error: object) -> str:
 
 
 def fail_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
-    args: list[Any] = [len(reports)]
+    args: list[Any] = [PROPAGATE_BUDGET, BACKOFF_CAP_MS, len(reports)]
     for claim, error in reports:
         args.extend(_token_values([claim]))
         args.append(error_text(error))
@@ -494,7 +498,7 @@ def confirm_cancel_call(keys: Keys, claim: Claim) -> Call:
     return Call(
         "confirm_cancel",
         keys.for_script("confirm_cancel"),
-        _token_values([claim]),
+        [PROPAGATE_BUDGET, *_token_values([claim])],
     )
 
 
@@ -502,7 +506,7 @@ def release_call(keys: Keys, claims: Sequence[Claim]) -> Call:
     return Call(
         "release",
         keys.for_script("release"),
-        [len(claims), *_token_values(claims)],
+        [PROPAGATE_BUDGET, len(claims), *_token_values(claims)],
     )
 
 
@@ -517,7 +521,7 @@ def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_B
     return Call(
         "reap",
         keys.for_script("reap"),
-        [limit, target],
+        [PROPAGATE_BUDGET, BACKOFF_CAP_MS, limit, target],
     )
 
 
@@ -526,6 +530,7 @@ def propagate_call(keys: Keys, budget: int = PROPAGATE_BUDGET) -> Call:
 
 
 DEFAULT_RETENTION_S = 86400.0
+DEFAULT_RETENTION_MS = int(DEFAULT_RETENTION_S * 1000)
 PURGE_BATCH = 500
 # Compaction walks the queue only when stale entries are the majority and at least this many.
 COMPACT_MINIMUM = 1000
@@ -538,7 +543,7 @@ def purge_call(keys: Keys, limit: int = PURGE_BATCH, retention_s: object = None)
         if seconds is None or seconds < 0:
             raise InvalidArgument("retention_s", "must be a number of seconds >= 0")
         retention = str(seconds_to_ms(retention_s, "retention_s"))
-    return Call("purge", keys.for_script("purge"), [limit, retention])
+    return Call("purge", keys.for_script("purge"), [limit, retention, DEFAULT_RETENTION_MS])
 
 
 def compact_call(
@@ -551,7 +556,9 @@ def retry_call(keys: Keys, task_id: object, cascade: object) -> Call:
     if not isinstance(cascade, bool):
         raise InvalidArgument("cascade", "must be a bool")
     return Call(
-        "retry", keys.for_script("retry"), [validate_task_id(task_id), "1" if cascade else "0"]
+        "retry",
+        keys.for_script("retry"),
+        [PROPAGATE_BUDGET, validate_task_id(task_id), "1" if cascade else "0"],
     )
 
 
@@ -563,7 +570,9 @@ def add_deps_call(keys: Keys, task_id: object, deps: object, allow_unknown: obje
     if not isinstance(allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
     return Call(
-        "add_deps", keys.for_script("add_deps"), [task_id, "1" if allow_unknown else "0", *ids]
+        "add_deps",
+        keys.for_script("add_deps"),
+        [PROPAGATE_BUDGET, task_id, "1" if allow_unknown else "0", *ids],
     )
 
 
@@ -599,10 +608,10 @@ CLAIM_FIELDS = 6
 
 def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
     """Decode the claim script's reply into claims and, when short, why."""
-    count, reason, delay_us = int(reply[0]), _text(reply[1]), int(reply[2])
+    count, reason, delay_us = int(reply[1]), _text(reply[2]), int(reply[3])
     claims: list[Claim] = []
     for i in range(count):
-        base = 3 + CLAIM_FIELDS * i
+        base = 4 + CLAIM_FIELDS * i
         task_id, version, attempt, priority, run_at, raw = reply[base : base + CLAIM_FIELDS]
         error: str | None = None
         try:
@@ -628,24 +637,13 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
     return claims, wait
 
 
-# Where each transition's reply says how many ids are still propagating.
-_PROPAGATION_LEFT_AT = {
-    "schedule": 0,
-    "cancel": 1,
-    "complete": 0,
-    "fail": 0,
-    "confirm_cancel": 1,
-    "release": 0,
-    "reap": 1,
-    "retry": 0,
-    "add_deps": 0,
-}
+def propagation_left(reply: Sequence[Any]) -> bool:
+    """True when a script's reply says dependents are still to be settled.
 
-
-def propagation_left(script: str, reply: Sequence[Any]) -> bool:
-    """True when the transition left dependents to settle."""
-    at = _PROPAGATION_LEFT_AT.get(script)
-    return at is not None and int(reply[at]) > 0
+    Every script replies with the number of propagation jobs left first (0 for those
+    that never propagate), so no transition can leave its dependents unsettled unseen.
+    """
+    return int(reply[0]) > 0
 
 
 def decode_outcomes(reply: Sequence[Any]) -> list[Outcome]:

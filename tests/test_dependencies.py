@@ -881,7 +881,7 @@ def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
     done = blocked()
     assert 0 < done < FAN
     for _ in range(3):
-        used, left = s._run(core.propagate_call(s.keys, 10))
+        left, used = s._run(core.propagate_call(s.keys, 10))
         assert 1 <= int(used) <= 10
         assert int(left) >= 1
         now = blocked()
