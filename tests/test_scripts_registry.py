@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait, Worker, core, scripts
+from distsched.errors import InvalidArgument, ScriptError
 from distsched.keys import KEY_NAMES, Keys
 from distsched.scripts import SCRIPT_NAMES, Registry, lua_dir, source
 from tests.conftest import RedisServer
@@ -684,3 +685,169 @@ def test_each_script_runs_as_a_user_allowed_only_its_declared_keys(
         s.close()
         for client in clients:
             client.close()
+
+
+# --------------------------------------------------------------------------- Lua and Python twins
+
+
+def lua_eval(client: redis.Redis, body: str, *args: Any) -> Any:
+    """Run ``body`` with the whole library included (keys of namespace 'twins')."""
+    text = (
+        "--- @include settle\n--- @include tokens\n--- @include attempt\n"
+        f"--- @keys {' '.join(KEY_NAMES)}\n" + body
+    )
+    return client.eval(scripts.assemble(text), len(KEY_NAMES), *Keys("twins").script_keys(), *args)
+
+
+def test_lua_and_python_store_the_same_state_letters(own_client: redis.Redis) -> None:
+    pairs = lua_eval(
+        own_client,
+        "local out = {}\n"
+        "for name, code in pairs(STATE_CODE) do\n"
+        "  assert(STATE_NAME[code] == name)\n"
+        "  out[#out + 1] = code .. '=' .. name .. '=' .. (TERMINAL[name] and 't' or '-')\n"
+        "end\n"
+        "for code, name in pairs(STATE_NAME) do assert(STATE_CODE[name] == code) end\n"
+        "return out\n",
+    )
+    lua = {p.decode().split("=")[0]: p.decode().split("=")[1:] for p in pairs}
+    python = {code: [state.value, "t" if state.terminal else "-"] for code, state in
+              core._STATE_BY_CODE.items()}  # fmt: skip
+    assert lua == python
+    assert {state for state, _ in python.values()} == {s.value for s in State}
+
+
+def test_a_record_the_lua_side_writes_is_the_record_the_python_side_reads(
+    own_client: redis.Redis,
+) -> None:
+    worker = "host|42|w\u00e9"
+    raw, loaded = lua_eval(
+        own_client,
+        "local t = { state = 'running', version = 2^53 - 1, attempt = 3, max_attempts = 1000000,\n"
+        "  backoff_ms = 3600000, run_at = 1700000000123, priority = -2147483648, cancel = 1,\n"
+        "  updated = 1700000000100, remaining = 7, optional_remaining = 0, optional = 2,\n"
+        "  worker = ARGV[1] }\n"
+        "local raw = encode_task(t)\n"
+        "local back = load_task('x', raw)\n"
+        "return { raw, encode_task(back) }\n",
+        worker,
+    )
+    assert raw == loaded
+    assert core.decode_record(raw) == core.Record(
+        state=State.RUNNING,
+        version=2**53 - 1,
+        attempt=3,
+        max_attempts=1_000_000,
+        backoff_ms=3_600_000,
+        run_at_ms=1_700_000_000_123,
+        priority=core.PRIORITY_MIN,
+        cancel_requested=True,
+        updated_ms=1_700_000_000_100,
+        remaining=7,
+        optional_remaining=2,
+        worker=worker,
+    )
+
+
+def test_queue_members_built_in_lua_parse_in_python_and_sort_by_priority_then_version(
+    own_client: redis.Redis,
+) -> None:
+    cases = [
+        (core.PRIORITY_MAX, 1),
+        (0, 2**53 - 1),
+        (0, 5),
+        (core.PRIORITY_MIN, 1),
+        (-1, 3),
+    ]
+    args = [str(v) for case in cases for v in case]
+    members = lua_eval(
+        own_client,
+        "local out = {}\n"
+        "for i = 1, #ARGV, 2 do\n"
+        "  local t = { priority = tonumber(ARGV[i]), version = tonumber(ARGV[i + 1]) }\n"
+        "  out[#out + 1] = queue_member(t, 'id' .. i)\n"
+        "end\n"
+        "return out\n",
+        *args,
+    )
+    parsed = [core.parse_queue_member(m) for m in members]
+    assert parsed == [(version, f"id{2 * i + 1}") for i, (_, version) in enumerate(cases)]
+    by_bytes = sorted(range(len(cases)), key=lambda i: members[i])
+    by_rule = sorted(range(len(cases)), key=lambda i: (-cases[i][0], cases[i][1]))
+    assert by_bytes == by_rule
+
+
+def test_ids_edges_dependency_lists_and_causes_have_one_format_on_both_sides(
+    own_client: redis.Redis,
+) -> None:
+    longest = "\u00e9" * (core.MAX_TASK_ID_BYTES // 2)
+    assert len(longest.encode()) == core.MAX_TASK_ID_BYTES < 16**3  # hex3 holds every length
+    ids = ["a", "b|c", "new\nline", longest]
+    prefixes, hexes, deps, edge, cause = lua_eval(
+        own_client,
+        "local prefixes, hexes, list = {}, {}, {}\n"
+        "for i, id in ipairs(ARGV) do\n"
+        "  prefixes[i] = id_prefix(id)\n"
+        "  hexes[i] = hex_id(id)\n"
+        "  list[i] = { kind = (i % 2 == 1) and 'r' or 'o', id = id }\n"
+        "end\n"
+        "return { prefixes, table.concat(hexes, ' '), encode_deps(list),\n"
+        "         edge_member(ARGV[1], 'w', 'r', ARGV[2]), id_prefix(ARGV[3]) .. ARGV[4] }\n",
+        *ids,
+    )
+    assert prefixes == [core.id_prefix(i) for i in ids]
+    assert core.decode_id_list(hexes.decode()) == ids
+    assert core.decode_deps_list(deps) == [("r", "a"), ("o", "b|c"), ("r", ids[2]), ("o", longest)]
+    low, high = core.edge_range("a")
+    assert low[1:] <= edge < high[1:]
+    assert core.decode_dependents("a", [edge]) == ("b|c",)
+    assert core.decode_cause(cause) == (ids[2], longest)
+
+
+def test_the_limits_checked_in_python_are_the_limits_the_scripts_check(
+    own_client: redis.Redis,
+) -> None:
+    s = Scheduler(own_client, namespace="limits")
+    try:
+
+        def raw_schedule(priority: int, max_attempts: int) -> Any:
+            call = core.schedule_call(s.keys, [TaskSpec("t", "f")], s.max_payload_bytes)
+            spec = f"in 0 {priority} {max_attempts} 0 0 0 0"
+            return s._run(dataclasses.replace(call, args=[*call.args[:3], spec, call.args[4]]))
+
+        for priority in (core.PRIORITY_MIN, core.PRIORITY_MAX):
+            assert raw_schedule(priority, 1)[0] == 0
+        for priority in (core.PRIORITY_MIN - 1, core.PRIORITY_MAX + 1):
+            with pytest.raises(InvalidArgument, match="priority"):
+                raw_schedule(priority, 1)
+        with pytest.raises(InvalidArgument, match="max_attempts"):
+            raw_schedule(0, 0)
+        # The calls send the Python constants the scripts no longer hold.
+        assert core.purge_call(s.keys).args[2] == core.DEFAULT_RETENTION_S * 1000
+        assert core.reap_call(s.keys).args[:2] == [core.PROPAGATE_BUDGET, core.BACKOFF_CAP_MS]
+        assert core.BACKOFF_CAP_MS == core.BACKOFF_MAX_S * 1000
+    finally:
+        s.close()
+    for name in SCRIPT_NAMES:
+        code = strip_comments(source(name))
+        assert "86400000" not in code and "3600000" not in code, name
+        assert "PROPAGATE_BUDGET" not in code, name
+
+
+def test_every_error_code_a_script_raises_is_one_the_client_translates() -> None:
+    codes = set()
+    for text in [*script_files().values(), *library_files().values()]:
+        codes.update(re.findall(r"err = '([A-Z]+) ", strip_comments(text)))
+    assert codes == {"BADARG", "BUSY", "CONFLICT", "CORRUPT", "CYCLE", "NOTFOUND", "UNKNOWN"}
+    samples = {
+        "BADARG": "BADARG n must be an integer",
+        "BUSY": "BUSY a",
+        "CONFLICT": "CONFLICT running a",
+        "CYCLE": "CYCLE 61 62 61",
+        "NOTFOUND": "NOTFOUND a",
+        "UNKNOWN": "UNKNOWN 61 62",
+    }
+    for code, message in samples.items():
+        assert not isinstance(core.translate_error(message), ScriptError), code
+    # A corrupt record is a server-side fault, not an API error.
+    assert isinstance(core.translate_error("CORRUPT task record of a"), ScriptError)
