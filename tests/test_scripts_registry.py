@@ -851,3 +851,26 @@ def test_every_error_code_a_script_raises_is_one_the_client_translates() -> None
         assert not isinstance(core.translate_error(message), ScriptError), code
     # A corrupt record is a server-side fault, not an API error.
     assert isinstance(core.translate_error("CORRUPT task record of a"), ScriptError)
+
+
+def readme_table(heading: str) -> dict[str, list[str]]:
+    """Script name -> the words of the second column, from the table under ``heading``."""
+    text = (LUA / "README.md").read_text("utf-8")
+    section = text.split(heading, 1)[1].split("\n#", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            for name in re.findall(r"`(\w+)`", cells[0]):
+                rows[name] = cells[1].split()
+    return rows
+
+
+def test_the_readme_lists_each_scripts_includes_and_keys_as_its_header_declares() -> None:
+    assert readme_table("### Assembly") == {n: list(scripts.includes(n)) for n in SCRIPT_NAMES}
+    assert readme_table("### Keys") == {n: list(scripts.script_keys(n)) for n in SCRIPT_NAMES}
+    replies = readme_table("### Replies")
+    assert set(replies) == set(SCRIPT_NAMES)
+    for name, words in replies.items():
+        first = "`[0," if name in NEVER_PROPAGATE else "`[left,"
+        assert words[0] == first, name
