@@ -25,13 +25,13 @@
 return run(function()
   local limit = to_int(ARGV[1], 'limit')
   if limit < 1 then error({ err = 'BADARG limit must be >= 1' }) end
+  local default = to_int(ARGV[3], 'default_retention')
+  if default < 0 then error({ err = 'BADARG default_retention must be >= 0' }) end
   if ARGV[2] and ARGV[2] ~= '' then
     local retention = to_int(ARGV[2], 'retention')
     if retention < 0 then error({ err = 'BADARG retention must be >= 0' }) end
     redis.call('HSET', k.meta, 'retention_ms', retention)
   end
-  local default = to_int(ARGV[3], 'default_retention')
-  if default < 0 then error({ err = 'BADARG default_retention must be >= 0' }) end
   local retention = tonumber(redis.call('HGET', k.meta, 'retention_ms')) or default
   local now = now_ms()
   local ids = redis.call('ZRANGEBYSCORE', k.finished, '-inf', now - retention, 'LIMIT', 0, limit)
