@@ -218,6 +218,10 @@ class ServerTime:
         return self.usec / self.calls if self.measured and self.calls > 0 else None
 
 
+def _us(server: ServerTime) -> str:
+    return "? us" if server.us_per_call is None else f"{server.us_per_call:.1f} us"
+
+
 # --------------------------------------------------------------------------- worker processes
 
 
@@ -632,7 +636,16 @@ class Bench:
                 for i in range(cfg.schedule_calls):
                     s.schedule(f"s{i}", fn=NOOP)
                 single = cfg.schedule_calls / (time.perf_counter() - t0)
-        self._step(f"schedule: {single:,.0f} calls/s")
+            # Redis time of the smallest transition: one claim's lease extended per call.
+            claim = s.next("bench")
+            assert isinstance(claim, core.Claim)
+            with self._server_time() as heartbeat_server:
+                t0 = time.perf_counter()
+                for _ in range(cfg.schedule_calls):
+                    s.heartbeat(claim)
+                heartbeats = cfg.schedule_calls / (time.perf_counter() - t0)
+        self._step(f"schedule: {single:,.0f} calls/s, {_us(single_server)} in Redis/call")
+        self._step(f"heartbeat: {heartbeats:,.0f} calls/s, {_us(heartbeat_server)} in Redis/call")
         with self._scheduler(batch_ns) as s, self._server_time() as batch_server:
             batched = cfg.enqueue_tasks / self._fill(s, "b", cfg.enqueue_tasks)
         self._step(f"schedule_many: {batched:,.0f} tasks/s")
@@ -643,6 +656,8 @@ class Bench:
             "single_per_s": single,
             "single_vs_evalsha": ratio,
             "single_server_us_per_call": single_server.us_per_call,
+            "heartbeat_per_s": heartbeats,
+            "heartbeat_server_us_per_call": heartbeat_server.us_per_call,
             "batched_tasks": cfg.enqueue_tasks,
             "batch": cfg.batch,
             "batched_per_s": batched,
@@ -658,6 +673,13 @@ class Bench:
             target=">= 0.9x seq EVALSHA",
             met=ratio >= 0.9,
             server_us=single_server.us_per_call,
+        )
+        self._row(
+            "enqueue",
+            "heartbeat, one claim per call",
+            heartbeats,
+            "calls/s",
+            server_us=heartbeat_server.us_per_call,
         )
         self._row(
             "enqueue",

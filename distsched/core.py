@@ -37,9 +37,13 @@ MAX_TASK_ID_BYTES = 512
 MAX_MS = 2**53 - 1
 MAX_DELAY_MS = 2**52
 BACKOFF_MAX_S = 3600.0
+# The longest wait between two attempts, whatever the backoff and attempt (§6); sent to
+# the scripts that end attempts (fail.lua, reap.lua).
+BACKOFF_CAP_MS = 3_600_000
 MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_DEPS = 10_000
-# The most dependency edges one script call settles (see lua/lib/graph.lua).
+# The most dependency edges one script call settles (see lua/lib/settle.lua); sent as
+# ARGV[1] to every script that settles dependents.
 PROPAGATE_BUDGET = 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
@@ -467,7 +471,7 @@ def validate_deps(value: object, field_name: str, task_id: str) -> list[str]:
 def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int) -> Call:
     if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
         raise InvalidArgument("specs", "must be a sequence of TaskSpec")
-    args: list[Any] = [len(specs)]
+    args: list[Any] = [PROPAGATE_BUDGET, len(specs)]
     seen: set[str] = set()
     for spec in specs:
         if not isinstance(spec, TaskSpec):
@@ -485,7 +489,7 @@ def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int)
 
 
 def cancel_call(keys: Keys, task_id: object) -> Call:
-    return Call("cancel", keys.for_script("cancel"), [validate_task_id(task_id)])
+    return Call("cancel", keys.for_script("cancel"), [PROPAGATE_BUDGET, validate_task_id(task_id)])
 
 
 def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
@@ -531,7 +535,7 @@ def encode_result(result: object) -> bytes:
 def complete_call(
     keys: Keys, reports: Sequence[tuple[Claim, object]], encoded: bool = False
 ) -> Call:
-    args: list[Any] = [len(reports)]
+    args: list[Any] = [PROPAGATE_BUDGET, len(reports)]
     for claim, result in reports:
         args.extend(_token_values([claim]))
         args.append(result if encoded else encode_result(result))
@@ -553,7 +557,7 @@ def error_text(error: object) -> str:
 
 
 def fail_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:
-    args: list[Any] = [len(reports)]
+    args: list[Any] = [PROPAGATE_BUDGET, BACKOFF_CAP_MS, len(reports)]
     for claim, error in reports:
         args.extend(_token_values([claim]))
         args.append(error_text(error))
@@ -568,7 +572,7 @@ def confirm_cancel_call(keys: Keys, claim: Claim) -> Call:
     return Call(
         "confirm_cancel",
         keys.for_script("confirm_cancel"),
-        _token_values([claim]),
+        [PROPAGATE_BUDGET, *_token_values([claim])],
     )
 
 
@@ -576,7 +580,7 @@ def release_call(keys: Keys, claims: Sequence[Claim]) -> Call:
     return Call(
         "release",
         keys.for_script("release"),
-        [len(claims), *_token_values(claims)],
+        [PROPAGATE_BUDGET, len(claims), *_token_values(claims)],
     )
 
 
@@ -591,7 +595,7 @@ def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_B
     return Call(
         "reap",
         keys.for_script("reap"),
-        [limit, target],
+        [PROPAGATE_BUDGET, BACKOFF_CAP_MS, limit, target],
     )
 
 
@@ -600,6 +604,7 @@ def propagate_call(keys: Keys, budget: int = PROPAGATE_BUDGET) -> Call:
 
 
 DEFAULT_RETENTION_S = 86400.0
+DEFAULT_RETENTION_MS = int(DEFAULT_RETENTION_S * 1000)
 PURGE_BATCH = 500
 # Compaction walks the queue only when stale entries are the majority and at least this many.
 COMPACT_MINIMUM = 1000
@@ -612,7 +617,7 @@ def purge_call(keys: Keys, limit: int = PURGE_BATCH, retention_s: object = None)
         if seconds is None or seconds < 0:
             raise InvalidArgument("retention_s", "must be a number of seconds >= 0")
         retention = str(seconds_to_ms(retention_s, "retention_s"))
-    return Call("purge", keys.for_script("purge"), [limit, retention])
+    return Call("purge", keys.for_script("purge"), [limit, retention, DEFAULT_RETENTION_MS])
 
 
 def compact_call(
@@ -625,7 +630,9 @@ def retry_call(keys: Keys, task_id: object, cascade: object) -> Call:
     if not isinstance(cascade, bool):
         raise InvalidArgument("cascade", "must be a bool")
     return Call(
-        "retry", keys.for_script("retry"), [validate_task_id(task_id), "1" if cascade else "0"]
+        "retry",
+        keys.for_script("retry"),
+        [PROPAGATE_BUDGET, validate_task_id(task_id), "1" if cascade else "0"],
     )
 
 
@@ -637,7 +644,9 @@ def add_deps_call(keys: Keys, task_id: object, deps: object, allow_unknown: obje
     if not isinstance(allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
     return Call(
-        "add_deps", keys.for_script("add_deps"), [task_id, "1" if allow_unknown else "0", *ids]
+        "add_deps",
+        keys.for_script("add_deps"),
+        [PROPAGATE_BUDGET, task_id, "1" if allow_unknown else "0", *ids],
     )
 
 
@@ -700,26 +709,6 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
     if reason:
         wait = Wait(reason=WaitReason(reason), delay=None if delay_us < 0 else delay_us / 1e6)
     return claims, wait
-
-
-# Where each transition's reply says how many ids are still propagating.
-_PROPAGATION_LEFT_AT = {
-    "schedule": 0,
-    "cancel": 1,
-    "complete": 0,
-    "fail": 0,
-    "confirm_cancel": 1,
-    "release": 0,
-    "reap": 1,
-    "retry": 0,
-    "add_deps": 0,
-}
-
-
-def propagation_left(script: str, reply: Sequence[Any]) -> bool:
-    """True when the transition left dependents to settle."""
-    at = _PROPAGATION_LEFT_AT.get(script)
-    return at is not None and int(reply[at]) > 0
 
 
 def decode_outcomes(reply: Sequence[Any]) -> list[Outcome]:
@@ -985,6 +974,9 @@ def translate_error(message: str) -> Exception:
             state, _, task_id = detail.partition(" ")
             return ConflictError(f"task {task_id!r} is {state}")
         return ConflictError(rest)
+    if code == "BUSY" and rest.startswith("Redis is busy"):
+        # Redis's own: another script is running long. Not this call's fault.
+        return Unavailable(message)
     if code == "BUSY":
         return BusyError(f"task {rest!r} is still settling its dependents")
     if code == "CYCLE":
@@ -1101,13 +1093,14 @@ def advance(op: Op[T], reply: Any) -> Request | Done[T]:
 
 
 def split_reply(script: str, reply: Sequence[Any]) -> tuple[int, list[Any]]:
-    """(ids still propagating, the script's own values) of a script reply."""
-    at = _PROPAGATION_LEFT_AT.get(script)
-    if script == "propagate":
-        return int(reply[1]), [reply[0]]
-    if at is None:
-        return 0, list(reply)
-    return int(reply[at]), [v for i, v in enumerate(reply) if i != at]
+    """(ids still propagating, the script's own values) of a script reply.
+
+    Every script replies with the number of propagation jobs left first (0 for those
+    that never propagate), so no transition can leave its dependents unsettled unseen.
+    """
+    if not reply:
+        raise ScriptError(f"{script}: empty reply")
+    return int(reply[0]), list(reply[1:])
 
 
 def _pairs(reply: Sequence[Any]) -> list[tuple[Any, Any]]:

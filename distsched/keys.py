@@ -15,6 +15,25 @@ from dataclasses import dataclass
 PREFIX = "ds"
 MAX_NAMESPACE_BYTES = 128
 
+# Every key (and the wake channel) of a namespace, by the name scripts declare it
+# with in their ``--- @keys`` line (see ``lua/README.md``).
+KEY_NAMES = (
+    "tasks",
+    "payloads",
+    "results",
+    "done",
+    "queue",
+    "leases",
+    "finished",
+    "meta",
+    "wake",
+    "edges",
+    "deps",
+    "blocked",
+    "blockedby",
+    "propagating",
+)
+
 
 def validate_namespace(namespace: object) -> str:
     """Return ``namespace`` if it can be used inside a hash tag, else raise."""
@@ -115,34 +134,24 @@ class Keys:
         return self.prefix + "propagating"
 
     def script_keys(self) -> list[str]:
-        """The KEYS every script receives, in the order of ``lua/lib/keys.lua``.
+        """Every key of the namespace and its wake channel, in ``KEY_NAMES`` order."""
+        return [getattr(self, name) for name in KEY_NAMES]
+
+    def for_script(self, script: str) -> list[str]:
+        """The KEYS sent with ``script``: those its ``--- @keys`` line declares, in order.
 
         Built once per namespace: every script call sends it (do not modify it).
         """
-        return self._script_keys
+        return self._by_script[script]
 
     @functools.cached_property
-    def _script_keys(self) -> list[str]:
-        return [
-            self.tasks,
-            self.payloads,
-            self.results,
-            self.done,
-            self.queue,
-            self.leases,
-            self.finished,
-            self.meta,
-            self.wake,
-            self.edges,
-            self.deps,
-            self.blocked,
-            self.blockedby,
-            self.propagating,
-        ]
+    def _by_script(self) -> dict[str, list[str]]:
+        from distsched import scripts
 
-    def for_script(self, script: str) -> list[str]:
-        """The KEYS sent with ``script`` (every script receives the full layout today)."""
-        return self._script_keys
+        return {
+            name: [getattr(self, key) for key in scripts.script_keys(name)]
+            for name in scripts.SCRIPT_NAMES
+        }
 
     def all_keys(self) -> list[str]:
         """Every data key of the namespace (not the channel)."""

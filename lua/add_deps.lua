@@ -1,25 +1,31 @@
 -- add_deps.lua: add required dependencies to a pending task's current version.
 --
+--- @include settle
+--- @keys tasks results queue finished meta wake
+--- @keys edges deps blocked blockedby propagating
+--
 -- pending -> pending (more awaited), or pending -> blocked when a new dependency
 -- already failed, was cancelled or is blocked. Only a pending task takes new
 -- dependencies. A dependency that closes a cycle of awaited dependencies is
 -- refused with the cycle's path; nothing is written on any error.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, deps, edges, and
---   when it blocks finished, meta, blocked, blockedby, propagating.
+-- Writes tasks, deps, edges, and when it blocks finished, meta, blocked, blockedby,
+-- propagating (then more, as propagate.lua).
 --
--- ARGV[1] task id
--- ARGV[2] allow_unknown: '1' or '0'
--- ARGV[3..] the new dependency ids
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[2] task id
+-- ARGV[3] allow_unknown: '1' or '0'
+-- ARGV[4..] the new dependency ids
 --
--- Reply: { propagating ids left, the task's state after the call }.
+-- Reply: { propagating jobs left, the task's state after the call }.
 -- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not pending);
 --   UNKNOWN <id> <dep>; CYCLE <id> <id> ... (ids in hex, as in schedule.lua); BADARG deps ...
 -- Cost: O(deps log N) plus the task's pending descendants for the cycle check.
 
 return run(function()
-  local id = ARGV[1]
-  local allow_unknown = ARGV[2] == '1'
+  local budget = budget_arg(ARGV[1])
+  local id = ARGV[2]
+  local allow_unknown = ARGV[3] == '1'
   local t = load_task(id)
   if not t then error({ err = 'NOTFOUND ' .. id }) end
   if t.state ~= 'pending' then error({ err = 'CONFLICT state ' .. t.state .. ' ' .. id }) end
@@ -27,7 +33,7 @@ return run(function()
   local seen = {}
   for _, d in ipairs(deps) do seen[d.id] = true end
   local added = {}
-  for i = 3, #ARGV do
+  for i = 4, #ARGV do
     local d = ARGV[i]
     if d == '' then error({ err = 'BADARG deps must hold non-empty ids' }) end
     if d == id then error({ err = 'BADARG deps: ' .. id .. ' depends on itself' }) end
@@ -67,5 +73,5 @@ return run(function()
   else
     save_task(id, t)
   end
-  return { settle_after_terminal({}, now), t.state }
+  return { settle_after_terminal({}, now, budget), t.state }
 end)

@@ -1,5 +1,9 @@
 -- cancel.lua: cancel one task.
 --
+--- @include settle
+--- @keys tasks results queue finished meta wake
+--- @keys edges deps blocked blockedby propagating
+--
 -- pending / ready -> cancelled, atomically: a claim racing with it either ran
 -- first (the task is running) or will find it cancelled and drop its entry.
 -- The queue entry is left for the claim script to drop. Pending dependents of a
@@ -8,18 +12,20 @@
 -- so the holder learns it at once (and from its next heartbeat in any case).
 -- Terminal: nothing changes.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, finished, meta,
---   wake, and for dependents edges, blocked, blockedby, propagating, queue.
+-- Writes tasks, finished, meta, wake, and for dependents edges, blocked, blockedby,
+-- propagating, queue.
 --
--- ARGV[1] task id
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[2] task id
 --
--- Reply: { state after the call ('cancelled', 'running' or the terminal state),
---          propagating ids left }.
+-- Reply: { propagating jobs left, state after the call ('cancelled', 'running' or the
+--          terminal state) }.
 -- Errors: NOTFOUND <id>.
 -- Cost: O(1) plus the dependents settled within the propagation budget.
 
 return run(function()
-  local id = ARGV[1]
+  local budget = budget_arg(ARGV[1])
+  local id = ARGV[2]
   local t = load_task(id)
   if not t then error({ err = 'NOTFOUND ' .. id }) end
   local now = now_ms()
@@ -29,12 +35,12 @@ return run(function()
     t.updated = now
     save_task(id, t)
     redis.call('ZADD', k.finished, now, id)
-    return { 'cancelled', settle_after_terminal({ id }, now) }
+    return { settle_after_terminal({ id }, now, budget), 'cancelled' }
   end
   if t.state == 'running' and t.cancel == 0 then
     t.cancel = 1
     save_task(id, t)
     redis.call('PUBLISH', k.wake, string.format('cancel %d ', t.version) .. id)
   end
-  return { t.state, redis.call('ZCARD', k.propagating) }
+  return { redis.call('ZCARD', k.propagating), t.state }
 end)

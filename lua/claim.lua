@@ -1,5 +1,9 @@
 -- claim.lua: move up to n due, current, ready tasks to running with a lease.
 --
+--- @include record
+--- @include counts
+--- @keys tasks payloads queue leases meta
+--
 -- ready -> running. Walks the queue head in order (run_at, -priority,
 -- sequence). An entry whose version is not the record's current one, or whose
 -- task is no longer ready, is stale: it is removed here, at most once, and
@@ -7,15 +11,16 @@
 -- deadline (server clock) in the leases sorted set. The per-namespace
 -- max_running (meta field) bounds the running count across the fleet.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Reads payloads, meta; writes
---   tasks, queue, leases, meta.
+-- Reads payloads, meta (max_running, count:running); writes tasks, queue, leases,
+-- meta (count:ready, count:running).
 --
 -- ARGV[1] worker id
 -- ARGV[2] n, the most tasks to claim (>= 1)
 -- ARGV[3] lease length in ms (>= 1)
 -- ARGV[4] the most stale entries to drop in this call (bounds its run time)
 --
--- Reply: { claimed, reason, delay_us, (id, version, attempt, priority, run_at, payload) * claimed }
+-- Reply: { 0, claimed, reason, delay_us,
+--          (id, version, attempt, priority, run_at_ms, payload) * claimed }
 --   reason  '' when n were claimed; else why not more:
 --           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
 --           when the stale-drop bound was reached), 'capacity' (max_running reached)
@@ -94,7 +99,7 @@ return run(function()
     redis.call('HINCRBY', k.meta, 'count:ready', -claimed)
     redis.call('HINCRBY', k.meta, 'count:running', claimed)
   end
-  local reply = { claimed, reason, delay }
+  local reply = { 0, claimed, reason, delay }
   for i, c in ipairs(out) do
     for _, value in ipairs(c) do reply[#reply + 1] = value end
     reply[#reply + 1] = payloads[i] or ''

@@ -1,5 +1,8 @@
 -- compact.lua: drop stale queue entries in bounded steps when they pile up.
 --
+--- @include record
+--- @keys tasks queue meta
+--
 -- No state changes. A queue entry is stale when its task's record is gone, not
 -- ready, or of another version (replaced or cancelled tasks leave theirs, which
 -- the claim script drops lazily when they reach the head). When stale entries
@@ -7,13 +10,12 @@
 -- ZSCAN from a cursor kept in meta (compact_cursor), at most ARGV[1] entries per
 -- call, removing the stale ones; a walk in progress goes on until it wraps.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Reads tasks, meta; writes queue,
---   meta (compact_cursor).
+-- Reads tasks, meta (count:ready); writes queue, meta (compact_cursor).
 --
 -- ARGV[1] the most entries to examine in this call (>= 1)
 -- ARGV[2] the least number of stale entries worth a walk (>= 0)
 --
--- Reply: { stale entries removed, stale entries left (estimate: entries - ready tasks) }.
+-- Reply: { 0, stale entries removed, stale entries left (estimate: entries - ready tasks) }.
 -- Cost: O(budget log N).
 
 return run(function()
@@ -24,7 +26,7 @@ return run(function()
   local live = tonumber(redis.call('HGET', k.meta, 'count:ready')) or 0
   local stale = entries - live
   local cursor = redis.call('HGET', k.meta, 'compact_cursor')
-  if not cursor and (stale < minimum or stale * 2 <= entries) then return { 0, stale } end
+  if not cursor and (stale < minimum or stale * 2 <= entries) then return { 0, 0, stale } end
   local removed, seen = 0, 0
   cursor = cursor or '0'
   repeat
@@ -46,5 +48,5 @@ return run(function()
   else
     redis.call('HSET', k.meta, 'compact_cursor', cursor)
   end
-  return { removed, stale - removed }
+  return { 0, removed, stale - removed }
 end)

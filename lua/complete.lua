@@ -1,5 +1,10 @@
 -- complete.lua: report a batch of claims as succeeded.
 --
+--- @include settle
+--- @include tokens
+--- @keys tasks results done queue leases finished meta wake
+--- @keys edges deps blocked blockedby propagating
+--
 -- running -> succeeded, fenced by the token (id, version, attempt): only the
 -- current running attempt is applied. A token already applied before gets
 -- 'duplicate'; any other token gets 'stale'. Neither changes anything, so a
@@ -8,25 +13,27 @@
 -- task are released (ready when nothing else is awaited), within the
 -- propagation budget; the rest is settled by propagate.lua.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, leases,
---   results (the result, or removes an earlier attempt's error), done, finished,
---   meta, wake, and for dependents edges, queue, propagating.
+-- Writes tasks, leases, results (the result, or removes an earlier attempt's error),
+-- done, finished, meta, wake, and for dependents edges, blocked, blockedby, queue,
+-- propagating.
 --
--- ARGV[1] n; then 4 values per report: id, version, attempt, result bytes ('' for none)
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[2] n; then 4 values per report: id, version, attempt, result bytes ('' for none)
 --
--- Reply: { propagating ids left, outcome 1, ..., outcome n }, each outcome
+-- Reply: { propagating jobs left, outcome 1, ..., outcome n }, each outcome
 -- 'applied', 'duplicate' or 'stale'.
 -- Publishes 'capacity' when max_running was reached and a slot freed.
 -- Cost: O(n log N) plus the dependents settled within the propagation budget.
 
 return run(function()
-  local n = to_int(ARGV[1], 'n')
-  if #ARGV ~= 1 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
+  local budget = budget_arg(ARGV[1])
+  local n = to_int(ARGV[2], 'n')
+  if #ARGV ~= 2 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
   local now = now_ms()
   local running_before = running_count()
   local reply, ended = { 0 }, {}
   for i = 1, n do
-    local base = 1 + 4 * (i - 1)
+    local base = 2 + 4 * (i - 1)
     local id = ARGV[base + 1]
     local version, attempt = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
     local t = load_task(id)
@@ -51,6 +58,6 @@ return run(function()
     reply[i + 1] = outcome
   end
   capacity_freed(running_before)
-  reply[1] = settle_after_terminal(ended, now)
+  reply[1] = settle_after_terminal(ended, now, budget)
   return reply
 end)

@@ -1,22 +1,29 @@
 -- confirm_cancel.lua: the holder's function stopped because cancellation was requested.
 --
+--- @include settle
+--- @include tokens
+--- @keys tasks results done queue leases finished meta wake
+--- @keys edges deps blocked blockedby propagating
+--
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, leases, done,
---   finished, meta, wake, and for dependents edges, blocked, blockedby, propagating.
+-- Writes tasks, leases, done, finished, meta, wake, and for dependents edges,
+-- blocked, blockedby, propagating, queue.
 --
--- ARGV[1] id, ARGV[2] version, ARGV[3] attempt
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[2] id, ARGV[3] version, ARGV[4] attempt
 --
--- Reply: { 'applied', 'duplicate' or 'stale', propagating ids left }.
+-- Reply: { propagating jobs left, 'applied', 'duplicate' or 'stale' }.
 -- Errors: CONFLICT not_requested <id>  the token is current but no cancel was requested.
 
 return run(function()
-  local id = ARGV[1]
-  local version, attempt = tonumber(ARGV[2]), tonumber(ARGV[3])
+  local budget = budget_arg(ARGV[1])
+  local id = ARGV[2]
+  local version, attempt = tonumber(ARGV[3]), tonumber(ARGV[4])
   local t = load_task(id)
   local outcome = token_outcome(t, id, version, attempt)
-  if outcome ~= 'applied' then return { outcome, redis.call('ZCARD', k.propagating) } end
+  if outcome ~= 'applied' then return { redis.call('ZCARD', k.propagating), outcome } end
   if t.cancel ~= 1 then error({ err = 'CONFLICT not_requested ' .. id }) end
 
   local now = now_ms()
@@ -30,5 +37,5 @@ return run(function()
   remember_token(id, version, attempt)
   redis.call('ZADD', k.finished, now, id)
   capacity_freed(running_before)
-  return { outcome, settle_after_terminal({ id }, now) }
+  return { settle_after_terminal({ id }, now, budget), outcome }
 end)

@@ -1,39 +1,49 @@
 -- fail.lua: report a batch of claims whose function raised.
 --
+--- @include settle
+--- @include tokens
+--- @include attempt
+--- @keys tasks results done queue leases finished meta wake
+--- @keys edges deps blocked blockedby propagating
+--
 -- running -> ready (a new attempt, due after backoff * 2^(attempt-1), capped
--- at one hour) while attempts remain and no cancellation was requested;
+-- at ARGV[2]) while attempts remain and no cancellation was requested;
 -- running -> failed otherwise, and then the pending dependents reached through
 -- required edges become blocked (within the propagation budget). Fenced by the
 -- token exactly as complete.lua.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, queue, leases,
---   results, done, finished, meta, wake, and for dependents edges, blocked,
---   blockedby, propagating.
+-- Writes tasks, queue, leases, results, done, finished, meta, wake, and for
+-- dependents edges, blocked, blockedby, propagating.
 --
--- ARGV[1] n; then 4 values per report: id, version, attempt, error text
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[2] the longest wait between attempts in ms (>= 0; distsched sends 3600000)
+-- ARGV[3] n; then 4 values per report: id, version, attempt, error text
 --
--- Reply: { propagating ids left, outcome 1, ..., outcome n }, each outcome
+-- Reply: { propagating jobs left, outcome 1, ..., outcome n }, each outcome
 -- 'applied', 'duplicate' or 'stale'.
 -- Publishes when a retry became the queue head or a capacity slot freed.
 -- Cost: O(n log N) plus the dependents settled within the propagation budget.
 
 return run(function()
-  local n = to_int(ARGV[1], 'n')
-  if #ARGV ~= 1 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
+  local budget = budget_arg(ARGV[1])
+  local cap_ms = to_int(ARGV[2], 'backoff_cap')
+  if cap_ms < 0 then error({ err = 'BADARG backoff_cap must be >= 0' }) end
+  local n = to_int(ARGV[3], 'n')
+  if #ARGV ~= 3 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
   local now = now_ms()
   local reply, ended = { 0 }, {}
   for i = 1, n do
-    local base = 1 + 4 * (i - 1)
+    local base = 3 + 4 * (i - 1)
     local id = ARGV[base + 1]
     local version, attempt = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
     local t = load_task(id)
     local outcome = token_outcome(t, id, version, attempt)
     if outcome == 'applied' then
       remember_token(id, version, attempt)
-      if end_attempt_failed(id, t, now, ARGV[base + 4]) then ended[#ended + 1] = id end
+      if end_attempt_failed(id, t, now, ARGV[base + 4], cap_ms) then ended[#ended + 1] = id end
     end
     reply[i + 1] = outcome
   end
-  reply[1] = settle_after_terminal(ended, now)
+  reply[1] = settle_after_terminal(ended, now, budget)
   return reply
 end)

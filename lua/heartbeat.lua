@@ -1,16 +1,19 @@
 -- heartbeat.lua: extend the leases of a batch of claims.
 --
+--- @include record
+--- @keys tasks leases
+--
 -- No state changes. A token (id, version, attempt) that is still the running
 -- attempt gets its lease deadline moved to now + lease; any other token is
 -- reported lost so that its holder stops the function.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Reads tasks; writes leases.
+-- Reads tasks; writes leases.
 --
 -- ARGV[1] lease length in ms (>= 1)
 -- ARGV[2] n; then 3 values per token: id, version, attempt
 --
--- Reply: array of n integers: 1 current, 2 current and cancellation requested,
--- 0 lost (lease reaped, task replaced or finished).
+-- Reply: { 0, status 1, ..., status n }, each status 1 current, 2 current and
+-- cancellation requested, 0 lost (lease reaped, task replaced or finished).
 -- Cost: O(n log N).
 
 return run(function()
@@ -20,7 +23,7 @@ return run(function()
   if #ARGV ~= 2 + 3 * n then error({ err = 'BADARG ARGV expected 3 values per token' }) end
 
   local deadline = now_ms() + lease_ms
-  local reply = {}
+  local reply = { 0 }
   for i = 1, n do
     local base = 2 + 3 * (i - 1)
     local id = ARGV[base + 1]
@@ -28,9 +31,9 @@ return run(function()
     if t and t.state == 'running' and t.version == tonumber(ARGV[base + 2])
         and t.attempt == tonumber(ARGV[base + 3]) then
       redis.call('ZADD', k.leases, 'XX', deadline, id)
-      reply[i] = 1 + t.cancel
+      reply[i + 1] = 1 + t.cancel
     else
-      reply[i] = 0
+      reply[i + 1] = 0
     end
   end
   return reply

@@ -1,5 +1,9 @@
 -- purge.lua: remove terminal tasks older than the namespace's retention.
 --
+--- @include graph
+--- @keys tasks payloads results done finished meta
+--- @keys edges deps blocked blockedby propagating
+--
 -- succeeded / failed / cancelled / blocked, terminal for longer than the
 -- retention -> (gone): the record, payload, result, applied tokens, dependency
 -- list, block cause and every edge to or from the task are removed, so Redis
@@ -7,27 +11,28 @@
 -- settled is kept until that ends. A later dependency on a purged id is an
 -- unknown dependency; its old dependents keep their own records.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Reads meta (retention_ms);
---   writes tasks, payloads, results, done, finished, meta, edges, deps, blocked, blockedby.
+-- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done,
+-- finished, meta (retention_ms, count:<state>), edges, deps, blocked, blockedby.
 --
 -- ARGV[1] the most tasks to remove in this call (>= 1)
--- ARGV[2] retention in ms to store first, or '' to use the stored one
---         (meta field retention_ms; default 86400000, 24 hours)
+-- ARGV[2] retention in ms to store first (meta field retention_ms), or '' to use the
+--         stored one
+-- ARGV[3] the retention in ms when none is stored (>= 0; distsched sends 86400000, 24 hours)
 --
--- Reply: { tasks removed, terminal tasks still kept }.
+-- Reply: { 0, tasks removed, terminal tasks still kept }.
 -- Cost: O(m (deps + dependents + log N)) for m removed tasks.
-
-local DEFAULT_RETENTION_MS = 86400000
 
 return run(function()
   local limit = to_int(ARGV[1], 'limit')
   if limit < 1 then error({ err = 'BADARG limit must be >= 1' }) end
+  local default = to_int(ARGV[3], 'default_retention')
+  if default < 0 then error({ err = 'BADARG default_retention must be >= 0' }) end
   if ARGV[2] and ARGV[2] ~= '' then
     local retention = to_int(ARGV[2], 'retention')
     if retention < 0 then error({ err = 'BADARG retention must be >= 0' }) end
     redis.call('HSET', k.meta, 'retention_ms', retention)
   end
-  local retention = tonumber(redis.call('HGET', k.meta, 'retention_ms')) or DEFAULT_RETENTION_MS
+  local retention = tonumber(redis.call('HGET', k.meta, 'retention_ms')) or default
   local now = now_ms()
   local ids = redis.call('ZRANGEBYSCORE', k.finished, '-inf', now - retention, 'LIMIT', 0, limit)
   local removed = 0
@@ -52,5 +57,5 @@ return run(function()
       removed = removed + 1
     end
   end
-  return { removed, redis.call('ZCARD', k.finished) }
+  return { 0, removed, redis.call('ZCARD', k.finished) }
 end)

@@ -1,28 +1,34 @@
 -- release.lua: hand back claims whose function never started (worker shutdown).
 --
+--- @include settle
+--- @keys tasks results queue leases finished meta wake
+--- @keys edges deps blocked blockedby propagating
+--
 -- running -> ready with the attempt given back (no attempt spent), at its own
 -- run_at and priority; running -> cancelled instead when cancellation was
 -- requested meanwhile (the function never ran; dependents become blocked).
 -- Fenced by the token: a stale token changes nothing.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, queue, leases,
---   finished, meta, wake, and for dependents edges, blocked, blockedby, propagating.
+-- Writes tasks, queue, leases, finished, meta, wake, and for dependents edges,
+-- blocked, blockedby, propagating.
 --
--- ARGV[1] n; then 3 values per token: id, version, attempt
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[2] n; then 3 values per token: id, version, attempt
 --
--- Reply: { propagating ids left, then per token 1 handed back (ready, or cancelled)
+-- Reply: { propagating jobs left, then per token 1 handed back (ready, or cancelled)
 -- or 0 stale (left as it is) }.
 -- Publishes on the wake channel so that another worker picks the tasks up at once.
 
 return run(function()
-  local n = to_int(ARGV[1], 'n')
-  if #ARGV ~= 1 + 3 * n then error({ err = 'BADARG ARGV expected 3 values per token' }) end
+  local budget = budget_arg(ARGV[1])
+  local n = to_int(ARGV[2], 'n')
+  if #ARGV ~= 2 + 3 * n then error({ err = 'BADARG ARGV expected 3 values per token' }) end
   local now = now_ms()
   local running_before = running_count()
   local reply, ended = { 0 }, {}
   local released = 0
   for i = 1, n do
-    local base = 1 + 3 * (i - 1)
+    local base = 2 + 3 * (i - 1)
     local id = ARGV[base + 1]
     local t = load_task(id)
     if t and t.state == 'running' and t.version == tonumber(ARGV[base + 2])
@@ -52,6 +58,6 @@ return run(function()
     redis.call('PUBLISH', k.wake, 'ready')
     capacity_freed(running_before)
   end
-  reply[1] = settle_after_terminal(ended, now)
+  reply[1] = settle_after_terminal(ended, now, budget)
   return reply
 end)

@@ -1,5 +1,9 @@
 -- retry.lua: a new version of a failed, cancelled or blocked task, dependencies re-checked.
 --
+--- @include settle
+--- @keys tasks results queue finished meta wake
+--- @keys edges deps blocked blockedby propagating
+--
 -- failed / cancelled / blocked -> ready, pending or blocked (as schedule.lua
 -- decides from its dependencies), with attempt 0 and the same payload, run_at,
 -- priority, max_attempts, backoff and dependency list. With cascade, every task
@@ -8,11 +12,12 @@
 -- of the cascade count as pending for each other, so they return to pending
 -- (tasks that would then wait on each other in a cycle stay or become blocked).
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, results, queue,
---   finished, meta, wake, edges, deps, blocked, blockedby, propagating.
+-- Writes tasks, results, queue, finished, meta, wake, edges, deps, blocked, blockedby,
+-- propagating.
 --
--- ARGV[1] task id
--- ARGV[2] cascade: '1' or '0'
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[2] task id
+-- ARGV[3] cascade: '1' or '0'
 --
 -- Reply: { propagating jobs left, new version of the task }.
 -- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not failed, cancelled or blocked);
@@ -20,8 +25,9 @@
 -- Cost: O(deps + log N), plus the propagation budget for the cascade.
 
 return run(function()
-  local id = ARGV[1]
-  local cascade = ARGV[2] == '1'
+  local budget = budget_arg(ARGV[1])
+  local id = ARGV[2]
+  local cascade = ARGV[3] == '1'
   local t = load_task(id)
   if not t then error({ err = 'NOTFOUND ' .. id }) end
   if t.state ~= 'failed' and t.state ~= 'cancelled' and t.state ~= 'blocked' then
@@ -44,5 +50,5 @@ return run(function()
       add_job('r' .. id)
     end
   end
-  return { settle_after_terminal({}, now), version }
+  return { settle_after_terminal({}, now, budget), version }
 end)

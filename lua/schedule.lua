@@ -1,5 +1,9 @@
 -- schedule.lua: submit a batch of tasks atomically, each as a new version.
 --
+--- @include settle
+--- @keys tasks payloads results queue finished meta wake
+--- @keys edges deps blocked blockedby propagating
+--
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency
 --   pending  a required dependency not yet succeeded, or an optional one not yet terminal
@@ -11,10 +15,11 @@
 -- Cycles: a batch that would close a cycle of awaited dependencies (through
 -- its own tasks and existing pending ones) is refused with the cycle's path.
 --
--- KEYS[1..14] the namespace layout of lib/keys.lua. Writes tasks, payloads,
---   results, queue, finished, meta, wake, edges, deps, blocked, blockedby, propagating.
+-- Writes tasks, payloads, results, queue, finished, meta, wake, edges, deps, blocked,
+-- blockedby, propagating.
 --
--- ARGV[1] n, the number of tasks; then for each task, in order:
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[2] n, the number of tasks; then for each task, in order:
 --   id;
 --   spec, eight fields joined by single spaces:
 --     mode ('at': time is absolute epoch ms; 'in': ms from the server's now),
@@ -24,7 +29,7 @@
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones.
 --
--- Reply: { propagating ids left, version 1, ..., version n }.
+-- Reply: { propagating jobs left, version 1, ..., version n }.
 -- Errors (nothing written):
 --   CONFLICT running <id>     a task of the batch is running
 --   BUSY <id>                 a task of the batch is still telling its dependents
@@ -40,11 +45,12 @@
 local SPEC_PATTERN = '^(%l%l) (-?%d+) (-?%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$'
 
 return run(function()
-  local n = to_int(ARGV[1], 'n')
+  local budget = budget_arg(ARGV[1])
+  local n = to_int(ARGV[2], 'n')
   local now = now_ms()
   local specs, batch, order = {}, {}, {}
   local jobs_pending = redis.call('ZCARD', k.propagating) > 0
-  local pos = 2
+  local pos = 3
   for i = 1, n do
     local id = ARGV[pos]
     if not id or id == '' then error({ err = 'BADARG task_id must not be empty' }) end
@@ -202,6 +208,6 @@ return run(function()
   call_many('HSET', k.payloads, payloads)
   call_many('ZADD', k.queue, entries)
   -- Only a blocked task, or work already waiting, needs the propagation budget here.
-  if jobs_pending or blocked_any then reply[1] = settle_after_terminal({}, now) end
+  if jobs_pending or blocked_any then reply[1] = settle_after_terminal({}, now, budget) end
   return reply
 end)

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait, Worker, core
-from distsched.keys import Keys
-from distsched.scripts import SCRIPT_NAMES, Registry, library_source, lua_dir, source
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait, Worker, core, scripts
+from distsched.errors import InvalidArgument, ScriptError
+from distsched.keys import KEY_NAMES, Keys
+from distsched.scripts import SCRIPT_NAMES, Registry, lua_dir, source
 from tests.conftest import RedisServer
 
 LUA = lua_dir()
@@ -45,21 +49,9 @@ def test_every_lua_transition_file_is_registered_and_every_name_has_a_file() -> 
 class Header:
     purpose: str
     keys: list[str]  # KEYS[1..n] names, in order
+    includes: list[str]
     has_argv: bool
     has_reply: bool
-
-
-LAYOUT_LINE = re.compile(r"^-- KEYS\[1\.\.(\d+)\] the namespace layout of lib/keys\.lua")
-
-
-def documented_keys(lines: list[str]) -> list[str]:
-    keys: dict[int, str] = {}
-    for line in lines:
-        m = re.match(r"^-- KEYS\[(\d+)\]\s+(\w+)\s+\S", line)
-        if m:
-            keys[int(m.group(1))] = m.group(2)
-    assert sorted(keys) == list(range(1, len(keys) + 1)), "KEYS lines not 1..n"
-    return [keys[i] for i in sorted(keys)]
 
 
 def header_lines(text: str) -> list[str]:
@@ -71,36 +63,32 @@ def header_lines(text: str) -> list[str]:
     return lines
 
 
-def layout() -> list[str]:
-    """The KEYS layout every script receives, as lib/keys.lua documents it."""
-    return documented_keys(header_lines(library_files()["keys.lua"]))
-
-
 def parse_header(name: str, text: str) -> Header:
     lines = header_lines(text)
     first = re.match(rf"^-- {re.escape(name)}\.lua: (\S.*)$", lines[0]) if lines else None
-    keys = documented_keys(lines)
-    for line in lines:
-        m = LAYOUT_LINE.match(line)
-        if m:
-            assert not keys, f"{name}: both the layout and its own KEYS lines"
-            keys = layout()
-            assert int(m.group(1)) == len(keys), f"{name}: layout size"
+    keys = [n for line in lines if line.startswith("--- @keys ") for n in line.split()[2:]]
     return Header(
         purpose=first.group(1) if first else "",
         keys=keys,
+        includes=[line.split()[2] for line in lines if line.startswith("--- @include ")],
         has_argv=any(re.match(r"^-- ARGV\[\d+\]", line) for line in lines),
         has_reply=any(re.match(r"^-- Reply: \S", line) for line in lines),
     )
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
-def test_every_script_opens_with_purpose_keys_argv_and_reply(name: str) -> None:
-    header = parse_header(name, script_files()[name])
+def test_every_script_opens_with_purpose_includes_keys_argv_and_reply(name: str) -> None:
+    text = script_files()[name]
+    header = parse_header(name, text)
     assert header.purpose, f"{name}.lua must open with '-- {name}.lua: <purpose>'"
-    assert header.keys, f"{name}.lua documents no KEYS"
+    assert header.keys, f"{name}.lua declares no keys"
+    assert header.includes, f"{name}.lua includes no library part"
     assert header.has_argv, f"{name}.lua documents no ARGV"
     assert header.has_reply, f"{name}.lua documents no Reply"
+    # Directives below the header would be read by the registry but missed by a reader.
+    assert text.count("\n--- @") == sum(line.startswith("--- @") for line in header_lines(text))
+    assert scripts.script_keys(name) == tuple(header.keys)
+    assert set(header.keys) <= set(KEY_NAMES)
 
 
 def sample_calls() -> dict[str, core.Call]:
@@ -250,23 +238,194 @@ def test_the_key_checker_flags_keys_that_do_not_come_from_keys() -> None:
 def test_each_script_only_touches_keys_passed_in_keys(name: str) -> None:
     text = source(name)
     assert key_violations(text) == []
-    # Scripts reach keys only through the k table of lib/keys.lua, never KEYS directly.
+    # Scripts reach keys only through the k table of the generated prelude, never KEYS.
     assert "KEYS[" not in strip_comments(script_files()[name])
 
 
-def test_the_keys_layout_builds_k_from_every_documented_key_in_order() -> None:
-    code = strip_comments(library_files()["keys.lua"])
-    table = {int(i): field for field, i in re.findall(r"(\w+)\s*=\s*KEYS\[(\d+)\]", code)}
-    assert [table[i] for i in sorted(table)] == layout()
-    keys = Keys("ns")
-    assert [getattr(keys, name) for name in layout()] == keys.script_keys()
+def test_the_prelude_builds_k_from_the_declared_keys_in_order() -> None:
+    for name in SCRIPT_NAMES:
+        code = strip_comments(source(name))
+        table = {int(i): field for field, i in re.findall(r"(\w+)\s*=\s*KEYS\[(\d+)\]", code)}
+        assert [table[i] for i in sorted(table)] == list(scripts.script_keys(name))
+        assert f"if #KEYS ~= {len(table)} then" in code
 
 
-def test_the_shared_library_touches_no_key_of_its_own() -> None:
-    for name, text in library_files().items():
+def test_the_library_touches_no_key_of_its_own() -> None:
+    for text in library_files().values():
         assert key_violations(text) == []
-        if name != "keys.lua":
-            assert "KEYS[" not in strip_comments(text)
+        assert "KEYS[" not in strip_comments(text)
+        assert "@keys" not in text
+
+
+# --------------------------------------------------------------------------- static reach
+
+LUA_TOKEN = re.compile(
+    r"--[^\n]*|'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\"|[A-Za-z_]\w*|\d+|==|~=|<=|>=|\.\.|\S"
+)
+LUA_KEYWORDS = {
+    *("and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in"),
+    *("local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while"),
+}
+# The globals Redis gives a script that distsched uses.
+LUA_GLOBALS = {
+    *("KEYS", "ARGV", "redis", "string", "table", "math", "tonumber", "tostring", "type"),
+    *("pairs", "ipairs", "next", "select", "unpack", "error", "pcall"),
+}
+TOP_FUNCTION = re.compile(r"^local function (\w+)\(.*?^end$", re.M | re.S)
+
+
+def tokens(code: str) -> list[str]:
+    """Lua tokens, comments dropped, each string literal as one token."""
+    return [t for t in LUA_TOKEN.findall(code) if not t.startswith("--")]
+
+
+def undefined_names(code: str) -> list[str]:
+    """Names used in ``code`` that nothing in it defines and that are not Lua's own.
+
+    Defined: ``local`` names, function names and parameters, loop variables. A name
+    after ``.`` or ``:`` is a field; ``name =`` after ``{`` or ``,`` a table field.
+    """
+    toks = tokens(code)
+    defined: set[str] = set()
+    for i, t in enumerate(toks):
+        if t == "local" or t == "for":
+            j = i + 1
+            if toks[j] == "function":
+                j += 1
+            while re.match(r"^[A-Za-z_]\w*$", toks[j]):
+                defined.add(toks[j])
+                if toks[j + 1] != ",":
+                    break
+                j += 2
+        if t == "function":
+            j = toks.index("(", i)
+            while toks[j] != ")":
+                defined.add(toks[j])
+                j += 1
+    used = []
+    for i, t in enumerate(toks):
+        if not re.match(r"^[A-Za-z_]\w*$", t) or t in LUA_KEYWORDS | LUA_GLOBALS | defined:
+            continue
+        if i and toks[i - 1] in (".", ":"):
+            continue
+        if i + 1 < len(toks) and toks[i + 1] == "=" and toks[i - 1] in ("{", ","):
+            continue
+        used.append(t)
+    return sorted(set(used))
+
+
+def test_the_name_checker_flags_a_name_nothing_defines() -> None:
+    """The static check itself can fail."""
+    code = (
+        "local function f(a, b) return helper(a) .. b end\n"
+        "local t = { x = 1, y = f(1, 2) }\n"
+        "for i, v in ipairs(t) do g(v, i, t.missing, string.len('z')) end\n"
+    )
+    assert undefined_names(code) == ["g", "helper"]
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_every_name_a_script_uses_is_defined_by_itself_or_its_includes(name: str) -> None:
+    assert undefined_names(source(name)) == []
+
+
+def test_every_library_part_uses_only_what_it_includes() -> None:
+    for file_name in library_files():
+        part = file_name[: -len(".lua")]
+        assembled = (
+            scripts.prelude(KEY_NAMES)
+            + "\n"
+            + "\n".join(scripts.part_text(p) for p in scripts.resolve_includes([part]))
+        )
+        assert undefined_names(assembled) == [], part
+
+
+def reachable_keys(code: str) -> set[str]:
+    """The ``k.<name>`` keys that code can reach from its top level (the body and the
+    library's top-level statements), following calls of top-level functions."""
+    code = strip_comments(code)
+    bodies = {m.group(1): m.group(0) for m in TOP_FUNCTION.finditer(code)}
+    pending = [TOP_FUNCTION.sub("", code)]
+    seen: set[str] = set()
+    found: set[str] = set()
+    while pending:
+        chunk = pending.pop()
+        found.update(re.findall(r"(?<![\w.])k\.(\w+)", chunk))
+        for word in set(re.findall(r"(?<![\w.:])([A-Za-z_]\w*)\b", chunk)):
+            if word in bodies and word not in seen:
+                seen.add(word)
+                pending.append(bodies[word])
+    return found
+
+
+def test_the_reach_checker_follows_calls_and_skips_unreachable_functions() -> None:
+    code = (
+        "local function a()\n  redis.call('GET', k.one)\nend\n"
+        "local function b()\n  a()\nend\n"
+        "local function c()\n  redis.call('GET', k.three)\nend\n"
+        "after(function() redis.call('GET', k.two) end)\n"
+        "return b()\n"
+    )
+    assert reachable_keys(code) == {"one", "two"}
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_each_script_declares_exactly_the_keys_it_can_reach(name: str) -> None:
+    assert reachable_keys(source(name)) == set(scripts.script_keys(name))
+
+
+# --------------------------------------------------------------------------- assembly
+
+
+def test_includes_come_dependencies_first_each_once_in_the_order_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    parts = {
+        "a": "--- @include c\n--- @include b\nlocal A = 1\n",
+        "b": "--- @include c\nlocal B = 1\n",
+        "c": "local C = 1\n",
+        "d": "--- @include a\nlocal D = 1\n",
+        "loop1": "--- @include loop2\n",
+        "loop2": "--- @include loop1\n",
+        "keyed": "--- @keys tasks\n",
+    }
+    for name, text in parts.items():
+        (lib / f"{name}.lua").write_text(text)
+    monkeypatch.setattr(scripts, "lua_dir", lambda: tmp_path)
+    scripts.part_text.cache_clear()
+    try:
+        assert scripts.resolve_includes(["d", "b"]) == ("c", "b", "a", "d")
+        assert scripts.resolve_includes(["b", "a"]) == ("c", "b", "a")
+        text = "--- @include a\n--- @keys tasks meta\nreturn run(function() end)\n"
+        assembled = scripts.assemble(text)
+        assert assembled == "\n".join(
+            [scripts.prelude(["tasks", "meta"]), parts["c"], parts["b"], parts["a"], text]
+        )
+        assert assembled.startswith("local k = { tasks = KEYS[1], meta = KEYS[2] }\n")
+        with pytest.raises(ValueError, match="include each other"):
+            scripts.resolve_includes(["loop1"])
+        with pytest.raises(ValueError, match="no library part"):
+            scripts.resolve_includes(["nothere"])
+        with pytest.raises(ValueError, match="declares keys"):
+            scripts.resolve_includes(["keyed"])
+        with pytest.raises(ValueError, match="declare its keys"):
+            scripts.assemble("--- @include c\n")
+        with pytest.raises(ValueError, match="keys"):
+            scripts.assemble("--- @keys tasks nokey\n")
+        with pytest.raises(ValueError, match="neither"):
+            scripts.assemble("--- @keys tasks\n--- @inclde c\n")
+    finally:
+        scripts.part_text.cache_clear()
+
+
+def test_keys_for_a_script_are_the_namespace_keys_it_declares() -> None:
+    keys = Keys("ns")
+    for name in SCRIPT_NAMES:
+        assert keys.for_script(name) == [getattr(keys, n) for n in scripts.script_keys(name)]
+        assert all(key.startswith("ds:{ns}:") for key in keys.for_script(name))
+    assert len(scripts.script_keys("heartbeat")) < len(KEY_NAMES)
 
 
 # --------------------------------------------------------------------------- on a server
@@ -342,7 +501,8 @@ def test_every_script_loads_by_sha_on_a_real_server(own_client: redis.Redis) -> 
     registry = Registry(own_client)
     for name in SCRIPT_NAMES:
         text = source(name)
-        assert text.startswith(library_source())
+        assert text.startswith(scripts.prelude(scripts.script_keys(name)) + "\n")
+        assert text.endswith(script_files()[name])
         sha = own_client.script_load(text)
         assert sha == hashlib.sha1(text.encode("utf-8")).hexdigest() == registry[name].sha
     assert all(own_client.script_exists(*(registry[n].sha for n in SCRIPT_NAMES)))
@@ -410,3 +570,313 @@ def test_a_user_limited_to_the_namespace_prefix_can_run_everything(
         s.close()
         app.close()
     assert all(key.startswith(f"ds:{{{ns}}}:".encode()) for key in own_client.keys("*"))
+
+
+def raw(s: Scheduler, call: core.Call) -> tuple[int, list[Any]]:
+    """One script call as it is, without settling what it leaves: (jobs left, values)."""
+    return s._drive(s._ops.once(call))
+
+
+class RecordingScheduler(Scheduler):
+    """Keeps every script reply: (script name, reply)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replies: list[tuple[str, Any]] = []
+
+    def _request(self, request: core.Request) -> Any:
+        reply = super()._request(request)
+        if isinstance(request, core.Call):
+            self.replies.append((request.script, reply))
+        return reply
+
+
+NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "compact"}
+
+
+def test_every_reply_opens_with_the_number_of_propagation_jobs_left(
+    own_client: redis.Redis,
+) -> None:
+    s = RecordingScheduler(own_client, namespace="replies")
+    try:
+        lifecycle(s)
+    finally:
+        s.close()
+    d = RecordingScheduler(own_client, namespace="replies-dependents")
+    try:
+        # A fail that leaves dependents to settle, seen in its raw reply.
+        d.schedule_many(
+            [TaskSpec("root", "f")] + [TaskSpec(f"c{i}", "f", deps=["root"]) for i in range(3)]
+        )
+        [claim] = d.ready(1, "w")
+        call = core.fail_call(d.keys, [(claim, "x")])
+        assert call.args[0] == core.PROPAGATE_BUDGET
+        # A budget of one edge: two of the three dependents are left to settle.
+        left, [outcome] = raw(d, dataclasses.replace(call, args=[1, *call.args[1:]]))
+        assert (int(left), outcome) == (1, b"applied")
+        left, [used] = raw(d, core.propagate_call(d.keys, 1))
+        assert (int(left), int(used)) == (1, 1)
+        left, [used] = raw(d, core.propagate_call(d.keys, 5))
+        assert (int(left), int(used)) == (0, 1)
+        assert d.status("c2").state is State.BLOCKED
+    finally:
+        d.close()
+    assert {name for name, _ in s.replies} == set(SCRIPT_NAMES)
+    for name, reply in s.replies + d.replies:
+        assert isinstance(reply, list) and isinstance(reply[0], int) and reply[0] >= 0, name
+        if name in NEVER_PROPAGATE:
+            assert reply[0] == 0, name
+
+
+def test_a_script_sent_the_wrong_number_of_keys_is_refused_before_it_runs(
+    own_client: redis.Redis,
+) -> None:
+    keys = Keys("wrong").for_script("cancel")
+    sha = own_client.script_load(source("cancel"))
+    with pytest.raises(redis.ResponseError, match=r"^BADARG KEYS expected 11: tasks results"):
+        own_client.evalsha(sha, len(keys) - 1, *keys[:-1], core.PROPAGATE_BUDGET, "a")
+    assert own_client.keys("*") == []
+
+
+def test_each_script_runs_as_a_user_allowed_only_its_declared_keys(
+    own_redis: RedisServer, own_client: redis.Redis
+) -> None:
+    """Redis checks every key a script touches against the user's ACL: each script here
+    runs as its own user, whose key (and channel) patterns are exactly its declared keys."""
+    ns = "per-script"
+    keys = Keys(ns)
+    clients = []
+    s = Scheduler(own_client, namespace=ns, max_running=10)
+    try:
+        for name in SCRIPT_NAMES:
+            declared = keys.for_script(name)
+            # The channel travels in KEYS too, so Redis checks it as a key and a channel.
+            rules = [f"~{key}" for key in declared]
+            rules += [f"&{keys.wake}"] if keys.wake in declared else []
+            own_client.execute_command(
+                "ACL",
+                "SETUSER",
+                f"s-{name}",
+                "reset",
+                "on",
+                ">pw",
+                "resetchannels",
+                *rules,
+                "+@all",
+            )
+            client = own_redis.client(username=f"s-{name}", password="pw")
+            clients.append(client)
+            s._scripts.scripts[name] = client.register_script(source(name))
+        # The limit is real: heartbeat's user cannot even read the meta hash.
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            clients[SCRIPT_NAMES.index("heartbeat")].hgetall(keys.meta)
+        lifecycle(s)
+        s.schedule_many(
+            [TaskSpec("r", "f")] + [TaskSpec(f"c{i}", "f", deps=["r"]) for i in range(3)]
+        )
+        claims = {claim.task_id: claim for claim in s.ready(10, "w")}
+        assert s.fail(claims.pop("r"), "x") is Outcome.APPLIED
+        assert s.complete_many([(claim, None) for claim in claims.values()])
+        assert s.status("c0").state is State.BLOCKED
+        s.retry("r", cascade=True)
+        assert s.status("c0").state is State.PENDING
+        ran: list[int] = []
+        s.schedule_many([TaskSpec(f"w{i}", "f", args=(i,)) for i in range(3)])
+        worker = Worker(s, {"f": ran.append}, concurrency=2)
+        run_worker_until(
+            s, worker, lambda: all(s.status(f"w{i}").state is State.SUCCEEDED for i in range(3))
+        )
+        assert sorted(ran) == [0, 1, 2]
+    finally:
+        s.close()
+        for client in clients:
+            client.close()
+
+
+# --------------------------------------------------------------------------- Lua and Python twins
+
+
+def lua_eval(client: redis.Redis, body: str, *args: Any) -> Any:
+    """Run ``body`` with the whole library included (keys of namespace 'twins')."""
+    text = (
+        "--- @include settle\n--- @include tokens\n--- @include attempt\n"
+        f"--- @keys {' '.join(KEY_NAMES)}\n" + body
+    )
+    return client.eval(scripts.assemble(text), len(KEY_NAMES), *Keys("twins").script_keys(), *args)
+
+
+def test_lua_and_python_store_the_same_state_letters(own_client: redis.Redis) -> None:
+    pairs = lua_eval(
+        own_client,
+        "local out = {}\n"
+        "for name, code in pairs(STATE_CODE) do\n"
+        "  assert(STATE_NAME[code] == name)\n"
+        "  out[#out + 1] = code .. '=' .. name .. '=' .. (TERMINAL[name] and 't' or '-')\n"
+        "end\n"
+        "for code, name in pairs(STATE_NAME) do assert(STATE_CODE[name] == code) end\n"
+        "return out\n",
+    )
+    lua = {p.decode().split("=")[0]: p.decode().split("=")[1:] for p in pairs}
+    python = {code: [state.value, "t" if state.terminal else "-"] for code, state in
+              core._STATE_BY_CODE.items()}  # fmt: skip
+    assert lua == python
+    assert {state for state, _ in python.values()} == {s.value for s in State}
+
+
+def test_a_record_the_lua_side_writes_is_the_record_the_python_side_reads(
+    own_client: redis.Redis,
+) -> None:
+    worker = "host|42|w\u00e9"
+    raw, loaded = lua_eval(
+        own_client,
+        "local t = { state = 'running', version = 2^53 - 1, attempt = 3, max_attempts = 1000000,\n"
+        "  backoff_ms = 3600000, run_at = 1700000000123, priority = -2147483648, cancel = 1,\n"
+        "  updated = 1700000000100, remaining = 7, optional_remaining = 0, optional = 2,\n"
+        "  worker = ARGV[1] }\n"
+        "local raw = encode_task(t)\n"
+        "local back = load_task('x', raw)\n"
+        "return { raw, encode_task(back) }\n",
+        worker,
+    )
+    assert raw == loaded
+    assert core.decode_record(raw) == core.Record(
+        state=State.RUNNING,
+        version=2**53 - 1,
+        attempt=3,
+        max_attempts=1_000_000,
+        backoff_ms=3_600_000,
+        run_at_ms=1_700_000_000_123,
+        priority=core.PRIORITY_MIN,
+        cancel_requested=True,
+        updated_ms=1_700_000_000_100,
+        remaining=7,
+        optional_remaining=2,
+        worker=worker,
+    )
+
+
+def test_queue_members_built_in_lua_parse_in_python_and_sort_by_priority_then_version(
+    own_client: redis.Redis,
+) -> None:
+    cases = [
+        (core.PRIORITY_MAX, 1),
+        (0, 2**53 - 1),
+        (0, 5),
+        (core.PRIORITY_MIN, 1),
+        (-1, 3),
+    ]
+    args = [str(v) for case in cases for v in case]
+    members = lua_eval(
+        own_client,
+        "local out = {}\n"
+        "for i = 1, #ARGV, 2 do\n"
+        "  local t = { priority = tonumber(ARGV[i]), version = tonumber(ARGV[i + 1]) }\n"
+        "  out[#out + 1] = queue_member(t, 'id' .. i)\n"
+        "end\n"
+        "return out\n",
+        *args,
+    )
+    parsed = [core.parse_queue_member(m) for m in members]
+    assert parsed == [(version, f"id{2 * i + 1}") for i, (_, version) in enumerate(cases)]
+    by_bytes = sorted(range(len(cases)), key=lambda i: members[i])
+    by_rule = sorted(range(len(cases)), key=lambda i: (-cases[i][0], cases[i][1]))
+    assert by_bytes == by_rule
+
+
+def test_ids_edges_dependency_lists_and_causes_have_one_format_on_both_sides(
+    own_client: redis.Redis,
+) -> None:
+    longest = "\u00e9" * (core.MAX_TASK_ID_BYTES // 2)
+    assert len(longest.encode()) == core.MAX_TASK_ID_BYTES < 16**3  # hex3 holds every length
+    ids = ["a", "b|c", "new\nline", longest]
+    prefixes, hexes, deps, edge, cause = lua_eval(
+        own_client,
+        "local prefixes, hexes, list = {}, {}, {}\n"
+        "for i, id in ipairs(ARGV) do\n"
+        "  prefixes[i] = id_prefix(id)\n"
+        "  hexes[i] = hex_id(id)\n"
+        "  list[i] = { kind = (i % 2 == 1) and 'r' or 'o', id = id }\n"
+        "end\n"
+        "return { prefixes, table.concat(hexes, ' '), encode_deps(list),\n"
+        "         edge_member(ARGV[1], 'w', 'r', ARGV[2]), id_prefix(ARGV[3]) .. ARGV[4] }\n",
+        *ids,
+    )
+    assert prefixes == [core.id_prefix(i) for i in ids]
+    assert core.decode_id_list(hexes.decode()) == ids
+    assert core.decode_deps_list(deps) == [("r", "a"), ("o", "b|c"), ("r", ids[2]), ("o", longest)]
+    low, high = core.edge_range("a")
+    assert low[1:] <= edge < high[1:]
+    assert core.decode_dependents("a", [edge]) == ("b|c",)
+    assert core.decode_cause(cause) == (ids[2], longest)
+
+
+def test_the_limits_checked_in_python_are_the_limits_the_scripts_check(
+    own_client: redis.Redis,
+) -> None:
+    s = Scheduler(own_client, namespace="limits")
+    try:
+
+        def raw_schedule(priority: int, max_attempts: int) -> Any:
+            call = core.schedule_call(s.keys, [TaskSpec("t", "f")], s.max_payload_bytes)
+            spec = f"in 0 {priority} {max_attempts} 0 0 0 0"
+            return raw(s, dataclasses.replace(call, args=[*call.args[:3], spec, call.args[4]]))
+
+        for priority in (core.PRIORITY_MIN, core.PRIORITY_MAX):
+            assert raw_schedule(priority, 1)[0] == 0
+        for priority in (core.PRIORITY_MIN - 1, core.PRIORITY_MAX + 1):
+            with pytest.raises(InvalidArgument, match="priority"):
+                raw_schedule(priority, 1)
+        with pytest.raises(InvalidArgument, match="max_attempts"):
+            raw_schedule(0, 0)
+        # The calls send the Python constants the scripts no longer hold.
+        assert core.purge_call(s.keys).args[2] == core.DEFAULT_RETENTION_S * 1000
+        assert core.reap_call(s.keys).args[:2] == [core.PROPAGATE_BUDGET, core.BACKOFF_CAP_MS]
+        assert core.BACKOFF_CAP_MS == core.BACKOFF_MAX_S * 1000
+    finally:
+        s.close()
+    for name in SCRIPT_NAMES:
+        code = strip_comments(source(name))
+        assert "86400000" not in code and "3600000" not in code, name
+        assert "PROPAGATE_BUDGET" not in code, name
+
+
+def test_every_error_code_a_script_raises_is_one_the_client_translates() -> None:
+    codes = set()
+    for text in [*script_files().values(), *library_files().values()]:
+        codes.update(re.findall(r"err = '([A-Z]+) ", strip_comments(text)))
+    assert codes == {"BADARG", "BUSY", "CONFLICT", "CORRUPT", "CYCLE", "NOTFOUND", "UNKNOWN"}
+    samples = {
+        "BADARG": "BADARG n must be an integer",
+        "BUSY": "BUSY a",
+        "CONFLICT": "CONFLICT running a",
+        "CYCLE": "CYCLE 61 62 61",
+        "NOTFOUND": "NOTFOUND a",
+        "UNKNOWN": "UNKNOWN 61 62",
+    }
+    for code, message in samples.items():
+        assert not isinstance(core.translate_error(message), ScriptError), code
+    # A corrupt record is a server-side fault, not an API error.
+    assert isinstance(core.translate_error("CORRUPT task record of a"), ScriptError)
+
+
+def readme_table(heading: str) -> dict[str, list[str]]:
+    """Script name -> the words of the second column, from the table under ``heading``."""
+    text = (LUA / "README.md").read_text("utf-8")
+    section = text.split(heading, 1)[1].split("\n#", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 2 and cells[0].startswith("`"):
+            for name in re.findall(r"`(\w+)`", cells[0]):
+                rows[name] = cells[1].split()
+    return rows
+
+
+def test_the_readme_lists_each_scripts_includes_and_keys_as_its_header_declares() -> None:
+    assert readme_table("### Assembly") == {n: list(scripts.includes(n)) for n in SCRIPT_NAMES}
+    assert readme_table("### Keys") == {n: list(scripts.script_keys(n)) for n in SCRIPT_NAMES}
+    replies = readme_table("### Replies")
+    assert set(replies) == set(SCRIPT_NAMES)
+    for name, words in replies.items():
+        first = "`[0," if name in NEVER_PROPAGATE else "`[left,"
+        assert words[0] == first, name

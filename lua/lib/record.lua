@@ -1,6 +1,6 @@
--- lib/record.lua: task records, the queue, tokens and counters.
+-- lib/record.lua: task records and queue members.
 --
--- Prepended (after lib/keys.lua, which defines k) to every transition script.
+--- @include run
 --
 -- Task record (field <task id> of the tasks hash), fields joined by '|' (state as
 -- one letter: p pending, r ready, x running, s succeeded, f failed, c cancelled,
@@ -27,13 +27,10 @@ local STATE_CODE = {
   pending = 'p', ready = 'r', running = 'x', succeeded = 's', failed = 'f', cancelled = 'c',
   blocked = 'b',
 }
-local STATE_NAME = {}
-for name, code in pairs(STATE_CODE) do STATE_NAME[code] = name end
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+local STATE_NAME = {
+  p = 'pending', r = 'ready', x = 'running', s = 'succeeded', f = 'failed', c = 'cancelled',
+  b = 'blocked',
+}
 
 -- Returns the record table, nil for an unknown id; raises on a corrupt record.
 -- raw: the stored record when the caller already read it.
@@ -75,90 +72,4 @@ end
 -- Split a queue member back into (version, id).
 local function parse_member(member)
   return tonumber(string.sub(member, 9, 22), 16), string.sub(member, 23)
-end
-
--- Per-state counters live in the meta hash as count:<state>. A script tallies its
--- moves and writes each changed counter once, when its body has succeeded.
-local count_delta = {}
-
-local function count_move(from_state, to_state)
-  if from_state then count_delta[from_state] = (count_delta[from_state] or 0) - 1 end
-  if to_state then count_delta[to_state] = (count_delta[to_state] or 0) + 1 end
-end
-
--- Put a ready task into the queue. Waiting workers are woken once, at the end of
--- the script, if one of the entries it added is then the queue head.
-local enqueued = {}
-
-local function enqueue(t, id)
-  local member = queue_member(t, id)
-  redis.call('ZADD', k.queue, t.run_at, member)
-  enqueued[member] = true
-end
-
--- A token is (version, attempt). The done hash keeps the most recent applied
--- tokens of an id so that a repeated report is told apart from a stale one.
-local DONE_KEEP = 8
-
-local function token_applied(id, version, attempt)
-  local raw = redis.call('HGET', k.done, id)
-  if not raw then return false end
-  local needle = ' ' .. string.format('%d.%d', version, attempt) .. ' '
-  return string.find(' ' .. raw .. ' ', needle, 1, true) ~= nil
-end
-
-local function remember_token(id, version, attempt)
-  local raw = redis.call('HGET', k.done, id)
-  local tokens = {}
-  if raw then
-    for tok in string.gmatch(raw, '%S+') do tokens[#tokens + 1] = tok end
-  end
-  tokens[#tokens + 1] = string.format('%d.%d', version, attempt)
-  while #tokens > DONE_KEEP do table.remove(tokens, 1) end
-  redis.call('HSET', k.done, id, table.concat(tokens, ' '))
-end
-
--- Classify a report's token against the current record.
-local function token_outcome(t, id, version, attempt)
-  if t and t.state == 'running' and t.version == version and t.attempt == attempt then
-    return 'applied'
-  end
-  if token_applied(id, version, attempt) then return 'duplicate' end
-  return 'stale'
-end
-
-local function to_int(value, field)
-  local n = tonumber(value)
-  if not n or n ~= math.floor(n) then
-    error({ err = 'BADARG ' .. field .. ' must be an integer' })
-  end
-  return n
-end
-
-local function running_count()
-  return (tonumber(redis.call('HGET', k.meta, 'count:running')) or 0) + (count_delta.running or 0)
-end
-
--- Wake waiting workers when the fleet-wide capacity was full and a slot frees.
-local function capacity_freed(running_before)
-  local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
-  if limit and running_before >= limit then redis.call('PUBLISH', k.wake, 'capacity') end
-end
-
--- Run a script body; an error raised as {err = 'CODE ...'} becomes that error reply.
--- After a body that succeeded: the tallied counters, then the wake-up.
-local function run(body)
-  local ok, res = pcall(body)
-  if ok then
-    for state, delta in pairs(count_delta) do
-      if delta ~= 0 then redis.call('HINCRBY', k.meta, 'count:' .. state, delta) end
-    end
-    if next(enqueued) then
-      local head = redis.call('ZRANGE', k.queue, 0, 0)
-      if head[1] and enqueued[head[1]] then redis.call('PUBLISH', k.wake, 'ready') end
-    end
-    return res
-  end
-  if type(res) == 'table' and res.err then return redis.error_reply(res.err) end
-  return redis.error_reply('ERR ' .. tostring(res))
 end

@@ -1,0 +1,35 @@
+-- lib/attempt.lua: the end of a running attempt that failed.
+--
+--- @include counts
+--- @include queue
+
+-- End a running attempt that failed (raised, or its lease expired): a new
+-- attempt after backoff while attempts remain and no cancellation was
+-- requested, otherwise failed. cap_ms: the longest wait between attempts.
+-- Returns true when the task became terminal.
+local function end_attempt_failed(id, t, now, reason, cap_ms)
+  local running_before = running_count()
+  redis.call('ZREM', k.leases, id)
+  t.worker = ''
+  t.updated = now
+  local terminal = false
+  -- A task whose cancellation was requested gets no new attempt; the request stays on record.
+  if t.attempt < t.max_attempts and t.cancel == 0 then
+    local delay = t.backoff_ms * 2 ^ (t.attempt - 1)
+    if delay > cap_ms then delay = cap_ms end
+    t.run_at = now + math.floor(delay)
+    t.state = 'ready'
+    count_move('running', 'ready')
+    save_task(id, t)
+    enqueue(t, id)
+  else
+    t.state = 'failed'
+    count_move('running', 'failed')
+    save_task(id, t)
+    redis.call('ZADD', k.finished, now, id)
+    terminal = true
+  end
+  redis.call('HSET', k.results, id, 'E' .. reason)
+  capacity_freed(running_before)
+  return terminal
+end

@@ -1,0 +1,29 @@
+-- lib/counts.lua: the per-state counters and the fleet-wide running limit.
+--
+--- @include run
+--
+-- Per-state counters live in the meta hash as count:<state>. A script tallies its
+-- moves and writes each changed counter once, when its body has succeeded.
+
+local count_delta = {}
+
+local function count_move(from_state, to_state)
+  if from_state then count_delta[from_state] = (count_delta[from_state] or 0) - 1 end
+  if to_state then count_delta[to_state] = (count_delta[to_state] or 0) + 1 end
+end
+
+after_success(function()
+  for state, delta in pairs(count_delta) do
+    if delta ~= 0 then redis.call('HINCRBY', k.meta, 'count:' .. state, delta) end
+  end
+end)
+
+local function running_count()
+  return (tonumber(redis.call('HGET', k.meta, 'count:running')) or 0) + (count_delta.running or 0)
+end
+
+-- Wake waiting workers when the fleet-wide capacity was full and a slot frees.
+local function capacity_freed(running_before)
+  local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
+  if limit and running_before >= limit then redis.call('PUBLISH', k.wake, 'capacity') end
+end

@@ -1,0 +1,40 @@
+-- lib/run.lua: how a script body runs and how its errors reach the caller.
+--
+-- Every script ends with `return run(function() ... end)`. An error raised as
+-- {err = 'CODE detail'} becomes the error reply `-CODE detail`; any other failure
+-- (a bug, a Lua error) becomes `-ERR <message>`. After a body that succeeded, the
+-- functions registered with after_success run in the order they were registered
+-- (lib/counts.lua writes its counters, lib/queue.lua wakes workers).
+
+local success_hooks = {}
+
+local function after_success(fn)
+  success_hooks[#success_hooks + 1] = fn
+end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function to_int(value, field)
+  local n = tonumber(value)
+  if not n or n ~= math.floor(n) then
+    error({ err = 'BADARG ' .. field .. ' must be an integer' })
+  end
+  return n
+end
+
+local function run(body)
+  local ok, res = pcall(body)
+  if ok then
+    for _, hook in ipairs(success_hooks) do hook() end
+    return res
+  end
+  -- Redis 7 hands an error table to pcall as its err string; older versions as the table.
+  local msg = type(res) == 'table' and res.err or tostring(res)
+  -- A code of capitals (ours, or a Redis error such as WRONGTYPE) travels as it is;
+  -- anything else is a Lua error message ('user_script:12: ...').
+  if not string.match(msg, '^%u[%u_]* ') then msg = 'ERR ' .. msg end
+  return redis.error_reply(msg)
+end

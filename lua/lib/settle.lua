@@ -1,0 +1,249 @@
+-- lib/settle.lua: new versions, and telling dependents that a task ended.
+--
+--- @include graph
+--- @include queue
+--
+-- Propagation. When a task becomes terminal, its waiting edges must be settled:
+-- success releases dependents (remaining - 1; ready at 0), any terminal state
+-- releases optional edges, and failure, cancellation or block blocks the pending
+-- dependents of its required edges (which then propagate in turn). The terminal
+-- id enters the propagating set, and each script call settles at most a budget of
+-- edges, so no call runs long however many dependents there are.
+-- Invariant that keeps the chunks correct under concurrent calls: an id with a
+-- 'p' job is terminal and cannot get a new version (schedule and retry refuse it
+-- with BUSY until its job ends), and no waiting edge to a terminal task is ever
+-- created (a new dependent sees it settled or blocked at once). So the waiting
+-- edges of a propagating id are exactly those that existed when it became
+-- terminal, each settled once, whatever runs in between.
+-- A retry's cascade ('r' job) re-versions only tasks blocked with the retried
+-- task as root and a version below the retry's own: versions come from one
+-- counter, so a task blocked again after the retry is never retried by it.
+--
+-- The budget of a call (edges settled plus tasks visited) is the script's ARGV
+-- propagation budget (core.PROPAGATE_BUDGET on the Python side).
+
+local function budget_arg(value)
+  local budget = to_int(value, 'budget')
+  if budget < 1 then error({ err = 'BADARG budget must be >= 1' }) end
+  return budget
+end
+
+-- Write a new version of id (old: its current record or nil) with parameters p
+-- (run_at, priority, max_attempts, backoff) and dependency list deps. state_of(id)
+-- is the state to count a dependency in (its record's, or what a task written in the
+-- same call or awaiting the same cascade will be). version: the one reserved for
+-- it, or nil to take the next from the namespace sequence. The new version is ready,
+-- pending or blocked (then its dependents are queued for propagation). Returns the
+-- version and the state.
+local function write_version(id, old, p, deps, now, state_of, version)
+  if old then
+    count_move(old.state, nil)
+    if TERMINAL[old.state] then redis.call('ZREM', k.finished, id) end
+    clear_version(id)
+  end
+  version = version or redis.call('HINCRBY', k.meta, 'seq', 1)
+  local remaining, optional, cause, waits = 0, 0, nil, {}
+  for j, d in ipairs(deps) do
+    local st = state_of(d.id)
+    if d.kind == 'o' then
+      if not TERMINAL[st] then optional = optional + 1; waits[j] = true end
+    elseif st == 'succeeded' then
+      -- already satisfied
+    elseif TERMINAL[st] then
+      if not cause then cause = { root = root_through(d.id, st), parent = d.id } end
+    else
+      remaining = remaining + 1
+      waits[j] = true
+    end
+  end
+  local t = {
+    state = 'pending', version = version, attempt = 0, max_attempts = p.max_attempts,
+    backoff_ms = p.backoff, run_at = p.run_at, priority = p.priority, cancel = 0,
+    updated = now, remaining = remaining, optional = optional, worker = '',
+  }
+  if cause then
+    count_move(nil, 'pending')
+    block_task(id, t, cause.root, cause.parent, now)
+  elseif remaining + optional > 0 then
+    count_move(nil, 'pending')
+    save_task(id, t)
+  else
+    t.state = 'ready'
+    count_move(nil, 'ready')
+    save_task(id, t)
+    enqueue(t, id)
+  end
+  -- The edges and the stored list (encode_deps, edge_member) share each id's prefix.
+  local edges, listed = {}, {}
+  for j, d in ipairs(deps) do
+    local prefix = id_prefix(d.id)
+    local flag = (waits[j] and not cause) and 'w' or 's'
+    edges[2 * j - 1] = 0
+    edges[2 * j] = prefix .. flag .. d.kind .. id
+    listed[j] = d.kind .. prefix
+  end
+  call_many('ZADD', k.edges, edges)
+  if #deps > 0 then redis.call('HSET', k.deps, id, table.concat(listed)) end
+  if old then redis.call('HDEL', k.results, id) end
+  return version, t.state
+end
+
+-- Settle the edges of one 'p' job: at most want edges. Returns (cost, done).
+local function settle_edges(p, want, now)
+  local pt = load_task(p)
+  -- A record can only vanish by retention, which leaves propagating ids alone.
+  local p_state = pt and pt.state
+  local prefix = id_prefix(p) .. 'w'
+  local edges = redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255',
+                           'LIMIT', 0, want)
+  for _, m in ipairs(edges) do
+    local kind = string.sub(m, #prefix + 1, #prefix + 1)
+    local c = string.sub(m, #prefix + 2)
+    redis.call('ZREM', k.edges, m)
+    redis.call('ZADD', k.edges, 0, edge_member(p, 's', kind, c))
+    local ct = load_task(c)
+    if p_state and ct and ct.state == 'pending' then
+      if kind == 'o' then
+        ct.optional = ct.optional - 1
+      elseif p_state == 'succeeded' then
+        ct.remaining = ct.remaining - 1
+      else
+        block_task(c, ct, root_through(p, p_state), p, now)
+        ct = nil
+      end
+      if ct then
+        ct.updated = now
+        if ct.remaining <= 0 and ct.optional <= 0 then
+          count_move('pending', 'ready')
+          ct.state = 'ready'
+          save_task(c, ct)
+          enqueue(ct, c)
+        else
+          save_task(c, ct)
+        end
+      end
+    end
+  end
+  return #edges, #edges < want
+end
+
+-- Would a new version of id with deps (counted by state_of) close a cycle of awaited
+-- dependencies? Edges made while a dependency had ended were never checked, and a
+-- cascade makes such dependencies awaited again.
+local function closes_cycle(id, deps, state_of)
+  local children = {}
+  for _, d in ipairs(deps) do
+    local st = state_of(d.id)
+    -- Blocked at once: it will await nothing.
+    if d.kind == 'r' and TERMINAL[st] and st ~= 'succeeded' then return false end
+    if not TERMINAL[st] then children[d.id] = { id } end
+  end
+  local ok, err = pcall(check_cycles, { { id = id } }, { [id] = true }, children)
+  if ok then return false end
+  -- Redis hands an error table back to pcall as its message string.
+  local msg = type(err) == 'table' and err.err or tostring(err)
+  if string.sub(msg, 1, 6) == 'CYCLE ' then return true end
+  error({ err = msg })
+end
+
+-- Re-version at most want of the tasks blocked through the retried task before its
+-- retry (version below the threshold): those whose recorded root is the retried task,
+-- or, when the retried task was itself blocked, those with the same root whose chain
+-- of parents passes through it. Tasks of the same cascade count as pending for each other, so
+-- the order they are written in does not matter, except that of tasks that would
+-- wait on each other in a cycle the last one written stays blocked (closes_cycle)
+-- and blocks the others again. Returns (cost, done).
+local function cascade_retry(retried, want, now)
+  local field = 'cascade:' .. retried
+  local threshold, rest = string.match(redis.call('HGET', k.meta, field) or '0|000', '^(%d+)|(.*)$')
+  threshold = tonumber(threshold)
+  local root_len = tonumber(string.sub(rest, 1, 3), 16)
+  local root = string.sub(rest, 4, 3 + root_len)
+  local cursor = string.sub(rest, 4 + root_len)
+  local steps = 0
+  -- Was id blocked through the retried task? Its parents lead back to the root; the
+  -- answer is kept for every task on the way, so each is walked once per call.
+  local through = { [retried] = true }
+  local function passes(id)
+    local trail = {}
+    local cur = id
+    while through[cur] == nil do
+      trail[#trail + 1] = cur
+      through[cur] = false  -- until known: a loop of stale parents then ends as false
+      steps = steps + 1
+      local r, parent = block_cause(cur)
+      if r ~= root or not parent or (parent == root and root ~= retried) then break end
+      cur = parent
+    end
+    local answer = through[cur]
+    for _, t in ipairs(trail) do through[t] = answer end
+    return answer
+  end
+  local function in_cascade(id, t)
+    return t and t.state == 'blocked' and t.version < threshold and block_cause(id) == root
+      and passes(id)
+  end
+  local function state_of(id)
+    local t = load_task(id)
+    if in_cascade(id, t) then return 'pending' end
+    return t and t.state
+  end
+  local prefix = id_prefix(root)
+  local lo = '[' .. prefix
+  if cursor ~= '' then lo = '(' .. cursor end
+  local members = redis.call('ZRANGEBYLEX', k.blockedby, lo, '(' .. prefix .. '\255', 'LIMIT', 0, want)
+  local cost = #members
+  for _, m in ipairs(members) do
+    local c = string.sub(m, #prefix + 1)
+    local ct = load_task(c)
+    local deps = in_cascade(c, ct) and decode_deps(redis.call('HGET', k.deps, c))
+    if deps and closes_cycle(c, deps, state_of) then
+      -- Reviving c would leave tasks waiting on each other for ever: it stays blocked,
+      -- and its job blocks again the tasks of the cascade that wait on it.
+      needs_propagation(c)
+    elseif deps then
+      local params = { run_at = ct.run_at, priority = ct.priority,
+                       max_attempts = ct.max_attempts, backoff = ct.backoff_ms }
+      write_version(c, ct, params, deps, now, state_of)
+    end
+  end
+  local done = #members < want
+  if done then
+    redis.call('HDEL', k.meta, field)
+  else
+    redis.call('HSET', k.meta, field,
+               string.format('%d|', threshold) .. id_prefix(root) .. members[#members])
+  end
+  return cost + steps, done
+end
+
+-- Run the propagating jobs, oldest first, within budget (edges settled plus tasks
+-- visited). Returns the budget used.
+local function propagate(budget, now)
+  local used = 0
+  while used < budget do
+    local head = redis.call('ZRANGE', k.propagating, 0, 0)
+    if #head == 0 then break end
+    local job = head[1]
+    local want = budget - used
+    local cost, done
+    if string.sub(job, 1, 1) == 'r' then
+      cost, done = cascade_retry(string.sub(job, 2), want, now)
+    else
+      cost, done = settle_edges(string.sub(job, 2), want, now)
+    end
+    -- Visiting a job costs like one edge, so a long line of small jobs cannot
+    -- stretch one call either.
+    used = used + math.max(cost, 1)
+    if done then redis.call('ZREM', k.propagating, job) end
+  end
+  return used
+end
+
+-- Tasks that just became terminal: queue their dependents' propagation and settle a
+-- budget of it now. Returns the number of propagating jobs left (0: all settled).
+local function settle_after_terminal(ids, now, budget)
+  for _, id in ipairs(ids) do needs_propagation(id) end
+  propagate(budget, now)
+  return redis.call('ZCARD', k.propagating)
+end
