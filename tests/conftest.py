@@ -54,7 +54,10 @@ def require_extra(module: str) -> ModuleType:
     except ImportError as exc:
         if IN_CI:
             pytest.fail(f"{module} cannot be imported ({exc}), and CI=true requires it")
-        pytest.skip(f"{module} is not installed (pip install -e '.[test]'): {exc}")
+        pytest.skip(
+            f"{module} is not installed (pip install -e '.[test]'): {exc}",
+            allow_module_level=True,
+        )
 
 
 def subprocess_env(
