@@ -105,14 +105,14 @@ def test_a_running_function_sees_a_cancel_request_from_the_heartbeat_alone(
     namespace = "t" + uuid.uuid4().hex[:12]
     user, password = f"worker-{namespace}", uuid.uuid4().hex
     admin = own_redis.client()
-    admin.execute_command(
+    admin.execute_command(  # type: ignore[no-untyped-call]
         "ACL", "SETUSER", user, "on", f">{password}",
         "resetkeys", "~ds:*", "resetchannels",
         "-@all", "+@read", "+@write", "+@scripting", "+@connection", "+@pubsub", "+time",
     )  # fmt: skip
     worker_client = own_redis.client(username=user, password=password)
     # The premise: this user's subscription to the wake-up channel is refused.
-    probe = worker_client.pubsub()
+    probe = worker_client.pubsub()  # type: ignore[no-untyped-call]
     with pytest.raises(NoPermissionError):
         probe.subscribe(f"ds:{{{namespace}}}:wake")
         probe.get_message(timeout=1.0)

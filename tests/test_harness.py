@@ -41,7 +41,7 @@ def test_a_subprocess_started_with_the_helpers_imports_distsched_from_this_check
     assert Path(lua).resolve().is_relative_to(REPO_ROOT)
 
 
-def test_subprocess_env_keeps_the_inherited_path_after_the_checkout_and_drops_none_values() -> None:
+def test_subprocess_env_puts_the_checkout_first_and_drops_variables_set_to_none() -> None:
     env = subprocess_env(
         {"PYTHONPATH": "/somewhere", "KEEP": "1", "DROP": "x"}, DROP=None, ADDED="2"
     )
