@@ -1,275 +1,204 @@
-"""The asyncio ``AsyncScheduler``: the same scripts, keys and core as ``Scheduler``."""
+"""The asyncio ``AsyncScheduler``: the same operations as ``Scheduler``, awaited.
+
+It drives the operations of :mod:`distsched.core` over a ``redis.asyncio``
+client; every method has the name, parameters and meaning of its
+:class:`~distsched.client.Scheduler` twin.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import datetime as _dt
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aredis
-from redis.exceptions import NoPermissionError, ResponseError
+from redis.exceptions import ResponseError
 
 from distsched import core
-from distsched.client import BaseScheduler
-from distsched.core import Call, Claim, Outcome, State, TaskInfo, TaskSpec, Wait
-from distsched.errors import BusyError, InvalidArgument, LeaseLostError
+from distsched.client import BaseScheduler, client_from_url
+from distsched.core import (
+    Chores,
+    Claim,
+    Outcome,
+    Overview,
+    State,
+    Stats,
+    TaskInfo,
+    TaskSpec,
+    Wait,
+)
 from distsched.scripts import Registry
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+T = TypeVar("T")
 
 
 class AsyncScheduler(BaseScheduler):
-    """``Scheduler`` for asyncio code: every method is a coroutine with the same meaning."""
+    """``Scheduler`` for asyncio code: every method is a coroutine with the same meaning.
+
+    Building it does no I/O (``AsyncScheduler.from_url(...)`` is a plain call); a
+    ``max_running`` given here is stored by the first call that reaches Redis, or
+    on entering ``async with``.
+    """
 
     def __init__(
         self,
         client: aredis.Redis,
         namespace: str = "default",
         lease_s: float = 30.0,
+        max_running: int | None = None,
         max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         super().__init__(namespace, lease_s, max_payload_bytes)
+        limit = core.validate_max_running(max_running)
         self.client = client
-        self._scripts = Registry(client)
         self._owns_client = False
+        self._scripts = Registry(client)
+        self._setup: core.Op[None] | None = None
+        if limit is not None:
+            self._setup = self._ops.set_max_running(limit)
 
     @classmethod
-    async def from_url(
+    def from_url(
         cls,
         url: str,
         namespace: str = "default",
         lease_s: float = 30.0,
         max_running: int | None = None,
-        **kwargs: Any,
+        max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> AsyncScheduler:
-        """Connect to ``url``; ``max_running`` is stored when not None (last writer wins)."""
-        limit = core.validate_max_running(max_running)
-        url = core.validate_url(url)
-        try:
-            client = aredis.Redis.from_url(url)
-        except ValueError as exc:
-            raise InvalidArgument("url", str(exc)) from None
-        try:
-            scheduler = cls(client, namespace=namespace, lease_s=lease_s, **kwargs)
-            if limit is not None:
-                await scheduler.set_max_running(limit)
-        except BaseException:
-            await client.aclose()
-            raise
+        """Connect to a ``redis://``, ``rediss://`` or ``unix://`` URL; closing closes it."""
+        client = client_from_url(url, aredis.Redis.from_url)
+        scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes)
         scheduler._owns_client = True
         return scheduler
 
-    async def _run(self, call: Call) -> Any:
-        self._check_open()
-        try:
-            return await self._scripts[call.script](keys=call.keys, args=call.args)
-        except NoPermissionError:
-            # An ACL refusal is the operator's business: keep redis-py's own exception.
-            raise
-        except ResponseError as exc:
-            raise core.translate_error(str(exc)) from None
+    async def __aenter__(self) -> AsyncScheduler:
+        await self._drive(self._ops.noop())
+        return self
 
-    async def _transition(self, call: Call) -> Any:
-        """See ``Scheduler._transition``."""
-        while True:
-            try:
-                reply = await self._run(call)
-            except BusyError:
-                await self.settle()
-                continue
-            if core.propagation_left(call.script, reply):
-                await self.settle()
-            return reply
-
-    async def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
-        """See ``Scheduler.settle``."""
-        total = 0
-        while True:
-            used, left = await self._run(core.propagate_call(self.keys, budget))
-            total += int(used)
-            if int(left) == 0:
-                return total
-
-    async def schedule(
+    async def __aexit__(
         self,
-        task_id: str,
-        run_at: float | _dt.datetime | None = None,
-        priority: int = 0,
-        fn: str = "",
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        delay: float | None = None,
-        deps: Sequence[str] = (),
-        optional_deps: Sequence[str] = (),
-        max_attempts: int = 1,
-        backoff: float = 1.0,
-        allow_unknown: bool = False,
-    ) -> int:
-        """See ``Scheduler.schedule``."""
-        spec = self._spec(
-            task_id, fn, run_at, priority, args, kwargs, delay, deps, optional_deps,
-            max_attempts, backoff, allow_unknown,
-        )  # fmt: skip
-        return (await self.schedule_many([spec]))[0]
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ I/O
+
+    async def _drive(self, op: core.Op[T]) -> T:
+        self._check_open()
+        if self._setup is not None:
+            setup, self._setup = self._setup, None
+            await self._drive(setup)
+        step = core.advance(op, None)
+        while not isinstance(step, core.Done):
+            step = core.advance(op, await self._send(step))
+        return step.value
+
+    async def _send(self, request: core.Request) -> Any:
+        if isinstance(request, core.Call):
+            try:
+                return await self._scripts[request.script](keys=request.keys, args=request.args)
+            except ResponseError as exc:
+                return self._translate(exc)
+        pipe = self.client.pipeline(transaction=request.atomic)
+        for command in request.commands:
+            pipe.execute_command(*command)
+        return await pipe.execute()
+
+    # ------------------------------------------------------------------ producers
+
+    async def schedule(self, task_id: str, **options: Unpack[core.TaskOptions]) -> int:
+        """See :meth:`Scheduler.schedule`."""
+        return await self._drive(self._ops.schedule(task_id, options))
+
+    async def submit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> int:
+        """See :meth:`Scheduler.submit`."""
+        return await self._drive(self._ops.schedule(task_id, options))
 
     async def schedule_many(self, specs: Sequence[TaskSpec]) -> list[int]:
-        self._check_open()
-        call = self._schedule_call(specs)  # validates the container even when empty
-        if not specs:
-            return []
-        return [int(v) for v in (await self._transition(call))[1:]]
-
-    async def cancel(self, task_id: str) -> State:
-        reply = await self._transition(core.cancel_call(self.keys, task_id))
-        return State(core._text(reply[0]))
-
-    async def submit(
-        self,
-        task_id: str,
-        fn: str = "",
-        deps: Sequence[str] = (),
-        optional_deps: Sequence[str] = (),
-        run_at: float | _dt.datetime | None = None,
-        priority: int = 0,
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        delay: float | None = None,
-        max_attempts: int = 1,
-        backoff: float = 1.0,
-        allow_unknown: bool = False,
-    ) -> int:
-        """See ``Scheduler.submit``."""
-        spec = self._spec(
-            task_id, fn, run_at, priority, args, kwargs, delay, deps, optional_deps,
-            max_attempts, backoff, allow_unknown,
-        )  # fmt: skip
-        return (await self.schedule_many([spec]))[0]
+        """See :meth:`Scheduler.schedule_many`."""
+        return await self._drive(self._ops.schedule_many(specs))
 
     async def submit_graph(self, specs: Sequence[TaskSpec]) -> list[int]:
-        """See ``Scheduler.submit_graph``."""
-        return await self.schedule_many(specs)
+        """See :meth:`Scheduler.submit_graph`."""
+        return await self._drive(self._ops.schedule_many(specs))
+
+    async def cancel(self, task_id: str) -> State:
+        """See :meth:`Scheduler.cancel`."""
+        return await self._drive(self._ops.cancel(task_id))
 
     async def retry(self, task_id: str, cascade: bool = True) -> int:
-        """See ``Scheduler.retry``."""
-        return int((await self._transition(core.retry_call(self.keys, task_id, cascade)))[1])
+        """See :meth:`Scheduler.retry`."""
+        return await self._drive(self._ops.retry(task_id, cascade))
 
     async def add_deps(
         self, task_id: str, deps: Sequence[str], allow_unknown: bool = False
     ) -> None:
-        """See ``Scheduler.add_deps``."""
-        await self._transition(core.add_deps_call(self.keys, task_id, deps, allow_unknown))
+        """See :meth:`Scheduler.add_deps`."""
+        return await self._drive(self._ops.add_deps(task_id, deps, allow_unknown))
+
+    async def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+        """See :meth:`Scheduler.settle`."""
+        return await self._drive(self._ops.settle(budget))
+
+    # ------------------------------------------------------------------ workers
 
     async def claim(self, n: int, worker_id: str) -> tuple[list[Claim], Wait | None]:
-        reply = await self._run(core.claim_call(self.keys, worker_id, n, self.lease_ms))
-        return core.decode_claim_reply(reply)
+        """See :meth:`Scheduler.claim`."""
+        return await self._drive(self._ops.claim(n, worker_id))
 
     async def ready(self, n: int, worker_id: str) -> list[Claim]:
-        return (await self.claim(n, worker_id))[0]
+        """See :meth:`Scheduler.ready`."""
+        return await self._drive(self._ops.ready(n, worker_id))
 
     async def next(self, worker_id: str) -> Claim | Wait:
-        claims, wait = await self.claim(1, worker_id)
-        if claims:
-            return claims[0]
-        assert wait is not None
-        return wait
-
-    async def heartbeat_many(self, claims: Sequence[Claim]) -> list[bool | None]:
-        self._check_open()
-        if not claims:
-            return []
-        reply = await self._run(core.heartbeat_call(self.keys, claims, self.lease_ms))
-        return [None if int(v) == 0 else int(v) == 2 for v in reply]
+        """See :meth:`Scheduler.next`."""
+        return await self._drive(self._ops.next(worker_id))
 
     async def heartbeat(self, claim: Claim) -> bool:
-        status = (await self.heartbeat_many([claim]))[0]
-        if status is None:
-            raise LeaseLostError(f"lease of {claim.task_id!r} attempt {claim.attempt} was lost")
-        return status
+        """See :meth:`Scheduler.heartbeat`."""
+        return await self._drive(self._ops.heartbeat(claim))
 
-    async def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
-        self._check_open()
-        if not reports:
-            return []
-        reply = await self._transition(core.complete_call(self.keys, reports))
-        return core.decode_outcomes(reply[1:])
+    async def heartbeat_many(self, claims: Sequence[Claim]) -> list[bool | None]:
+        """See :meth:`Scheduler.heartbeat_many`."""
+        return await self._drive(self._ops.heartbeat_many(claims))
 
     async def complete(self, claim: Claim, result: object = None) -> Outcome:
-        return (await self.complete_many([(claim, result)]))[0]
+        """See :meth:`Scheduler.complete`."""
+        return (await self._drive(self._ops.complete_many([(claim, result)])))[0]
 
-    async def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
-        self._check_open()
-        if not reports:
-            return []
-        reply = await self._transition(core.fail_call(self.keys, reports))
-        return core.decode_outcomes(reply[1:])
+    async def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
+        """See :meth:`Scheduler.complete_many`."""
+        return await self._drive(self._ops.complete_many(reports))
+
+    async def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
+        """See :meth:`Scheduler.complete_encoded`."""
+        return await self._drive(self._ops.complete_many(reports, encoded=True))
 
     async def fail(self, claim: Claim, error: object) -> Outcome:
-        return (await self.fail_many([(claim, error)]))[0]
+        """See :meth:`Scheduler.fail`."""
+        return (await self._drive(self._ops.fail_many([(claim, error)])))[0]
+
+    async def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
+        """See :meth:`Scheduler.fail_many`."""
+        return await self._drive(self._ops.fail_many(reports))
 
     async def confirm_cancel(self, claim: Claim) -> Outcome:
-        reply = await self._transition(core.confirm_cancel_call(self.keys, claim))
-        return Outcome(core._text(reply[0]))
+        """See :meth:`Scheduler.confirm_cancel`."""
+        return await self._drive(self._ops.confirm_cancel(claim))
 
     async def release(self, claims: Sequence[Claim]) -> int:
-        self._check_open()
-        if not claims:
-            return 0
-        reply = await self._transition(core.release_call(self.keys, claims))
-        return sum(int(v) for v in reply[1:])
-
-    async def reap(self, limit: int = core.REAP_BATCH) -> int:
-        return int((await self._transition(core.reap_call(self.keys, limit=limit)))[0])
-
-    async def expire_lease(self, task_id: str) -> int:
-        return int((await self._transition(core.reap_call(self.keys, task_id=task_id)))[0])
-
-    async def status(self, task_id: str) -> TaskInfo:
-        """See ``Scheduler.status``."""
-        self._check_open()
-        core.validate_task_id(task_id)
-        pipe = self.client.pipeline(transaction=True)
-        for key in core.status_reads(self.keys):
-            pipe.hget(key, task_id)
-        pipe.zscore(self.keys.leases, task_id)
-        pipe.zrangebylex(self.keys.edges, *core.edge_range(task_id))
-        record, payload, result, deps, cause, lease, edges = await pipe.execute()
-        blocked_by = None
-        if cause:
-            walk = core.blocked_path(task_id, cause)
-            try:
-                parent = next(walk)
-                while True:
-                    parent = walk.send(await self.client.hget(self.keys.blocked, parent))
-            except StopIteration as done:
-                blocked_by = done.value
-        return core.decode_status(
-            task_id, record, payload, result, lease, deps,
-            core.decode_dependents(task_id, edges), blocked_by,
-        )  # fmt: skip
-
-    async def stats(self) -> dict[str, Any]:
-        self._check_open()
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(self.keys.meta)
-        pipe.zcard(self.keys.queue)
-        pipe.zcard(self.keys.leases)
-        meta, entries, leases = await pipe.execute()
-        return core.decode_stats(meta, int(entries), int(leases))
-
-    async def set_max_running(self, max_running: int | None) -> None:
-        self._check_open()
-        limit = core.validate_max_running(max_running)
-        if limit is None:
-            await self.client.hdel(self.keys.meta, "max_running")
-        else:
-            await self.client.hset(self.keys.meta, "max_running", limit)
-            await self.client.publish(self.keys.wake, "capacity")
+        """See :meth:`Scheduler.release`."""
+        return await self._drive(self._ops.release(claims))
 
     async def wait_for_wake(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds (None: no limit) for a wake-up message.
-
-        Subscribes only for the call, so a message published before it is not seen:
-        use it after a claim that returned ``Wait``, with ``Wait.delay`` as timeout.
-        """
+        """See :meth:`Scheduler.wait_for_wake`."""
         self._check_open()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
@@ -285,8 +214,68 @@ class AsyncScheduler(BaseScheduler):
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
 
+    # ------------------------------------------------------------------ housekeeping
+
+    async def reap(self, limit: int = core.REAP_BATCH) -> int:
+        """See :meth:`Scheduler.reap`."""
+        return await self._drive(self._ops.reap(limit))
+
+    async def expire_lease(self, task_id: str) -> int:
+        """See :meth:`Scheduler.expire_lease`."""
+        return await self._drive(self._ops.expire_lease(task_id))
+
+    async def purge(self, limit: int = core.PURGE_BATCH) -> int:
+        """See :meth:`Scheduler.purge`."""
+        return await self._drive(self._ops.purge(limit))
+
+    async def set_retention(self, retention_s: float) -> None:
+        """See :meth:`Scheduler.set_retention`."""
+        return await self._drive(self._ops.set_retention(retention_s))
+
+    async def compact(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+        """See :meth:`Scheduler.compact`."""
+        return await self._drive(self._ops.compact(budget))
+
+    async def housekeeping(self, purge_calls: int = 20) -> Chores:
+        """See :meth:`Scheduler.housekeeping`."""
+        return await self._drive(self._ops.housekeeping(purge_calls))
+
+    async def set_max_running(self, max_running: int | None) -> None:
+        """See :meth:`Scheduler.set_max_running`."""
+        return await self._drive(self._ops.set_max_running(max_running))
+
+    # ------------------------------------------------------------------ inspection
+
+    async def status(self, task_id: str) -> TaskInfo:
+        """See :meth:`Scheduler.status`."""
+        return await self._drive(self._ops.status(task_id))
+
+    async def stats(self) -> Stats:
+        """See :meth:`Scheduler.stats`."""
+        return await self._drive(self._ops.stats())
+
+    async def overview(self, soon_s: float = 5.0, scan: int = 100) -> Overview:
+        """See :meth:`Scheduler.overview`."""
+        return await self._drive(self._ops.overview(soon_s, scan))
+
+    async def leases(self) -> list[tuple[str, float]]:
+        """See :meth:`Scheduler.leases`."""
+        return await self._drive(self._ops.leases())
+
+    async def server_time(self) -> float:
+        """See :meth:`Scheduler.server_time`."""
+        return await self._drive(self._ops.server_time())
+
+    async def exists(self) -> bool:
+        """See :meth:`Scheduler.exists`."""
+        return await self._drive(self._ops.exists())
+
+    async def clear(self) -> None:
+        """See :meth:`Scheduler.clear`."""
+        return await self._drive(self._ops.clear())
+
     async def close(self) -> None:
-        """Close: every later call raises ``ClosedError``."""
+        """See :meth:`Scheduler.close`."""
         if self._closed:
             return
         self._closed = True

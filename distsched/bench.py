@@ -1005,14 +1005,13 @@ class Bench:
             times = []
             with self._server_time() as server:
                 t0 = time.perf_counter()
-                s._run(call)
+                s._drive(s._ops.once(call))
                 times.append(time.perf_counter() - t0)
                 left = 1
                 while left:
                     t0 = time.perf_counter()
-                    _, left = s._run(core.propagate_call(s.keys))
+                    left, _ = s._drive(s._ops.once(core.propagate_call(s.keys)))
                     times.append(time.perf_counter() - t0)
-                    left = int(left)
             slowlog_max = self._slowlog_max_ms(mark)
             counts = s.stats()["counts"]
         self._clean(namespace)

@@ -599,9 +599,8 @@ def status(ctx: click.Context, task_id: str, as_json: bool) -> None:
 
 def _require_namespace(ctx: click.Context, scheduler: Scheduler) -> None:
     """A namespace without a single key is most likely a typo: say so."""
-    from distsched.metrics import namespace_exists
 
-    if not namespace_exists(scheduler):
+    if not scheduler.exists():
         settings = _settings(ctx)
         raise click.ClickException(
             f"namespace {settings.namespace!r} does not exist at {redact(settings.url)} "
@@ -683,7 +682,6 @@ def stats(
 
     All times are on the Redis server's clock.
     """
-    from distsched.metrics import overview
 
     scheduler = _connect(ctx)
     _require_namespace(ctx, scheduler)
@@ -692,7 +690,7 @@ def stats(
     draws = 0
     try:
         while True:
-            data = overview(scheduler, soon_s)
+            data = scheduler.overview(soon_s)
             if as_json:
                 click.echo(json.dumps(data))
             else:

@@ -1,24 +1,45 @@
-"""The synchronous ``Scheduler``: a thin shell over :mod:`distsched.core`."""
+"""The synchronous ``Scheduler``: it sends what :mod:`distsched.core` builds.
+
+Each public method drives one :class:`~distsched.core.Ops` operation over a
+redis-py client; the asyncio :class:`~distsched.aio.AsyncScheduler` drives the
+same operations, so the two have the same methods with the same meaning.
+"""
 
 from __future__ import annotations
 
-import datetime as _dt
 import threading
-from collections.abc import Mapping, Sequence
-from typing import Any
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.exceptions import NoPermissionError, ResponseError
 
 from distsched import core
-from distsched.core import Call, Claim, Outcome, State, TaskInfo, TaskSpec, Wait
-from distsched.errors import BusyError, ClosedError, InvalidArgument, LeaseLostError
+from distsched.core import (
+    Chores,
+    Claim,
+    Outcome,
+    Overview,
+    State,
+    Stats,
+    TaskInfo,
+    TaskSpec,
+    Wait,
+)
+from distsched.errors import ClosedError, InvalidArgument
 from distsched.keys import Keys
 from distsched.scripts import Registry
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+T = TypeVar("T")
+
 
 class BaseScheduler:
-    """State shared by the sync and asyncio schedulers: keys, lease, limits."""
+    """What the sync and asyncio schedulers share: settings, keys and operations."""
 
     def __init__(
         self,
@@ -31,50 +52,36 @@ class BaseScheduler:
         self.lease_ms = core.validate_lease(lease_s)
         self.lease_s = float(lease_s)
         self.max_payload_bytes = core.validate_max_payload_bytes(max_payload_bytes)
+        self._ops = core.Ops(self.keys, self.lease_ms, self.max_payload_bytes)
         self._closed = False
 
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the scheduler is closed")
 
-    def _schedule_call(self, specs: Sequence[TaskSpec]) -> Call:
-        return core.schedule_call(self.keys, specs, self.max_payload_bytes)
-
     @staticmethod
-    def _spec(
-        task_id: str,
-        fn: str,
-        run_at: float | _dt.datetime | None,
-        priority: int,
-        args: Sequence[Any],
-        kwargs: Mapping[str, Any] | None,
-        delay: float | None,
-        deps: Sequence[str],
-        optional_deps: Sequence[str],
-        max_attempts: int,
-        backoff: float,
-        allow_unknown: bool,
-    ) -> TaskSpec:
-        return TaskSpec(
-            task_id=task_id,
-            fn=fn,
-            run_at=run_at,
-            priority=priority,
-            args=args,
-            kwargs=kwargs,
-            delay=delay,
-            deps=deps,
-            optional_deps=optional_deps,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            allow_unknown=allow_unknown,
-        )
+    def _translate(exc: ResponseError) -> core.Failure:
+        if isinstance(exc, NoPermissionError):
+            # An ACL refusal is the operator's business: keep redis-py's own exception.
+            raise exc
+        return core.Failure(core.translate_error(str(exc)))
+
+
+def client_from_url(url: str, factory: Any) -> Any:
+    """A redis-py client for ``url`` (validated), built by ``factory`` (sync or asyncio)."""
+    url = core.validate_url(url)
+    try:
+        return factory(url)
+    except ValueError as exc:
+        raise InvalidArgument("url", str(exc)) from None
 
 
 class Scheduler(BaseScheduler):
     """Schedule, claim and report tasks in one namespace of one Redis.
 
-    Thread-safe: the underlying redis-py client pools its connections.
+    ``max_running`` (when not None) is stored as the namespace's fleet-wide bound on
+    running tasks (last writer wins). Thread-safe: redis-py pools its connections.
+    Use it as a context manager, or call :meth:`close`.
     """
 
     def __init__(
@@ -101,334 +108,253 @@ class Scheduler(BaseScheduler):
         namespace: str = "default",
         lease_s: float = 30.0,
         max_running: int | None = None,
-        **kwargs: Any,
+        max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> Scheduler:
-        """Connect to ``redis://``, ``rediss://`` or ``unix://`` ``url``."""
-        url = core.validate_url(url)
+        """Connect to a ``redis://``, ``rediss://`` or ``unix://`` URL; closing closes it."""
+        client = client_from_url(url, redis.Redis.from_url)
         try:
-            client = redis.Redis.from_url(url)
-        except ValueError as exc:
-            raise InvalidArgument("url", str(exc)) from None
-        try:
-            scheduler = cls(
-                client, namespace=namespace, lease_s=lease_s, max_running=max_running, **kwargs
-            )
+            scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes)
         except BaseException:
             client.close()
             raise
         scheduler._owns_client = True
         return scheduler
 
-    # ------------------------------------------------------------------ plumbing
+    def __enter__(self) -> Scheduler:
+        return self
 
-    def _run(self, call: Call, client: Any = None) -> Any:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ I/O
+
+    def _drive(self, op: core.Op[T]) -> T:
         self._check_open()
-        try:
-            return self._scripts[call.script](keys=call.keys, args=call.args, client=client)
-        except NoPermissionError:
-            # An ACL refusal is the operator's business: keep redis-py's own exception.
-            raise
-        except ResponseError as exc:
-            raise core.translate_error(str(exc)) from None
+        step = core.advance(op, None)
+        while not isinstance(step, core.Done):
+            step = core.advance(op, self._send(step))
+        return step.value
 
-    def _transition(self, call: Call) -> Any:
-        """Run a transition; then settle the dependents it left (see ``settle``).
-
-        A task still settling its dependents cannot get a new version (``BUSY``):
-        settle and try again, which always makes progress.
-        """
-        while True:
+    def _send(self, request: core.Request) -> Any:
+        if isinstance(request, core.Call):
             try:
-                reply = self._run(call)
-            except BusyError:
-                self.settle()
-                continue
-            if core.propagation_left(call.script, reply):
-                self.settle()
-            return reply
-
-    def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
-        """Tell waiting dependents about every task that ended, in bounded script calls.
-
-        Each call settles at most ``budget`` dependency edges, so Redis is never
-        blocked for long however large the graph. Returns the edges settled.
-        """
-        total = 0
-        while True:
-            used, left = self._run(core.propagate_call(self.keys, budget))
-            total += int(used)
-            if int(left) == 0:
-                return total
+                return self._scripts[request.script](keys=request.keys, args=request.args)
+            except ResponseError as exc:
+                return self._translate(exc)
+        pipe = self.client.pipeline(transaction=request.atomic)
+        for command in request.commands:
+            pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+        return pipe.execute()
 
     # ------------------------------------------------------------------ producers
 
-    def schedule(
-        self,
-        task_id: str,
-        run_at: float | _dt.datetime | None = None,
-        priority: int = 0,
-        fn: str = "",
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        delay: float | None = None,
-        deps: Sequence[str] = (),
-        optional_deps: Sequence[str] = (),
-        max_attempts: int = 1,
-        backoff: float = 1.0,
-        allow_unknown: bool = False,
-    ) -> int:
+    def schedule(self, task_id: str, **options: Unpack[core.TaskOptions]) -> int:
         """Schedule ``fn(*args, **kwargs)`` as a new version of ``task_id``; return the version.
 
-        A pending or ready task of that id is replaced; a running one raises
-        ``ConflictError``; a terminal one starts over as the new version.
+        The options are those of :class:`~distsched.core.TaskSpec` (``fn``, ``args``,
+        ``kwargs``, ``run_at`` or ``delay``, ``priority``, ``deps``, ``optional_deps``,
+        ``max_attempts``, ``backoff``, ``allow_unknown``), given as keywords. A pending or
+        ready task of that id is replaced; a running one raises ``ConflictError``; a
+        terminal one starts over as the new version.
         """
-        spec = self._spec(
-            task_id, fn, run_at, priority, args, kwargs, delay, deps, optional_deps,
-            max_attempts, backoff, allow_unknown,
-        )  # fmt: skip
-        return self.schedule_many([spec])[0]
+        return self._drive(self._ops.schedule(task_id, options))
 
-    def schedule_many(self, specs: Sequence[TaskSpec]) -> list[int]:
-        """Schedule a batch atomically in one round trip; return the versions in order."""
-        self._check_open()
-        call = self._schedule_call(specs)  # validates the container even when empty
-        if not specs:
-            return []
-        return [int(v) for v in self._transition(call)[1:]]
-
-    def cancel(self, task_id: str) -> State:
-        """Cancel a task; return its state after the call (§5)."""
-        return State(core._text(self._transition(core.cancel_call(self.keys, task_id))[0]))
-
-    def submit(
-        self,
-        task_id: str,
-        fn: str = "",
-        deps: Sequence[str] = (),
-        optional_deps: Sequence[str] = (),
-        run_at: float | _dt.datetime | None = None,
-        priority: int = 0,
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        delay: float | None = None,
-        max_attempts: int = 1,
-        backoff: float = 1.0,
-        allow_unknown: bool = False,
-    ) -> int:
+    def submit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> int:
         """``schedule`` read dependencies-first: run ``fn`` once ``deps`` have succeeded.
 
         Raises ``UnknownDependencyError`` for a dependency that does not exist
         (unless ``allow_unknown``) and ``CycleError`` for a dependency cycle.
         """
-        spec = self._spec(
-            task_id, fn, run_at, priority, args, kwargs, delay, deps, optional_deps,
-            max_attempts, backoff, allow_unknown,
-        )  # fmt: skip
-        return self.schedule_many([spec])[0]
+        return self._drive(self._ops.schedule(task_id, options))
+
+    def schedule_many(self, specs: Sequence[TaskSpec]) -> list[int]:
+        """Schedule a batch atomically in one round trip; return the versions in order."""
+        return self._drive(self._ops.schedule_many(specs))
 
     def submit_graph(self, specs: Sequence[TaskSpec]) -> list[int]:
         """Register a whole graph atomically: all of it or none of it. Returns the versions."""
-        return self.schedule_many(specs)
+        return self._drive(self._ops.schedule_many(specs))
+
+    def cancel(self, task_id: str) -> State:
+        """Cancel a task; return its state after the call.
+
+        A pending or ready task is cancelled and never runs; a running one gets a
+        cancellation request its function can act on; a terminal one is left as it is.
+        """
+        return self._drive(self._ops.cancel(task_id))
 
     def retry(self, task_id: str, cascade: bool = True) -> int:
         """A new version of a failed, cancelled or blocked task; returns its version.
 
         With ``cascade`` the tasks it blocked get new versions too and wait again.
         """
-        return int(self._transition(core.retry_call(self.keys, task_id, cascade))[1])
+        return self._drive(self._ops.retry(task_id, cascade))
 
     def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool = False) -> None:
         """Add required dependencies to a pending task (``ConflictError`` otherwise)."""
-        self._transition(core.add_deps_call(self.keys, task_id, deps, allow_unknown))
+        return self._drive(self._ops.add_deps(task_id, deps, allow_unknown))
+
+    def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+        """Tell waiting dependents about every task that ended, in bounded script calls.
+
+        Each call settles at most ``budget`` dependency edges, so Redis is never
+        blocked for long however large the graph. Returns the edges settled.
+        Every operation already does this for what it changed.
+        """
+        return self._drive(self._ops.settle(budget))
 
     # ------------------------------------------------------------------ workers
 
-    def ready(self, n: int, worker_id: str) -> list[Claim]:
-        """Claim up to ``n`` due tasks (fewer when capacity is short), in queue order."""
-        claims, _ = core.decode_claim_reply(
-            self._run(core.claim_call(self.keys, worker_id, n, self.lease_ms))
-        )
-        return claims
-
     def claim(self, n: int, worker_id: str) -> tuple[list[Claim], Wait | None]:
         """Claim up to ``n`` tasks; also say why fewer were claimed, with the delay hint."""
-        result: tuple[list[Claim], Wait | None] = core.decode_claim_reply(
-            self._run(core.claim_call(self.keys, worker_id, n, self.lease_ms))
-        )
-        return result
+        return self._drive(self._ops.claim(n, worker_id))
+
+    def ready(self, n: int, worker_id: str) -> list[Claim]:
+        """Claim up to ``n`` due tasks (fewer when capacity is short), in queue order."""
+        return self._drive(self._ops.ready(n, worker_id))
 
     def next(self, worker_id: str) -> Claim | Wait:
         """Claim the next due task, or say how long to wait and why."""
-        claims, wait = self.claim(1, worker_id)
-        if claims:
-            return claims[0]
-        assert wait is not None
-        return wait
+        return self._drive(self._ops.next(worker_id))
 
     def heartbeat(self, claim: Claim) -> bool:
         """Extend ``claim``'s lease; True when cancellation was requested.
 
         Raises ``LeaseLostError`` when the token is no longer current.
         """
-        status = self.heartbeat_many([claim])[0]
-        if status is None:
-            raise LeaseLostError(f"lease of {claim.task_id!r} attempt {claim.attempt} was lost")
-        return status
+        return self._drive(self._ops.heartbeat(claim))
 
     def heartbeat_many(self, claims: Sequence[Claim]) -> list[bool | None]:
         """Extend many leases in one call: True/False (cancel requested) or None (lost)."""
-        self._check_open()
-        if not claims:
-            return []
-        reply = self._run(core.heartbeat_call(self.keys, claims, self.lease_ms))
-        return [None if int(v) == 0 else int(v) == 2 for v in reply]
+        return self._drive(self._ops.heartbeat_many(claims))
 
     def complete(self, claim: Claim, result: object = None) -> Outcome:
         """Report success of ``claim`` (fenced by its token)."""
-        return self.complete_many([(claim, result)])[0]
+        return self._drive(self._ops.complete_many([(claim, result)]))[0]
 
     def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """Report many successes in one round trip."""
-        self._check_open()
-        if not reports:
-            return []
-        return core.decode_outcomes(self._transition(core.complete_call(self.keys, reports))[1:])
+        return self._drive(self._ops.complete_many(reports))
 
     def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
         """``complete_many`` with results already msgpack-encoded (b"" for none)."""
-        self._check_open()
-        if not reports:
-            return []
-        call = core.complete_call(self.keys, reports, encoded=True)
-        return core.decode_outcomes(self._transition(call)[1:])
+        return self._drive(self._ops.complete_many(reports, encoded=True))
 
     def fail(self, claim: Claim, error: object) -> Outcome:
         """Report that ``claim``'s function raised: retried after backoff while attempts remain."""
-        return self.fail_many([(claim, error)])[0]
+        return self._drive(self._ops.fail_many([(claim, error)]))[0]
 
     def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
-        self._check_open()
-        if not reports:
-            return []
-        return core.decode_outcomes(self._transition(core.fail_call(self.keys, reports))[1:])
+        """Report many failures in one round trip."""
+        return self._drive(self._ops.fail_many(reports))
 
     def confirm_cancel(self, claim: Claim) -> Outcome:
         """The function stopped on a cancellation request: the task ends cancelled."""
-        reply = self._transition(core.confirm_cancel_call(self.keys, claim))
-        return Outcome(core._text(reply[0]))
+        return self._drive(self._ops.confirm_cancel(claim))
 
     def release(self, claims: Sequence[Claim]) -> int:
         """Hand back claims whose function never started; no attempt is spent."""
+        return self._drive(self._ops.release(claims))
+
+    def wait_for_wake(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit) for a wake-up message.
+
+        Subscribes only for the call, so a message published before it is not seen:
+        use it after a claim that returned ``Wait``, with ``Wait.delay`` as timeout.
+        """
         self._check_open()
-        if not claims:
-            return 0
-        return sum(int(v) for v in self._transition(core.release_call(self.keys, claims))[1:])
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        try:
+            pubsub.subscribe(self.keys.wake)
+            while True:
+                left = 1.0 if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if pubsub.get_message(timeout=left) is not None:
+                    return True
+        finally:
+            pubsub.close()
+
+    # ------------------------------------------------------------------ housekeeping
 
     def reap(self, limit: int = core.REAP_BATCH) -> int:
         """Handle expired leases now; return how many."""
-        return int(self._transition(core.reap_call(self.keys, limit=limit))[0])
+        return self._drive(self._ops.reap(limit))
+
+    def expire_lease(self, task_id: str) -> int:
+        """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""
+        return self._drive(self._ops.expire_lease(task_id))
 
     def purge(self, limit: int = core.PURGE_BATCH) -> int:
         """Remove up to ``limit`` terminal tasks older than the retention; return how many."""
-        return int(self._run(core.purge_call(self.keys, limit))[0])
+        return self._drive(self._ops.purge(limit))
 
     def set_retention(self, retention_s: float) -> None:
         """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
-        if retention_s is None:
-            # purge_call takes None as "keep the stored retention": refuse it here.
-            raise InvalidArgument("retention_s", "must be a number of seconds >= 0, got None")
-        self._run(core.purge_call(self.keys, 1, retention_s))
+        return self._drive(self._ops.set_retention(retention_s))
 
     def compact(self, budget: int = core.PROPAGATE_BUDGET) -> int:
         """Drop stale queue entries if they pile up (one bounded step); return how many."""
-        return int(self._run(core.compact_call(self.keys, budget))[0])
+        return self._drive(self._ops.compact(budget))
 
-    def housekeeping(self, purge_calls: int = 20) -> dict[str, int]:
+    def housekeeping(self, purge_calls: int = 20) -> Chores:
         """The periodic chores every worker runs: reap leases, compact, purge.
 
         Purging goes on while whole batches come back, up to ``purge_calls``
         bounded calls, so a busy namespace's history is removed about as fast as
-        it is made (one batch per round would fall behind a few hundred tasks a
-        second). Returns how many leases were reaped, stale queue entries
+        it is made. Returns how many leases were reaped, stale queue entries
         dropped and terminal tasks purged.
         """
-        reaped = self.reap()
-        compacted = self.compact()
-        purged = 0
-        for _ in range(purge_calls):
-            removed = self.purge()
-            purged += removed
-            if removed < core.PURGE_BATCH:
-                break
-        return {"reaped": reaped, "compacted": compacted, "purged": purged}
+        return self._drive(self._ops.housekeeping(purge_calls))
 
-    def expire_lease(self, task_id: str) -> int:
-        """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""
-        return int(self._transition(core.reap_call(self.keys, task_id=task_id))[0])
+    def set_max_running(self, max_running: int | None) -> None:
+        """Set the fleet-wide bound on running tasks (None removes it). Last writer wins."""
+        return self._drive(self._ops.set_max_running(max_running))
 
     # ------------------------------------------------------------------ inspection
 
     def status(self, task_id: str) -> TaskInfo:
         """A snapshot of one task; ``NotFoundError`` for an unknown id."""
-        self._check_open()
-        core.validate_task_id(task_id)
-        pipe = self.client.pipeline(transaction=True)
-        for key in core.status_reads(self.keys):
-            pipe.hget(key, task_id)
-        pipe.zscore(self.keys.leases, task_id)
-        pipe.zrangebylex(self.keys.edges, *core.edge_range(task_id))
-        record, payload, result, deps, cause, lease, edges = pipe.execute()
-        blocked_by = self._blocked_by(task_id, cause) if cause else None
-        return core.decode_status(
-            task_id, record, payload, result, lease, deps,
-            core.decode_dependents(task_id, edges), blocked_by,
-        )  # fmt: skip
+        return self._drive(self._ops.status(task_id))
 
-    def _blocked_by(self, task_id: str, cause: bytes) -> core.BlockedBy:
-        walk = core.blocked_path(task_id, cause)
-        try:
-            parent = next(walk)
-            while True:
-                parent = walk.send(self.client.hget(self.keys.blocked, parent))
-        except StopIteration as done:
-            result: core.BlockedBy = done.value
-            return result
+    def stats(self) -> Stats:
+        """Counts per state, queue entries vs live ones, leases, capacity, retention."""
+        return self._drive(self._ops.stats())
 
-    def stats(self) -> dict[str, Any]:
-        """Counts per state, queue entries vs live ones, leases, capacity."""
-        self._check_open()
-        pipe = self.client.pipeline(transaction=True)
-        pipe.hgetall(self.keys.meta)
-        pipe.zcard(self.keys.queue)
-        pipe.zcard(self.keys.leases)
-        meta, entries, leases = pipe.execute()
-        return core.decode_stats(meta, int(entries), int(leases))
+    def overview(self, soon_s: float = 5.0, scan: int = 100) -> Overview:
+        """``stats()`` plus lease expiries and how far behind the fleet is (server clock).
+
+        ``oldest_ready_age`` looks at the first ``scan`` due queue entries.
+        """
+        return self._drive(self._ops.overview(soon_s, scan))
 
     def leases(self) -> list[tuple[str, float]]:
         """Running task ids with their lease deadlines (epoch seconds, server clock)."""
-        self._check_open()
-        rows: Any = self.client.zrange(self.keys.leases, 0, -1, withscores=True)
-        return [(core._text(member), float(score) / 1000.0) for member, score in rows]
+        return self._drive(self._ops.leases())
 
     def server_time(self) -> float:
         """The Redis server's clock, epoch seconds (the clock that decides due-ness)."""
-        self._check_open()
-        seconds, micros = self.client.time()
-        return float(seconds) + float(micros) / 1e6
+        return self._drive(self._ops.server_time())
 
-    def set_max_running(self, max_running: int | None) -> None:
-        """Set the fleet-wide bound on running tasks (None removes it). Last writer wins."""
-        self._check_open()
-        limit = core.validate_max_running(max_running)
-        if limit is None:
-            self.client.hdel(self.keys.meta, "max_running")
-        else:
-            self.client.hset(self.keys.meta, "max_running", limit)
-            # Waiting workers may now have capacity.
-            self.client.publish(self.keys.wake, "capacity")
+    def exists(self) -> bool:
+        """True when the namespace has any data in this Redis."""
+        return self._drive(self._ops.exists())
+
+    def clear(self) -> None:
+        """Delete every task and setting of the namespace (irreversible)."""
+        return self._drive(self._ops.clear())
 
     def close(self) -> None:
-        """Close the scheduler: every later call raises ``ClosedError``."""
+        """Close the scheduler: every later call raises ``ClosedError``.
+
+        Calls already in flight finish. A client made by ``from_url`` is closed too.
+        """
         with self._lock:
             if self._closed:
                 return

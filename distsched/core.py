@@ -11,8 +11,8 @@ import datetime as _dt
 import enum
 import math
 from collections.abc import Generator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Generic, TypedDict, TypeVar
 
 import msgpack
 
@@ -21,6 +21,7 @@ from distsched.errors import (
     ConflictError,
     CycleError,
     InvalidArgument,
+    LeaseLostError,
     NotFoundError,
     PayloadTooLarge,
     ScriptError,
@@ -100,15 +101,30 @@ class Claim:
         return (self.task_id, self.version, self.attempt)
 
 
+class WaitReason(str, enum.Enum):
+    """Why a claim got fewer tasks than it asked for."""
+
+    EMPTY = "empty"
+    """No live task is queued."""
+    NOT_DUE = "not_due"
+    """The next queued task is not due yet."""
+    CAPACITY = "capacity"
+    """The namespace's ``max_running`` is reached."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Wait:
     """No task could be claimed now.
 
-    ``reason`` is ``'empty'``, ``'not_due'`` or ``'capacity'``; ``delay`` is the
-    number of seconds until the next entry is due, or ``None`` when unknown.
+    ``reason`` says why (a :class:`WaitReason`, equal to its string value);
+    ``delay`` is the number of seconds until the next entry is due, or ``None``
+    when unknown.
     """
 
-    reason: str
+    reason: WaitReason
     delay: float | None
 
 
@@ -155,10 +171,24 @@ class BlockedBy:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task to schedule: the same keywords as ``Scheduler.schedule``."""
+    """One task to schedule: ``fn(*args, **kwargs)`` as a new version of ``task_id``.
+
+    This is where every task option and its default is defined;
+    ``Scheduler.schedule`` and ``submit`` take the same options as keywords.
+
+    - ``run_at``: epoch seconds or an aware ``datetime``; or ``delay`` seconds from
+      the server's clock (not both; neither means now).
+    - ``priority``: higher runs first among tasks due at the same millisecond.
+    - ``deps`` / ``optional_deps``: ids that must succeed / end first.
+    - ``max_attempts``, ``backoff``: retries of a function that raised or lost its
+      lease; attempt k+1 is due ``backoff * 2**(k-1)`` seconds after attempt k.
+    - ``allow_unknown``: wait for dependencies not submitted yet instead of
+      raising ``UnknownDependencyError``.
+    """
 
     task_id: str
-    fn: str
+    fn: str = ""
+    _: KW_ONLY
     run_at: float | _dt.datetime | None = None
     priority: int = 0
     args: Sequence[Any] = ()
@@ -169,6 +199,30 @@ class TaskSpec:
     max_attempts: int = 1
     backoff: float = 1.0
     allow_unknown: bool = False
+
+
+class TaskOptions(TypedDict, total=False):
+    """The keyword options of ``schedule``/``submit``: the fields of :class:`TaskSpec`."""
+
+    fn: str
+    run_at: float | _dt.datetime | None
+    priority: int
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None
+    delay: float | None
+    deps: Sequence[str]
+    optional_deps: Sequence[str]
+    max_attempts: int
+    backoff: float
+    allow_unknown: bool
+
+
+def task_spec(task_id: str, options: Mapping[str, Any]) -> TaskSpec:
+    """The :class:`TaskSpec` of ``schedule(task_id, **options)``; unknown options are refused."""
+    unknown = sorted(set(options) - set(TaskOptions.__annotations__))
+    if unknown:
+        raise InvalidArgument(unknown[0], "is not a task option")
+    return TaskSpec(task_id, **options)
 
 
 @dataclass(frozen=True)
@@ -624,7 +678,7 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
         )
     wait = None
     if reason:
-        wait = Wait(reason=reason, delay=None if delay_us < 0 else delay_us / 1e6)
+        wait = Wait(reason=WaitReason(reason), delay=None if delay_us < 0 else delay_us / 1e6)
     return claims, wait
 
 
@@ -812,9 +866,51 @@ def decode_status(
     )
 
 
-def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> dict[str, Any]:
+class Stats(TypedDict):
+    """A namespace at a glance (``Scheduler.stats``)."""
+
+    counts: dict[str, int]
+    """Tasks per state (every :class:`State` value is present)."""
+    queue_entries: int
+    """Entries in the time queue, live and stale."""
+    live_entries: int
+    """Queue entries that are a ready task's current version."""
+    stale_entries: int
+    """Entries left behind by replaced or cancelled tasks, dropped lazily."""
+    leases: int
+    running: int
+    max_running: int | None
+    retention_s: float
+    sequence: int
+
+
+class Overview(Stats):
+    """``stats()`` plus what an operator watches, on the server's clock (``Scheduler.overview``)."""
+
+    server_time: float
+    stale_ratio: float
+    """Stale entries over all queue entries."""
+    leases_expired: int
+    """Leases whose deadline passed and that are not reaped yet."""
+    leases_expiring: int
+    """Leases whose deadline falls within the next ``leases_soon_s`` seconds."""
+    leases_soon_s: float
+    oldest_ready_age: float | None
+    """Seconds since the earliest due, live task became due (how far behind the fleet is);
+    None when nothing is due."""
+
+
+class Chores(TypedDict):
+    """What one ``housekeeping`` round did."""
+
+    reaped: int
+    compacted: int
+    purged: int
+
+
+def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> Stats:
     counts = {state.value: 0 for state in State}
-    settings: dict[str, Any] = {}
+    settings: dict[str, int] = {}
     for raw_key, raw_value in meta.items():
         key = _text(raw_key)
         if key.startswith("count:"):
@@ -822,17 +918,17 @@ def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> di
         elif key in ("max_running", "retention_ms", "seq"):
             settings[key] = int(raw_value)
     ready = counts.get(State.READY.value, 0)
-    return {
-        "counts": counts,
-        "queue_entries": queue_entries,
-        "live_entries": ready,
-        "stale_entries": queue_entries - ready,
-        "leases": leases,
-        "running": counts.get(State.RUNNING.value, 0),
-        "max_running": settings.get("max_running"),
-        "retention_s": settings.get("retention_ms", int(DEFAULT_RETENTION_S * 1000)) / 1000.0,
-        "sequence": settings.get("seq", 0),
-    }
+    return Stats(
+        counts=counts,
+        queue_entries=queue_entries,
+        live_entries=ready,
+        stale_entries=queue_entries - ready,
+        leases=leases,
+        running=counts.get(State.RUNNING.value, 0),
+        max_running=settings.get("max_running"),
+        retention_s=settings.get("retention_ms", int(DEFAULT_RETENTION_S * 1000)) / 1000.0,
+        sequence=settings.get("seq", 0),
+    )
 
 
 def decode_id_list(raw: str) -> list[str]:
@@ -887,3 +983,335 @@ def translate_error(message: str) -> Exception:
         field_name, _, detail = rest.partition(" ")
         return InvalidArgument(field_name.rstrip(":"), detail)
     return ScriptError(message)
+
+
+# --------------------------------------------------------------------------- operations
+#
+# Every public operation of the schedulers is a generator here: it yields the
+# requests it needs (script calls, or plain commands sent together) and receives
+# each reply through ``send`` (a refused script call arrives as a thrown error).
+# The sync and asyncio shells only drive these generators over their connections,
+# so the logic of an operation is written once, whatever the I/O model.
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Commands:
+    """Plain Redis commands sent together; ``atomic`` wraps them in MULTI/EXEC."""
+
+    commands: tuple[tuple[Any, ...], ...]
+    atomic: bool = True
+
+
+Request = Call | Commands
+Op = Generator[Request, Any, T]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A script's error reply, translated, to be raised inside the operation."""
+
+    error: Exception
+
+
+@dataclass(frozen=True)
+class Done(Generic[T]):
+    value: T
+
+
+def advance(op: Op[T], reply: Any) -> Request | Done[T]:
+    """Give ``op`` the reply to its last request; return its next request or its result."""
+    try:
+        if isinstance(reply, Failure):
+            return op.throw(reply.error)
+        return op.send(reply)
+    except StopIteration as stop:
+        return Done(stop.value)
+
+
+def split_reply(script: str, reply: Sequence[Any]) -> tuple[int, list[Any]]:
+    """(ids still propagating, the script's own values) of a script reply."""
+    at = _PROPAGATION_LEFT_AT.get(script)
+    if script == "propagate":
+        return int(reply[1]), [reply[0]]
+    if at is None:
+        return 0, list(reply)
+    return int(reply[at]), [v for i, v in enumerate(reply) if i != at]
+
+
+def _pairs(reply: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """``[(member, score), ...]`` of a WITHSCORES reply, flat or already paired."""
+    if reply and isinstance(reply[0], (list, tuple)):
+        return [(m, s) for m, s in reply]
+    return list(zip(reply[::2], reply[1::2], strict=True))
+
+
+def _mapping(reply: Any) -> Mapping[Any, Any]:
+    """A HGETALL reply as a mapping, whether the client paired it or not."""
+    if isinstance(reply, Mapping):
+        return reply
+    return dict(_pairs(reply))
+
+
+def _one(command: tuple[Any, ...]) -> Commands:
+    return Commands((command,), atomic=False)
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The operations of one namespace, with the scheduler's settings (pure, no I/O)."""
+
+    keys: Keys
+    lease_ms: int
+    max_payload_bytes: int
+
+    # -------------------------------------------------------------- plumbing
+
+    def run(self, call: Call) -> Op[list[Any]]:
+        """Run one script; settle the dependents it left; return its own values.
+
+        A task still settling its dependents cannot get a new version (``BUSY``):
+        settle and send again, which always makes progress.
+        """
+        while True:
+            try:
+                reply = yield call
+            except BusyError:
+                yield from self.settle(PROPAGATE_BUDGET)
+                continue
+            left, values = split_reply(call.script, reply)
+            if left > 0:
+                yield from self.settle(PROPAGATE_BUDGET)
+            return values
+
+    def once(self, call: Call) -> Op[tuple[int, list[Any]]]:
+        """Send one script call as it is: (ids still propagating, its own values)."""
+        return split_reply(call.script, (yield call))
+
+    def settle(self, budget: int) -> Op[int]:
+        if not _is_int(budget) or budget < 1:
+            raise InvalidArgument("budget", "must be an int >= 1")
+        total = 0
+        call = propagate_call(self.keys, budget)
+        while True:
+            left, (used,) = split_reply("propagate", (yield call))
+            total += int(used)
+            if left == 0:
+                return total
+
+    # -------------------------------------------------------------- producers
+
+    def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
+        call = schedule_call(self.keys, specs, self.max_payload_bytes)
+        if not specs:
+            return []
+        return [int(v) for v in (yield from self.run(call))]
+
+    def schedule(self, task_id: str, options: Mapping[str, Any]) -> Op[int]:
+        return (yield from self.schedule_many([task_spec(task_id, options)]))[0]
+
+    def cancel(self, task_id: str) -> Op[State]:
+        (state,) = yield from self.run(cancel_call(self.keys, task_id))
+        return State(_text(state))
+
+    def retry(self, task_id: str, cascade: bool) -> Op[int]:
+        (version,) = yield from self.run(retry_call(self.keys, task_id, cascade))
+        return int(version)
+
+    def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool) -> Op[None]:
+        yield from self.run(add_deps_call(self.keys, task_id, deps, allow_unknown))
+
+    # -------------------------------------------------------------- workers
+
+    def claim(self, n: int, worker_id: str) -> Op[tuple[list[Claim], Wait | None]]:
+        reply = yield from self.run(claim_call(self.keys, worker_id, n, self.lease_ms))
+        return decode_claim_reply(reply)
+
+    def ready(self, n: int, worker_id: str) -> Op[list[Claim]]:
+        return (yield from self.claim(n, worker_id))[0]
+
+    def next(self, worker_id: str) -> Op[Claim | Wait]:
+        claims, wait = yield from self.claim(1, worker_id)
+        if claims:
+            return claims[0]
+        assert wait is not None
+        return wait
+
+    def heartbeat_many(self, claims: Sequence[Claim]) -> Op[list[bool | None]]:
+        call = heartbeat_call(self.keys, claims, self.lease_ms)  # validates even when empty
+        if not claims:
+            return []
+        return [None if int(v) == 0 else int(v) == 2 for v in (yield from self.run(call))]
+
+    def heartbeat(self, claim: Claim) -> Op[bool]:
+        (status,) = yield from self.heartbeat_many([claim])
+        if status is None:
+            raise LeaseLostError(f"lease of {claim.task_id!r} attempt {claim.attempt} was lost")
+        return status
+
+    def report(self, call: Call, count: int) -> Op[list[Outcome]]:
+        if count == 0:
+            return []
+        return decode_outcomes((yield from self.run(call)))
+
+    def complete_many(
+        self, reports: Sequence[tuple[Claim, object]], encoded: bool = False
+    ) -> Op[list[Outcome]]:
+        call = complete_call(self.keys, reports, encoded=encoded)
+        return (yield from self.report(call, len(reports)))
+
+    def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> Op[list[Outcome]]:
+        return (yield from self.report(fail_call(self.keys, reports), len(reports)))
+
+    def confirm_cancel(self, claim: Claim) -> Op[Outcome]:
+        (outcome,) = yield from self.run(confirm_cancel_call(self.keys, claim))
+        return Outcome(_text(outcome))
+
+    def release(self, claims: Sequence[Claim]) -> Op[int]:
+        call = release_call(self.keys, claims)
+        if not claims:
+            return 0
+        return sum(int(v) for v in (yield from self.run(call)))
+
+    # -------------------------------------------------------------- housekeeping
+
+    def reap(self, limit: int) -> Op[int]:
+        return int((yield from self.run(reap_call(self.keys, limit=limit)))[0])
+
+    def expire_lease(self, task_id: str) -> Op[int]:
+        return int((yield from self.run(reap_call(self.keys, task_id=task_id)))[0])
+
+    def purge(self, limit: int) -> Op[int]:
+        if not _is_int(limit) or limit < 1:
+            raise InvalidArgument("limit", "must be an int >= 1")
+        return int((yield from self.run(purge_call(self.keys, limit)))[0])
+
+    def set_retention(self, retention_s: float) -> Op[None]:
+        if retention_s is None:
+            # purge_call takes None as "keep the stored retention": refuse it here.
+            raise InvalidArgument("retention_s", "must be a number of seconds >= 0, got None")
+        yield from self.run(purge_call(self.keys, 1, retention_s))
+
+    def compact(self, budget: int) -> Op[int]:
+        if not _is_int(budget) or budget < 1:
+            raise InvalidArgument("budget", "must be an int >= 1")
+        return int((yield from self.run(compact_call(self.keys, budget)))[0])
+
+    def housekeeping(self, purge_calls: int) -> Op[Chores]:
+        if not _is_int(purge_calls) or purge_calls < 0:
+            raise InvalidArgument("purge_calls", "must be an int >= 0")
+        reaped = yield from self.reap(REAP_BATCH)
+        compacted = yield from self.compact(PROPAGATE_BUDGET)
+        purged = 0
+        for _ in range(purge_calls):
+            removed = yield from self.purge(PURGE_BATCH)
+            purged += removed
+            if removed < PURGE_BATCH:
+                break
+        return Chores(reaped=reaped, compacted=compacted, purged=purged)
+
+    def set_max_running(self, max_running: int | None) -> Op[None]:
+        limit = validate_max_running(max_running)
+        if limit is None:
+            yield _one(("HDEL", self.keys.meta, "max_running"))
+        else:
+            # Waiting workers may now have capacity.
+            yield Commands(
+                (
+                    ("HSET", self.keys.meta, "max_running", limit),
+                    ("PUBLISH", self.keys.wake, "capacity"),
+                ),
+                atomic=False,
+            )
+
+    # -------------------------------------------------------------- inspection
+
+    def status(self, task_id: str) -> Op[TaskInfo]:
+        validate_task_id(task_id)
+        k = self.keys
+        reads: list[tuple[Any, ...]] = [("HGET", key, task_id) for key in status_reads(k)]
+        reads.append(("ZSCORE", k.leases, task_id))
+        reads.append(("ZRANGEBYLEX", k.edges, *edge_range(task_id)))
+        record, payload, result, deps, cause, lease, edges = yield Commands(tuple(reads))
+        blocked_by = None
+        if cause:
+            walk = blocked_path(task_id, cause)
+            try:
+                parent = next(walk)
+                while True:
+                    (raw,) = yield _one(("HGET", k.blocked, parent))
+                    parent = walk.send(raw)
+            except StopIteration as done:
+                blocked_by = done.value
+        return decode_status(
+            task_id, record, payload, result, lease, deps,
+            decode_dependents(task_id, edges), blocked_by,
+        )  # fmt: skip
+
+    def stats(self) -> Op[Stats]:
+        k = self.keys
+        meta, entries, leases = yield Commands(
+            (("HGETALL", k.meta), ("ZCARD", k.queue), ("ZCARD", k.leases))
+        )
+        return decode_stats(_mapping(meta), int(entries), int(leases))
+
+    def server_time(self) -> Op[float]:
+        (reply,) = yield _one(("TIME",))
+        seconds, micros = reply
+        return float(seconds) + float(micros) / 1e6
+
+    def overview(self, soon_s: float, scan: int) -> Op[Overview]:
+        soon = _finite(soon_s)
+        if soon is None or soon < 0:
+            raise InvalidArgument("soon_s", "must be a number of seconds >= 0")
+        if not _is_int(scan) or scan < 1:
+            raise InvalidArgument("scan", "must be an int >= 1")
+        data = yield from self.stats()
+        now = yield from self.server_time()
+        now_ms = int(now * 1000)
+        k = self.keys
+        expired, expiring, due = yield Commands(
+            (
+                ("ZCOUNT", k.leases, "-inf", f"({now_ms}"),
+                ("ZCOUNT", k.leases, now_ms, now_ms + int(soon * 1000)),
+                ("ZRANGEBYSCORE", k.queue, "-inf", now_ms, "WITHSCORES", "LIMIT", 0, scan),
+            )
+        )
+        oldest: float | None = None
+        entries = [(parse_queue_member(member), score) for member, score in _pairs(due)]
+        if entries:
+            (records,) = yield _one(("HMGET", k.tasks, *[task_id for (_, task_id), _ in entries]))
+            for ((version, _), score), raw in zip(entries, records, strict=True):
+                if raw is None:
+                    continue
+                record = decode_record(raw)
+                if record.state is State.READY and record.version == version:
+                    oldest = max(0.0, now - float(score) / 1000.0)
+                    break
+        total = data["queue_entries"]
+        return Overview(
+            **data,
+            server_time=now,
+            stale_ratio=(data["stale_entries"] / total) if total else 0.0,
+            leases_expired=int(expired),
+            leases_expiring=int(expiring),
+            leases_soon_s=soon,
+            oldest_ready_age=oldest,
+        )
+
+    def leases(self) -> Op[list[tuple[str, float]]]:
+        (rows,) = yield _one(("ZRANGE", self.keys.leases, 0, -1, "WITHSCORES"))
+        return [(_text(member), float(score) / 1000.0) for member, score in _pairs(rows)]
+
+    def exists(self) -> Op[bool]:
+        (count,) = yield _one(("EXISTS", *self.keys.all_keys()))
+        return int(count) > 0
+
+    def clear(self) -> Op[None]:
+        yield _one(("DEL", *self.keys.all_keys()))
+
+    def noop(self) -> Op[None]:
+        """An operation that sends nothing (lets a shell run its pending set-up)."""
+        return
+        yield  # a generator all the same

@@ -4,7 +4,6 @@
   it works (all no-ops here; subclass to record what you need).
 - :class:`PrometheusMetrics`: those hooks as Prometheus counters, histograms and
   gauges; :func:`serve_metrics` exposes a registry over HTTP.
-- :func:`overview`: a one-shot look at a namespace for operators (``distsched stats``).
 
 ``prometheus-client`` is optional (``pip install 'distsched[metrics]'``) and is
 imported only by :class:`PrometheusMetrics` and :func:`serve_metrics`, so a worker
@@ -17,12 +16,11 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from distsched import core
 from distsched.core import Claim, Outcome, State
 from distsched.errors import DistschedError
 
 if TYPE_CHECKING:
-    from distsched.client import Scheduler
+    pass
 
 INSTALL_HINT = "pip install 'distsched[metrics]'"
 
@@ -271,53 +269,3 @@ def serve_metrics(port: int, addr: str = "127.0.0.1", registry: Any = None) -> M
         port, addr=addr, registry=prom.REGISTRY if registry is None else registry
     )
     return MetricsServer(httpd, thread)
-
-
-# --------------------------------------------------------------------------- overview
-
-
-def namespace_exists(scheduler: Scheduler) -> bool:
-    """True when the namespace has any key at all in this Redis."""
-    return int(scheduler.client.exists(*scheduler.keys.all_keys())) > 0
-
-
-def overview(scheduler: Scheduler, soon_s: float = 5.0, scan: int = 100) -> dict[str, Any]:
-    """``stats()`` plus what an operator watches, all on the server's clock.
-
-    Adds ``server_time``; ``stale_ratio`` (stale / queue entries); ``leases_expired``
-    (deadline passed, not reaped yet) and ``leases_expiring`` (deadline within the
-    next ``soon_s`` seconds); ``oldest_ready_age`` (seconds since the earliest
-    due, live queue entry became due: how far the fleet is behind; the first
-    ``scan`` due entries are examined, stale ones skipped; ``None`` when none of
-    them is live, i.e. nothing is due in practice).
-    """
-    data = scheduler.stats()
-    now = scheduler.server_time()
-    now_ms = int(now * 1000)
-    keys = scheduler.keys
-    pipe = scheduler.client.pipeline(transaction=False)
-    pipe.zcount(keys.leases, "-inf", f"({now_ms}")
-    pipe.zcount(keys.leases, now_ms, now_ms + int(soon_s * 1000))
-    pipe.zrangebyscore(keys.queue, "-inf", now_ms, start=0, num=scan, withscores=True)
-    expired, expiring, due = pipe.execute()
-    oldest: float | None = None
-    if due:
-        entries = [(core.parse_queue_member(member), score) for member, score in due]
-        records = scheduler.client.hmget(keys.tasks, [task_id for (_, task_id), _ in entries])
-        for ((version, _), score), raw in zip(entries, records, strict=True):
-            if raw is None:
-                continue
-            record = core.decode_record(raw)
-            if record.state is State.READY and record.version == version:
-                oldest = max(0.0, now - float(score) / 1000.0)
-                break
-    entries_total = data["queue_entries"]
-    data.update(
-        server_time=now,
-        stale_ratio=(data["stale_entries"] / entries_total) if entries_total else 0.0,
-        leases_expired=int(expired),
-        leases_expiring=int(expiring),
-        leases_soon_s=soon_s,
-        oldest_ready_age=oldest,
-    )
-    return data

@@ -7,8 +7,10 @@ PATH the tests that need it are skipped with the reason, except under
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
+import inspect
 import os
 import shutil
 import socket
@@ -18,10 +20,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any, TypeVar, cast
 
 import pytest
 import redis
@@ -29,6 +32,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from distsched import Scheduler, Worker
+from distsched.aio import AsyncScheduler
+
+T = TypeVar("T")
 
 REDIS_SERVER = shutil.which("redis-server")
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -192,6 +198,72 @@ def scheduler(redis_client: redis.Redis, namespace: str) -> Iterator[Scheduler]:
     s = Scheduler(redis_client, namespace=namespace, lease_s=5.0)
     yield s
     s.close()
+
+
+# The sync scheduler where a module's ``scheduler`` runs against both shells.
+sync_scheduler = scheduler
+
+
+def public_methods(cls: type) -> list[str]:
+    """The public method names of a scheduler class."""
+    return sorted(n for n, v in vars(cls).items() if not n.startswith("_") and callable(v))
+
+
+class BlockingAsync:
+    """An ``AsyncScheduler`` driven from synchronous test code, on a loop of its own.
+
+    It has ``Scheduler``'s methods, each running the async twin to completion, so one
+    behaviour suite runs against both shells.
+    """
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.inner = AsyncScheduler.from_url(url, **kwargs)
+        self.keys = self.inner.keys
+        self.namespace = self.inner.namespace
+        self.lease_s = self.inner.lease_s
+        self.lease_ms = self.inner.lease_ms
+        self.max_payload_bytes = self.inner.max_payload_bytes
+
+    def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(60)
+
+    def shutdown(self) -> None:
+        self._wait(self.inner.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+def _blocking(name: str) -> Callable[..., Any]:
+    def method(self: BlockingAsync, *args: Any, **kwargs: Any) -> Any:
+        return self._wait(getattr(self.inner, name)(*args, **kwargs))
+
+    method.__name__ = name
+    return method
+
+
+for _name in public_methods(AsyncScheduler):
+    if inspect.iscoroutinefunction(getattr(AsyncScheduler, _name)):
+        setattr(BlockingAsync, _name, _blocking(_name))
+
+
+@pytest.fixture(params=["sync", "async"])
+def api(
+    request: pytest.FixtureRequest, redis_server: RedisServer, namespace: str
+) -> Iterator[Scheduler]:
+    """The public API of a scheduler, from each shell in turn (``Scheduler`` and
+    ``AsyncScheduler``): the behaviour suites run against both."""
+    if request.param == "sync":
+        s = Scheduler.from_url(redis_server.url, namespace=namespace, lease_s=5.0)
+        yield s
+        s.close()
+    else:
+        blocking = BlockingAsync(redis_server.url, namespace=namespace, lease_s=5.0)
+        yield cast(Scheduler, blocking)
+        blocking.shutdown()
 
 
 def namespace_keys(client: redis.Redis, namespace: str) -> dict[bytes, object]:

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import inspect
 
 import pytest
 
-from distsched import Outcome, Scheduler, State, Wait
+from distsched import Outcome, Scheduler, State, TaskSpec, Wait
 from distsched.aio import AsyncScheduler
-from distsched.errors import ClosedError, ConflictError, LeaseLostError, NotFoundError
-from tests.conftest import RedisServer
+from distsched.core import TaskOptions
+from distsched.errors import (
+    ClosedError,
+    ConflictError,
+    InvalidArgument,
+    LeaseLostError,
+    NotFoundError,
+)
+from tests.conftest import RedisServer, public_methods
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -20,7 +29,7 @@ def test_async_scheduler_runs_the_same_lifecycle_as_the_sync_one(
     redis_server: RedisServer, namespace: str
 ) -> None:
     async def story() -> None:
-        s = await AsyncScheduler.from_url(redis_server.url, namespace=namespace, lease_s=5)
+        s = AsyncScheduler.from_url(redis_server.url, namespace=namespace, lease_s=5)
         try:
             # Same run_at: the higher priority goes first.
             await s.schedule("low", fn="f", priority=1, run_at=1_000.0)
@@ -59,7 +68,7 @@ def test_sync_scheduler_sees_what_the_async_one_wrote(
     redis_server: RedisServer, namespace: str
 ) -> None:
     async def produce() -> int:
-        s = await AsyncScheduler.from_url(redis_server.url, namespace=namespace)
+        s = AsyncScheduler.from_url(redis_server.url, namespace=namespace)
         try:
             return await s.schedule("x", fn="f", delay=-1)
         finally:
@@ -79,7 +88,7 @@ def test_async_wait_for_wake_returns_when_a_task_is_scheduled(
     redis_server: RedisServer, namespace: str
 ) -> None:
     async def story() -> bool:
-        s = await AsyncScheduler.from_url(redis_server.url, namespace=namespace)
+        s = AsyncScheduler.from_url(redis_server.url, namespace=namespace)
         try:
             waiter = asyncio.create_task(s.wait_for_wake(10.0))
             await asyncio.sleep(0.2)
@@ -95,7 +104,7 @@ def test_async_status_names_the_root_cause_and_path_of_a_blocked_task(
     redis_server: RedisServer, namespace: str
 ) -> None:
     async def story() -> tuple[str, tuple[str, ...]]:
-        s = await AsyncScheduler.from_url(redis_server.url, namespace=namespace)
+        s = AsyncScheduler.from_url(redis_server.url, namespace=namespace)
         try:
             await s.submit("a", fn="f")
             await s.submit("b", fn="f", deps=["a"])
@@ -110,3 +119,53 @@ def test_async_status_names_the_root_cause_and_path_of_a_blocked_task(
             await s.close()
 
     assert run(story()) == ("a", ("a", "b", "c"))
+
+
+def test_both_schedulers_have_the_same_public_methods_with_the_same_parameters() -> None:
+    names = public_methods(Scheduler)
+    assert names == public_methods(AsyncScheduler)
+    for name in names:
+        sync, aio = getattr(Scheduler, name), getattr(AsyncScheduler, name)
+        assert inspect.signature(sync).parameters == inspect.signature(aio).parameters, name
+        if name != "from_url":
+            assert inspect.iscoroutinefunction(aio), name
+
+
+def test_async_from_url_is_a_plain_call_and_async_with_stores_max_running(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    async def story() -> None:
+        s = AsyncScheduler.from_url(redis_server.url, namespace=namespace, max_running=3)
+        assert isinstance(s, AsyncScheduler)
+        async with s:
+            assert (await s.stats())["max_running"] == 3
+            assert await s.exists()
+        with pytest.raises(ClosedError):
+            await s.stats()
+
+    run(story())
+
+
+def test_sync_scheduler_is_a_context_manager_that_closes(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    with Scheduler.from_url(redis_server.url, namespace=namespace, max_running=2) as s:
+        assert s.stats()["max_running"] == 2
+    with pytest.raises(ClosedError):
+        s.stats()
+
+
+def test_task_options_after_the_id_are_keyword_only_and_unknown_ones_are_refused(
+    scheduler: Scheduler,
+) -> None:
+    with pytest.raises(TypeError):
+        scheduler.schedule("a", "f")  # type: ignore[misc]
+    with pytest.raises(InvalidArgument) as refused:
+        scheduler.schedule("a", fn="f", prority=3)  # type: ignore[call-arg]
+    assert refused.value.field == "prority"
+    assert not scheduler.exists()
+
+
+def test_task_options_are_exactly_the_fields_of_taskspec() -> None:
+    fields = [f.name for f in dataclasses.fields(TaskSpec) if f.name != "task_id"]
+    assert sorted(fields) == sorted(TaskOptions.__annotations__)

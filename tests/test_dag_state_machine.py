@@ -350,7 +350,7 @@ class DagMachine(RuleBasedStateMachine):
 
         def call() -> int:
             return self.s.submit(
-                task_id, "f", deps=required, optional_deps=optional, allow_unknown=allow_unknown
+                task_id, fn="f", deps=required, optional_deps=optional, allow_unknown=allow_unknown
             )
 
         if errors:

@@ -26,6 +26,13 @@ from distsched.errors import (
 )
 from tests.conftest import RedisServer, namespace_keys, python_command, subprocess_env
 
+
+@pytest.fixture
+def scheduler(api: Scheduler) -> Scheduler:
+    """Every test here runs against both shells, the sync and the asyncio one."""
+    return api
+
+
 PROCS = Path(__file__).with_name("dag_procs.py")
 WORKER = "w"
 
@@ -334,7 +341,7 @@ def test_a_cycle_within_one_batch_is_refused_with_its_path_and_nothing_is_writte
     scheduler: Scheduler, redis_client: redis.Redis, namespace: str
 ) -> None:
     s = scheduler
-    s.submit("before", "f")
+    s.submit("before", fn="f")
     snapshot = namespace_keys(redis_client, namespace)
     with pytest.raises(CycleError) as info:
         s.submit_graph([
@@ -359,7 +366,7 @@ def test_a_cycle_closed_by_a_new_version_of_a_pending_task_is_refused(
     s.submit_graph([spec("x"), spec("a", ["x"]), spec("b", ["a"]), spec("c", ["b"])])
     snapshot = namespace_keys(redis_client, namespace)
     with pytest.raises(CycleError) as info:
-        s.submit("a", "f", deps=["c"])
+        s.submit("a", fn="f", deps=["c"])
     assert_cycle(info.value.path, ["a", "b", "c"])
     assert namespace_keys(redis_client, namespace) == snapshot
     # The refused version never replaced anything: the graph still runs in order.
@@ -373,7 +380,7 @@ def test_a_cycle_closed_by_a_new_version_of_a_ready_task_is_refused(
     s.submit_graph([spec("r"), spec("q", ["r"])])
     snapshot = namespace_keys(redis_client, namespace)
     with pytest.raises(CycleError) as info:
-        s.submit("r", "f", optional_deps=["q"])
+        s.submit("r", fn="f", optional_deps=["q"])
     assert_cycle(info.value.path, ["r", "q"])
     assert namespace_keys(redis_client, namespace) == snapshot
 
@@ -382,11 +389,11 @@ def test_a_cycle_closed_by_the_arrival_of_an_unknown_dependency_is_refused(
     scheduler: Scheduler, redis_client: redis.Redis, namespace: str
 ) -> None:
     s = scheduler
-    s.submit("b", "f", deps=["a"], allow_unknown=True)
-    s.submit("c", "f", deps=["b"])
+    s.submit("b", fn="f", deps=["a"], allow_unknown=True)
+    s.submit("c", fn="f", deps=["b"])
     snapshot = namespace_keys(redis_client, namespace)
     with pytest.raises(CycleError) as info:
-        s.submit("a", "f", deps=["c"])
+        s.submit("a", fn="f", deps=["c"])
     assert_cycle(info.value.path, ["a", "b", "c"])
     assert namespace_keys(redis_client, namespace) == snapshot
     with pytest.raises(NotFoundError):
@@ -397,12 +404,12 @@ def test_a_dependency_already_satisfied_does_not_count_towards_a_cycle(
     scheduler: Scheduler,
 ) -> None:
     s = scheduler
-    s.submit("a", "f")
+    s.submit("a", fn="f")
     run(s, "a")
-    s.submit("b", "f", deps=["a"])
+    s.submit("b", fn="f", deps=["a"])
     assert state(s, "b") is State.READY
     # b no longer waits on a, so a new a may wait on b.
-    s.submit("a", "f", deps=["b"])
+    s.submit("a", fn="f", deps=["b"])
     assert state(s, "a") is State.PENDING
     assert run_to_end(s) == ["b", "a"]
 
@@ -432,7 +439,7 @@ def test_an_unknown_dependency_in_a_closed_graph_is_refused_and_nothing_is_writt
         s.submit_graph([spec("a"), spec("b", ["a", "known", "ghost"])])
     assert (info.value.task_id, info.value.dependency) == ("b", "ghost")
     with pytest.raises(UnknownDependencyError) as info:
-        s.submit("c", "f", optional_deps=["ghost"])
+        s.submit("c", fn="f", optional_deps=["ghost"])
     assert (info.value.task_id, info.value.dependency) == ("c", "ghost")
     with pytest.raises(UnknownDependencyError) as info:
         s.add_deps("waiting", ["ghost"])
@@ -447,11 +454,11 @@ def test_an_open_graph_task_waits_until_its_unknown_dependency_arrives_and_succe
     scheduler: Scheduler,
 ) -> None:
     s = scheduler
-    s.submit("b", "f", deps=["later"], allow_unknown=True)
+    s.submit("b", fn="f", deps=["later"], allow_unknown=True)
     info = s.status("b")
     assert (info.state, info.remaining, info.deps) == (State.PENDING, 1, ("later",))
     assert claim_all(s) == []
-    s.submit("later", "f")
+    s.submit("later", fn="f")
     assert s.status("later").dependents == ("b",)
     assert state(s, "b") is State.PENDING
     run(s, "later")
@@ -463,8 +470,8 @@ def test_an_open_graph_task_is_blocked_when_its_late_dependency_fails(
     scheduler: Scheduler,
 ) -> None:
     s = scheduler
-    s.submit("b", "f", deps=["later"], allow_unknown=True)
-    s.submit("later", "f")
+    s.submit("b", fn="f", deps=["later"], allow_unknown=True)
+    s.submit("later", fn="f")
     fail(s, "later")
     assert s.status("b").blocked_by == BlockedBy("later", ("later", "b"))
 
@@ -498,10 +505,10 @@ def test_duplicate_and_self_dependencies_are_invalid_arguments_naming_the_field(
     optional: list[str],
     field: str,
 ) -> None:
-    scheduler.submit("a", "f")
+    scheduler.submit("a", fn="f")
     snapshot = namespace_keys(redis_client, namespace)
     with pytest.raises(InvalidArgument) as info:
-        scheduler.submit("me", "f", deps=deps, optional_deps=optional)
+        scheduler.submit("me", fn="f", deps=deps, optional_deps=optional)
     assert info.value.field == field
     assert namespace_keys(redis_client, namespace) == snapshot
 
@@ -509,10 +516,10 @@ def test_duplicate_and_self_dependencies_are_invalid_arguments_naming_the_field(
 def test_a_dependency_both_required_and_optional_is_an_invalid_argument(
     scheduler: Scheduler, redis_client: redis.Redis, namespace: str
 ) -> None:
-    scheduler.submit("a", "f")
+    scheduler.submit("a", fn="f")
     snapshot = namespace_keys(redis_client, namespace)
     with pytest.raises(InvalidArgument) as info:
-        scheduler.submit("b", "f", deps=["a"], optional_deps=["a"])
+        scheduler.submit("b", fn="f", deps=["a"], optional_deps=["a"])
     assert info.value.field in ("deps", "optional_deps")
     assert namespace_keys(redis_client, namespace) == snapshot
 
@@ -535,9 +542,9 @@ def test_add_deps_naming_a_dependency_the_task_already_has_is_an_invalid_argumen
 
 def test_resubmitting_a_pending_task_keeps_one_edge_per_dependency(scheduler: Scheduler) -> None:
     s = scheduler
-    s.submit("a", "f")
-    v1 = s.submit("b", "f", deps=["a"])
-    v2 = s.submit("b", "f", deps=["a"])
+    s.submit("a", fn="f")
+    v1 = s.submit("b", fn="f", deps=["a"])
+    v2 = s.submit("b", fn="f", deps=["a"])
     assert v2 > v1
     info = s.status("b")
     assert (info.state, info.version, info.remaining) == (State.PENDING, v2, 1)
@@ -649,10 +656,10 @@ def test_retry_of_a_blocked_task_brings_back_what_was_blocked_through_it_only(
     scheduler: Scheduler,
 ) -> None:
     s = scheduler
-    s.submit("x", "f")
-    s.submit("a", "f", deps=["x"])
-    s.submit("b", "f", deps=["a"])
-    s.submit("c", "f", deps=["x"])
+    s.submit("x", fn="f")
+    s.submit("a", fn="f", deps=["x"])
+    s.submit("b", fn="f", deps=["a"])
+    s.submit("c", fn="f", deps=["x"])
     fail(s, "x")
     assert states(s, "abc") == {"a": State.BLOCKED, "b": State.BLOCKED, "c": State.BLOCKED}
     # The root cause is fixed by a new version, not by a retry: nothing comes back by itself.
@@ -668,12 +675,12 @@ def test_retry_of_a_blocked_task_brings_back_what_was_blocked_through_it_only(
 
 def test_a_retry_cascade_never_leaves_tasks_waiting_on_each_other(scheduler: Scheduler) -> None:
     s = scheduler
-    s.submit("root", "f")
+    s.submit("root", fn="f")
     fail(s, "root")
     # Each edge was made while its dependency had ended, so no cycle was awaited then.
-    s.submit("c", "f", deps=["a", "root"], allow_unknown=True)
-    s.submit("a", "f", deps=["c"])
-    s.submit("free", "f", deps=["root"])
+    s.submit("c", fn="f", deps=["a", "root"], allow_unknown=True)
+    s.submit("a", fn="f", deps=["c"])
+    s.submit("free", fn="f", deps=["root"])
     assert states(s, ["a", "c", "free"]) == {
         "a": State.BLOCKED, "c": State.BLOCKED, "free": State.BLOCKED,
     }  # fmt: skip
@@ -712,7 +719,7 @@ def test_retry_of_a_task_that_has_not_ended_or_succeeded_is_a_conflict(
 def test_replacing_a_pending_task_forgets_its_old_dependencies(scheduler: Scheduler) -> None:
     s = scheduler
     s.submit_graph([spec("old"), spec("new"), spec("c", ["old"])])
-    s.submit("c", "f", deps=["new"])
+    s.submit("c", fn="f", deps=["new"])
     assert s.status("old").dependents == ()
     assert s.status("new").dependents == ("c",)
     claims = {cl.task_id: cl for cl in s.ready(10, WORKER)}
@@ -754,7 +761,7 @@ def test_add_deps_on_a_ready_or_running_task_is_a_conflict(
     s = scheduler
     s.submit_graph([spec("a"), spec("dep")])
     [claim] = [c for c in s.ready(10, WORKER) if c.task_id == "a"]
-    s.submit("r", "f")
+    s.submit("r", fn="f")
     snapshot = namespace_keys(redis_client, namespace)
     for task_id in ("r", "a"):
         with pytest.raises(ConflictError):
@@ -838,7 +845,7 @@ FAN = 20_000
 
 
 def _fan_out(s: Scheduler) -> None:
-    s.submit("root", "f")
+    s.submit("root", fn="f")
     for start in range(0, FAN, 2000):
         s.submit_graph([spec(f"d{i:05d}", ["root"]) for i in range(start, start + 2000)])
     counts = s.stats()["counts"]
@@ -863,13 +870,13 @@ def test_completing_a_task_with_20000_dependents_leaves_them_all_ready(
 
 @pytest.mark.slow
 def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
-    scheduler: Scheduler,
+    sync_scheduler: Scheduler,
 ) -> None:
-    s = scheduler
+    s = sync_scheduler
     _fan_out(s)
     [claim] = s.ready(10, WORKER)
     # The script alone, as an interrupted caller would leave it: one budget settled.
-    left, outcome = s._run(core.fail_call(s.keys, [(claim, "boom")]))
+    left, [outcome] = s._drive(s._ops.once(core.fail_call(s.keys, [(claim, "boom")])))
     assert outcome == b"applied"
     assert int(left) >= 1
 
@@ -881,7 +888,7 @@ def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
     done = blocked()
     assert 0 < done < FAN
     for _ in range(3):
-        used, left = s._run(core.propagate_call(s.keys, 10))
+        left, [used] = s._drive(s._ops.once(core.propagate_call(s.keys, 10)))
         assert 1 <= int(used) <= 10
         assert int(left) >= 1
         now = blocked()
@@ -889,9 +896,9 @@ def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
         done = now
     # Still telling its dependents: a new version is refused by the script itself ...
     with pytest.raises(BusyError):
-        s._run(core.schedule_call(s.keys, [spec("root")], s.max_payload_bytes))
+        s._drive(s._ops.once(core.schedule_call(s.keys, [spec("root")], s.max_payload_bytes)))
     with pytest.raises(BusyError):
-        s._run(core.retry_call(s.keys, "root", True))
+        s._drive(s._ops.once(core.retry_call(s.keys, "root", True)))
     assert s.status("root").state is State.FAILED
     assert blocked() == done
     # ... while the client settles first, then writes it.

@@ -26,7 +26,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from distsched import Claim, Scheduler, State, TaskSpec, Worker
-from distsched.core import Call
+from distsched.core import Call, Request
 from tests.conftest import RedisServer, namespace_keys, python_command, running, subprocess_env
 from tests.fault_procs import ends_key, reports_key, rows, runs_key, seen_key
 
@@ -88,14 +88,16 @@ class CountingScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[float, str, bool]] = []
 
-    def _run(self, call: Call, client: Any = None) -> Any:
+    def _send(self, request: Request) -> Any:
+        if not isinstance(request, Call):
+            return super()._send(request)
         started = time.monotonic()
         try:
-            reply = super()._run(call, client)
+            reply = super()._send(request)
         except Exception:
-            self.calls.append((started, call.script, False))
+            self.calls.append((started, request.script, False))
             raise
-        self.calls.append((started, call.script, True))
+        self.calls.append((started, request.script, True))
         return reply
 
 

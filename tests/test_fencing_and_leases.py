@@ -14,6 +14,13 @@ from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
 from distsched.errors import LeaseLostError
 from tests.conftest import RedisServer, namespace_keys
 
+
+@pytest.fixture
+def scheduler(api: Scheduler) -> Scheduler:
+    """Every test here runs against both shells, the sync and the asyncio one."""
+    return api
+
+
 W = "w"
 
 

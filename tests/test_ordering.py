@@ -15,6 +15,13 @@ from hypothesis import strategies as st
 from distsched import Claim, Scheduler, State, TaskSpec, Wait
 from tests.conftest import RedisServer, require_extra
 
+
+@pytest.fixture
+def scheduler(api: Scheduler) -> Scheduler:
+    """Every test here runs against both shells, the sync and the asyncio one."""
+    return api
+
+
 PMIN, PMAX = -(2**31), 2**31 - 1
 # An absolute time well in the past (November 2023), in ms.
 BASE_MS = 1_700_000_000_000

@@ -209,7 +209,9 @@ def test_a_task_still_settling_its_dependents_is_kept_until_they_are_settled(
     claim = claim_one(scheduler, "root")
     # The raw transition, without the client's automatic settling: the completion
     # settles one budget of dependents and leaves the rest queued for propagation.
-    left = scheduler._run(core.complete_call(scheduler.keys, [(claim, None)]))[0]
+    left, _ = scheduler._drive(
+        scheduler._ops.once(core.complete_call(scheduler.keys, [(claim, None)]))
+    )
     assert int(left) > 0
     assert scheduler.client.zscore(scheduler.keys.propagating, "proot") is not None
 

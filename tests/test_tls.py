@@ -144,7 +144,7 @@ def test_a_worker_runs_tasks_and_hears_wake_ups_over_rediss(tls_redis: TlsRedis)
 
 def test_the_async_scheduler_works_over_rediss(tls_redis: TlsRedis) -> None:
     async def main() -> State:
-        s = await AsyncScheduler.from_url(tls_redis.url, namespace="tls-aio")
+        s = AsyncScheduler.from_url(tls_redis.url, namespace="tls-aio")
         try:
             await s.schedule("a", fn="f")
             claim = await s.next("w")

@@ -13,6 +13,13 @@ from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
 from distsched.errors import ConflictError, LeaseLostError, NotFoundError
 from tests.conftest import namespace_keys
 
+
+@pytest.fixture
+def scheduler(api: Scheduler) -> Scheduler:
+    """Every test here runs against both shells, the sync and the asyncio one."""
+    return api
+
+
 W = "worker-1"
 
 
