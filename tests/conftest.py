@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import inspect
 import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar, cast
 
 import pytest
@@ -35,6 +38,7 @@ T = TypeVar("T")
 
 REDIS_SERVER = shutil.which("redis-server")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def require_redis_server() -> str:
@@ -43,6 +47,53 @@ def require_redis_server() -> str:
             pytest.fail("redis-server is not on PATH, and CI=true requires it")
         pytest.skip("redis-server is not on PATH (install Redis 7 to run this test)")
     return REDIS_SERVER
+
+
+def require_extra(module: str) -> ModuleType:
+    """Import an optional extra (fakeredis, prometheus_client, ...) for a test.
+
+    Missing, the test is skipped with the reason, except under ``CI=true``, where
+    a silently skipped test would hide that the extra was never installed.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        if IN_CI:
+            pytest.fail(f"{module} cannot be imported ({exc}), and CI=true requires it")
+        pytest.skip(
+            f"{module} is not installed (pip install -e '.[test]'): {exc}",
+            allow_module_level=True,
+        )
+
+
+def subprocess_env(
+    base: Mapping[str, str] | None = None, **overrides: str | None
+) -> dict[str, str]:
+    """The environment of a Python subprocess started by a test.
+
+    This checkout leads ``PYTHONPATH``, so the subprocess runs the code under test
+    and not whichever ``distsched`` its interpreter has installed. ``base`` defaults
+    to this process's environment; an override of ``None`` removes that variable.
+    """
+    env = dict(os.environ if base is None else base)
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    root = str(REPO_ROOT)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    env["PYTHONPATH"] = os.pathsep.join([root, *rest])
+    return env
+
+
+def python_command(*args: str) -> list[str]:
+    """Run ``args`` with this interpreter (use with ``env=subprocess_env()``)."""
+    return [sys.executable, *args]
+
+
+# The command line, from this checkout (with subprocess_env()).
+CLI_COMMAND = python_command("-m", "distsched.cli")
 
 
 def free_port() -> int:

@@ -21,11 +21,18 @@ from click.testing import CliRunner, Result
 from distsched import Outcome, Scheduler, State
 from distsched.cli import cli, load_app
 from distsched.embedded import EmbeddedRedisUnavailable, embedded_redis
-from tests.conftest import RedisServer, free_port, namespace_keys, require_redis_server
+from tests.conftest import (
+    CLI_COMMAND,
+    RedisServer,
+    free_port,
+    namespace_keys,
+    require_extra,
+    require_redis_server,
+    subprocess_env,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = Path(sys.executable).parent / "distsched"
-COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "distsched.cli"]
+COMMAND = CLI_COMMAND
 
 
 def _runner() -> CliRunner:
@@ -57,10 +64,7 @@ def assert_one_line_error(result: Result, *words: str) -> str:
 
 
 def env_without_redis_url() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("DISTSCHED_REDIS_URL", None)
-    env.pop("DISTSCHED_NAMESPACE", None)
-    return env
+    return subprocess_env(DISTSCHED_REDIS_URL=None, DISTSCHED_NAMESPACE=None)
 
 
 # --------------------------------------------------------------------------- schedule/status
@@ -396,8 +400,8 @@ def test_worker_runs_tasks_in_a_subprocess_and_exits_zero_on_sigterm(
 
 
 def test_embedded_fakeredis_runs_every_script_and_delivers_wake_ups() -> None:
-    pytest.importorskip("fakeredis")
-    pytest.importorskip("lupa")
+    require_extra("fakeredis")
+    require_extra("lupa")
     with embedded_redis("fakeredis") as server:
         assert server.kind == "fakeredis"
         s = Scheduler.from_url(server.url, namespace="emb", lease_s=5)
@@ -493,8 +497,8 @@ def test_demo_runs_the_whole_story_on_a_given_redis_and_cleans_up(
 
 
 def test_demo_without_redis_server_on_path_runs_on_embedded_fakeredis() -> None:
-    pytest.importorskip("fakeredis")
-    pytest.importorskip("lupa")
+    require_extra("fakeredis")
+    require_extra("lupa")
     env = env_without_redis_url()
     dirs = [d for d in env.get("PATH", "").split(os.pathsep) if d]
     dirs = [d for d in dirs if shutil.which("redis-server", path=d) is None]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from distsched.errors import (
     NotFoundError,
     UnknownDependencyError,
 )
-from tests.conftest import RedisServer, namespace_keys
+from tests.conftest import RedisServer, namespace_keys, python_command, subprocess_env
 
 
 @pytest.fixture
@@ -172,7 +171,8 @@ def test_a_diamond_joins_only_after_both_branches_succeeded(scheduler: Scheduler
 
 def _spawn_completer(url: str, namespace: str, claims: list[Claim]) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, str(PROCS), "complete", url, namespace],
+        python_command(str(PROCS), "complete", url, namespace),
+        env=subprocess_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

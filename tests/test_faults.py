@@ -13,7 +13,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -28,7 +27,7 @@ from redis.retry import Retry
 
 from distsched import Claim, Scheduler, State, TaskSpec, Worker
 from distsched.core import Call, Request
-from tests.conftest import RedisServer, namespace_keys, running
+from tests.conftest import RedisServer, namespace_keys, python_command, running, subprocess_env
 from tests.fault_procs import ends_key, reports_key, rows, runs_key, seen_key
 
 PROCS = Path(__file__).with_name("fault_procs.py")
@@ -45,7 +44,8 @@ def wait_until(predicate: Callable[[], object], timeout: float = 20.0, what: str
 
 def start_worker(url: str, namespace: str, *extra: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, str(PROCS), url, namespace, "--lease", str(LEASE_S), *extra],
+        python_command(str(PROCS), url, namespace, "--lease", str(LEASE_S), *extra),
+        env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

@@ -30,15 +30,21 @@ from distsched.metrics import (
     PrometheusMetrics,
     serve_metrics,
 )
-from tests.conftest import RedisServer, free_port
+from tests.conftest import (
+    CLI_COMMAND,
+    RedisServer,
+    free_port,
+    python_command,
+    require_extra,
+    subprocess_env,
+)
 
-prometheus_client = pytest.importorskip("prometheus_client")
+prometheus_client = require_extra("prometheus_client")
 from prometheus_client import CollectorRegistry  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPT = Path(sys.executable).parent / "distsched"
-COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "distsched.cli"]
+COMMAND = CLI_COMMAND
 LEASE_S = 0.6  # heartbeats (and so gauge refreshes and housekeeping) every 0.2 s
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
@@ -262,8 +268,9 @@ def test_a_report_repeated_after_a_lost_reply_counts_as_duplicate(
 def test_a_worker_without_metrics_never_imports_prometheus_client() -> None:
     code = "import sys, distsched.worker; print('prometheus_client' in sys.modules)"
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
-    )
+        python_command("-c", code),
+        capture_output=True, text=True, check=True, cwd=REPO, env=subprocess_env(),
+    )  # fmt: skip
     assert out.stdout.strip() == "False"
 
 
@@ -303,7 +310,7 @@ def test_worker_cli_serves_metrics_on_the_given_port_until_it_stops(
 ) -> None:
     port = free_port()
     scheduler.schedule_many([TaskSpec(f"add-{i}", "add", args=[i, 1]) for i in range(3)])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCHED_")}
+    env = subprocess_env({k: v for k, v in os.environ.items() if not k.startswith("DISTSCHED_")})
     log = tmp_path / "worker.log"
     with log.open("w") as stderr:
         proc = subprocess.Popen(

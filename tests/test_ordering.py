@@ -7,14 +7,13 @@ import random
 import uuid
 from collections.abc import Iterator
 
-import fakeredis
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsched import Claim, Scheduler, State, TaskSpec, Wait
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, require_extra
 
 
 @pytest.fixture
@@ -289,6 +288,7 @@ def test_fakeredis_claims_in_the_same_order_as_redis(redis_client: redis.Redis) 
         )
         for i in range(40)
     ]
+    fakeredis = require_extra("fakeredis")
     fake = fakeredis.FakeRedis()
     orders = []
     for client in (redis_client, fake):

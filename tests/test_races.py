@@ -11,7 +11,6 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -22,7 +21,7 @@ from typing import Any
 import redis
 
 from distsched import Outcome, Scheduler, State, TaskSpec
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, python_command, subprocess_env
 from tests.worker_procs import live_key
 
 PROCS = Path(__file__).with_name("worker_procs.py")
@@ -120,7 +119,8 @@ def test_cancel_racing_claim_has_exactly_one_winner_per_task(
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(PROCS), *args],
+        python_command(str(PROCS), *args),
+        env=subprocess_env(),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

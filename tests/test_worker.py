@@ -12,7 +12,6 @@ import asyncio
 import json
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +24,7 @@ import redis
 
 from distsched import Scheduler, State, TaskInfo, Worker, current_task
 from distsched.errors import LeaseLost
-from tests.conftest import RedisServer, running
+from tests.conftest import RedisServer, python_command, running, subprocess_env
 from tests.worker_procs import HoldingWorker, started_key
 
 PROCS = Path(__file__).with_name("worker_procs.py")
@@ -507,7 +506,8 @@ def test_run_on_the_main_thread_handles_sigterm_and_sigint_then_restores_handler
 
 def _start_worker_process(url: str, namespace: str, *extra: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, str(PROCS), "worker", url, namespace, *extra],
+        python_command(str(PROCS), "worker", url, namespace, *extra),
+        env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
