@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -317,12 +318,21 @@ class Scheduler(BaseScheduler):
         reply = self._transition(core.confirm_cancel_call(self.keys, claim))
         return Outcome(core._text(reply[0]))
 
-    def release(self, claims: Sequence[Claim]) -> int:
-        """Hand back claims whose function never started; no attempt is spent."""
+    def release(self, claims: Sequence[Claim], *, delay: float = 0.0) -> int:
+        """Hand back claims whose function never started; no attempt is spent.
+
+        With ``delay`` (seconds) the tasks become due again no sooner than that
+        from now; their ``run_at`` is kept. Returns how many were handed back.
+        """
         self._check_open()
+        if not core._is_number(delay) or not math.isfinite(delay) or delay < 0:
+            raise InvalidArgument("delay", "must be a finite number of seconds >= 0")
         if not claims:
             return 0
-        return sum(int(v) for v in self._transition(core.release_call(self.keys, claims))[1:])
+        call = core.release_call(self.keys, claims)
+        if delay > 0:
+            call.args.append(max(1, round(delay * 1000)))
+        return sum(int(v) for v in self._transition(call)[1:])
 
     def reap(self, limit: int = core.REAP_BATCH) -> int:
         """Handle expired leases now; return how many."""

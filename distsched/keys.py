@@ -114,6 +114,11 @@ class Keys:
         """Sorted set: terminal task ids whose waiting dependents are still to be told."""
         return self.prefix + "propagating"
 
+    @property
+    def served(self) -> str:
+        """Hash: function name -> last time (ms, server clock) a live worker said it serves it."""
+        return self.prefix + "served"
+
     def script_keys(self) -> list[str]:
         """The KEYS every script receives, in the order of ``lua/lib/keys.lua``.
 
@@ -146,4 +151,4 @@ class Keys:
 
     def all_keys(self) -> list[str]:
         """Every data key of the namespace (not the channel)."""
-        return [key for key in self.script_keys() if key != self.wake]
+        return [key for key in self.script_keys() if key != self.wake] + [self.served]

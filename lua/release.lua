@@ -16,7 +16,16 @@
 
 return run(function()
   local n = to_int(ARGV[1], 'n')
-  if #ARGV ~= 1 + 3 * n then error({ err = 'BADARG ARGV expected 3 values per token' }) end
+  -- An optional last value, delay_ms: the handed-back tasks become due again no sooner
+  -- than that long from now (their run_at is kept), so that a worker which cannot run
+  -- them does not claim them straight back.
+  local delay = 0
+  if #ARGV == 2 + 3 * n then
+    delay = to_int(ARGV[#ARGV], 'delay_ms')
+    if delay < 0 then error({ err = 'BADARG delay_ms must be >= 0' }) end
+  elseif #ARGV ~= 1 + 3 * n then
+    error({ err = 'BADARG ARGV expected 3 values per token' })
+  end
   local now = now_ms()
   local running_before = running_count()
   local reply, ended = { 0 }, {}
@@ -39,7 +48,13 @@ return run(function()
       else
         count_move('running', 'ready')
         t.state = 'ready'
-        enqueue(t, id)
+        if delay > 0 and t.run_at < now + delay then
+          local member = queue_member(t, id)
+          redis.call('ZADD', k.queue, now + delay, member)
+          enqueued[member] = true
+        else
+          enqueue(t, id)
+        end
       end
       save_task(id, t)
       released = released + 1
@@ -49,7 +64,9 @@ return run(function()
     end
   end
   if released > 0 then
-    redis.call('PUBLISH', k.wake, 'ready')
+    -- A delayed hand-back wakes the waiting workers only if it became the queue head
+    -- (lib/record.lua's run does that), so that none claims it before it is due.
+    if delay == 0 then redis.call('PUBLISH', k.wake, 'ready') end
     capacity_freed(running_before)
   end
   reply[1] = settle_after_terminal(ended, now)
