@@ -2,7 +2,7 @@
 
 Each worker announces its function names in the namespace's ``served`` hash
 (name -> last announcement, ms on the server clock) when it starts and then
-every ``refresh_s`` from its heartbeat thread. A worker that claims a task whose
+every ``ANNOUNCE_S`` from its heartbeat thread. A worker that claims a task whose
 function it does not serve asks this record what to do with it.
 """
 
@@ -23,9 +23,12 @@ log = logging.getLogger("distsched.worker")
 HANDBACK_DELAY_S = 0.5
 # While no live worker serves the function, a hand-back is checked again this often.
 UNSERVED_RECHECK_S = 2.0
-# Announcements are refreshed at least this often and at most this often.
-REFRESH_MIN_S = 0.25
-REFRESH_MAX_S = 60.0
+# Every worker announces its functions this often, whatever its own timeout, so that
+# any worker can judge any other's announcements.
+ANNOUNCE_S = 20.0
+# A function counts as served while an announcement is at most this old (three
+# periods: a worker is not taken for gone because one or two announcements failed).
+LIVE_S = 3 * ANNOUNCE_S
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,8 @@ class ServedFunctions:
     """This worker's entry in the record of served functions, and the rule for the rest.
 
     A function counts as served while its last announcement is at most
-    ``window_s`` old: the larger of ``unserved_timeout`` and two refresh periods,
-    so that a live worker never looks gone between two announcements.
+    ``window_s`` old: the larger of ``unserved_timeout`` and ``LIVE_S``, so that a
+    live worker never looks gone between two announcements.
     """
 
     def __init__(
@@ -56,8 +59,8 @@ class ServedFunctions:
         self.scheduler = scheduler
         self.functions = sorted(functions)
         self.timeout = unserved_timeout
-        self.refresh_s = min(REFRESH_MAX_S, max(REFRESH_MIN_S, unserved_timeout / 4.0))
-        self.window_s = max(unserved_timeout, 2.0 * self.refresh_s)
+        self.refresh_s = ANNOUNCE_S
+        self.window_s = max(unserved_timeout, LIVE_S)
         self._next_refresh = 0.0
 
     def refresh_due_in(self) -> float:
@@ -108,7 +111,7 @@ class ServedFunctions:
             decisions.append(
                 GiveUp(
                     f"unserved function {claim.fn!r}: no live worker of the namespace served it "
-                    f"for {waited:.0f}s (unserved_timeout {self.timeout:g}s; last served: "
+                    f"for {waited:.1f}s (unserved_timeout {self.timeout:g}s; last served: "
                     f"{since}); this worker serves {self.functions}"
                 )
             )
