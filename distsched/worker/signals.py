@@ -56,7 +56,7 @@ class SignalHandlers:
         if self._signalled and signum == signal.SIGINT:
             log.warning(
                 "worker %s: second %s: exiting now; %d running tasks are left to their "
-                "leases, which expire and are then retried",
+                "leases (reaped when they expire, as if this worker had vanished)",
                 self.worker_id, name, self._held(),
             )  # fmt: skip
             os._exit(EXIT_AT_ONCE)
