@@ -12,7 +12,7 @@ import redis
 
 from distsched import Scheduler, Worker
 from distsched.errors import InvalidArgument
-from tests.conftest import namespace_keys
+from tests.conftest import namespace_keys, running
 
 
 def ok() -> None:
@@ -27,7 +27,7 @@ BAD_SECONDS = [-1, math.nan, math.inf, -math.inf, "1", True, [1]]
 @pytest.mark.parametrize(
     ("field", "value"),
     [("concurrency", v) for v in (0, -3, 1.5, "4", True, None)]
-    + [("functions", v) for v in ({"ok": 42}, {5: ok}, {"": ok}, [ok], "ok", None)]
+    + [("functions", v) for v in ({}, {"ok": 42}, {5: ok}, {"": ok}, [ok], "ok", None)]
     + [("worker_id", v) for v in ("", 7, b"bytes", "\ud800")]
     + [("heartbeat_s", v) for v in (0, 0.0, *BAD_SECONDS)]
     + [("grace", v) for v in (*BAD_SECONDS, None)]
@@ -65,3 +65,11 @@ def test_the_boundary_values_are_accepted(scheduler: Scheduler) -> None:
     assert (worker.grace, worker.cancel_wait, worker.unserved_timeout) == (0.0, 0.0, 0.0)
     # Without heartbeat_s, leases are extended three times per lease.
     assert Worker(scheduler, {"ok": ok}).heartbeat_s == pytest.approx(scheduler.lease_s / 3)
+
+
+def test_a_worker_runs_once(scheduler: Scheduler) -> None:
+    worker = Worker(scheduler, {"ok": ok}, concurrency=1)
+    with running(worker):
+        pass
+    with pytest.raises(RuntimeError, match="runs once"):
+        worker.run()

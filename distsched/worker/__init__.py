@@ -125,10 +125,15 @@ class Worker:
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
-        if not isinstance(functions, Mapping) or not all(
-            isinstance(k, str) and k and callable(v) for k, v in functions.items()
+        if (
+            not isinstance(functions, Mapping)
+            or not functions
+            or not all(isinstance(k, str) and k and callable(v) for k, v in functions.items())
         ):
-            raise InvalidArgument("functions", "must map non-empty names (str) to callables")
+            # A worker serving nothing would claim every task only to hand it back.
+            raise InvalidArgument(
+                "functions", "must map at least one non-empty name (str) to a callable"
+            )
         if worker_id is not None:
             core.validate_worker_id(worker_id)
         if heartbeat_s is not None:
@@ -148,6 +153,7 @@ class Worker:
         # With none given the hooks are no-ops and the heartbeat reads no namespace stats.
         self.metrics = metrics if metrics is not None else WorkerMetrics()
 
+        self._ran = False
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self._stop_grace: float | None = None
@@ -183,6 +189,10 @@ class Worker:
         Call it once per worker. Signal handlers are installed only when it runs on
         the main thread, and restored when it returns.
         """
+        with self._slots.cond:
+            if self._ran:
+                raise RuntimeError("a Worker runs once: make a new one to run again")
+            self._ran = True
         restore = self._signals.install()
         try:
             self._start()
