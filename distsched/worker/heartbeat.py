@@ -86,6 +86,8 @@ class Heartbeat:
                 statuses = self.scheduler.heartbeat_many([j.claim for j in jobs])
                 for job, status in zip(jobs, statuses, strict=True):
                     if status is None:
+                        if job.sent:
+                            continue
                         if not job.ctx.lease_lost:
                             self.metrics.on_lease_lost(job.claim)
                         job.ctx._signal_stop(StopReason.LEASE_LOST)

@@ -28,6 +28,9 @@ class Job:
     claim: Claim
     ctx: TaskContext = field(init=False)
     phase: Phase = Phase.CLAIMED
+    # Set when its report is on the wire: a heartbeat that then finds the token gone
+    # most likely raced with that very report, not with a lost lease.
+    sent: bool = False
 
     def __post_init__(self) -> None:
         self.ctx = TaskContext(self.claim)

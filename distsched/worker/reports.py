@@ -200,6 +200,8 @@ class Reporter:
     def _send(self, kind: ReportKind, reports: list[Report]) -> None:
         """Send one kind of report and record the answers; the jobs are then done."""
         claims = [r.job.claim for r in reports]
+        for report in reports:
+            report.job.sent = True
         try:
             outcomes = self._retrying(lambda: self._call(kind, reports), f"{len(claims)} {kind}")
         except ClosedError:
