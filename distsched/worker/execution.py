@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import queue
 import threading
 import time
@@ -14,6 +15,8 @@ from distsched.context import _reset_current, _set_current
 from distsched.metrics import WorkerMetrics
 from distsched.worker.jobs import Job, Slots
 from distsched.worker.reports import Raised, Reporter, Returned, outcome_of
+
+log = logging.getLogger("distsched.worker")
 
 
 class Runner:
@@ -75,13 +78,15 @@ class Runner:
         return time.monotonic()
 
     def _ended(self, job: Job, started: float, result: Returned | Raised) -> None:
+        # The slot is free first: the report may land (and the job be let go) at once.
+        # The job is held, and heartbeated, until then.
+        self.slots.end(job)
         try:
             self.metrics.on_finished(job.claim, time.monotonic() - started)
-            kind, value = outcome_of(job.ctx, result)
-            self.reporter.put(job, kind, value)
-        finally:
-            # The slot is free; the job is held (and heartbeated) until its report lands.
-            self.slots.end(job)
+        except Exception:
+            log.exception("metrics hook on_finished failed")
+        kind, value = outcome_of(job.ctx, result)
+        self.reporter.put(job, kind, value)
 
 
 class ThreadPool:

@@ -96,7 +96,7 @@ class Slots:
     def end(self, job: Job) -> None:
         """The function returned: its slot is free; the job stays until its report lands."""
         with self.cond:
-            if job.phase is Phase.RUNNING:
+            if job.phase is Phase.RUNNING and job.claim.token in self._jobs:
                 self._move(job, Phase.REPORTING)
 
     def done(self, jobs: Iterable[Job]) -> None:
