@@ -4,6 +4,7 @@ no live worker of the namespace served the function. Two real workers, real Redi
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from collections.abc import Iterator
@@ -11,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from distsched import Scheduler, State, Worker, current_task
+from distsched import Claim, Scheduler, State, Wait, Worker, current_task
+from distsched.errors import InvalidArgument
 from tests.conftest import running
 from tests.test_worker import wait_state, wait_until
 
@@ -116,3 +118,34 @@ def test_a_function_last_announced_longer_ago_than_the_timeout_counts_as_unserve
     assert info.state is State.FAILED
     assert info.error is not None and "retired" in info.error
     assert re.search(r"last served: 60\ds ago", info.error)
+
+
+def test_a_delayed_hand_back_keeps_run_at_and_the_attempt_and_is_due_only_after_the_delay(
+    scheduler: Scheduler,
+) -> None:
+    scheduler.schedule("back", fn="f")
+    run_at = scheduler.status("back").run_at
+    claim = scheduler.next("w")
+    assert isinstance(claim, Claim) and claim.attempt == 1
+    released_at = scheduler.server_time()
+    assert scheduler.release([claim], delay=0.5) == 1
+    info = scheduler.status("back")
+    assert (info.state, info.attempt, info.run_at, info.worker) == (State.READY, 0, run_at, None)
+    wait = scheduler.next("w")
+    assert isinstance(wait, Wait) and wait.reason == "not_due"
+    assert wait.delay is not None and 0 < wait.delay <= 0.5
+    wait_until(lambda: isinstance(scheduler.next("w"), Claim), 5, "the task to be due again")
+    assert scheduler.server_time() >= released_at + 0.5 - 0.002
+    again = scheduler.status("back")
+    assert (again.state, again.attempt) == (State.RUNNING, 1)
+
+
+@pytest.mark.parametrize("delay", [-1, math.nan, math.inf, "1", None, True])
+def test_a_bad_hand_back_delay_is_refused_naming_it(scheduler: Scheduler, delay: object) -> None:
+    scheduler.schedule("back", fn="f")
+    claim = scheduler.next("w")
+    assert isinstance(claim, Claim)
+    with pytest.raises(InvalidArgument) as info:
+        scheduler.release([claim], delay=delay)  # type: ignore[arg-type]
+    assert info.value.field == "delay"
+    assert scheduler.status("back").state is State.RUNNING
