@@ -201,9 +201,9 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.confirm_cancel`."""
         return await self._drive(self._ops.confirm_cancel(claim))
 
-    async def release(self, claims: Sequence[Claim]) -> int:
+    async def release(self, claims: Sequence[Claim], *, delay: float = 0.0) -> int:
         """See :meth:`Scheduler.release`."""
-        return await self._drive(self._ops.release(claims))
+        return await self._drive(self._ops.release(claims, delay))
 
     async def wait_for_wake(self, timeout: float | None) -> bool:
         """See :meth:`Scheduler.wait_for_wake`."""

@@ -263,9 +263,13 @@ class Scheduler(BaseScheduler):
         """The function stopped on a cancellation request: the task ends cancelled."""
         return self._drive(self._ops.confirm_cancel(claim))
 
-    def release(self, claims: Sequence[Claim]) -> int:
-        """Hand back claims whose function never started; no attempt is spent."""
-        return self._drive(self._ops.release(claims))
+    def release(self, claims: Sequence[Claim], *, delay: float = 0.0) -> int:
+        """Hand back claims whose function never started; no attempt is spent.
+
+        With ``delay`` (seconds) the tasks become due again no sooner than that
+        from now; their ``run_at`` is kept. Returns how many were handed back.
+        """
+        return self._drive(self._ops.release(claims, delay))
 
     def wait_for_wake(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) for a wake-up message.

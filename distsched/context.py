@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import enum
 import threading
 from typing import TYPE_CHECKING
 
@@ -17,14 +18,21 @@ _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
 )
 
 
+class StopReason(enum.Enum):
+    """Why a running function was asked to stop."""
+
+    CANCEL = "cancel"  # cancellation of the task was requested
+    LEASE_LOST = "lease_lost"  # the worker no longer holds the task's lease
+    SHUTDOWN = "shutdown"  # the worker is shutting down and the grace period is over
+
+
 class TaskContext:
     """What a task function may know and watch about its own run."""
 
     def __init__(self, claim: Claim) -> None:
         self.claim = claim
         self._signal = threading.Event()
-        self._lease_lost = False
-        self._cancel_requested = False
+        self._reasons: set[StopReason] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async_signal: asyncio.Event | None = None
 
@@ -43,20 +51,32 @@ class TaskContext:
 
     @property
     def cancel_requested(self) -> bool:
-        """True once cancellation was requested or the lease was lost: stop soon."""
+        """True once the function should stop soon: cancellation was requested, the
+        lease was lost, or the worker is shutting down and its grace period is over."""
         return self._signal.is_set()
 
     @property
     def lease_lost(self) -> bool:
         """True when the worker lost this run's lease: another attempt may be running."""
-        return self._lease_lost
+        return StopReason.LEASE_LOST in self._reasons
+
+    @property
+    def worker_stopping(self) -> bool:
+        """True when the worker's shutdown asked this function to stop.
+
+        A run that stops on it is not a failure: the task goes back to ready for
+        another worker without spending an attempt (unless a cancel was requested).
+        """
+        return StopReason.SHUTDOWN in self._reasons
 
     def raise_if_cancelled(self) -> None:
         """Raise ``Cancelled`` (``LeaseLost`` when the lease was lost) if signalled."""
-        if self._lease_lost:
+        if self.lease_lost:
             raise LeaseLost(f"lease of {self.task_id!r} attempt {self.attempt} was lost")
-        if self._signal.is_set():
+        if StopReason.CANCEL in self._reasons:
             raise Cancelled(f"task {self.task_id!r} was cancelled")
+        if self._signal.is_set():
+            raise Cancelled(f"task {self.task_id!r} was stopped: the worker is shutting down")
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Block up to ``timeout`` seconds for a cancellation signal; True if signalled."""
@@ -82,18 +102,15 @@ class TaskContext:
         if self._signal.is_set():
             self._async_signal.set()
 
-    def _signal_stop(self, lease_lost: bool = False) -> None:
-        if lease_lost:
-            self._lease_lost = True
-        else:
-            self._cancel_requested = True
+    def _signal_stop(self, reason: StopReason) -> None:
+        self._reasons.add(reason)
         self._signal.set()
         if self._loop is not None and self._async_signal is not None:
             self._loop.call_soon_threadsafe(self._async_signal.set)
 
     @property
     def _cancel_was_requested(self) -> bool:
-        return self._cancel_requested
+        return StopReason.CANCEL in self._reasons
 
 
 def current_task() -> TaskContext:

@@ -576,12 +576,14 @@ def confirm_cancel_call(keys: Keys, claim: Claim) -> Call:
     )
 
 
-def release_call(keys: Keys, claims: Sequence[Claim]) -> Call:
-    return Call(
-        "release",
-        keys.for_script("release"),
-        [PROPAGATE_BUDGET, len(claims), *_token_values(claims)],
-    )
+def release_call(keys: Keys, claims: Sequence[Claim], delay: object = 0.0) -> Call:
+    delay_s = _finite(delay)
+    if delay_s is None or delay_s < 0:
+        raise InvalidArgument("delay", "must be a finite number of seconds >= 0")
+    args = [PROPAGATE_BUDGET, len(claims), *_token_values(claims)]
+    if delay_s > 0:
+        args.append(max(1, seconds_to_ms(delay_s, "delay", MAX_DELAY_MS)))
+    return Call("release", keys.for_script("release"), args)
 
 
 # reap_call's default target: every expired lease (None is a bad task id, not "all").
@@ -1244,8 +1246,8 @@ class Ops:
         (outcome,) = yield from self.run(confirm_cancel_call(self.keys, claim))
         return Outcome(_text(outcome))
 
-    def release(self, claims: Sequence[Claim]) -> Op[int]:
-        call = release_call(self.keys, claims)
+    def release(self, claims: Sequence[Claim], delay: float) -> Op[int]:
+        call = release_call(self.keys, claims, delay)
         if not claims:
             return 0
         return sum(int(v) for v in (yield from self.run(call)))

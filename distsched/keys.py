@@ -133,6 +133,11 @@ class Keys:
         """Sorted set: terminal task ids whose waiting dependents are still to be told."""
         return self.prefix + "propagating"
 
+    @property
+    def served(self) -> str:
+        """Hash: function name -> last time (ms, server clock) a live worker said it serves it."""
+        return self.prefix + "served"
+
     def script_keys(self) -> list[str]:
         """Every key of the namespace and its wake channel, in ``KEY_NAMES`` order."""
         return [getattr(self, name) for name in KEY_NAMES]
@@ -155,4 +160,4 @@ class Keys:
 
     def all_keys(self) -> list[str]:
         """Every data key of the namespace (not the channel)."""
-        return [key for key in self.script_keys() if key != self.wake]
+        return [key for key in self.script_keys() if key != self.wake] + [self.served]

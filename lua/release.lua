@@ -14,6 +14,9 @@
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n; then 3 values per token: id, version, attempt
+-- ARGV[3 + 3n] optional delay_ms (>= 0): the tasks become due again no sooner than this
+--   long from now (the queue entry's score; their run_at is kept). A delayed hand-back
+--   publishes no wake-up.
 --
 -- Reply: { propagating jobs left, then per token 1 handed back (ready, or cancelled)
 -- or 0 stale (left as it is) }.
@@ -22,7 +25,16 @@
 return run(function()
   local budget = budget_arg(ARGV[1])
   local n = to_int(ARGV[2], 'n')
-  if #ARGV ~= 2 + 3 * n then error({ err = 'BADARG ARGV expected 3 values per token' }) end
+  -- An optional last value, delay_ms: the handed-back tasks become due again no sooner
+  -- than that long from now (their run_at is kept), so that a worker which cannot run
+  -- them does not claim them straight back.
+  local delay = 0
+  if #ARGV == 3 + 3 * n then
+    delay = to_int(ARGV[#ARGV], 'delay_ms')
+    if delay < 0 then error({ err = 'BADARG delay_ms must be >= 0' }) end
+  elseif #ARGV ~= 2 + 3 * n then
+    error({ err = 'BADARG ARGV expected 3 values per token' })
+  end
   local now = now_ms()
   local running_before = running_count()
   local reply, ended = { 0 }, {}
@@ -45,7 +57,13 @@ return run(function()
       else
         count_move('running', 'ready')
         t.state = 'ready'
-        enqueue(t, id)
+        if delay > 0 and t.run_at < now + delay then
+          local member = queue_member(t, id)
+          redis.call('ZADD', k.queue, now + delay, member)
+          enqueued[member] = true
+        else
+          enqueue(t, id)
+        end
       end
       save_task(id, t)
       released = released + 1
@@ -55,7 +73,9 @@ return run(function()
     end
   end
   if released > 0 then
-    redis.call('PUBLISH', k.wake, 'ready')
+    -- A delayed hand-back wakes the waiting workers only if it became the queue head
+    -- (lib/record.lua's run does that), so that none claims it before it is due.
+    if delay == 0 then redis.call('PUBLISH', k.wake, 'ready') end
     capacity_freed(running_before)
   end
   reply[1] = settle_after_terminal(ended, now, budget)

@@ -323,20 +323,24 @@ def test_lost_lease_signals_the_running_function_and_its_late_report_is_stale(
 # --------------------------------------------------------------------------- bad tasks
 
 
-def test_unregistered_function_fails_with_an_error_naming_it(fast: Scheduler) -> None:
-    fast.schedule("bad", fn="not_registered")
+def test_a_claimed_task_of_an_unserved_function_goes_back_unstarted_and_the_worker_carries_on(
+    fast: Scheduler,
+) -> None:
+    fast.schedule("elsewhere", fn="not_registered")
     fast.schedule("good", fn="ok")
     worker = Worker(fast, {"ok": lambda: "fine"}, concurrency=2)
     with running(worker):
-        bad = wait_state(fast, "bad", State.FAILED, State.SUCCEEDED)
+        wait_until(lambda: worker.counts["unserved"] >= 1, 10, "the hand-back")
         wait_state(fast, "good", State.SUCCEEDED)
         # The worker carries on with later tasks.
         fast.schedule("after", fn="ok")
         after = wait_state(fast, "after", State.SUCCEEDED)
-    assert bad.state is State.FAILED
-    assert bad.error is not None
-    assert "not_registered" in bad.error and "unregistered" in bad.error
+        info = fast.status("elsewhere")
+        # Handed back, not failed: no attempt spent, no error, waiting for a worker that
+        # serves the function (the default unserved_timeout is minutes).
+        assert (info.state, info.attempt, info.error) == (State.READY, 0, None)
     assert after.result == "fine"
+    assert worker.counts["failed"] == 0
 
 
 def test_function_raising_a_base_exception_fails_its_task_and_the_worker_carries_on(
@@ -451,7 +455,7 @@ def test_functions_still_running_after_the_grace_period_receive_the_cancel_signa
     signalled_at: list[float] = []
     before = set(threading.enumerate())
     worker = Worker(fast, _looping_functions(started, signalled_at, True), concurrency=2)
-    fast.schedule("job", fn=fn, max_attempts=2, backoff=0)
+    fast.schedule("job", fn=fn)  # max_attempts=1: a spent attempt would end it failed
     with running(worker):
         assert started.wait(10)
         stop_at = time.monotonic()
@@ -459,11 +463,12 @@ def test_functions_still_running_after_the_grace_period_receive_the_cancel_signa
         assert worker.wait_stopped(10)
     assert signalled_at and signalled_at[0] - stop_at >= 0.3
     info = fast.status("job")
-    # Stopping on the worker's own shutdown is a failed attempt, not a cancelled task:
-    # nobody cancelled it, so it runs again while attempts remain.
+    # Stopped by the worker's own shutdown: neither a failure nor a cancellation. The task
+    # is back in the queue for another worker with its attempt given back.
     assert info.state is State.READY
-    assert (info.attempt, info.cancel_requested, info.lease_deadline) == (1, False, None)
-    assert info.error is not None and "shut" in info.error
+    assert (info.attempt, info.cancel_requested, info.lease_deadline) == (0, False, None)
+    assert info.error is None
+    assert (worker.counts["released"], worker.counts["failed"]) == (1, 0)
     assert fast.stats()["running"] == 0
     assert set(threading.enumerate()) - before == set()
     assert distsched_threads() == []

@@ -25,7 +25,8 @@ from typing import Any
 import redis
 
 from distsched import Scheduler, Worker
-from distsched.worker import _Job
+from distsched.worker import Job
+from distsched.worker.execution import ThreadPool
 
 
 def live_key(namespace: str) -> str:
@@ -59,6 +60,17 @@ def claim_main(url: str, namespace: str) -> int:
     return 0
 
 
+class HoldingPool(ThreadPool):
+    """Pool threads that reach ``held`` jobs only after shutdown released them."""
+
+    def execute(self, job: Job) -> None:
+        if job.claim.fn == "held":
+            deadline = time.monotonic() + 30.0
+            while not job.released and time.monotonic() < deadline:
+                time.sleep(0.01)
+        super().execute(job)
+
+
 class HoldingWorker(Worker):
     """A worker whose pool threads reach ``held`` jobs only after shutdown released them.
 
@@ -66,12 +78,7 @@ class HoldingWorker(Worker):
     the shutdown begins, which is otherwise a window of microseconds.
     """
 
-    def _execute_sync(self, job: _Job) -> None:
-        if job.claim.fn == "held":
-            deadline = time.monotonic() + 30.0
-            while not job.released and time.monotonic() < deadline:
-                time.sleep(0.01)
-        super()._execute_sync(job)
+    thread_pool_class = HoldingPool
 
 
 def worker_main(url: str, namespace: str, concurrency: int, lease_s: float) -> int:

@@ -1,0 +1,282 @@
+"""The worker: a fixed pool that claims due tasks and runs registered functions (§8).
+
+A :class:`Worker` is made of small parts, one job each, most on a thread of its own:
+
+- :class:`~distsched.worker.consumer.Consumer`, on the thread that calls
+  :meth:`Worker.run`: claims at most as many tasks as there are free slots and
+  dispatches them, then waits for a wake-up with the server's delay hint as timeout;
+- :class:`~distsched.worker.execution.ThreadPool` (``concurrency`` threads, ``def``
+  functions) and :class:`~distsched.worker.execution.LoopPool` (one event loop,
+  ``async def`` functions), both through one
+  :class:`~distsched.worker.execution.Runner`, which turns the end of any run into
+  its report;
+- :class:`~distsched.worker.reports.Reporter`: sends outcomes in batches;
+- :class:`~distsched.worker.listener.Listener`: the wake-up subscription, and cancel
+  requests delivered at once;
+- :class:`~distsched.worker.heartbeat.Heartbeat`: leases, cancel and lease-loss
+  delivery, the fleet's housekeeping, and the announcement of served functions
+  (:class:`~distsched.worker.served.ServedFunctions`);
+- :class:`~distsched.worker.signals.SignalHandlers`: SIGTERM and SIGINT.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from distsched import core
+from distsched.client import Scheduler
+from distsched.context import StopReason
+from distsched.errors import ClosedError, InvalidArgument
+from distsched.metrics import WorkerMetrics
+from distsched.worker.common import TRANSIENT
+from distsched.worker.consumer import Consumer
+from distsched.worker.execution import LoopPool, Runner, ThreadPool
+from distsched.worker.heartbeat import Heartbeat
+from distsched.worker.jobs import Job, Phase, Slots
+from distsched.worker.listener import Listener
+from distsched.worker.reports import Reporter, ReportKind, outcome_of
+from distsched.worker.served import ServedFunctions
+from distsched.worker.signals import SignalHandlers
+
+__all__ = [
+    "DEFAULT_UNSERVED_TIMEOUT_S",
+    "Job",
+    "Phase",
+    "ReportKind",
+    "Worker",
+    "default_worker_id",
+    "outcome_of",
+]
+
+log = logging.getLogger("distsched.worker")
+
+# How long a task whose function no live worker serves waits before it fails.
+DEFAULT_UNSERVED_TIMEOUT_S = 300.0
+# How long the threads get to end once the shutdown is over.
+JOIN_S = 1.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def _seconds(value: object, field: str, *, positive: bool) -> float:
+    """``value`` as seconds: a finite number (not a bool), > 0 or >= 0."""
+    bound = "> 0" if positive else ">= 0"
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or (value <= 0 if positive else value < 0)
+    ):
+        raise InvalidArgument(field, f"must be a finite number of seconds {bound}, got {value!r}")
+    return float(value)
+
+
+class Worker:
+    """Run registered functions for the tasks of one scheduler's namespace.
+
+    ``functions`` maps the names used in ``schedule(fn=...)`` to callables,
+    ``def`` or ``async def``. At most ``concurrency`` functions run at once and
+    no more tasks than free slots are ever claimed.
+
+    ``heartbeat_s`` (default: a third of the lease) is how often leases are
+    extended. On shutdown, running functions get ``grace`` seconds to finish;
+    then they are signalled to stop (``current_task().cancel_requested``,
+    ``worker_stopping``) and get ``cancel_wait`` more seconds.
+
+    A run stopped by the shutdown is not a failure: whatever the function raises
+    once the shutdown signalled it (``Cancelled`` from ``raise_if_cancelled()``,
+    or any other exception), its task goes back to ready for another worker
+    without spending an attempt, or ends cancelled if a cancel was requested. A
+    function that returns normally after the signal succeeded.
+
+    A task whose function this worker does not serve is handed back unstarted
+    (no attempt spent), due again after a short delay; it fails only when it
+    has been due for ``unserved_timeout`` seconds and no live worker of the
+    namespace announced that function meanwhile.
+
+    ``metrics`` receives the hooks of :class:`distsched.metrics.WorkerMetrics`.
+    Every argument is checked here: a bad one raises ``InvalidArgument`` naming it.
+    """
+
+    # The executor of ``def`` functions (a subclass may stand in, e.g. in tests).
+    thread_pool_class: type[ThreadPool] = ThreadPool
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        functions: Mapping[str, Callable[..., Any]],
+        concurrency: int = 8,
+        worker_id: str | None = None,
+        heartbeat_s: float | None = None,
+        grace: float = 30.0,
+        cancel_wait: float = 10.0,
+        metrics: WorkerMetrics | None = None,
+        unserved_timeout: float = DEFAULT_UNSERVED_TIMEOUT_S,
+    ) -> None:
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+            raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
+        if (
+            not isinstance(functions, Mapping)
+            or not functions
+            or not all(isinstance(k, str) and k and callable(v) for k, v in functions.items())
+        ):
+            # A worker serving nothing would claim every task only to hand it back.
+            raise InvalidArgument(
+                "functions", "must map at least one non-empty name (str) to a callable"
+            )
+        if worker_id is not None:
+            core.validate_worker_id(worker_id)
+        if heartbeat_s is not None:
+            heartbeat_s = _seconds(heartbeat_s, "heartbeat_s", positive=True)
+        if metrics is not None and not isinstance(metrics, WorkerMetrics):
+            raise InvalidArgument(
+                "metrics", f"must be a WorkerMetrics or None, got {type(metrics).__name__}"
+            )
+        self.scheduler = scheduler
+        self.functions = dict(functions)
+        self.concurrency = concurrency
+        self.worker_id = worker_id or default_worker_id()
+        self.heartbeat_s = heartbeat_s if heartbeat_s is not None else scheduler.lease_s / 3.0
+        self.grace = _seconds(grace, "grace", positive=False)
+        self.cancel_wait = _seconds(cancel_wait, "cancel_wait", positive=False)
+        self.unserved_timeout = _seconds(unserved_timeout, "unserved_timeout", positive=False)
+        # With none given the hooks are no-ops and the heartbeat reads no namespace stats.
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
+
+        self._ran = False
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._stop_grace: float | None = None
+        self._wake = threading.Event()
+        self._slots = Slots(concurrency)
+        self._served = ServedFunctions(scheduler, self.functions, self.unserved_timeout)
+        self._reporter = Reporter(scheduler, self._slots, self.metrics, self._served)
+        self._heartbeat = Heartbeat(
+            scheduler, self._slots, self.metrics, self._served, self.heartbeat_s,
+            observed=metrics is not None,
+        )  # fmt: skip
+        runner = Runner(
+            self.functions, self._slots, self._reporter, self.metrics,
+            lambda: self._heartbeat.clock_offset,
+        )  # fmt: skip
+        self._threads = self.thread_pool_class(runner, concurrency)
+        has_async = any(inspect.iscoroutinefunction(f) for f in self.functions.values())
+        self._loop = LoopPool(runner) if has_async else None
+        self._listener = Listener(scheduler, self._slots, self._wake, self._heartbeat.now)
+        self._consumer = Consumer(
+            scheduler, self.worker_id, self.functions, self._slots, self._reporter,
+            self._threads, self._loop, self.metrics, self._stopping, self._wake,
+        )  # fmt: skip
+        self._signals = SignalHandlers(
+            self.worker_id, self.stop, self._grace_now, lambda: len(self._slots.held())
+        )
+
+    # ------------------------------------------------------------------ public
+
+    def run(self) -> None:
+        """Claim and run tasks until :meth:`stop` or SIGTERM/SIGINT, then shut down (§8).
+
+        Call it once per worker. Signal handlers are installed only when it runs on
+        the main thread, and restored when it returns.
+        """
+        with self._slots.cond:
+            if self._ran:
+                raise RuntimeError("a Worker runs once: make a new one to run again")
+            self._ran = True
+        restore = self._signals.install()
+        try:
+            self._start()
+            try:
+                self._consumer.run()
+            finally:
+                self._shutdown()
+        finally:
+            restore()
+            self._stopped.set()
+
+    def stop(self, grace: float | None = None) -> None:
+        """Ask the worker to shut down; running functions get ``grace`` seconds to finish
+        (default: the worker's ``grace``)."""
+        if grace is not None:
+            self._stop_grace = _seconds(grace, "grace", positive=False)
+        self._stopping.set()
+        self._wake.set()
+        with self._slots.cond:
+            self._slots.cond.notify_all()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`run` has returned; True if it did within ``timeout``."""
+        return self._stopped.wait(timeout)
+
+    @property
+    def running(self) -> int:
+        """How many functions are executing right now."""
+        return self._slots.running
+
+    @property
+    def peak_running(self) -> int:
+        """The most functions that ever executed at once on this worker."""
+        return self._slots.peak_running
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """What happened to the claims: ``claimed``, ``succeeded``, ``failed``,
+        ``cancelled``, ``released`` (handed back on shutdown), ``unserved`` (handed
+        back: function not served here), and the ``stale`` and ``duplicate`` answers."""
+        return self._slots.counts
+
+    def snapshot(self) -> dict[str, int]:
+        """One consistent look at the pool: executing, claimed but not started, and
+        finished with the report still on its way (those still hold their lease)."""
+        return self._slots.snapshot()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _grace_now(self) -> float:
+        return self.grace if self._stop_grace is None else self._stop_grace
+
+    def _start(self) -> None:
+        # Announced before the first claim, so that other workers see at once that
+        # these functions are served; the heartbeat retries it when Redis is away.
+        try:
+            self._served.announce()
+        except (ClosedError, *TRANSIENT) as exc:
+            log.warning("could not announce the served functions yet: %s", exc)
+        except Exception:
+            log.exception("announcing the served functions failed")
+        self._threads.start()
+        if self._loop is not None:
+            self._loop.start()
+        self._reporter.start()
+        self._heartbeat.start()
+        self._listener.start()
+
+    def _shutdown(self) -> None:
+        self._stopping.set()
+        grace = self._grace_now()
+        # 1. Claimed but not started: hand them back without spending an attempt.
+        for job in self._slots.release_unstarted():
+            self._reporter.put(job, ReportKind.RELEASE, None)
+        # 2. Running: wait for them up to the grace period, 3. then signal them to stop.
+        if not self._slots.wait_idle(grace):
+            self._slots.signal_all(StopReason.SHUTDOWN)
+            if not self._slots.wait_idle(self.cancel_wait):
+                log.error("%d task functions did not stop; their leases will expire", self.running)
+        # 4. Last: the reporter (once every outcome is sent), heartbeats, the wake-up
+        # listener, the event loop and the pool threads.
+        self._reporter.stop(timeout=max(5.0, self.cancel_wait))
+        self._heartbeat.stop(JOIN_S)
+        self._listener.stop(JOIN_S)
+        self._threads.stop(JOIN_S)
+        if self._loop is not None:
+            self._loop.stop(JOIN_S)

@@ -1,0 +1,99 @@
+"""The claim loop: claim as many due tasks as there are free slots, dispatch them, wait."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from distsched.client import Scheduler
+from distsched.core import Claim
+from distsched.errors import ClosedError
+from distsched.metrics import WorkerMetrics
+from distsched.worker.common import TRANSIENT, backoff
+from distsched.worker.execution import LoopPool, ThreadPool
+from distsched.worker.jobs import Phase, Slots
+from distsched.worker.reports import Reporter, ReportKind
+
+log = logging.getLogger("distsched.worker")
+
+
+class Consumer:
+    """Claims tasks on the thread that calls :meth:`run` and hands each to its executor.
+
+    It never claims more than the free slots, and waits on the wake-up event (set by
+    the listener) with the server's delay hint as timeout: no polling.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        worker_id: str,
+        functions: Mapping[str, Callable[..., Any]],
+        slots: Slots,
+        reporter: Reporter,
+        threads: ThreadPool,
+        loop: LoopPool | None,
+        metrics: WorkerMetrics,
+        stopping: threading.Event,
+        wake: threading.Event,
+    ) -> None:
+        self.scheduler = scheduler
+        self.worker_id = worker_id
+        self.functions = functions
+        self.slots = slots
+        self.reporter = reporter
+        self.threads = threads
+        self.loop = loop
+        self.metrics = metrics
+        self.stopping = stopping
+        self.wake = wake
+
+    def run(self) -> None:
+        """Claim and dispatch until the worker stops."""
+        retry = backoff()
+        while not self.stopping.is_set():
+            free = self.slots.wait_free(self.stopping)
+            if self.stopping.is_set():
+                break
+            # A wake-up from here on means the claim below may have missed something.
+            self.wake.clear()
+            try:
+                started = time.monotonic()
+                claims, wait = self.scheduler.claim(free, self.worker_id)
+                self.metrics.on_claimed(len(claims), time.monotonic() - started)
+            except ClosedError:
+                break
+            except TRANSIENT as exc:
+                pause = next(retry)
+                log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
+                self.stopping.wait(pause)
+                continue
+            retry = backoff()
+            for claim in claims:
+                self.dispatch(claim)
+            if wait is None or wait.delay == 0:
+                continue
+            # Sleep until the next entry is due, or until the listener hears of an earlier
+            # task or freed capacity.
+            self.wake.wait(wait.delay)
+
+    def dispatch(self, claim: Claim) -> None:
+        """Start ``claim`` on its executor, or report at once a claim that cannot run here."""
+        if claim.payload_error is not None:
+            job = self.slots.add(claim, Phase.REPORTING)
+            self.reporter.put(job, ReportKind.FAIL, f"payload decode error: {claim.payload_error}")
+            return
+        fn = self.functions.get(claim.fn)
+        if fn is None:
+            job = self.slots.add(claim, Phase.REPORTING)
+            self.reporter.put(job, ReportKind.UNSERVED, None)
+            return
+        job = self.slots.add(claim)
+        if self.loop is not None and inspect.iscoroutinefunction(fn):
+            self.loop.submit(job)
+        else:
+            self.threads.submit(job)

@@ -1,0 +1,167 @@
+"""Running task functions: a thread pool for ``def``, an event loop for ``async def``."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from distsched.context import _reset_current, _set_current
+from distsched.metrics import WorkerMetrics
+from distsched.worker.jobs import Job, Slots
+from distsched.worker.reports import Raised, Reporter, Returned, outcome_of
+
+log = logging.getLogger("distsched.worker")
+
+
+class Runner:
+    """What every run goes through, whichever executor runs it: the slot, the task
+    context, the metrics, and the one rule that turns its end into a report."""
+
+    def __init__(
+        self,
+        functions: Mapping[str, Callable[..., Any]],
+        slots: Slots,
+        reporter: Reporter,
+        metrics: WorkerMetrics,
+        clock_offset: Callable[[], float],
+    ) -> None:
+        self.functions = functions
+        self.slots = slots
+        self.reporter = reporter
+        self.metrics = metrics
+        self._clock_offset = clock_offset
+
+    def run_sync(self, job: Job) -> None:
+        """Run a ``def`` function on the calling pool thread."""
+        if not self.slots.begin(job):
+            return
+        fn = self.functions[job.claim.fn]
+        token = _set_current(job.ctx)
+        started = self._started(job)
+        try:
+            value = fn(*job.claim.args, **job.claim.kwargs)
+            if inspect.isawaitable(value):
+                # An async callable not detected as such (e.g. a partial).
+                value = asyncio.run(_await(value))
+            result: Returned | Raised = Returned(value)
+        except BaseException as exc:  # any failure of user code is reported
+            result = Raised(exc)
+        finally:
+            _reset_current(token)
+        self._ended(job, started, result)
+
+    async def run_async(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
+        """Run an ``async def`` function as a task of the worker's event loop."""
+        if not self.slots.begin(job):
+            return
+        fn = self.functions[job.claim.fn]
+        job.ctx._bind_loop(loop)
+        _set_current(job.ctx)  # this asyncio task's own context: nothing to reset
+        started = self._started(job)
+        try:
+            result: Returned | Raised = Returned(await fn(*job.claim.args, **job.claim.kwargs))
+        except BaseException as exc:
+            # CancelledError included: left unreported, the task would sit until its lease
+            # lapsed and then be retried as if the worker had vanished.
+            result = Raised(exc)
+        self._ended(job, started, result)
+
+    def _started(self, job: Job) -> float:
+        wait = time.time() + self._clock_offset() - job.claim.run_at
+        self.metrics.on_started(job.claim, wait)
+        return time.monotonic()
+
+    def _ended(self, job: Job, started: float, result: Returned | Raised) -> None:
+        # The slot is free first: the report may land (and the job be let go) at once.
+        # The job is held, and heartbeated, until then.
+        self.slots.end(job)
+        try:
+            self.metrics.on_finished(job.claim, time.monotonic() - started)
+        except Exception:
+            log.exception("metrics hook on_finished failed")
+        kind, value = outcome_of(job.ctx, result)
+        self.reporter.put(job, kind, value)
+
+
+class ThreadPool:
+    """``concurrency`` threads running ``def`` functions, one job at a time each."""
+
+    def __init__(self, runner: Runner, concurrency: int) -> None:
+        self.runner = runner
+        self._queue: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"distsched-pool-{i}", daemon=True)
+            for i in range(concurrency)
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def submit(self, job: Job) -> None:
+        self._queue.put(job)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            self.execute(job)
+
+    def execute(self, job: Job) -> None:
+        """Run one job on this pool thread."""
+        self.runner.run_sync(job)
+
+    def stop(self, timeout: float) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        for t in self._threads:
+            t.join(timeout)
+
+
+class LoopPool:
+    """One thread with an event loop running ``async def`` functions."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="distsched-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait()
+
+    def submit(self, job: Job) -> None:
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self.runner.run_async(job, self._loop), self._loop)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                # close() alone leaves the default executor's threads (asyncio.to_thread)
+                # running past run(); join them here.
+                loop.run_until_complete(loop.shutdown_default_executor())
+            finally:
+                loop.close()
+
+    def stop(self, timeout: float) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable

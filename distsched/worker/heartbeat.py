@@ -1,0 +1,114 @@
+"""The heartbeat thread: leases, cancel and lease-loss delivery, housekeeping, announcements."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from distsched.client import Scheduler
+from distsched.context import StopReason
+from distsched.errors import ClosedError
+from distsched.metrics import WorkerMetrics
+from distsched.worker.common import TRANSIENT
+from distsched.worker.jobs import Slots
+from distsched.worker.served import ServedFunctions
+
+log = logging.getLogger("distsched.worker")
+
+
+class Heartbeat:
+    """Every ``interval`` seconds: extend the leases of every held claim, deliver cancel
+    requests and lease losses to the running functions, and run the fleet's chores
+    (reap expired leases, compact, purge). Between rounds, when due, it refreshes this
+    worker's announcement of the functions it serves.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        slots: Slots,
+        metrics: WorkerMetrics,
+        served: ServedFunctions,
+        interval: float,
+        observed: bool,
+    ) -> None:
+        self.scheduler = scheduler
+        self.slots = slots
+        self.metrics = metrics
+        self.served = served
+        self.interval = interval
+        self.observed = observed
+        # Set to run a round at once instead of at the next interval.
+        self.now = threading.Event()
+        # Server clock minus this machine's, measured each round when observed, so start
+        # waits are measured against run_at on the clock that decided due-ness.
+        self.clock_offset = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="distsched-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float) -> None:
+        self._stop.set()
+        self.now.set()
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        next_beat = time.monotonic() + self.interval
+        while True:
+            self.now.wait(max(0.0, min(next_beat - time.monotonic(), self.served.refresh_due_in())))
+            if self._stop.is_set():
+                return
+            if self.now.is_set() or time.monotonic() >= next_beat:
+                self.now.clear()
+                next_beat = time.monotonic() + self.interval
+                self.beat()
+            if self.served.refresh_due_in() == 0:
+                self.announce()
+
+    def announce(self) -> None:
+        try:
+            self.served.announce()
+        except (ClosedError, *TRANSIENT) as exc:
+            log.debug("announcing the served functions failed: %s", exc)
+            self.served.postpone(self.interval)
+        except Exception:
+            log.exception("announcing the served functions failed")
+            self.served.postpone(self.interval)
+
+    def beat(self) -> None:
+        """One round; a failed round is logged and the next one comes as usual."""
+        jobs = [j for j in self.slots.held() if not j.released]
+        try:
+            if jobs:
+                statuses = self.scheduler.heartbeat_many([j.claim for j in jobs])
+                for job, status in zip(jobs, statuses, strict=True):
+                    if status is None:
+                        if job.sent:
+                            continue
+                        if not job.ctx.lease_lost:
+                            self.metrics.on_lease_lost(job.claim)
+                        job.ctx._signal_stop(StopReason.LEASE_LOST)
+                    elif status:
+                        job.ctx._signal_stop(StopReason.CANCEL)
+            chores = self.scheduler.housekeeping()
+            self.metrics.on_housekeeping(chores["reaped"], chores["compacted"], chores["purged"])
+            if self.observed:
+                self._observe_namespace()
+        except TRANSIENT as exc:
+            log.warning("heartbeat failed: %s", exc)
+        except ClosedError:
+            return
+        except Exception:
+            # A refused call (corrupt record, read-only replica, OOM) must not end this
+            # thread: without heartbeats every running task would lose its lease.
+            log.exception("heartbeat round failed")
+
+    def _observe_namespace(self) -> None:
+        before = time.time()
+        server = self.scheduler.server_time()
+        self.clock_offset = server - (before + time.time()) / 2.0
+        self.metrics.on_stats(self.scheduler.stats())
+        self.metrics.on_pool(self.slots.snapshot())

@@ -1,0 +1,182 @@
+"""The claims a worker holds, and the pool slots they take."""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from distsched.context import StopReason, TaskContext
+from distsched.core import Claim
+
+
+class Phase(enum.Enum):
+    """Where a claim held by the worker is; only ``CLAIMED`` and ``RUNNING`` take a slot."""
+
+    CLAIMED = "claimed"  # waiting for a pool thread or the event loop
+    RUNNING = "running"  # its function is executing
+    REPORTING = "reporting"  # its outcome is on its way to Redis (the lease is still held)
+    RELEASED = "released"  # handed back by the shutdown before it started
+
+
+@dataclass(eq=False)
+class Job:
+    """One claim held by the worker, from the claim until its report was answered."""
+
+    claim: Claim
+    ctx: TaskContext = field(init=False)
+    phase: Phase = Phase.CLAIMED
+    # Set when its report is on the wire: a heartbeat that then finds the token gone
+    # most likely raced with that very report, not with a lost lease.
+    sent: bool = False
+
+    def __post_init__(self) -> None:
+        self.ctx = TaskContext(self.claim)
+
+    @property
+    def released(self) -> bool:
+        return self.phase is Phase.RELEASED
+
+
+class Slots:
+    """The pool's bookkeeping under one lock: held jobs, free slots, running, counts.
+
+    Every thread of the worker goes through it, so that a snapshot is always
+    consistent: claimed plus running never exceeds the pool size.
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.cond = threading.Condition()
+        self._jobs: dict[tuple[str, int, int], Job] = {}
+        self._in_phase = dict.fromkeys(Phase, 0)
+        self.peak_running = 0
+        self.counts: dict[str, int] = {
+            "claimed": 0,
+            "succeeded": 0,
+            "failed": 0,
+            "cancelled": 0,
+            "released": 0,
+            "unserved": 0,
+            "stale": 0,
+            "duplicate": 0,
+        }
+
+    # -- transitions
+
+    def _move(self, job: Job, phase: Phase) -> None:
+        self._in_phase[job.phase] -= 1
+        job.phase = phase
+        self._in_phase[phase] += 1
+        if phase is not Phase.CLAIMED and phase is not Phase.RUNNING:
+            self.cond.notify_all()
+
+    def add(self, claim: Claim, phase: Phase = Phase.CLAIMED) -> Job:
+        """Hold a new claim (``REPORTING`` for one that will not run)."""
+        job = Job(claim, phase=phase)
+        with self.cond:
+            self._jobs[claim.token] = job
+            self._in_phase[phase] += 1
+            self.counts["claimed"] += 1
+            if phase is Phase.REPORTING:
+                self.cond.notify_all()
+        return job
+
+    def begin(self, job: Job) -> bool:
+        """A pool thread picks ``job`` up; False if the shutdown released it first."""
+        with self.cond:
+            if job.phase is not Phase.CLAIMED:
+                return False
+            self._move(job, Phase.RUNNING)
+            self.peak_running = max(self.peak_running, self._in_phase[Phase.RUNNING])
+            return True
+
+    def end(self, job: Job) -> None:
+        """The function returned: its slot is free; the job stays until its report lands."""
+        with self.cond:
+            if job.phase is Phase.RUNNING and job.claim.token in self._jobs:
+                self._move(job, Phase.REPORTING)
+
+    def done(self, jobs: Iterable[Job]) -> None:
+        """Reports of ``jobs`` were answered (or given up): they hold nothing any more."""
+        with self.cond:
+            for job in jobs:
+                if self._jobs.pop(job.claim.token, None) is not None:
+                    self._in_phase[job.phase] -= 1
+            self.cond.notify_all()
+
+    def release_unstarted(self) -> list[Job]:
+        """Mark every claim no pool thread picked up yet as released (shutdown): none
+        will start it, and it is held until its hand-back is answered."""
+        with self.cond:
+            jobs = [j for j in self._jobs.values() if j.phase is Phase.CLAIMED]
+            for job in jobs:
+                self._move(job, Phase.RELEASED)
+            return jobs
+
+    # -- reading
+
+    @property
+    def free(self) -> int:
+        with self.cond:
+            return self._free()
+
+    def _free(self) -> int:
+        return self.concurrency - self._in_phase[Phase.CLAIMED] - self._in_phase[Phase.RUNNING]
+
+    @property
+    def running(self) -> int:
+        with self.cond:
+            return self._in_phase[Phase.RUNNING]
+
+    def held(self) -> list[Job]:
+        """The jobs whose lease this worker holds (everything not yet answered)."""
+        with self.cond:
+            return list(self._jobs.values())
+
+    def matching(self, task_id: str, version: int) -> list[Job]:
+        with self.cond:
+            return [
+                j
+                for j in self._jobs.values()
+                if j.claim.task_id == task_id and j.claim.version == version
+            ]
+
+    def signal_all(self, reason: StopReason) -> None:
+        for job in self.held():
+            job.ctx._signal_stop(reason)
+
+    def snapshot(self) -> dict[str, int]:
+        with self.cond:
+            return {
+                "executing": self._in_phase[Phase.RUNNING],
+                "unstarted": self._in_phase[Phase.CLAIMED],
+                "reporting": self._in_phase[Phase.REPORTING],
+                "free": self._free(),
+            }
+
+    def count(self, key: str, n: int = 1) -> None:
+        with self.cond:
+            self.counts[key] += n
+
+    # -- waiting
+
+    def wait_free(self, stopping: threading.Event, timeout: float = 1.0) -> int:
+        """Block until a slot is free (or ``stopping`` is set); return the free slots."""
+        with self.cond:
+            while self._free() == 0 and not stopping.is_set():
+                self.cond.wait(timeout)
+            return self._free()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no job is held any more; False when ``timeout`` ran out first."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self._jobs:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+        return True
