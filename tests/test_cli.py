@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 
 from distsched import Outcome, Scheduler, State
 from distsched.cli import cli, load_app
-from distsched.embedded import EmbeddedRedisUnavailable, embedded_redis
+from distsched.tools.embedded import EmbeddedRedisUnavailable, embedded_redis
 from tests.conftest import RedisServer, free_port, namespace_keys, require_redis_server
 
 REPO = Path(__file__).resolve().parent.parent
@@ -460,7 +460,7 @@ def test_embedded_redis_server_is_stopped_at_exit() -> None:
 def test_without_redis_server_or_fakeredis_the_error_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("distsched.embedded.shutil.which", lambda name: None)
+    monkeypatch.setattr("distsched.tools.embedded.shutil.which", lambda name: None)
     monkeypatch.setitem(sys.modules, "fakeredis", None)
     with pytest.raises(EmbeddedRedisUnavailable) as info, embedded_redis():
         pass  # pragma: no cover
@@ -510,7 +510,7 @@ def test_demo_without_redis_server_on_path_runs_on_embedded_fakeredis() -> None:
 def test_timeline_timestamps_only_grow_in_the_demo_output(
     redis_server: RedisServer,
 ) -> None:
-    from distsched.demo import run_demo
+    from distsched.tools.demo import run_demo
 
     lines: list[str] = []
     assert run_demo(redis_server.url, lines.append) is True
