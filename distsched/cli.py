@@ -691,7 +691,7 @@ def retention(ctx: click.Context, seconds: str | None) -> None:
     click.echo(f"retention of namespace {namespace!r} set to {duration(kept)}")
 
 
-@cli.command("max-running")
+@cli.command("max-running", context_settings={"ignore_unknown_options": True})
 @click.argument("limit", required=False, metavar="[N|none]")
 @click.pass_context
 def max_running(ctx: click.Context, limit: str | None) -> None:
