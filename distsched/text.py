@@ -90,14 +90,14 @@ def finite_or_none(value: Any) -> Any:
 def iso(epoch: float | None) -> str:
     """An epoch in seconds as ISO-8601 UTC with milliseconds; ``-`` for None.
 
-    An instant datetime cannot represent is shown as the bare number.
+    An instant outside the years 1 to 9999 is shown as the side it falls on.
     """
     if epoch is None:
         return "-"
     try:
         when = _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc)
     except (ValueError, OverflowError, OSError):
-        return f"epoch {epoch:g} s (out of the calendar's range)"
+        return "after 9999-12-31" if epoch > 0 else "before 0001-01-01"
     return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
