@@ -108,12 +108,15 @@ def relative(epoch: float, now: float) -> str:
 
 
 def check_epoch(seconds: float, field: str) -> float:
-    """Refuse an epoch past the year 9999, which is most likely milliseconds."""
-    if not math.isfinite(seconds) or abs(seconds) > MAX_EPOCH_S:
+    """Refuse an epoch outside the years 1 to 9999: most likely milliseconds."""
+    if not math.isfinite(seconds):
+        raise InvalidArgument(field, f"must be a finite number of epoch seconds, got {seconds}")
+    if abs(seconds) > MAX_EPOCH_S:
+        side = "after the year 9999" if seconds > 0 else "before the year 1"
         raise InvalidArgument(
             field,
-            f"{seconds:g} is past the year 9999 as epoch seconds; "
-            f"milliseconds? use {seconds / 1000:.3f} (milliseconds / 1000)",
+            f"{seconds:.15g} epoch seconds is {side}; if that is milliseconds, "
+            f"use {seconds / 1000:.3f} (milliseconds / 1000)",
         )
     return seconds
 
