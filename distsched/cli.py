@@ -75,7 +75,6 @@ OPTION_NAMES = {
     "max_running": "N",
     "interval": "--interval",
     "soon_s": "--soon",
-    "preview": "--preview",
 }
 
 
