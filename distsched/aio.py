@@ -25,6 +25,7 @@ from distsched.core import (
     State,
     Stats,
     TaskInfo,
+    TaskRow,
     TaskSpec,
     Wait,
 )
@@ -273,6 +274,10 @@ class AsyncScheduler(BaseScheduler):
     async def server_time(self) -> float:
         """See :meth:`Scheduler.server_time`."""
         return await self._drive(self._ops.server_time())
+
+    async def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
+        """See :meth:`Scheduler.scan_tasks`."""
+        return await self._drive(self._ops.scan_tasks(cursor, count))
 
     async def exists(self) -> bool:
         """See :meth:`Scheduler.exists`."""

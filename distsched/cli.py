@@ -8,7 +8,7 @@ line on stderr with exit code 1; click's usage errors exit with 2.
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
+import datetime
 import importlib
 import json
 import logging
@@ -16,7 +16,6 @@ import math
 import os
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -24,8 +23,7 @@ from typing import Any
 import click
 import redis
 
-from distsched import __version__
-from distsched import graphview as graph_walk
+from distsched import __version__, views
 from distsched.client import Scheduler
 from distsched.core import TaskInfo
 from distsched.errors import (
@@ -35,6 +33,18 @@ from distsched.errors import (
     InvalidArgument,
     NotFoundError,
     UnknownDependencyError,
+)
+from distsched.text import (
+    duration,
+    iso,
+    jsonable,
+    one_line,
+    parse_duration,
+    parse_when,
+    preview,
+    redact,
+    relative,
+    table,
 )
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -62,6 +72,9 @@ OPTION_NAMES = {
     "app": "APP",
     "url": "--redis",
     "retention_s": "SECONDS",
+    "max_running": "N",
+    "interval": "--interval",
+    "soon_s": "--soon",
 }
 
 
@@ -72,29 +85,12 @@ class Settings:
     url_given: bool
 
 
-def redact(url: str) -> str:
-    """``url`` without its password, fit to print."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = f"{parts.username}:***@" if parts.username else ":***@"
-        return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
-    except ValueError:
-        return url
-
-
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
-
-
 def _invalid(exc: InvalidArgument) -> str:
     message = str(exc)
     prefix = f"{exc.field}: "
     if message.startswith(prefix):
         message = message[len(prefix) :]
-    return f"invalid {OPTION_NAMES.get(exc.field, exc.field)}: {_one_line(message)}"
+    return f"invalid {OPTION_NAMES.get(exc.field, exc.field)}: {one_line(message)}"
 
 
 class CliGroup(click.Group):
@@ -108,13 +104,13 @@ class CliGroup(click.Group):
         except redis.ConnectionError as exc:  # distsched's Unavailable included
             url = redact(_settings(ctx).url)
             raise click.ClickException(
-                f"cannot connect to Redis at {url}: {_one_line(exc)}"
+                f"cannot connect to Redis at {url}: {one_line(exc)}"
             ) from None
         except DistschedError as exc:
-            raise click.ClickException(_one_line(exc)) from None
+            raise click.ClickException(one_line(exc)) from None
         except redis.RedisError as exc:
             url = redact(_settings(ctx).url)
-            raise click.ClickException(f"Redis at {url}: {_one_line(exc)}") from None
+            raise click.ClickException(f"Redis at {url}: {one_line(exc)}") from None
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -132,7 +128,7 @@ def _connect(ctx: click.Context, lease_s: float = 30.0) -> Scheduler:
         raise
     except ValueError as exc:
         # redis-py's URL parser: bad port, bad database number, ...
-        raise click.ClickException(f"invalid --redis: {_one_line(exc)}") from None
+        raise click.ClickException(f"invalid --redis: {one_line(exc)}") from None
     ctx.call_on_close(scheduler.close)
     return scheduler
 
@@ -162,29 +158,30 @@ def parse_json(value: str, field: str, kind: type) -> Any:
     return data
 
 
-def parse_run_at(value: str) -> float | _dt.datetime:
+def parse_run_at(value: str) -> float | datetime.datetime:
     """Epoch seconds, or an ISO-8601 datetime that carries its UTC offset."""
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    text = value.strip()
-    if text[-1:] in ("Z", "z"):
-        text = text[:-1] + "+00:00"
-    try:
-        when = _dt.datetime.fromisoformat(text)
-    except ValueError:
-        raise InvalidArgument(
-            "run_at",
-            f"{value!r} is neither epoch seconds nor an ISO-8601 datetime "
-            "(e.g. 2030-01-01T09:00:00+00:00)",
-        ) from None
-    if when.tzinfo is None or when.utcoffset() is None:
-        raise InvalidArgument(
-            "run_at",
-            f"{value!r} has no UTC offset; write e.g. {text}+00:00 (a naive time is ambiguous)",
-        )
-    return when
+    return parse_when(value, "run_at")
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2
+    """Seconds on the command line: ``90``, ``500ms``, ``30s``, ``5m``, ``1h30m``, ``7d``.
+
+    A bad value is an ``InvalidArgument`` for ``field``, reported like every other one.
+    """
+
+    name = "duration"
+
+    def __init__(self, field: str, signed: bool = False) -> None:
+        self.field = field
+        self.signed = signed
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, (int, float)):
+            return float(value)
+        text = str(value).strip()
+        if self.signed and text.startswith("-"):
+            return -parse_duration(text[1:], self.field)
+        return parse_duration(text, self.field)
 
 
 def load_app(spec: str) -> dict[str, Callable[..., Any]]:
@@ -232,57 +229,34 @@ def load_app(spec: str) -> dict[str, Callable[..., Any]]:
 # --------------------------------------------------------------------------- output
 
 
-def _iso(epoch: float | None) -> str:
-    if epoch is None:
-        return "-"
-    when = _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc)
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _relative(epoch: float, now: float) -> str:
-    delta = epoch - now
-    return f"in {delta:.3f} s" if delta >= 0 else f"{-delta:.3f} s ago"
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"hex": value.hex()}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        # e.g. TaskInfo.blocked_by
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value
-
-
 def info_dict(info: TaskInfo) -> dict[str, Any]:
     data = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
     data["state"] = info.state.value
-    return {key: _jsonable(value) for key, value in data.items()}
+    return {key: jsonable(value) for key, value in data.items()}
 
 
-def _status_lines(info: TaskInfo, server_now: float) -> list[tuple[str, str]]:
+PREVIEW_CHARS = 200
+
+
+def _status_lines(
+    info: TaskInfo, server_now: float, limit: int | None = PREVIEW_CHARS
+) -> list[tuple[str, str]]:
+    """Key/value lines; args, kwargs, result and error cut to ``limit`` characters."""
+
     def js(value: Any) -> str:
-        return json.dumps(_jsonable(value), ensure_ascii=False)
+        return preview(json.dumps(jsonable(value), ensure_ascii=False), limit)
 
     def ids(values: tuple[str, ...]) -> str:
-        return ", ".join(graph_walk.show_id(v) for v in values) or "-"
+        return ", ".join(views.show_id(v) for v in values) or "-"
 
-    run_at = f"{_iso(info.run_at)} ({_relative(info.run_at, server_now)}; epoch {info.run_at:.3f})"
+    run_at = f"{iso(info.run_at)} ({relative(info.run_at, server_now)}; epoch {info.run_at:.3f})"
     blocked = "-"
     if info.blocked_by is not None:
         cause = info.blocked_by
-        blocked = f"{graph_walk.show_id(cause.root)} via {graph_walk.show_path(cause.path)}"
+        blocked = f"{views.show_id(cause.root)} via {views.show_path(cause.path)}"
     lease = "-"
     if info.lease_deadline is not None:
-        lease = f"{_iso(info.lease_deadline)} ({_relative(info.lease_deadline, server_now)})"
+        lease = f"{iso(info.lease_deadline)} ({relative(info.lease_deadline, server_now)})"
     return [
         ("task_id", info.task_id),
         ("state", info.state.value),
@@ -298,21 +272,14 @@ def _status_lines(info: TaskInfo, server_now: float) -> list[tuple[str, str]]:
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
         ("worker", info.worker or "-"),
         ("lease_deadline", lease),
-        ("updated_at", _iso(info.updated_at)),
-        ("error", _one_line(info.error) if info.error else "-"),
+        ("updated_at", iso(info.updated_at)),
+        ("error", preview(one_line(info.error), limit) if info.error else "-"),
         ("result", "-" if info.result is None else js(info.result)),
         ("deps", ids(info.deps)),
         ("optional_deps", ids(info.optional_deps)),
         ("remaining", f"{info.remaining} required, {info.optional_remaining} optional"),
         ("dependents", ids(info.dependents)),
         ("blocked_by", blocked),
-    ]
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     ]
 
 
@@ -360,17 +327,17 @@ def cli(ctx: click.Context, url: str, namespace: str) -> None:
 @click.option(
     "--lease",
     "lease_s",
-    type=float,
-    default=30.0,
+    type=Duration("lease_s"),
+    default="30s",
     show_default=True,
-    help="Lease length in seconds; heartbeats renew it every third of it.",
+    help="Lease length (seconds, or 500ms, 30s, 2m); heartbeats renew it every third of it.",
 )
 @click.option(
     "--grace",
-    type=float,
-    default=30.0,
+    type=Duration("grace"),
+    default="30s",
     show_default=True,
-    help="On SIGTERM/SIGINT, seconds running functions get before they are cancelled.",
+    help="On SIGTERM/SIGINT, how long running functions get before they are cancelled.",
 )
 @click.option("--worker-id", default=None, help="Worker id (default: host:pid:random).")
 @click.option(
@@ -433,7 +400,7 @@ def _serve_metrics(ctx: click.Context, port: int | None, addr: str) -> Any:
         server = serve_metrics(port, addr, metrics.registry)
     except OSError as exc:
         raise click.ClickException(
-            f"cannot serve metrics on {addr}:{port}: {_one_line(exc)}"
+            f"cannot serve metrics on {addr}:{port}: {one_line(exc)}"
         ) from None
     ctx.call_on_close(server.close)
     click.echo(f"metrics at http://{addr}:{server.port}/metrics", err=True)
@@ -455,9 +422,13 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--run-at",
             metavar="WHEN",
-            help="Epoch seconds or ISO-8601 with offset (2030-01-01T09:00:00+00:00).",
+            help="Epoch seconds (not milliseconds) or ISO-8601 with offset "
+            "(2030-01-01T09:00:00+00:00).",
         ),
-        click.option("--delay", type=float, help="Seconds from now (server clock)."),
+        click.option(
+            "--delay", type=Duration("delay", signed=True),
+            help="From now (server clock): seconds, or 500ms, 30s, 5m, 1h30m, 2d.",
+        ),
         click.option(
             "--priority",
             type=int,
@@ -468,10 +439,10 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--max-attempts", type=int, default=1, show_default=True),
         click.option(
             "--backoff",
-            type=float,
-            default=1.0,
+            type=Duration("backoff"),
+            default="1s",
             show_default=True,
-            help="Seconds before attempt 2; doubles for each later attempt.",
+            help="Wait before attempt 2 (seconds, or 500ms, 2s, 1m); doubles for each later one.",
         ),
     ]  # fmt: skip
     for option in reversed(options):
@@ -552,7 +523,7 @@ def submit(
         )  # fmt: skip
     except CycleError as exc:
         raise click.ClickException(
-            f"refused, nothing written: dependency cycle: {graph_walk.show_path(exc.path)}"
+            f"refused, nothing written: dependency cycle: {views.show_path(exc.path)}"
         ) from None
     except UnknownDependencyError as exc:
         namespace = _settings(ctx).namespace
@@ -581,17 +552,27 @@ def cancel(ctx: click.Context, task_id: str) -> None:
 
 @cli.command()
 @click.argument("task_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (always in full).")
+@click.option("--full", is_flag=True, help="Print args, kwargs, result and error in full.")
+@click.option(
+    "--preview", "preview_chars", type=click.IntRange(min=1), default=PREVIEW_CHARS,
+    show_default=True, help="Characters shown of args, kwargs, result and error.",
+)  # fmt: skip
 @click.pass_context
-def status(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Show task ID (key: value lines, or --json)."""
+def status(ctx: click.Context, task_id: str, as_json: bool, full: bool, preview_chars: int) -> None:
+    """Show task ID (key: value lines, or --json).
+
+    Large args, kwargs, results and errors are cut to a preview that gives
+    their size; --full prints them whole.
+    """
     scheduler = _connect(ctx)
     with _task(ctx, task_id):
         info = scheduler.status(task_id)
     if as_json:
         click.echo(json.dumps(info_dict(info), ensure_ascii=False))
         return
-    lines = _status_lines(info, scheduler.server_time())
+    limit = None if full else preview_chars
+    lines = _status_lines(info, scheduler.server_time(), limit)
     width = max(len(key) for key, _ in lines)
     for key, value in lines:
         click.echo(f"{key + ':':<{width + 1}} {value}")
@@ -608,42 +589,13 @@ def _require_namespace(ctx: click.Context, scheduler: Scheduler) -> None:
         )
 
 
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds:g} s ({seconds / size:.4g} {unit})"
-    return f"{seconds:g} s"
-
-
-DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(value: str, field: str) -> float:
-    """Seconds, or a number with a unit: ``90s``, ``30m``, ``12h``, ``7d``, ``500ms``."""
-    text = value.strip().lower()
-    number, scale = text, 1.0
-    for unit in sorted(DURATION_UNITS, key=len, reverse=True):
-        if text.endswith(unit):
-            number, scale = text[: -len(unit)].strip(), DURATION_UNITS[unit]
-            break
-    try:
-        seconds = float(number) * scale
-    except ValueError:
-        raise InvalidArgument(
-            field, f"{value!r} is not a duration (seconds, or e.g. 90s, 30m, 12h, 7d)"
-        ) from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InvalidArgument(field, f"must be a finite duration >= 0, got {value!r}")
-    return seconds
-
-
 def _stats_lines(data: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, ...]] = [("state", "tasks")]
     rows += [(state, str(count)) for state, count in data["counts"].items()]
     limit = data["max_running"]
     oldest = data["oldest_ready_age"]
     soon = f"{data['leases_soon_s']:g} s"
-    return [*_table(rows), "", *_table([
+    return [*table(rows), "", *table([
         ("queue entries", f"{data['queue_entries']} ({data['live_entries']} live, "
                           f"{data['stale_entries']} stale)"),
         ("stale ratio", f"{100 * data['stale_ratio']:.1f}%"),
@@ -652,25 +604,25 @@ def _stats_lines(data: Mapping[str, Any]) -> list[str]:
                     f"{'unlimited' if limit is None else limit})"),
         ("leases", f"{data['leases']} ({data['leases_expired']} expired, "
                    f"{data['leases_expiring']} expiring within {soon})"),
-        ("retention", _duration(data["retention_s"])),
+        ("retention", duration(data["retention_s"])),
         ("sequence", str(data["sequence"])),
     ])]  # fmt: skip
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per draw).")
-@click.option("--watch", is_flag=True, help="Redraw every --interval seconds until Ctrl-C.")
+@click.option("--watch", is_flag=True, help="Redraw every --interval until Ctrl-C.")
 @click.option(
-    "--interval", type=click.FloatRange(min=0.01), default=2.0, show_default=True,
-    help="Seconds between draws with --watch.",
+    "--interval", type=Duration("interval"), default="2s", show_default=True,
+    help="Time between draws with --watch (seconds, or 500ms, 10s, 1m).",
 )  # fmt: skip
 @click.option(
     "--count", type=click.IntRange(min=1), default=None,
     help="With --watch: stop after this many draws.",
 )  # fmt: skip
 @click.option(
-    "--soon", "soon_s", type=click.FloatRange(min=0), default=5.0, show_default=True,
-    help="Count the leases whose deadline is within this many seconds.",
+    "--soon", "soon_s", type=Duration("soon_s"), default="5s", show_default=True,
+    help="Count the leases whose deadline is this close (seconds, or 500ms, 10s, 1m).",
 )  # fmt: skip
 @click.pass_context
 def stats(
@@ -682,7 +634,8 @@ def stats(
 
     All times are on the Redis server's clock.
     """
-
+    if interval < 0.01:
+        raise InvalidArgument("interval", "must be at least 10ms")
     scheduler = _connect(ctx)
     _require_namespace(ctx, scheduler)
     settings = _settings(ctx)
@@ -701,7 +654,7 @@ def stats(
                         click.echo("")
                     click.echo(
                         f"namespace {settings.namespace!r} at {redact(settings.url)}, "
-                        f"{_iso(data['server_time'])}"
+                        f"{iso(data['server_time'])}"
                     )
                 for line in _stats_lines(data):
                     click.echo(line)
@@ -729,12 +682,49 @@ def retention(ctx: click.Context, seconds: str | None) -> None:
     if seconds is None:
         _require_namespace(ctx, scheduler)
         kept = scheduler.stats()["retention_s"]
-        click.echo(f"retention of namespace {namespace!r}: {_duration(kept)}")
+        click.echo(f"retention of namespace {namespace!r}: {duration(kept)}")
         return
     value = parse_duration(seconds, "retention_s")
     scheduler.set_retention(value)
     kept = scheduler.stats()["retention_s"]
-    click.echo(f"retention of namespace {namespace!r} set to {_duration(kept)}")
+    click.echo(f"retention of namespace {namespace!r} set to {duration(kept)}")
+
+
+@cli.command("max-running", context_settings={"ignore_unknown_options": True})
+@click.argument("limit", required=False, metavar="[N|none]")
+@click.pass_context
+def max_running(ctx: click.Context, limit: str | None) -> None:
+    """Show, or set to N, how many tasks of the namespace may run at once.
+
+    The bound holds across every worker of the namespace; `none` removes it,
+    0 pauses claiming (running tasks finish).
+    """
+    scheduler = _connect(ctx)
+    namespace = _settings(ctx).namespace
+
+    def shown(value: int | None) -> str:
+        return "unlimited" if value is None else str(value)
+
+    if limit is None:
+        _require_namespace(ctx, scheduler)
+        current = scheduler.stats()["max_running"]
+        click.echo(f"max_running of namespace {namespace!r}: {shown(current)}")
+        return
+    value: int | None
+    if limit.strip().lower() in ("none", "unlimited"):
+        value = None
+    else:
+        try:
+            value = int(limit)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise InvalidArgument(
+                "max_running", f"must be a whole number >= 0 or 'none', got {limit!r}"
+            )
+    scheduler.set_max_running(value)
+    current = scheduler.stats()["max_running"]
+    click.echo(f"max_running of namespace {namespace!r} set to {shown(current)}")
 
 
 @cli.group()
@@ -748,25 +738,20 @@ def leases_list(ctx: click.Context) -> None:
     """Running tasks: holder, attempt and time left on the lease (server clock)."""
     scheduler = _connect(ctx)
     _require_namespace(ctx, scheduler)
-    held = scheduler.leases()
+    held = views.leases(scheduler)
     if not held:
         click.echo("no leases")
         return
-    now = scheduler.server_time()
     rows: list[tuple[str, ...]] = [("task", "holder", "attempt", "time left")]
-    for task_id, deadline in held:
-        try:
-            info = scheduler.status(task_id)
-        except NotFoundError:
-            continue  # finished and removed between the two reads
-        left = deadline - now
+    for lease in held:
+        left = lease.seconds_left
         rows.append((
-            task_id,
-            info.worker or "-",
-            f"{info.attempt}/{info.max_attempts}",
+            lease.task_id,
+            lease.worker,
+            f"{lease.attempt}/{lease.max_attempts}",
             f"{left:.3f} s" if left >= 0 else f"expired {-left:.3f} s ago",
         ))  # fmt: skip
-    for line in _table(rows):
+    for line in table(rows):
         click.echo(line)
 
 
@@ -809,7 +794,7 @@ def leases_reap(ctx: click.Context) -> None:
 @click.option(
     "--limit",
     type=int,
-    default=graph_walk.DEFAULT_LIMIT,
+    default=views.DEFAULT_LIMIT,
     show_default=True,
     help="Read at most this many tasks.",
 )
@@ -824,12 +809,12 @@ def graph(ctx: click.Context, task_id: str, as_json: bool, limit: int) -> None:
         raise InvalidArgument("limit", "must be at least 1")
     scheduler = _connect(ctx)
     with _task(ctx, task_id):
-        hood = graph_walk.walk(scheduler, task_id, limit=limit)
+        hood = views.walk(scheduler, task_id, limit=limit)
     if as_json:
-        data = graph_walk.render_json(hood)
-        click.echo(json.dumps(_jsonable(data), ensure_ascii=False))
+        data = views.render_json(hood)
+        click.echo(json.dumps(jsonable(data), ensure_ascii=False))
         return
-    for line in graph_walk.render_text(hood, _settings(ctx).namespace):
+    for line in views.render_text(hood, _settings(ctx).namespace):
         click.echo(line)
 
 
@@ -848,26 +833,28 @@ def retry(ctx: click.Context, task_id: str, no_cascade: bool) -> None:
     """
     scheduler = _connect(ctx)
     with _task(ctx, task_id):
+        blocked = views.blocked_by(scheduler, task_id)
         try:
-            report = graph_walk.retry(scheduler, task_id, cascade=not no_cascade)
+            version = scheduler.retry(task_id, cascade=not no_cascade)
         except ConflictError:
             state = scheduler.status(task_id).state.value
             raise click.ClickException(
                 f"cannot retry {task_id!r}: it is {state} "
                 "(only a failed, cancelled or blocked task can be retried)"
             ) from None
-    task = report.task
-    click.echo(f"retried {task_id!r}: version {task.version}, {graph_walk.describe(task)}")
-    if report.blocked:
+        task = scheduler.status(task_id)
+    # The task may have moved on since the retry; the version printed is the retry's.
+    click.echo(f"retried {task_id!r}: version {version}, {views.describe(task)}")
+    after = views.lookup_many(scheduler, blocked)
+    if after:
         click.echo(
             "tasks it had blocked, left blocked (--no-cascade):"
             if no_cascade
             else "tasks it had blocked, retried with it:"
         )
-    for info in report.blocked:
+    for info in after:
         click.echo(
-            f"  {graph_walk.show_id(info.task_id)}: version {info.version}, "
-            f"{graph_walk.describe(info)}"
+            f"  {views.show_id(info.task_id)}: version {info.version}, {views.describe(info)}"
         )
 
 
@@ -903,7 +890,7 @@ def demo(ctx: click.Context, demo_url: str | None) -> None:
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway redis-server
     when one is on PATH, else an in-process fakeredis server.
     """
-    from distsched.demo import run_demo
+    from distsched.tools.demo import run_demo
 
     url = _given_url_checked(ctx, demo_url)
     if not run_demo(url, click.echo):
@@ -920,9 +907,9 @@ def _parse_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     return sizes
 
 
-def _bench_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """One option per size of ``distsched.bench.BenchConfig``, with its default."""
-    from distsched.bench import BenchConfig
+def _bench_size_options() -> list[click.Option]:
+    """One option per size of ``BenchConfig``, with its default."""
+    from distsched.tools.bench import BenchConfig
 
     d = BenchConfig()
     options = [
@@ -942,10 +929,10 @@ def _bench_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="Threads per worker process."),
         click.option("--delayed", type=int, default=d.delayed, show_default=True,
                      help="(d) delayed tasks."),
-        click.option("--delay-min", type=float, default=d.delay_min, show_default=True,
-                     help="(d) smallest delay, seconds."),
-        click.option("--delay-max", type=float, default=d.delay_max, show_default=True,
-                     help="(d) largest delay, seconds."),
+        click.option("--delay-min", type=Duration("delay_min"), default=d.delay_min,
+                     show_default=True, help="(d) smallest delay (seconds, or 100ms, 1s)."),
+        click.option("--delay-max", type=Duration("delay_max"), default=d.delay_max,
+                     show_default=True, help="(d) largest delay (seconds, or 500ms, 2s)."),
         click.option("--claim-sizes", default=",".join(str(n) for n in d.claim_sizes),
                      show_default=True, callback=_parse_sizes,
                      help="(e) queue sizes to claim from, comma-separated."),
@@ -960,12 +947,29 @@ def _bench_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--memory-tasks", type=int, default=d.memory_tasks, show_default=True,
                      help="(g) tasks queued to measure memory per task."),
     ]  # fmt: skip
-    for option in reversed(options):
-        command = option(command)
-    return command
+
+    def params(f: Callable[..., Any]) -> list[click.Option]:
+        for option in options:
+            f = option(f)
+        return list(reversed(f.__click_params__))  # type: ignore[attr-defined]
+
+    return params(lambda: None)
 
 
-@cli.command()
+class _BenchCommand(click.Command):
+    """Takes its size options from ``BenchConfig`` when first asked for them, so that
+    importing the CLI does not import the bench."""
+
+    _sized = False
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not self._sized:
+            self._sized = True
+            self.params.extend(_bench_size_options())
+        return super().get_params(ctx)
+
+
+@cli.command(cls=_BenchCommand)
 @click.option(
     "--redis",
     "bench_url",
@@ -974,7 +978,6 @@ def _bench_options(command: Callable[..., Any]) -> Callable[..., Any]:
     help="Run on this Redis (its own namespaces, removed at the end) instead of an embedded one.",
 )
 @click.option("--json", "json_path", metavar="FILE", default=None, help="Also write JSON here.")
-@_bench_options
 @click.pass_context
 def bench(
     ctx: click.Context, /, bench_url: str | None, json_path: str | None, **sizes: Any
@@ -990,7 +993,7 @@ def bench(
     redis-server when one is on PATH, else an in-process fakeredis server.
     Exits 1 when a task did not run exactly once.
     """
-    from distsched.bench import BenchConfig, bench_command
+    from distsched.tools.bench import BenchConfig, bench_command
 
     url = _given_url_checked(ctx, bench_url)
     config = BenchConfig(**sizes)

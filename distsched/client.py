@@ -26,6 +26,7 @@ from distsched.core import (
     State,
     Stats,
     TaskInfo,
+    TaskRow,
     TaskSpec,
     Wait,
 )
@@ -351,6 +352,14 @@ class Scheduler(BaseScheduler):
     def server_time(self) -> float:
         """The Redis server's clock, epoch seconds (the clock that decides due-ness)."""
         return self._drive(self._ops.server_time())
+
+    def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
+        """One step of a scan over every task's record: ``(next cursor, rows)``.
+
+        Start at cursor 0 and go on until the cursor returned is 0 again; a task
+        may be listed twice, and tasks changed meanwhile may show either state.
+        """
+        return self._drive(self._ops.scan_tasks(cursor, count))
 
     def exists(self) -> bool:
         """True when the namespace has any data in this Redis."""

@@ -12,7 +12,7 @@ import enum
 import math
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Generic, TypedDict, TypeVar
+from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
 import msgpack
 from redis import exceptions as redis_exceptions
@@ -767,6 +767,16 @@ def decode_record(raw: bytes | str) -> Record:
     )
 
 
+class TaskRow(NamedTuple):
+    """One task as :meth:`Ops.scan_tasks` lists it: its record, without payload or edges."""
+
+    task_id: str
+    state: State
+    version: int
+    attempt: int
+    updated_at: float  # epoch seconds, server clock
+
+
 def status_reads(keys: Keys) -> list[str]:
     """The hashes read by ``status`` (HGET of the task id in each), in order."""
     return [keys.tasks, keys.payloads, keys.results, keys.deps, keys.blocked]
@@ -1381,6 +1391,21 @@ class Ops:
     def leases(self) -> Op[list[tuple[str, float]]]:
         (rows,) = yield from self.read(("ZRANGE", self.keys.leases, 0, -1, "WITHSCORES"))
         return [(_text(member), float(score) / 1000.0) for member, score in _pairs(rows)]
+
+    def scan_tasks(self, cursor: int, count: int) -> Op[tuple[int, list[TaskRow]]]:
+        if not _is_int(cursor) or cursor < 0:
+            raise InvalidArgument("cursor", "must be an int >= 0")
+        if not _is_int(count) or count < 1:
+            raise InvalidArgument("count", "must be an int >= 1")
+        (reply,) = yield _one(("HSCAN", self.keys.tasks, cursor, "COUNT", count))
+        next_cursor, fields = reply
+        rows = []
+        for raw_id, raw in _mapping(fields).items():
+            record = decode_record(raw)
+            updated_at = record.updated_ms / 1000.0
+            row = TaskRow(_text(raw_id), record.state, record.version, record.attempt, updated_at)
+            rows.append(row)
+        return int(next_cursor), rows
 
     def exists(self) -> Op[bool]:
         (count,) = yield from self.read(("EXISTS", *self.keys.all_keys()))

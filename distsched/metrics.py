@@ -1,4 +1,4 @@
-"""Observing workers and namespaces.
+"""Observing workers.
 
 - :class:`WorkerMetrics`: the hooks a :class:`~distsched.worker.Worker` calls as
   it works (all no-ops here; subclass to record what you need).
@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distsched.core import Claim, Outcome, State
 from distsched.errors import DistschedError
-
-if TYPE_CHECKING:
-    pass
 
 INSTALL_HINT = "pip install 'distsched[metrics]'"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from click.testing import CliRunner, Result
 
-from distsched.bench import SECTIONS, Run, check_exactly_once
 from distsched.cli import cli
+from distsched.tools.bench import SECTIONS, Run, check_exactly_once
 from tests.conftest import RedisServer
 
 TINY = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import os
@@ -20,7 +21,8 @@ from click.testing import CliRunner, Result
 
 from distsched import Outcome, Scheduler, State
 from distsched.cli import cli, load_app
-from distsched.embedded import EmbeddedRedisUnavailable, embedded_redis
+from distsched.text import parse_duration
+from distsched.tools.embedded import EmbeddedRedisUnavailable, embedded_redis
 from tests.conftest import (
     CLI_COMMAND,
     RedisServer,
@@ -106,6 +108,136 @@ def test_schedule_run_at_takes_epoch_seconds_or_iso_8601_with_offset(
         ok = invoke(redis_server, namespace, "schedule", "iso", "--fn", "f", "--run-at", text)
         assert ok.exit_code == 0, ok.stderr
         assert scheduler.status("iso").run_at == 1893481200.0
+
+
+def test_a_run_at_given_in_milliseconds_is_refused_naming_the_field_and_the_fix(
+    redis_server: RedisServer, redis_client: redis.Redis, namespace: str
+) -> None:
+    result = invoke(
+        redis_server, namespace, "schedule", "t", "--fn", "f", "--run-at", "1796034212382"
+    )
+    line = assert_one_line_error(result, "--run-at", "9999", "milliseconds", "1796034212.382")
+    assert "1796034212.382" in line
+    assert namespace_keys(redis_client, namespace) == {}
+
+
+def test_a_run_at_without_offset_gets_a_hint_that_is_itself_accepted(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    for given in ("2030-01-01", "2030-01-01T09:00", "2030-01-01 09:00:00.5"):
+        line = assert_one_line_error(
+            invoke(redis_server, namespace, "schedule", "t", "--fn", "f", "--run-at", given),
+            "--run-at",
+            "UTC offset",
+        )
+        hint = re.search(r"write e\.g\. (\S+)", line)
+        assert hint is not None, line
+        ok = invoke(
+            redis_server, namespace, "schedule", "t", "--fn", "f", "--run-at", hint.group(1)
+        )
+        assert ok.exit_code == 0, ok.stderr
+        expected = dt.datetime.fromisoformat(given).replace(tzinfo=dt.timezone.utc)
+        assert scheduler.status("t").run_at == expected.timestamp()
+
+
+def test_status_of_a_task_due_after_the_year_9999_prints_without_a_traceback(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    # The library takes any run_at up to 2**53 ms; only the command line refuses them.
+    scheduler.schedule("far", fn="f", run_at=1796034212382)
+    scheduler.schedule("past", fn="f", run_at=-1e12)
+    for task_id, shown in (("far", "after 9999-12-31"), ("past", "before 0001-01-01")):
+        text = invoke(redis_server, namespace, "status", task_id)
+        assert text.exit_code == 0, text.stderr
+        fields = dict(re.split(r":\s+", line, maxsplit=1) for line in text.stdout.splitlines())
+        assert fields["run_at"].startswith(shown)
+        data = json.loads(invoke(redis_server, namespace, "status", task_id, "--json").stdout)
+        assert data["run_at"] == scheduler.status(task_id).run_at
+    assert invoke(redis_server, namespace, "stats").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "seconds"),
+    [
+        ("--delay", "90", 90.0),
+        ("--delay", "5m", 300.0),
+        ("--delay", "1h30m", 5400.0),
+        ("--delay", "2d", 172800.0),
+        ("--delay", "1500ms", 1.5),
+        ("--backoff", "2s", 2.0),
+        ("--backoff", "250ms", 0.25),
+        ("--backoff", "1m30s", 90.0),
+    ],
+)
+def test_durations_take_units_or_bare_seconds(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler,
+    option: str, value: str, seconds: float,
+) -> None:  # fmt: skip
+    before = scheduler.server_time()
+    ok = invoke(redis_server, namespace, "schedule", "d", "--fn", "f", option, value)
+    assert ok.exit_code == 0, ok.stderr
+    info = scheduler.status("d")
+    if option == "--backoff":
+        assert info.backoff == seconds
+    else:
+        assert before + seconds - 0.01 <= info.run_at <= scheduler.server_time() + seconds + 0.01
+
+
+@pytest.mark.parametrize("value", ["5x", "m5", "1m1h", "1.2.3s", "", "-3s"])
+def test_a_bad_duration_is_refused_naming_the_option(
+    redis_server: RedisServer, redis_client: redis.Redis, namespace: str, value: str
+) -> None:
+    result = invoke(redis_server, namespace, "schedule", "d", "--fn", "f", "--backoff", value)
+    assert_one_line_error(result, "--backoff")
+    assert namespace_keys(redis_client, namespace) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("0", 0.0), ("1.5", 1.5), ("500ms", 0.5), ("90s", 90.0), ("30m", 1800.0),
+     ("30min", 1800.0), ("12h", 43200.0), ("7d", 604800.0), ("1h30m", 5400.0),
+     ("1d2h3m4s5ms", 93784.005), (" 2 H ", 7200.0)],
+)  # fmt: skip
+def test_parse_duration_reads_seconds_and_units(text: str, seconds: float) -> None:
+    assert parse_duration(text, "x") == pytest.approx(seconds)
+
+
+def test_status_shows_a_bounded_preview_of_a_large_payload_with_its_size(
+    redis_server: RedisServer, redis_client: redis.Redis, namespace: str
+) -> None:
+    big = Scheduler(redis_client, namespace=namespace, max_payload_bytes=64 * 2**20)
+    payload = "x" * (50 * 2**20)
+    big.schedule("big", fn="f", args=[payload], kwargs={"small": 1})
+    text = invoke(redis_server, namespace, "status", "big")
+    assert text.exit_code == 0, text.stderr
+    assert len(text.stdout) < 5000
+    fields = dict(re.split(r":\s+", line, maxsplit=1) for line in text.stdout.splitlines())
+    assert fields["args"].startswith('["xxxx')
+    assert "50.0 MiB in all" in fields["args"]
+    assert fields["kwargs"] == '{"small": 1}'
+
+    full = invoke(redis_server, namespace, "status", "big", "--full")
+    assert payload in full.stdout
+    data = json.loads(invoke(redis_server, namespace, "status", "big", "--json").stdout)
+    assert data["args"] == [payload]
+
+
+def test_max_running_is_shown_set_and_removed(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    scheduler.schedule("a", fn="f")
+    shown = invoke(redis_server, namespace, "max-running")
+    assert shown.stdout.strip().endswith(": unlimited")
+    assert invoke(redis_server, namespace, "max-running", "3").exit_code == 0
+    assert scheduler.stats()["max_running"] == 3
+    assert invoke(redis_server, namespace, "max-running").stdout.strip().endswith(": 3")
+    assert invoke(redis_server, namespace, "max-running", "0").exit_code == 0
+    assert scheduler.stats()["max_running"] == 0
+    assert invoke(redis_server, namespace, "max-running", "none").exit_code == 0
+    assert scheduler.stats()["max_running"] is None
+    for bad in ("-1", "two", "1.5"):
+        assert_one_line_error(invoke(redis_server, namespace, "max-running", bad), bad)
+    assert scheduler.stats()["max_running"] is None
 
 
 def test_status_prints_readable_lines_and_json(
@@ -372,7 +504,7 @@ def test_worker_runs_tasks_in_a_subprocess_and_exits_zero_on_sigterm(
     scheduler.schedule("who", fn="whoami")
     proc = subprocess.Popen(
         [*COMMAND, "--redis", redis_server.url, "--namespace", namespace,
-         "worker", "tests.cli_app:FUNCS", "--concurrency", "2", "--lease", "5"],
+         "worker", "tests.cli_app:FUNCS", "--concurrency", "2", "--lease", "5s", "--grace", "2s"],
         cwd=REPO, env=env_without_redis_url(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -464,7 +596,7 @@ def test_embedded_redis_server_is_stopped_at_exit() -> None:
 def test_without_redis_server_or_fakeredis_the_error_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("distsched.embedded.shutil.which", lambda name: None)
+    monkeypatch.setattr("distsched.tools.embedded.shutil.which", lambda name: None)
     monkeypatch.setitem(sys.modules, "fakeredis", None)
     with pytest.raises(EmbeddedRedisUnavailable) as info, embedded_redis():
         pass  # pragma: no cover
@@ -514,7 +646,7 @@ def test_demo_without_redis_server_on_path_runs_on_embedded_fakeredis() -> None:
 def test_timeline_timestamps_only_grow_in_the_demo_output(
     redis_server: RedisServer,
 ) -> None:
-    from distsched.demo import run_demo
+    from distsched.tools.demo import run_demo
 
     lines: list[str] = []
     assert run_demo(redis_server.url, lines.append) is True

@@ -8,7 +8,9 @@ import re
 import pytest
 import redis
 
-from distsched import Claim, Scheduler, State
+from distsched import Claim, Scheduler, State, views
+from distsched.core import TaskRow
+from distsched.errors import InvalidArgument
 from tests.conftest import RedisServer, namespace_keys
 from tests.test_cli import assert_one_line_error, invoke
 
@@ -324,3 +326,71 @@ def test_bad_input_is_one_line_naming_the_field_and_writes_nothing(
     before = namespace_keys(redis_client, namespace)
     assert_one_line_error(invoke(redis_server, namespace, *args), field)
     assert namespace_keys(redis_client, namespace) == before
+
+
+# --------------------------------------------------------------------------- operator reads
+
+# The scheduler methods that only read a namespace.
+READS = {"status", "stats", "overview", "leases", "server_time", "scan_tasks", "exists"}
+
+
+class Recorder:
+    """A scheduler that notes the name of every method called on it."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        self.called: set[str] = set()
+
+    def __getattr__(self, name: str) -> object:
+        attribute = getattr(self._scheduler, name)
+        if callable(attribute):
+            self.called.add(name)
+        return attribute
+
+
+def test_the_operator_reads_call_only_scheduler_methods_that_read(
+    blocked_branch: Scheduler, redis_client: redis.Redis, namespace: str
+) -> None:
+    blocked_branch.schedule("held", fn="f")
+    assert isinstance(blocked_branch.next("holder"), Claim)
+    before = namespace_keys(redis_client, namespace)
+    recorder = Recorder(blocked_branch)
+    s: Scheduler = recorder  # type: ignore[assignment]
+    hood = views.walk(s, "e")
+    assert views.render_text(hood) and views.render_json(hood)["tasks"]
+    assert views.blocked_by(s, "b") == ["d", "e"]
+    assert [info.task_id for info in views.lookup_many(s, ["a", "gone", "b"])] == ["a", "b"]
+    assert [lease.task_id for lease in views.leases(s)] == ["held"]
+    assert {row.task_id for row in views.tasks(s, count=2)} == {"a", "b", "c", "d", "e", "held"}
+    assert recorder.called and recorder.called <= READS, recorder.called
+    assert namespace_keys(redis_client, namespace) == before
+
+
+def test_scan_tasks_lists_every_task_with_state_version_attempt_and_update_time(
+    redis_server: RedisServer, namespace: str, blocked_branch: Scheduler
+) -> None:
+    s = blocked_branch
+    now = s.server_time()
+    rows: dict[str, TaskRow] = {}
+    cursor, pages = 0, 0
+    while True:
+        cursor, page = s.scan_tasks(cursor, count=1)
+        rows.update((row.task_id, row) for row in page)
+        pages += 1
+        if cursor == 0:
+            break
+    assert sorted(rows) == ["a", "b", "c", "d", "e"]
+    for task_id, row in rows.items():
+        info = s.status(task_id)
+        assert (row.state, row.version, row.attempt) == (info.state, info.version, info.attempt)
+        assert row.updated_at == info.updated_at
+        assert now - 60 < row.updated_at <= now + 1
+    assert rows["b"].state is State.FAILED and rows["e"].state is State.BLOCKED
+
+
+@pytest.mark.parametrize(("cursor", "count"), [(-1, 10), (0, 0), (0, 1.5), ("0", 10)])
+def test_scan_tasks_refuses_a_bad_cursor_or_count(
+    scheduler: Scheduler, cursor: object, count: object
+) -> None:
+    with pytest.raises(InvalidArgument):
+        scheduler.scan_tasks(cursor, count)  # type: ignore[arg-type]

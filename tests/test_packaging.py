@@ -1,7 +1,12 @@
-"""The wheel ships every Lua script, and an installed copy loads them from itself."""
+"""The wheel ships every Lua script, and an installed copy loads them from itself.
+
+The package is layered: no module imports a module of a layer above its own,
+and importing the CLI loads none of the tools.
+"""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -47,6 +52,9 @@ def test_installed_wheel_loads_every_script_from_the_package(tmp_path: Path) -> 
         import zipfile
 
         names = zipfile.ZipFile(wheel).namelist()
+        for module in ("distsched/tools/__init__.py", "distsched/tools/bench.py",
+                       "distsched/text.py", "distsched/views.py"):  # fmt: skip
+            assert module in names
         for lua in (ROOT / "lua").rglob("*.lua"):
             assert f"distsched/lua/{lua.relative_to(ROOT / 'lua').as_posix()}" in names
 
@@ -64,3 +72,131 @@ def test_installed_wheel_loads_every_script_from_the_package(tmp_path: Path) -> 
         assert out.split() == ["ok", str(len(list((ROOT / "lua").glob("*.lua"))))]
     finally:
         server.close()
+
+
+# --------------------------------------------------------------------------- layers
+
+# Bottom up. A module may import its own layer and the layers below, never one above.
+LAYERS: list[set[str]] = [
+    {"distsched.errors", "distsched.keys", "distsched.scripts", "distsched.core"},
+    {
+        "distsched",
+        "distsched.client",
+        "distsched.aio",
+        "distsched.context",
+        "distsched.metrics",
+        "distsched.worker",
+        "distsched.text",
+        "distsched.views",
+    },
+    {
+        "distsched.tools",
+        "distsched.tools.bench",
+        "distsched.tools.demo",
+        "distsched.tools.embedded",
+    },
+    {"distsched.cli"},
+]
+PACKAGE = ROOT / "distsched"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+# Packages whose modules all share the package's layer.
+LAYERED_PACKAGES = ("distsched.worker",)
+
+
+def _layer(module: str) -> int:
+    for package in LAYERED_PACKAGES:
+        if module.startswith(package + "."):
+            module = package
+    for i, layer in enumerate(LAYERS):
+        if module in layer:
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """The package modules ``path`` imports, at the top or inside functions."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            # ``from distsched import core`` imports a module; ``import __version__`` does not.
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            names = [n if n in known else node.module for n in names]
+        else:
+            continue
+        found.update(n for n in names if n in known)
+    return found
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    for module in _modules():
+        _layer(module)
+
+
+def test_no_module_imports_a_module_of_a_layer_above_its_own() -> None:
+    modules = _modules()
+    wrong = [
+        f"{module} (layer {_layer(module)}) imports {imported} (layer {_layer(imported)})"
+        for module, path in modules.items()
+        for imported in sorted(_imports(path, set(modules)))
+        if _layer(imported) > _layer(module)
+    ]
+    assert wrong == []
+
+
+def _loaded_after(statement: str) -> list[str]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; {statement}; "
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('distsched'))))",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+    return out.split()
+
+
+def test_importing_the_cli_loads_no_tool() -> None:
+    loaded = _loaded_after("import distsched.cli")
+    assert "distsched.cli" in loaded
+    assert [m for m in loaded if m.startswith("distsched.tools")] == []
+
+
+@pytest.mark.parametrize("module", sorted(set().union(*LAYERS)))
+def test_every_module_imports_alone_and_loads_nothing_above_its_layer(module: str) -> None:
+    # Importing any module runs the package's __init__ first, and what it loads (the
+    # public API) comes with every import.
+    package = set(_loaded_after("import distsched"))
+    loaded = _loaded_after(f"import {module}")
+    above = [m for m in loaded if m not in package and _layer(m) > _layer(module)]
+    assert module in loaded
+    assert above == []
+
+
+def test_the_bench_command_still_offers_every_size_option() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "distsched.cli", "bench", "--help"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout
+    for option in ("--tasks", "--claim-sizes", "--memory-tasks", "--delay-min", "--json"):
+        assert option in out

@@ -13,7 +13,7 @@ Sections (each on fresh namespaces):
   call while 100,000 dependents are released or blocked;
 - ``memory``: Redis memory per queued no-op task.
 
-Worker processes run ``python -m distsched.bench worker URL NAMESPACE``: a
+Worker processes run ``python -m distsched.tools.bench worker URL NAMESPACE``: a
 ``Worker`` whose no-op records each run (task id, version, attempt, start time,
 ``run_at``) and writes them to a file when SIGTERM stops it.
 
@@ -44,11 +44,11 @@ from typing import IO, Any, NamedTuple
 
 import redis
 
-from distsched import __version__, core
+from distsched import __version__, core, views
 from distsched.client import Scheduler
 from distsched.core import TaskSpec
 from distsched.errors import DistschedError, InvalidArgument
-from distsched.keys import Keys
+from distsched.text import clock_offset, finite_or_none, redact, table
 
 Echo = Callable[[str], None]
 
@@ -160,32 +160,11 @@ def check_exactly_once(expected_ids: Iterable[str], runs: Iterable[Run]) -> list
 # --------------------------------------------------------------------------- small helpers
 
 
-def clock_offset(client: Any, samples: int = 25) -> tuple[float, float]:
-    """(Redis clock - local clock, round trip) in seconds, from the fastest of ``samples``."""
-    best: tuple[float, float] | None = None
-    for _ in range(samples):
-        t0 = time.time()
-        seconds, micros = client.time()
-        t1 = time.time()
-        server = float(seconds) + float(micros) / 1e6
-        sample = (server - (t0 + t1) / 2.0, t1 - t0)
-        if best is None or sample[1] < best[1]:
-            best = sample
-    assert best is not None
-    return best
-
-
 def percentile(values: Sequence[float], p: float) -> float:
     """Nearest-rank percentile of ``values`` (not empty)."""
     ordered = sorted(values)
     rank = max(1, math.ceil(p / 100.0 * len(ordered)))
     return ordered[min(len(ordered), rank) - 1]
-
-
-def _redact(url: str) -> str:
-    from distsched.cli import redact
-
-    return redact(url)
 
 
 @dataclass
@@ -248,7 +227,7 @@ class WorkerProcesses:
         self.errs: list[IO[str]] = []
 
     def start(self) -> None:
-        package_root = str(Path(__file__).resolve().parent.parent)
+        package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         for i in range(self.count):
@@ -260,7 +239,7 @@ class WorkerProcesses:
             command = [
                 sys.executable,
                 "-m",
-                "distsched.bench",
+                "distsched.tools.bench",
                 "worker",
                 self.url,
                 self.namespace,
@@ -354,11 +333,11 @@ class WorkerProcesses:
 
 
 def worker_main(argv: Sequence[str]) -> int:
-    """``python -m distsched.bench worker URL NAMESPACE --concurrency N --out FILE``."""
+    """``python -m distsched.tools.bench worker URL NAMESPACE --concurrency N --out FILE``."""
     from distsched.context import current_task
     from distsched.worker import Worker
 
-    parser = argparse.ArgumentParser(prog="python -m distsched.bench worker")
+    parser = argparse.ArgumentParser(prog="python -m distsched.tools.bench worker")
     parser.add_argument("url")
     parser.add_argument("namespace")
     parser.add_argument("--concurrency", type=int, default=32)
@@ -377,12 +356,12 @@ def worker_main(argv: Sequence[str]) -> int:
     scheduler = Scheduler.from_url(options.url, namespace=options.namespace, lease_s=options.lease)
     try:
         worker = Worker(scheduler, {NOOP: noop}, concurrency=options.concurrency)
-        before, _ = clock_offset(scheduler.client)
+        before, _ = clock_offset(scheduler)
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             return 1
         worker.run()  # on the main thread: SIGTERM shuts it down gracefully
-        after, _ = clock_offset(scheduler.client)
+        after, _ = clock_offset(scheduler)
         offset = (before + after) / 2.0
         data = {
             "worker_id": worker.worker_id,
@@ -439,9 +418,9 @@ class Bench:
         return namespace
 
     def _drop(self, namespace: str) -> None:
-        """Remove a namespace's keys (UNLINK: freed off the main thread of Redis)."""
-        keys = Keys(namespace).all_keys()
-        self.client.unlink(*keys)
+        """Remove a namespace's tasks and settings."""
+        with self._scheduler(namespace) as scheduler:
+            scheduler.clear()
 
     def _clean(self, *namespaces: str) -> None:
         if self.throwaway:
@@ -514,14 +493,12 @@ class Bench:
         records (stamped by the scripts with the Redis clock); and the tasks that did
         not end succeeded on their first attempt."""
         last, problems = 0.0, []
-        for raw_id, raw in self.client.hscan_iter(scheduler.keys.tasks, count=1000):
-            record = core.decode_record(raw)
-            if record.state is not core.State.SUCCEEDED or record.attempt != 1:
-                task_id = core._text(raw_id)
+        for row in views.tasks(scheduler):
+            if row.state is not core.State.SUCCEEDED or row.attempt != 1:
                 problems.append(
-                    f"task {task_id!r} is {record.state.value} after attempt {record.attempt}"
+                    f"task {row.task_id!r} is {row.state.value} after attempt {row.attempt}"
                 )
-            last = max(last, record.updated_ms / 1000.0)
+            last = max(last, row.updated_at)
         return last, problems
 
     def _drain(
@@ -1168,7 +1145,7 @@ class Bench:
             "started_at": started,
             "duration_s": time.perf_counter() - t0,
             "redis": {
-                "url": _redact(self.url),
+                "url": redact(self.url),
                 "backend": self.backend,
                 "version": info.get("redis_version"),
                 "throwaway": self.throwaway,
@@ -1214,16 +1191,7 @@ def format_table(report: dict[str, Any]) -> list[str]:
         lines.append(
             (row["section"], row["name"], value, row["unit"], ratio, server, row["target"], met)
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    right = {2, 5}
-    out = []
-    for line in lines:
-        cells = [
-            cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
-            for i, cell in enumerate(line)
-        ]
-        out.append("  ".join(cells).rstrip())
-    return out
+    return table(lines, right=frozenset({2, 5}))
 
 
 def run_bench(url: str | None, config: BenchConfig, progress: Echo) -> dict[str, Any]:
@@ -1235,7 +1203,7 @@ def run_bench(url: str | None, config: BenchConfig, progress: Echo) -> dict[str,
             return bench.run()
         finally:
             bench.close()
-    from distsched.embedded import embedded_redis
+    from distsched.tools.embedded import embedded_redis
 
     with embedded_redis() as server:
         progress(f"running on {server.description}")
@@ -1264,7 +1232,7 @@ def bench_command(
     echo("")
     echo("Targets are information, not pass/fail; figures are noisy on a busy machine.")
     if json_path is not None:
-        text = json.dumps(_finite(report), indent=2, allow_nan=False)
+        text = json.dumps(finite_or_none(report), indent=2, allow_nan=False)
         Path(json_path).write_text(text + "\n", "utf-8")
         echo(f"wrote {json_path}")
     if report["problems"]:
@@ -1275,21 +1243,10 @@ def bench_command(
     return True
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with NaN and infinities (a figure that could not be measured) as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _main(argv: Sequence[str]) -> int:
     if argv and argv[0] == "worker":
         return worker_main(argv[1:])
-    print("usage: python -m distsched.bench worker URL NAMESPACE --out FILE", file=sys.stderr)
+    print("usage: python -m distsched.tools.bench worker URL NAMESPACE --out FILE", file=sys.stderr)
     return 2
 
 

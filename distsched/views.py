@@ -1,6 +1,10 @@
-"""Read-only walks of the dependency graph around one task (``distsched graph``, ``retry``).
+"""What operators read about a namespace, and how it is shown.
 
-Everything here reads through :meth:`Scheduler.status`: ancestors follow each
+Everything here reads, and only through the :class:`~distsched.client.Scheduler`
+API, never Redis keys directly; nothing here writes. The CLI, the demo and the
+bench use it.
+
+The graph walks read through :meth:`Scheduler.status`: ancestors follow each
 task's ``deps`` and ``optional_deps``, descendants its ``dependents``. Each walk
 keeps a visited set (a new version may list, as an already satisfied dependency,
 a task that transitively depends on it, so the stored lists can loop) and stops
@@ -11,12 +15,12 @@ The snapshot is not atomic: tasks may move on while it is taken.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from distsched.client import Scheduler
-from distsched.core import State, TaskInfo
+from distsched.core import State, TaskInfo, TaskRow
 from distsched.errors import NotFoundError
 
 DEFAULT_LIMIT = 200
@@ -59,7 +63,8 @@ class Neighbourhood:
         return info
 
 
-def _lookup(scheduler: Scheduler, task_id: str) -> TaskInfo | None:
+def lookup(scheduler: Scheduler, task_id: str) -> TaskInfo | None:
+    """The task, or None when there is no such task."""
     try:
         return scheduler.status(task_id)
     except NotFoundError:
@@ -98,7 +103,7 @@ def _walk_up(scheduler: Scheduler, hood: Neighbourhood) -> None:
                 if len(hood.tasks) >= hood.limit:
                     hood.cut_up.add(current)
                     continue
-                hood.tasks[dep] = _lookup(scheduler, dep)
+                hood.tasks[dep] = lookup(scheduler, dep)
             edges.append(Edge(dep, current, optional))
             if dep not in seen:
                 seen.add(dep)
@@ -121,7 +126,7 @@ def _walk_down(scheduler: Scheduler, hood: Neighbourhood) -> None:
                 if len(hood.tasks) >= hood.limit:
                     hood.cut_down.add(current)
                     continue
-                found = _lookup(scheduler, child)
+                found = lookup(scheduler, child)
                 if found is None:
                     continue  # removed since the edge was read
                 hood.tasks[child] = found
@@ -137,37 +142,64 @@ def _walk_down(scheduler: Scheduler, hood: Neighbourhood) -> None:
                 queue.append(child)
 
 
-# --------------------------------------------------------------------------- retry
+# --------------------------------------------------------------------------- other reads
 
 
-@dataclass(frozen=True)
-class RetryReport:
-    task: TaskInfo  # after the retry
-    # Tasks the retried one had blocked, as they are after the retry: with cascade they
-    # got new versions; without, they stay blocked.
-    blocked: tuple[TaskInfo, ...]
-
-
-def retry(
-    scheduler: Scheduler, task_id: str, cascade: bool, limit: int = DEFAULT_LIMIT
-) -> RetryReport:
-    """Retry ``task_id`` and report it with the descendants it had blocked.
-
-    The report lists those found among the first ``limit`` descendants; the retry
-    itself (in Redis) reaches all of them.
-    """
-    before = walk(scheduler, task_id, limit=limit, ancestors=False)
-    blocked = [
+def blocked_by(scheduler: Scheduler, task_id: str, limit: int = DEFAULT_LIMIT) -> list[str]:
+    """The descendants of ``task_id`` that it blocked (among the first ``limit`` tasks
+    read): those a retry of it with ``cascade`` gives new versions."""
+    hood = walk(scheduler, task_id, limit=limit, ancestors=False)
+    return [
         d
-        for d in before.descendants
-        if (info := before.tasks[d]) is not None
+        for d in hood.descendants
+        if (info := hood.tasks[d]) is not None
         and info.state is State.BLOCKED
         and info.blocked_by is not None
         and info.blocked_by.root == task_id
     ]
-    scheduler.retry(task_id, cascade=cascade)
-    after = [info for d in blocked if (info := _lookup(scheduler, d)) is not None]
-    return RetryReport(task=scheduler.status(task_id), blocked=tuple(after))
+
+
+def lookup_many(scheduler: Scheduler, task_ids: Iterable[str]) -> list[TaskInfo]:
+    """The tasks of ``task_ids`` that exist, in order (one read each)."""
+    return [info for task_id in task_ids if (info := lookup(scheduler, task_id)) is not None]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A running task's lease as ``distsched leases list`` shows it."""
+
+    task_id: str
+    worker: str
+    attempt: int
+    max_attempts: int
+    seconds_left: float  # negative once expired (server clock)
+
+
+def leases(scheduler: Scheduler) -> list[Lease]:
+    """Every lease of the namespace with its holder and the time left (server clock)."""
+    held = scheduler.leases()
+    if not held:
+        return []
+    now = scheduler.server_time()
+    rows = []
+    for task_id, deadline in held:
+        info = lookup(scheduler, task_id)
+        if info is None:
+            continue  # finished and removed between the two reads
+        rows.append(
+            Lease(task_id, info.worker or "-", info.attempt, info.max_attempts, deadline - now)
+        )
+    return rows
+
+
+def tasks(scheduler: Scheduler, count: int = 1000) -> Iterator[TaskRow]:
+    """Every task's record, scanned ``count`` at a time (a task may come twice)."""
+    cursor = 0
+    while True:
+        cursor, rows = scheduler.scan_tasks(cursor, count)
+        yield from rows
+        if cursor == 0:
+            return
 
 
 # --------------------------------------------------------------------------- output

@@ -23,7 +23,8 @@ import redis
 from distsched.client import Scheduler
 from distsched.context import current_task
 from distsched.core import BlockedBy, Claim, Outcome, State, TaskSpec
-from distsched.graphview import describe, render_text, walk
+from distsched.text import table
+from distsched.views import describe, lookup_many, render_text, walk
 from distsched.worker import Worker
 
 Echo = Callable[[str], Any]
@@ -466,23 +467,14 @@ class _Story:
     def final_table(self) -> None:
         self.heading("Every task, as Redis has it now:")
         rows = [("task", "state", "version", "attempt", "priority", "outcome")]
-        for task_id in self.submitted:
-            info = self.s.status(task_id)
+        for info in lookup_many(self.s, self.submitted):
             outcome = info.error or (str(info.result) if info.result is not None else "")
-            rows.append(
-                (
-                    task_id,
-                    info.state.value,
-                    str(info.version),
-                    str(info.attempt),
-                    str(info.priority),
-                    outcome,
-                )
-            )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-        for row in rows:
-            cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
-            self.echo("  " + "  ".join([*cells, row[-1]]).rstrip())
+            rows.append((
+                info.task_id, info.state.value, str(info.version), str(info.attempt),
+                str(info.priority), outcome,
+            ))  # fmt: skip
+        for line in table(rows):
+            self.echo("  " + line)
         cancelled = ("never-runs", "long-job")
         expected = {
             task_id: State.CANCELLED if task_id in cancelled else State.SUCCEEDED
@@ -507,7 +499,7 @@ def _redis_url(url: str | None) -> Iterator[tuple[str, str | None]]:
     if url is not None:
         yield url, None
         return
-    from distsched.embedded import embedded_redis
+    from distsched.tools.embedded import embedded_redis
 
     with embedded_redis() as server:
         yield server.url, server.description
@@ -515,7 +507,7 @@ def _redis_url(url: str | None) -> Iterator[tuple[str, str | None]]:
 
 def _cleanup(scheduler: Scheduler) -> None:
     """Remove the demo's namespace: the demo should leave nothing behind in a given Redis."""
-    scheduler.client.delete(*scheduler.keys.all_keys())
+    scheduler.clear()
 
 
 def run_demo(url: str | None, echo: Echo) -> bool:

@@ -1,0 +1,252 @@
+"""Text for people: tables, times, durations, JSON-safe values, redacted URLs.
+
+Shared by the command line and the tools, so a time or a duration reads the
+same wherever it is printed. Nothing here raises on stored data: a value that
+cannot be shown as asked is shown as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import math
+import time
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from distsched.errors import InvalidArgument
+
+# datetime cannot represent later instants; an epoch beyond it is most likely
+# milliseconds given where seconds were expected.
+MAX_EPOCH_S = _dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=_dt.timezone.utc).timestamp()
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, fit to print."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = f"{parts.username}:***@" if parts.username else ":***@"
+        return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
+    except ValueError:
+        return url
+
+
+def one_line(text: object) -> str:
+    """``text`` with every run of whitespace (newlines included) as one space."""
+    return " ".join(str(text).split())
+
+
+def table(rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> list[str]:
+    """Rows as aligned columns, two spaces apart; columns in ``right`` align right."""
+    if not rows:
+        return []
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data: bytes as text (or ``{"hex": ...}``), tuples as
+    lists, dataclasses as objects, NaN and infinities as strings."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"hex": value.hex()}
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with NaN and infinities (a figure that could not be measured) as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- times
+
+
+def iso(epoch: float | None) -> str:
+    """An epoch in seconds as ISO-8601 UTC with milliseconds; ``-`` for None.
+
+    An instant outside the years 1 to 9999 is shown as the side it falls on.
+    """
+    if epoch is None:
+        return "-"
+    try:
+        when = _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        return "after 9999-12-31" if epoch > 0 else "before 0001-01-01"
+    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def relative(epoch: float, now: float) -> str:
+    """``in 1.500 s`` or ``2.000 s ago``, from ``now``."""
+    delta = epoch - now
+    return f"in {delta:.3f} s" if delta >= 0 else f"{-delta:.3f} s ago"
+
+
+def check_epoch(seconds: float, field: str) -> float:
+    """Refuse an epoch outside the years 1 to 9999: most likely milliseconds."""
+    if not math.isfinite(seconds):
+        raise InvalidArgument(field, f"must be a finite number of epoch seconds, got {seconds}")
+    if abs(seconds) > MAX_EPOCH_S:
+        side = "after the year 9999" if seconds > 0 else "before the year 1"
+        raise InvalidArgument(
+            field,
+            f"{seconds:.15g} epoch seconds is {side}; if that is milliseconds, "
+            f"use {seconds / 1000:.3f} (milliseconds / 1000)",
+        )
+    return seconds
+
+
+def parse_when(value: str, field: str) -> float | _dt.datetime:
+    """Epoch seconds, or an ISO-8601 datetime that carries its UTC offset."""
+    try:
+        number = float(value)
+    except ValueError:
+        pass
+    else:
+        return check_epoch(number, field)
+    text = value.strip()
+    if text[-1:] in ("Z", "z"):
+        text = text[:-1] + "+00:00"
+    try:
+        when = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InvalidArgument(
+            field,
+            f"{value!r} is neither epoch seconds nor an ISO-8601 datetime "
+            "(e.g. 2030-01-01T09:00:00+00:00)",
+        ) from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        # A date alone parses too: the hint must be a form that is accepted.
+        example = when.replace(tzinfo=_dt.timezone.utc).isoformat()
+        raise InvalidArgument(
+            field, f"{value!r} has no UTC offset; write e.g. {example} (a naive time is ambiguous)"
+        )
+    return when
+
+
+class Clock(Protocol):
+    def server_time(self) -> float: ...
+
+
+def clock_offset(clock: Clock, samples: int = 25) -> tuple[float, float]:
+    """(server clock - local clock, round trip) in seconds, from the fastest of
+    ``samples`` reads of ``clock.server_time()`` (a scheduler's, say)."""
+    best: tuple[float, float] | None = None
+    for _ in range(max(1, samples)):
+        t0 = time.time()
+        server = clock.server_time()
+        t1 = time.time()
+        sample = (server - (t0 + t1) / 2.0, t1 - t0)
+        if best is None or sample[1] < best[1]:
+            best = sample
+    assert best is not None
+    return best
+
+
+# --------------------------------------------------------------------------- durations
+
+DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+DURATION_HINT = "seconds, or with units, e.g. 500ms, 90s, 30m, 1h30m, 12h, 7d"
+
+
+def parse_duration(value: str, field: str) -> float:
+    """Seconds: a bare number, or numbers with units, ``500ms``, ``90s``, ``1h30m``, ``7d``."""
+    text = value.strip().lower().replace(" ", "")
+    seconds = _bare_seconds(text)
+    if seconds is None:
+        seconds = _with_units(text)
+    if seconds is None:
+        raise InvalidArgument(field, f"{value!r} is not a duration ({DURATION_HINT})")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidArgument(field, f"must be a finite duration >= 0, got {value!r}")
+    return seconds
+
+
+def _bare_seconds(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _with_units(text: str) -> float | None:
+    """Sum of ``<number><unit>`` parts, each unit at most once, largest first."""
+    order = ["d", "h", "min", "m", "s", "ms"]
+    total, position, last = 0.0, 0, -1
+    while position < len(text):
+        start = position
+        while position < len(text) and (text[position].isdigit() or text[position] == "."):
+            position += 1
+        number = text[start:position]
+        unit_start = position
+        while position < len(text) and text[position].isalpha():
+            position += 1
+        unit = text[unit_start:position]
+        if not number or unit not in DURATION_UNITS:
+            return None
+        rank = order.index(unit)
+        # "m" and "min" are one unit.
+        if unit in ("m", "min"):
+            rank = order.index("min")
+        if rank <= last:
+            return None
+        last = rank
+        try:
+            total += float(number) * DURATION_UNITS[unit]
+        except ValueError:
+            return None
+    return total if text else None
+
+
+def duration(seconds: float) -> str:
+    """``5400 s (1.5 h)``: seconds, with the largest unit that fits."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds:g} s ({seconds / size:.4g} {unit})"
+    return f"{seconds:g} s"
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+def size(n: int) -> str:
+    """A byte count for people: ``512 B``, ``1.5 KiB``, ``50.0 MiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def preview(text: str, limit: int | None) -> str:
+    """``text`` cut to ``limit`` characters (None: all of it), saying how large it is."""
+    if limit is None or len(text) <= limit:
+        return text
+    whole = size(len(text.encode("utf-8", "surrogatepass")))
+    return f"{text[:limit]}... ({whole} in all, {len(text) - limit} characters not shown)"
