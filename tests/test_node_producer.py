@@ -1,0 +1,170 @@
+"""§9: a producer in Node, written from lua/README.md alone, enqueues tasks distsched workers run.
+
+``tests/node/producer.js`` uses npm's ``ioredis`` and ``@msgpack/msgpack``: it assembles and
+hashes the scripts itself, loads them on NOSCRIPT, settles on BUSY, and reads records and
+results in the documented formats. Its dependencies are installed with ``npm ci`` into
+``tests/node/node_modules`` once per session. Without ``node`` or ``npm`` the test is skipped
+with the reason, except under ``CI=true``, where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from distsched import Scheduler, State, Worker
+from tests.conftest import IN_CI, RedisServer, running
+
+NODE_DIR = Path(__file__).resolve().parent / "node"
+NODE_TIMEOUT_S = 60
+NPM_TIMEOUT_S = 300
+
+
+def unavailable(reason: str) -> NoReturn:
+    if IN_CI:
+        pytest.fail(f"{reason}, and CI=true requires it")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    """The ``node`` binary, with the producer's npm dependencies installed."""
+    node_bin, npm_bin = shutil.which("node"), shutil.which("npm")
+    if node_bin is None or npm_bin is None:
+        unavailable("node and npm are not both on PATH (install Node.js 18 or later with npm)")
+    proc = subprocess.run(
+        [npm_bin, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=NPM_TIMEOUT_S,
+    )
+    if proc.returncode != 0:
+        unavailable(f"npm ci in {NODE_DIR} failed: {proc.stderr.strip()[-2000:]}")
+    return node_bin
+
+
+def run_producer(node: str, server: RedisServer, namespace: str, mode: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [node, str(NODE_DIR / "producer.js"), server.url, namespace, mode],
+        cwd=NODE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=NODE_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+def wait_until(done: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_runs(
+    node: str, own_redis: RedisServer
+) -> None:
+    namespace = "node"
+    enqueued = run_producer(node, own_redis, namespace, "enqueue")
+
+    versions = enqueued["versions"]
+    assert versions["sum"] < versions["hi"] < versions["bare"] < versions["parent"]
+    assert versions["gate_again"] > versions["gate"]
+    records = enqueued["records"]
+    # The batch of two, read back through the record format and the queue member.
+    assert (records["sum"]["state"], records["sum"]["priority"]) == ("r", 5)
+    assert records["sum"]["version"] == versions["sum"]
+    assert enqueued["sum_queue_score"] == records["sum"]["run_at_ms"]
+    assert records["child"]["state"] == "p" and records["child"]["remaining"] == 1
+    # Cancelled while queued: it never runs.
+    assert enqueued["cancel_reply"] == [0, "cancelled"]
+    assert records["doomed"]["state"] == "c"
+    # A budget of one edge left two dependents to tell: the re-schedule of the cancelled
+    # task met BUSY, settled with propagate.lua, and went through.
+    assert enqueued["gate_cancel_reply"] == [1, "cancelled"]
+    assert enqueued["blocked_before_settling"] == 1
+    assert enqueued["calls"]["busy"] == 1 and enqueued["calls"]["propagate_calls"] >= 1
+    assert [records[g]["state"] for g in ("g0", "g1", "g2")] == ["b", "b", "b"]
+    assert enqueued["blocked_cause_g0"] == {"root": "gate", "parent": "gate"}
+    assert records["gate"]["state"] == "r" and records["gate"]["version"] == versions["gate_again"]
+    assert enqueued["propagating"] == 0
+    # Each script was loaded on NOSCRIPT from the producer's own text and hash.
+    assert enqueued["calls"]["noscript"] == 3
+    # Errors as ioredis shows them: the wire error without its '-'.
+    assert enqueued["errors"]["notfound"] == {
+        "name": "ReplyError",
+        "message": "NOTFOUND no-such-task",
+    }
+    assert enqueued["errors"]["unknown"]["message"] == (
+        f"UNKNOWN {b'orphan'.hex()} {b'missing'.hex()}"
+    )
+    assert enqueued["counts"] == {"ready": 5, "pending": 1, "cancelled": 1, "blocked": 3}
+
+    received: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def add(*args: Any, **kwargs: Any) -> int:
+        with lock:
+            received.append(("add", args, kwargs))
+        return int(sum(args) * kwargs.get("scale", 1))
+
+    def greet(*args: Any, **kwargs: Any) -> str:
+        with lock:
+            received.append(("greet", args, kwargs))
+        return f"hello {kwargs['name']}"
+
+    ran = ("sum", "hi", "bare", "parent", "child", "gate")
+    s = Scheduler(own_redis.client(), namespace=namespace, lease_s=5.0)
+    try:
+        worker = Worker(s, {"add": add, "greet": greet}, concurrency=2)
+        with running(worker):
+            wait_until(lambda: all(s.status(t).state is State.SUCCEEDED for t in ran))
+        blocked_by = s.status("g1").blocked_by
+        assert blocked_by is not None and blocked_by.root == "gate"
+    finally:
+        s.close()
+
+    assert sorted(received, key=repr) == sorted(
+        [
+            ("add", (2, 3), {"scale": 10}),
+            ("greet", (), {"name": "wörld"}),
+            ("add", (4, 5), {}),
+            ("add", (1,), {"scale": 1}),
+            ("add", (7,), {"scale": 1}),
+            ("add", (100,), {"scale": 1}),
+        ],
+        key=repr,
+    )
+    # The dependency ran first.
+    order = [args for _, args, _ in received]
+    assert order.index((1,)) < order.index((7,))
+
+    report = run_producer(node, own_redis, namespace, "report")
+    states = {task: record["state"] for task, record in report["records"].items()}
+    assert states == {
+        "sum": "s", "hi": "s", "bare": "s", "parent": "s", "child": "s", "gate": "s",
+        "doomed": "c", "g0": "b", "g1": "b", "g2": "b",
+    }  # fmt: skip
+    assert all(report["records"][task]["attempt"] == 1 for task in ran)
+    assert report["records"]["doomed"]["attempt"] == 0
+    results = report["results"]
+    assert {task: results[task] for task in ran} == {
+        "sum": {"result": 50},
+        "hi": {"result": "hello wörld"},
+        "bare": {"result": 9},
+        "parent": {"result": 1},
+        "child": {"result": 7},
+        "gate": {"result": 100},
+    }
+    assert results["doomed"] is None and results["g0"] is None
