@@ -1,15 +1,18 @@
-"""§9: a producer in Node, written from lua/README.md alone, enqueues tasks distsched workers run.
+"""§9: lua/README.md is complete, and a Node producer written from it alone works.
 
 ``tests/node/producer.js`` uses npm's ``ioredis`` and ``@msgpack/msgpack``: it assembles and
 hashes the scripts itself, loads them on NOSCRIPT, settles on BUSY, and reads records and
 results in the documented formats. Its dependencies are installed with ``npm ci`` into
 ``tests/node/node_modules`` once per session. Without ``node`` or ``npm`` the test is skipped
-with the reason, except under ``CI=true``, where that is a failure.
+with the reason, except under ``CI=true``, where that is a failure. The other tests here
+check that the document names every key, ``meta`` field, wake-up message and limit the code
+uses.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import threading
@@ -20,7 +23,8 @@ from typing import Any, NoReturn
 
 import pytest
 
-from distsched import Scheduler, State, Worker
+from distsched import Scheduler, State, Worker, core
+from distsched.keys import KEY_NAMES, MAX_NAMESPACE_BYTES, Keys
 from tests.conftest import IN_CI, RedisServer, running
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
@@ -168,3 +172,70 @@ def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_run
         "gate": {"result": 100},
     }
     assert results["doomed"] is None and results["g0"] is None
+
+
+# --------------------------------------------------------------------------- a complete document
+
+README = (Path(__file__).resolve().parent.parent / "lua" / "README.md").read_text("utf-8")
+LUA_FILES = sorted((Path(__file__).resolve().parent.parent / "lua").rglob("*.lua"))
+
+
+def doc_section(heading: str) -> str:
+    """The text under ``heading`` up to the next heading of any level."""
+    return README.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+
+
+def lua_code() -> str:
+    """Every script and library part, comments left out."""
+    lines = (
+        line.split("--", 1)[0] for f in LUA_FILES for line in f.read_text("utf-8").splitlines()
+    )
+    return "\n".join(lines)
+
+
+def test_the_document_describes_every_key_of_a_namespace() -> None:
+    data = doc_section("## Data")
+    keys = Keys("NS")
+    names = [*KEY_NAMES, "served"]
+    for name in names:
+        assert f"| `{getattr(keys, name)}` |" in data, name
+    described = re.findall(r"^\| `ds:\{NS\}:(\w+)` \|", data, re.M)
+    assert sorted(described) == sorted(names)
+
+
+def test_the_document_names_every_meta_field_the_scripts_use() -> None:
+    fields = set(re.findall(r"k\.meta,\s*'([a-z_]+:?)", lua_code()))
+    assert {"seq", "pseq", "max_running", "count:"} <= fields
+    table = doc_section("### Meta fields")
+    documented = set(re.findall(r"^\| `([a-z_]+:?)", table, re.M))
+    assert fields <= documented
+    # Fields written outside the scripts, through a scheduler, are listed too.
+    assert "max_running" in documented
+
+
+def test_the_document_lists_every_wake_up_message_the_scripts_publish() -> None:
+    messages = set()
+    for m in re.finditer(r"'S?PUBLISH',\s*k\.\w+,\s*(?:string\.format\()?'(\w+)", lua_code()):
+        messages.add(m.group(1))
+    assert {"ready", "capacity", "cancel"} <= messages
+    table = doc_section("## Wake-ups")
+    documented = {m.split()[0] for m in re.findall(r"^\| `([^`]+)` \|", table, re.M)}
+    assert messages <= documented
+
+
+def test_the_documented_limits_are_the_limits_the_python_client_enforces() -> None:
+    limits = doc_section("## Limits")
+    rows = {
+        "task id": f"1 to {core.MAX_TASK_ID_BYTES} bytes",
+        "namespace": f"1 to {MAX_NAMESPACE_BYTES} bytes",
+        "priority": f"[{core.PRIORITY_MIN}, {core.PRIORITY_MAX}]",
+        "`max_attempts`": f"[1, {core.MAX_ATTEMPTS_LIMIT}]",
+        "backoff": f"[0, {int(core.BACKOFF_MAX_S * 1000)}]",
+        "dependencies": f"at most {core.MAX_DEPS} required and {core.MAX_DEPS} optional",
+        "payload": f"at most {core.DEFAULT_MAX_PAYLOAD_BYTES} bytes",
+    }
+    for row, limit in rows.items():
+        [line] = [line for line in limits.splitlines() if line.startswith(f"| {row}")]
+        assert limit in line, row
+    assert core.MAX_MS == 2**53 - 1 and "2^53 - 1" in limits
+    assert core.MAX_DELAY_MS == 2**52 and "2^52" in limits
