@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from distsched import Scheduler, State, Worker, core
+from distsched import Scheduler, State, Worker, core, scripts
 from distsched.keys import KEY_NAMES, MAX_NAMESPACE_BYTES, Keys
 from tests.conftest import IN_CI, RedisServer, running
 
@@ -239,3 +240,68 @@ def test_the_documented_limits_are_the_limits_the_python_client_enforces() -> No
         assert limit in line, row
     assert core.MAX_MS == 2**53 - 1 and "2^53 - 1" in limits
     assert core.MAX_DELAY_MS == 2**52 and "2^52" in limits
+
+
+def resp_command(*args: bytes | str | int) -> bytes:
+    out = b"*%d\r\n" % len(args)
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode("utf-8")
+        out += b"$%d\r\n%s\r\n" % (len(data), data)
+    return out
+
+
+def first_line(sock: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\r\n"):
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed"
+        data += chunk
+    return data.split(b"\r\n", 1)[0] + b"\r\n"
+
+
+def test_redis_and_script_errors_arrive_on_the_wire_as_the_document_shows(
+    own_redis: RedisServer,
+) -> None:
+    keys = Keys("wire").for_script("cancel")
+    cancel = scripts.source("cancel")
+    errors = doc_section("### Errors")
+    with (
+        socket.create_connection(("127.0.0.1", own_redis.port), timeout=10) as sock,
+        socket.create_connection(("127.0.0.1", own_redis.port), timeout=10) as other,
+    ):
+
+        def send(*args: bytes | str | int) -> bytes:
+            sock.sendall(resp_command(*args))
+            return first_line(sock)
+
+        def call_cancel(task_id: str) -> bytes:
+            return send("EVAL", cancel, len(keys), *keys, 1000, task_id)
+
+        # A key of another type: Redis's own error keeps its code.
+        assert send("SET", keys[0], "x") == b"+OK\r\n"
+        wrongtype = call_cancel("a")
+        assert wrongtype.startswith(b"-WRONGTYPE ")
+        assert f"`{wrongtype[:-2].decode()}`" in errors
+        assert send("DEL", keys[0]) == b":1\r\n"
+        # A stored record that does not parse.
+        assert send("HSET", keys[0], "a", "junk") == b":1\r\n"
+        assert call_cancel("a").startswith(b"-CORRUPT ")
+        # Redis's own BUSY while another script runs past busy-reply-threshold.
+        assert send("CONFIG", "SET", "busy-reply-threshold", "100") == b"+OK\r\n"
+        spin = (
+            "local e = tonumber(redis.call('TIME')[1]) + 2 "
+            "while tonumber(redis.call('TIME')[1]) < e do end return 1"
+        )
+        other.sendall(resp_command("EVAL", spin, 0))
+        deadline = time.monotonic() + 10
+        while True:
+            busy = call_cancel("a")
+            if busy.startswith(b"-BUSY ") or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert busy == (
+            b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or "
+            b"SHUTDOWN NOSAVE.\r\n"
+        )
+        assert first_line(other) == b":1\r\n"
+    assert " ".join(busy[:-2].decode().split()) in " ".join(errors.split())
