@@ -30,7 +30,7 @@ from tests.conftest import IN_CI, RedisServer, running
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 NODE_TIMEOUT_S = 60
-NPM_TIMEOUT_S = 300
+NPM_TIMEOUT_S = 90
 
 
 def unavailable(reason: str) -> NoReturn:
