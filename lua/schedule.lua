@@ -27,7 +27,12 @@
 --     backoff (integer ms >= 0), allow_unknown ('1' or '0'),
 --     r (number of required deps), o (number of optional deps);
 --   payload (msgpack map);
---   then r required dependency ids, then o optional ones.
+--   then r required dependency ids, then o optional ones;
+-- then, optionally, the largest payload accepted in bytes (1048576 when left out).
+-- Ids are valid UTF-8 of 1..512 bytes; time is within +-(2^53 - 1) ('at') or +-2^52 ('in');
+-- max_attempts in [1, 1000000]; backoff in [0, 3600000]; r and o at most 10000 each;
+-- the payload a msgpack map with a non-empty UTF-8 string fn, args an array and
+-- kwargs a map with string keys (each may be nil or left out).
 --
 -- Reply: { propagating jobs left, version 1, ..., version n }.
 -- Errors (nothing written):
@@ -37,52 +42,112 @@
 --   UNKNOWN <id> <dep>        a dependency that exists nowhere (and allow_unknown is 0)
 --   CYCLE <id> <id> ...       the path, each id a dependency of the next, first = last
 --                             (ids in these two errors are in lowercase hex)
---   BADARG <field> ...        malformed argument
+--   BADARG <field> ...        malformed argument (task_id, priority, max_attempts, backoff,
+--                             run_at, delay, deps, optional_deps, payload of <id>, ...)
+--   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
+--                             stored record that does not parse
 -- Publishes 'ready' on the wake channel when a new entry became the queue head.
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
 -- cycle check; blocked tasks' dependents are settled within the propagation budget.
 
 local SPEC_PATTERN = '^(%l%l) (-?%d+) (-?%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$'
 
+-- The ranges the Python client checks (distsched/core.py), so that a producer in any
+-- language cannot write what a worker cannot read.
+local MAX_MS = 9007199254740991      -- 2^53 - 1: an absolute time
+local MAX_DELAY_MS = 4503599627370496 -- 2^52: the server adds its clock to a delay
+local MAX_ATTEMPTS = 1000000
+local MAX_BACKOFF_MS = 3600000
+local MAX_DEPS = 10000
+local DEFAULT_MAX_PAYLOAD = 1048576
+
+local function bounded(text, field, lo, hi)
+  local n = #text <= 17 and tonumber(text)
+  if not n or n < lo or n > hi then
+    error({ err = string.format('BADARG %s must be an integer in [%d, %d]', field, lo, hi) })
+  end
+  return n
+end
+
+local function count_values(ok, ...)
+  return ok, select('#', ...), ...
+end
+
+-- Why a payload is not one a worker can run, or nil: one msgpack map with a non-empty
+-- UTF-8 string fn, args an array and kwargs a map with string keys (each may be left
+-- out or nil, which is how JavaScript encoders send undefined).
+local function payload_problem(payload, limit)
+  if #payload > limit then return string.format('is %d bytes, limit %d', #payload, limit) end
+  local head = string.byte(payload, 1)
+  if not head or not ((head >= 0x80 and head <= 0x8f) or head == 0xde or head == 0xdf) then
+    return 'must be a msgpack map'
+  end
+  local ok, count, map = count_values(pcall(cmsgpack.unpack, payload))
+  if not ok then return 'is not valid msgpack' end
+  if count ~= 1 then return 'must be exactly one msgpack value' end
+  if type(map) ~= 'table' then return 'must be a msgpack map' end
+  local fn = map.fn
+  if type(fn) ~= 'string' or fn == '' or not valid_utf8(fn) then
+    return 'field fn must be a non-empty UTF-8 string'
+  end
+  if map.args ~= nil then
+    if type(map.args) ~= 'table' then return 'field args must be an array' end
+    -- A nil element leaves a gap in the keys; any other key is a map's.
+    for key in pairs(map.args) do
+      if type(key) ~= 'number' or key < 1 or key ~= math.floor(key) then
+        return 'field args must be an array'
+      end
+    end
+  end
+  if map.kwargs ~= nil then
+    if type(map.kwargs) ~= 'table' then return 'field kwargs must be a map' end
+    for key in pairs(map.kwargs) do
+      if type(key) ~= 'string' then return 'field kwargs must be a map with string keys' end
+    end
+  end
+  return nil
+end
+
 return run(function()
   local budget = budget_arg(ARGV[1])
   local n = to_int(ARGV[2], 'n')
+  if n < 0 then error({ err = 'BADARG n must be >= 0' }) end
   local now = now_ms()
   local specs, batch, order = {}, {}, {}
   local jobs_pending = redis.call('ZCARD', k.propagating) > 0
   local pos = 3
   for i = 1, n do
     local id = ARGV[pos]
-    if not id or id == '' then error({ err = 'BADARG task_id must not be empty' }) end
+    if not id then error({ err = 'BADARG ARGV length does not match the counts' }) end
+    check_id(id, 'task_id')
     if batch[id] then error({ err = 'BADARG task_id duplicated in batch: ' .. id }) end
     local mode, time, pr, ma, bo, au, r, o = string.match(ARGV[pos + 1] or '', SPEC_PATTERN)
     if not mode then
       error({ err = 'BADARG spec of ' .. id .. ' must be: at|in time priority max_attempts backoff 0|1 r o' })
     end
+    if mode ~= 'at' and mode ~= 'in' then error({ err = 'BADARG time mode must be at or in' }) end
     local s = {
-      id = id, time = tonumber(time), priority = tonumber(pr), max_attempts = tonumber(ma),
-      backoff = tonumber(bo), payload = ARGV[pos + 2], allow_unknown = au == '1', deps = {},
+      id = id, time = bounded(time, mode == 'in' and 'delay' or 'run_at', mode == 'in' and -MAX_DELAY_MS or -MAX_MS,
+                              mode == 'in' and MAX_DELAY_MS or MAX_MS),
+      priority = bounded(pr, 'priority', -2147483648, 2147483647),
+      max_attempts = bounded(ma, 'max_attempts', 1, MAX_ATTEMPTS),
+      backoff = bounded(bo, 'backoff', 0, MAX_BACKOFF_MS),
+      payload = ARGV[pos + 2], allow_unknown = au == '1', deps = {},
     }
     if not s.payload then error({ err = 'BADARG payload missing for ' .. id }) end
-    if s.priority < -2147483648 or s.priority > 2147483647 then
-      error({ err = 'BADARG priority out of range' })
-    end
-    if s.max_attempts < 1 then error({ err = 'BADARG max_attempts must be >= 1' }) end
-    if s.backoff < 0 then error({ err = 'BADARG backoff must be >= 0' }) end
     s.run_at = s.time
-    if mode == 'in' then
-      s.run_at = now + s.time
-    elseif mode ~= 'at' then
-      error({ err = 'BADARG time mode must be at or in' })
-    end
-    r, o = tonumber(r), tonumber(o)
+    if mode == 'in' then s.run_at = now + s.time end
+    r = bounded(r, 'deps', 0, MAX_DEPS)
+    o = bounded(o, 'optional_deps', 0, MAX_DEPS)
     pos = pos + 3
     local seen = {}
     for j = 1, r + o do
       local d = ARGV[pos]
-      if not d or d == '' then error({ err = 'BADARG deps must hold non-empty ids' }) end
-      if d == id then error({ err = 'BADARG deps: ' .. id .. ' depends on itself' }) end
-      if seen[d] then error({ err = 'BADARG deps: ' .. d .. ' listed twice' }) end
+      local field = (j <= r) and 'deps' or 'optional_deps'
+      if not d then error({ err = 'BADARG ARGV length does not match the counts' }) end
+      check_id(d, field)
+      if d == id then error({ err = 'BADARG ' .. field .. ' ' .. id .. ' depends on itself' }) end
+      if seen[d] then error({ err = 'BADARG ' .. field .. ' ' .. d .. ' listed twice' }) end
       seen[d] = true
       s.deps[j] = { kind = (j <= r) and 'r' or 'o', id = d }
       pos = pos + 1
@@ -90,7 +155,18 @@ return run(function()
     batch[id] = s
     specs[i] = s
   end
-  if pos ~= #ARGV + 1 then error({ err = 'BADARG ARGV length does not match the counts' }) end
+  -- An optional last value: the largest payload accepted, in bytes.
+  local limit = DEFAULT_MAX_PAYLOAD
+  if pos == #ARGV then
+    limit = to_int(ARGV[pos], 'max_payload_bytes')
+    if limit < 1 then error({ err = 'BADARG max_payload_bytes must be >= 1' }) end
+  elseif pos ~= #ARGV + 1 then
+    error({ err = 'BADARG ARGV length does not match the counts' })
+  end
+  for _, s in ipairs(specs) do
+    local problem = payload_problem(s.payload, limit)
+    if problem then error({ err = 'BADARG payload of ' .. s.id .. ' ' .. problem }) end
+  end
 
   -- The current records of the whole batch, read in slices of one HMGET each.
   for first = 1, n, 1000 do
@@ -100,7 +176,7 @@ return run(function()
     for j, raw in ipairs(raws) do
       local s = specs[first + j - 1]
       if raw then
-        s.old = load_task(s.id, raw)
+        s.old = load_given(s.id, raw)
         if s.old.state == 'running' then error({ err = 'CONFLICT running ' .. s.id }) end
       end
       if jobs_pending then busy_check(s.id) end
@@ -122,8 +198,7 @@ return run(function()
   for first = 1, #outside_ids, 1000 do
     local ids = { unpack(outside_ids, first, math.min(first + 999, #outside_ids)) }
     for j, raw in ipairs(redis.call('HMGET', k.tasks, unpack(ids))) do
-      -- Only the state is needed: its letter leads the record.
-      if raw then outside[ids[j]] = STATE_NAME[string.sub(raw, 1, 1)] end
+      if raw then outside[ids[j]] = load_given(ids[j], raw).state end
     end
   end
   local children = {}
