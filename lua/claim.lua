@@ -2,6 +2,7 @@
 --
 --- @include record
 --- @include counts
+--- @include repair
 --- @keys tasks payloads queue leases meta
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,

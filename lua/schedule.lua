@@ -30,7 +30,8 @@
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the largest payload accepted in bytes (1048576 when left out).
 -- Ids are valid UTF-8 of 1..512 bytes; time is within +-(2^53 - 1) ('at') or +-2^52 ('in');
--- max_attempts in [1, 1000000]; backoff in [0, 3600000]; r and o at most 10000 each;
+-- max_attempts in [1, 1000000]; backoff in [0, 2^53 - 1] (the wait between attempts is
+-- capped by fail.lua and reap.lua's argument); r and o at most 10000 each;
 -- the payload a msgpack map with a non-empty UTF-8 string fn, args an array and
 -- kwargs a map with string keys (each may be nil or left out).
 --
@@ -57,54 +58,107 @@ local SPEC_PATTERN = '^(%l%l) (-?%d+) (-?%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$'
 local MAX_MS = 9007199254740991      -- 2^53 - 1: an absolute time
 local MAX_DELAY_MS = 4503599627370496 -- 2^52: the server adds its clock to a delay
 local MAX_ATTEMPTS = 1000000
-local MAX_BACKOFF_MS = 3600000
 local MAX_DEPS = 10000
 local DEFAULT_MAX_PAYLOAD = 1048576
 
 local function bounded(text, field, lo, hi)
   local n = #text <= 17 and tonumber(text)
   if not n or n < lo or n > hi then
-    error({ err = string.format('BADARG %s must be an integer in [%d, %d]', field, lo, hi) })
+    -- The ranges are in the header above.
+    error({ err = string.format('BADARG %s out of range', field) })
   end
   return n
 end
 
-local function count_values(ok, ...)
-  return ok, select('#', ...), ...
+-- msgpack, read only as far as needed to check a payload's shape (Redis's cmsgpack does
+-- not know the bin and ext types). head(p, pos) -> kind, count or length, first byte
+-- after the header; kind is 'map', 'array', 'str' or 'other'; nil when truncated or
+-- invalid.
+local FIXED = { [192] = 0, [194] = 0, [195] = 0, [202] = 4, [203] = 8, [204] = 1, [205] = 2,
+                [206] = 4, [207] = 8, [208] = 1, [209] = 2, [210] = 4, [211] = 8, [212] = 2,
+                [213] = 3, [214] = 5, [215] = 9, [216] = 17 }
+
+local function be_uint(p, pos, size)
+  if pos + size - 1 > #p then return nil end
+  local n = 0
+  for i = pos, pos + size - 1 do n = n * 256 + string.byte(p, i) end
+  return n
+end
+
+local function head(p, pos)
+  local b = string.byte(p, pos)
+  if not b then return nil end
+  if b < 128 or b >= 224 then return 'other', 0, pos + 1 end
+  if b < 144 then return 'map', b - 128, pos + 1 end
+  if b < 160 then return 'array', b - 144, pos + 1 end
+  if b < 192 then return 'str', b - 160, pos + 1 end
+  if FIXED[b] then return 'other', FIXED[b], pos + 1 end
+  local sized = { [196] = { 'other', 1 }, [197] = { 'other', 2 }, [198] = { 'other', 4 },
+                  [199] = { 'ext', 1 }, [200] = { 'ext', 2 }, [201] = { 'ext', 4 },
+                  [217] = { 'str', 1 }, [218] = { 'str', 2 }, [219] = { 'str', 4 },
+                  [220] = { 'array', 2 }, [221] = { 'array', 4 },
+                  [222] = { 'map', 2 }, [223] = { 'map', 4 } }
+  local entry = sized[b]
+  if not entry then return nil end
+  local n = be_uint(p, pos + 1, entry[2])
+  if not n then return nil end
+  if entry[1] == 'ext' then return 'other', n + 1, pos + 1 + entry[2] end
+  return entry[1], n, pos + 1 + entry[2]
+end
+
+-- The position after the value at pos (every string in it valid UTF-8), or nil.
+local function skip(p, pos)
+  local pending = 1
+  while pending > 0 do
+    local kind, n, at = head(p, pos)
+    if not kind then return nil end
+    pending = pending - 1
+    if kind == 'map' then
+      pending = pending + 2 * n
+      pos = at
+    elseif kind == 'array' then
+      pending = pending + n
+      pos = at
+    else
+      if at + n - 1 > #p then return nil end
+      if kind == 'str' and not valid_utf8(string.sub(p, at, at + n - 1)) then return nil end
+      pos = at + n
+    end
+  end
+  return pos
 end
 
 -- Why a payload is not one a worker can run, or nil: one msgpack map with a non-empty
 -- UTF-8 string fn, args an array and kwargs a map with string keys (each may be left
 -- out or nil, which is how JavaScript encoders send undefined).
-local function payload_problem(payload, limit)
-  if #payload > limit then return string.format('is %d bytes, limit %d', #payload, limit) end
-  local head = string.byte(payload, 1)
-  if not head or not ((head >= 0x80 and head <= 0x8f) or head == 0xde or head == 0xdf) then
-    return 'must be a msgpack map'
-  end
-  local ok, count, map = count_values(pcall(cmsgpack.unpack, payload))
-  if not ok then return 'is not valid msgpack' end
-  if count ~= 1 then return 'must be exactly one msgpack value' end
-  if type(map) ~= 'table' then return 'must be a msgpack map' end
-  local fn = map.fn
-  if type(fn) ~= 'string' or fn == '' or not valid_utf8(fn) then
-    return 'field fn must be a non-empty UTF-8 string'
-  end
-  if map.args ~= nil then
-    if type(map.args) ~= 'table' then return 'field args must be an array' end
-    -- A nil element leaves a gap in the keys; any other key is a map's.
-    for key in pairs(map.args) do
-      if type(key) ~= 'number' or key < 1 or key ~= math.floor(key) then
-        return 'field args must be an array'
+local function payload_problem(p, limit)
+  if #p > limit then return string.format('is %d bytes, limit %d', #p, limit) end
+  if skip(p, 1) ~= #p + 1 then return 'must be one valid msgpack value' end
+  local kind, n, pos = head(p, 1)
+  if kind ~= 'map' then return 'must be a msgpack map' end
+  local fn = nil
+  for _ = 1, n do
+    local key_kind, key_len, key_at = head(p, pos)
+    local key = key_kind == 'str' and string.sub(p, key_at, key_at + key_len - 1)
+    local value_at = skip(p, pos)
+    local vkind, vn, vat = head(p, value_at)
+    local is_nil = string.byte(p, value_at) == 192
+    if key == 'fn' then
+      if vkind ~= 'str' or vn == 0 then return 'field fn must be a non-empty string' end
+      fn = string.sub(p, vat, vat + vn - 1)
+    elseif key == 'args' and not is_nil and vkind ~= 'array' then
+      return 'field args must be an array'
+    elseif key == 'kwargs' and not is_nil then
+      if vkind ~= 'map' then return 'field kwargs must be a map' end
+      local at = vat
+      for _ = 1, vn do
+        if head(p, at) ~= 'str' then return 'field kwargs must be a map with string keys' end
+        at = skip(p, skip(p, at))
       end
     end
+    pos = skip(p, value_at)
   end
-  if map.kwargs ~= nil then
-    if type(map.kwargs) ~= 'table' then return 'field kwargs must be a map' end
-    for key in pairs(map.kwargs) do
-      if type(key) ~= 'string' then return 'field kwargs must be a map with string keys' end
-    end
-  end
+  if not fn then return 'field fn must be a non-empty string' end
   return nil
 end
 
@@ -131,7 +185,7 @@ return run(function()
                               mode == 'in' and MAX_DELAY_MS or MAX_MS),
       priority = bounded(pr, 'priority', -2147483648, 2147483647),
       max_attempts = bounded(ma, 'max_attempts', 1, MAX_ATTEMPTS),
-      backoff = bounded(bo, 'backoff', 0, MAX_BACKOFF_MS),
+      backoff = bounded(bo, 'backoff', 0, MAX_MS),
       payload = ARGV[pos + 2], allow_unknown = au == '1', deps = {},
     }
     if not s.payload then error({ err = 'BADARG payload missing for ' .. id }) end

@@ -2,6 +2,7 @@
 --
 --- @include record
 --- @include counts
+--- @include repair
 --
 -- Edge member of the edges sorted set (every score 0, so ZRANGEBYLEX ranges work):
 --   hex3(#parent) .. parent .. flag .. kind .. child

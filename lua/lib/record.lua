@@ -40,17 +40,17 @@ local function valid_utf8(s)
   local i, n = 1, #s
   while i <= n do
     local c = string.byte(s, i)
-    local len, lo, hi = 1, 0x80, 0xBF
-    if c < 0x80 then
+    local len, lo, hi = 1, 128, 191
+    if c < 128 then
       len = 1
-    elseif c >= 0xC2 and c <= 0xDF then
+    elseif c >= 194 and c <= 223 then
       len = 2
-    elseif c >= 0xE0 and c <= 0xEF then
+    elseif c >= 224 and c <= 239 then
       len = 3
-      if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
-    elseif c >= 0xF0 and c <= 0xF4 then
+      if c == 224 then lo = 160 elseif c == 237 then hi = 159 end
+    elseif c >= 240 and c <= 244 then
       len = 4
-      if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+      if c == 240 then lo = 144 elseif c == 244 then hi = 143 end
     else
       return false
     end
@@ -59,7 +59,7 @@ local function valid_utf8(s)
       local b = string.byte(s, i + j)
       if j == 1 then
         if b < lo or b > hi then return false end
-      elseif b < 0x80 or b > 0xBF then
+      elseif b < 128 or b > 191 then
         return false
       end
     end

@@ -1,7 +1,6 @@
 -- lib/run.lua: how a script body runs and how its errors reach the caller.
 --
--- Every script ends with `return run(function() ... end)`. Junk in the meta counters
--- is repaired first (repair_meta). An error raised as
+-- Every script ends with `return run(function() ... end)`. An error raised as
 -- {err = 'CODE detail'} becomes the error reply `-CODE detail`; any other failure
 -- (a bug, a Lua error) becomes `-ERR <message>`. After a body that succeeded, the
 -- functions registered with after_success run in the order they were registered
@@ -26,44 +25,16 @@ local function to_int(value, field)
   return n
 end
 
--- The meta fields scripts add to with HINCRBY. Redis refuses HINCRBY on a field that
--- is not a 64-bit integer, and a script stops there with its earlier writes kept: a
--- junk value (written by hand or by a broken client) is repaired before the body runs,
--- the junk kept as corrupt:<field> for an operator to see.
-local COUNTED = { 'seq', 'pseq', 'count:pending', 'count:ready', 'count:running',
-                  'count:succeeded', 'count:failed', 'count:cancelled', 'count:blocked' }
+-- Functions registered with before_body run before the body, outside its error
+-- handling (lib/repair.lua mends junk the body would otherwise stop on).
+local before_hooks = {}
 
-local function is_int64_text(text)
-  -- Redis's own rule: no sign on 0, no leading zero; 18 digits keep clear of overflow.
-  return text == '0' or (#text <= 18 and string.match(text, '^%-?[1-9]%d*$') ~= nil)
-end
-
-local function repair_meta()
-  if not k.meta then return end
-  local values = redis.call('HMGET', k.meta, unpack(COUNTED))
-  for i, field in ipairs(COUNTED) do
-    local value = values[i]
-    if value and not is_int64_text(value) then
-      local fixed = 0
-      if field == 'seq' then
-        -- Versions only grow: restart above any a namespace reaches by counting
-        -- (the server clock in microseconds, still within the queue member's 14 hex digits).
-        local t = redis.call('TIME')
-        fixed = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      elseif field == 'pseq' and k.propagating then
-        local last = redis.call('ZRANGE', k.propagating, -1, -1, 'WITHSCORES')
-        fixed = tonumber(last[2]) or 0
-      elseif field == 'count:running' and k.leases then
-        fixed = redis.call('ZCARD', k.leases)
-      end
-      redis.log(redis.LOG_WARNING, 'distsched: repaired meta field ' .. field .. ' holding junk')
-      redis.call('HSET', k.meta, field, string.format('%d', fixed), 'corrupt:' .. field, value)
-    end
-  end
+local function before_body(fn)
+  before_hooks[#before_hooks + 1] = fn
 end
 
 local function run(body)
-  repair_meta()
+  for _, hook in ipairs(before_hooks) do hook() end
   local ok, res = pcall(body)
   if ok then
     for _, hook in ipairs(success_hooks) do hook() end
