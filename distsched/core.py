@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import enum
 import math
+import re
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
@@ -777,10 +778,21 @@ def decode_record(raw: bytes | str, task_id: str = "") -> Record:
         ) from None
 
 
+_RECORD_INT = re.compile(r"-?[0-9]{1,17}")
+# The ranges lua/lib/record.lua reads a record with: (lowest, highest) per numeric field.
+_RECORD_RANGES = (
+    (0, MAX_MS), (0, MAX_MS), (1, MAX_MS), (0, MAX_MS), (-MAX_MS, MAX_MS),
+    (PRIORITY_MIN, PRIORITY_MAX), (0, 1), (-MAX_MS, MAX_MS), (0, MAX_MS), (0, MAX_MS),
+)  # fmt: skip
+
+
 def _decode_record(raw: bytes | str) -> Record:
     parts = _text(raw).split("|", 11)
     if len(parts) != 12:
         raise ValueError("not 12 fields")
+    for text, (low, high) in zip(parts[1:11], _RECORD_RANGES, strict=True):
+        if not _RECORD_INT.fullmatch(text) or not low <= int(text) <= high:
+            raise ValueError(f"field {text!r} out of range")
     return Record(
         state=_STATE_BY_CODE[parts[0]],
         version=int(parts[1]),
