@@ -318,14 +318,15 @@ def test_junk_in_every_field_of_a_namespace_fails_only_its_own_tasks_and_two_wor
 ) -> None:
     s = Scheduler(redis_client, namespace=namespace)
     k = s.keys
+    # Due once both workers are up, and long enough that both take a share.
     good = [f"good-{i:03d}" for i in range(99)]
-    s.schedule_many([TaskSpec(t, "record", args=(0,)) for t in good])
-    s.schedule("good-child", fn="record", args=(0,), deps=["good-000"])
+    s.schedule_many([TaskSpec(t, "record", args=(20,), delay=1.5) for t in good])
+    s.schedule("good-child", fn="record", args=(20,), deps=["good-000"])
     good.append("good-child")
 
     # Records that do not parse, each with a queue entry and a payload.
     bad_records = [f"bad-record-{i}" for i in range(len(JUNK_RECORDS))]
-    s.schedule_many([TaskSpec(t, "record", args=(0,), priority=5) for t in bad_records])
+    s.schedule_many([TaskSpec(t, "record", delay=1.5, priority=5) for t in bad_records])
     for task_id, raw in zip(bad_records, JUNK_RECORDS, strict=True):
         redis_client.hset(k.tasks, task_id, raw)
     # Payloads that do not decode, under good records.
@@ -336,7 +337,7 @@ def test_junk_in_every_field_of_a_namespace_fails_only_its_own_tasks_and_two_wor
         "bad-payload-3": pack({"fn": "record", "args": {"a": 1}}),
         "bad-payload-4": b"",
     }
-    s.schedule_many([TaskSpec(t, "record", args=(0,)) for t in bad_payloads])
+    s.schedule_many([TaskSpec(t, "record", delay=1.5) for t in bad_payloads])
     for task_id, payload in bad_payloads.items():
         redis_client.hset(k.payloads, task_id, payload)
     # Queue members: junk, one for no task, and one whose id is not UTF-8.
