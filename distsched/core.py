@@ -778,11 +778,11 @@ def decode_record(raw: bytes | str, task_id: str = "") -> Record:
         ) from None
 
 
-_RECORD_INT = re.compile(r"-?[0-9]{1,17}")
+_RECORD_INT = re.compile(r"-?[0-9]{1,16}")  # at most 17 characters, as the scripts read
 # The ranges lua/lib/record.lua reads a record with: (lowest, highest) per numeric field.
 _RECORD_RANGES = (
     (0, MAX_MS), (0, MAX_MS), (1, MAX_MS), (0, MAX_MS), (-MAX_MS, MAX_MS),
-    (PRIORITY_MIN, PRIORITY_MAX), (0, 1), (-MAX_MS, MAX_MS), (0, MAX_MS), (0, MAX_MS),
+    (PRIORITY_MIN, PRIORITY_MAX), (0, 1), (-2 * MAX_MS, 2 * MAX_MS), (0, MAX_MS), (0, MAX_MS),
 )  # fmt: skip
 
 

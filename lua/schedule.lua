@@ -121,7 +121,7 @@ local function skip(p, pos)
       pos = at
     else
       if at + n - 1 > #p then return nil end
-      if kind == 'str' and not valid_utf8(string.sub(p, at, at + n - 1)) then return nil end
+      if kind == 'str' and not valid_utf8(p, at, at + n - 1) then return nil end
       pos = at + n
     end
   end
