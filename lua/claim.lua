@@ -95,7 +95,10 @@ return run(function()
         dropped = dropped + 1
         if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
       elseif score > now then
-        reason = 'not_due'; delay = score * 1000 - now_us; break
+        reason = 'not_due'; delay = score * 1000 - now_us
+        -- An infinite score (junk) is never due: as for an empty queue, no delay.
+        if delay > 9007199254740991 then delay = -1 end
+        break
       elseif limit and running >= limit then
         reason = 'capacity'; break
       else
