@@ -17,8 +17,9 @@ import msgpack
 import pytest
 import redis
 
-from distsched import Scheduler, State, TaskSpec, Worker, core
+from distsched import Claim, Scheduler, State, TaskSpec, Worker, core
 from distsched.errors import ScriptError
+from distsched.metrics import WorkerMetrics
 from tests.conftest import RedisServer, namespace_keys, running
 from tests.fault_procs import rows, runs_key
 from tests.test_faults import reaped, start_worker, stop_worker, wait_until
@@ -306,6 +307,23 @@ def test_a_dependent_with_a_junk_record_does_not_stop_its_parent_from_ending(
     assert s.status("sibling").state is State.READY
 
 
+class FailingOnStart(WorkerMetrics):
+    def on_started(self, claim: Claim, wait_s: float) -> None:
+        if claim.task_id == "boom":
+            raise RuntimeError("a hook that chokes on one task")
+
+
+def test_a_pool_thread_outlives_a_hook_that_fails_on_one_task(s: Scheduler) -> None:
+    ran: list[str] = []
+    s.schedule("boom", fn="f", args=("boom",), priority=1)
+    s.schedule("after", fn="f", args=("after",))
+    worker = Worker(s, {"f": ran.append}, concurrency=1, metrics=FailingOnStart())
+    with running(worker):
+        wait_until(lambda: s.status("after").state.terminal, what="the task after")
+    assert ran == ["boom", "after"]
+    assert s.status("boom").state is State.SUCCEEDED
+
+
 # --------------------------------------------------------------------------- the fleet
 
 
@@ -336,6 +354,7 @@ def test_junk_in_every_field_of_a_namespace_fails_only_its_own_tasks_and_two_wor
         "bad-payload-2": pack({"fn": 5}),
         "bad-payload-3": pack({"fn": "record", "args": {"a": 1}}),
         "bad-payload-4": b"",
+        "bad-payload-5": b"\x81\xa2fn\xa2\xff\xfe",  # fn not UTF-8
     }
     s.schedule_many([TaskSpec(t, "record", delay=1.5) for t in bad_payloads])
     for task_id, payload in bad_payloads.items():
