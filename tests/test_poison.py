@@ -436,3 +436,17 @@ def _ended(s: Scheduler, task_id: str) -> bool:
         return s.status(task_id).state.terminal
     except ScriptError:
         return False
+
+
+def test_a_junk_cascade_progress_field_ends_that_cascade_and_nothing_else(
+    s: Scheduler, redis_client: redis.Redis
+) -> None:
+    redis_client.zadd(s.keys.propagating, {"rgone": 0})
+    redis_client.hset(s.keys.meta, "cascade:gone", "junk")
+    s.schedule("parent", fn="f")
+    s.schedule("child", fn="f", deps=["parent"])
+    (claim,), _ = s.claim(1, "w")
+    assert s.complete_many([(claim, None)]) == [core.Outcome.APPLIED]
+    assert s.status("child").state is State.READY
+    assert redis_client.zcard(s.keys.propagating) == 0
+    assert not redis_client.hexists(s.keys.meta, "cascade:gone")
