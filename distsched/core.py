@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import enum
 import math
+import re
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
@@ -481,6 +482,8 @@ def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int)
             raise InvalidArgument("task_id", f"{values[0]!r} appears twice in one batch")
         seen.add(values[0])
         args.extend(values)
+    # The script checks payloads against the same limit (a trailing value).
+    args.append(max_payload_bytes)
     return Call(
         "schedule",
         keys.for_script("schedule"),
@@ -660,16 +663,25 @@ def _text(value: Any) -> str:
 
 
 def decode_payload(raw: bytes | None) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
-    """Decode a stored payload; raises ``ValueError`` describing what is wrong."""
+    """Decode a stored payload; raises ``ValueError`` describing what is wrong.
+
+    A nil ``args`` or ``kwargs`` (how JavaScript encoders send ``undefined``) is empty.
+    A payload that is a msgpack string is the claim script's reason why the task
+    cannot run (a corrupt record): it is raised as the error.
+    """
     if not raw:
         raise ValueError("payload is missing")
     try:
         data = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except Exception as exc:
         raise ValueError(f"payload is not msgpack: {exc}") from None
+    if isinstance(data, str):
+        raise ValueError(data)
     if not isinstance(data, dict):
         raise ValueError("payload is not a msgpack map")
-    fn, args, kwargs = data.get("fn"), data.get("args", []), data.get("kwargs", {})
+    fn, args, kwargs = data.get("fn"), data.get("args"), data.get("kwargs")
+    args = [] if args is None else args
+    kwargs = {} if kwargs is None else kwargs
     if not isinstance(fn, str) or not fn:
         raise ValueError("payload field 'fn' must be a non-empty string")
     if not isinstance(args, list):
@@ -689,6 +701,13 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
     for i in range(count):
         base = 3 + CLAIM_FIELDS * i
         task_id, version, attempt, priority, run_at, raw = reply[base : base + CLAIM_FIELDS]
+        if isinstance(task_id, bytes):
+            try:
+                task_id.decode("utf-8")
+            except UnicodeDecodeError:
+                # claim.lua hands out no such id; were one to come, no report could name
+                # it: it is left to its lease, and never stops the other claims.
+                continue
         error: str | None = None
         try:
             fn, args, kwargs = decode_payload(raw)
@@ -747,10 +766,33 @@ _STATE_BY_CODE = {
 }
 
 
-def decode_record(raw: bytes | str) -> Record:
+def decode_record(raw: bytes | str, task_id: str = "") -> Record:
+    """Decode a stored record; a record that does not parse raises ``ScriptError``
+    naming ``task_id``."""
+    try:
+        return _decode_record(raw)
+    except (KeyError, ValueError, IndexError) as exc:
+        shown = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+        raise ScriptError(
+            f"corrupt task record of {task_id!r}: {shown[:100]!r} ({type(exc).__name__})"
+        ) from None
+
+
+_RECORD_INT = re.compile(r"-?[0-9]{1,16}")  # at most 17 characters, as the scripts read
+# The ranges lua/lib/record.lua reads a record with: (lowest, highest) per numeric field.
+_RECORD_RANGES = (
+    (0, MAX_MS), (0, MAX_MS), (1, MAX_MS), (0, MAX_MS), (-MAX_MS, MAX_MS),
+    (PRIORITY_MIN, PRIORITY_MAX), (0, 1), (-2 * MAX_MS, 2 * MAX_MS), (0, MAX_MS), (0, MAX_MS),
+)  # fmt: skip
+
+
+def _decode_record(raw: bytes | str) -> Record:
     parts = _text(raw).split("|", 11)
     if len(parts) != 12:
-        raise ScriptError("corrupt task record")
+        raise ValueError("not 12 fields")
+    for text, (low, high) in zip(parts[1:11], _RECORD_RANGES, strict=True):
+        if not _RECORD_INT.fullmatch(text) or not low <= int(text) <= high:
+            raise ValueError(f"field {text!r} out of range")
     return Record(
         state=_STATE_BY_CODE[parts[0]],
         version=int(parts[1]),
@@ -785,7 +827,7 @@ def status_reads(keys: Keys) -> list[str]:
 def parse_queue_member(member: bytes) -> tuple[int, str]:
     """(version, task id) of a queue entry: ``hex8(2^31-1-priority) hex14(version) id``
     (``queue_member`` in ``lua/lib/record.lua``)."""
-    return int(member[8:22], 16), member[22:].decode("utf-8")
+    return int(member[8:22], 16), member[22:].decode("utf-8", "replace")
 
 
 def id_prefix(task_id: str) -> bytes:
@@ -802,12 +844,15 @@ def edge_range(task_id: str) -> tuple[bytes, bytes]:
 
 def decode_dependents(task_id: str, members: Sequence[bytes]) -> tuple[str, ...]:
     skip = len(id_prefix(task_id)) + 2  # the prefix, then flag and kind
-    return tuple(dict.fromkeys(m[skip:].decode("utf-8") for m in members))
+    # An undecodable member (junk in the edges) shows with replacement characters.
+    return tuple(dict.fromkeys(m[skip:].decode("utf-8", "replace") for m in members))
 
 
 def decode_cause(raw: Any) -> tuple[str, str]:
-    """(root, parent) of a stored block cause."""
+    """(root, parent) of a stored block cause; ``ValueError`` when it does not parse."""
     size = int(raw[:3], 16)
+    if size == 0 or 3 + size >= len(raw):
+        raise ValueError("block cause does not parse")
     return raw[3 : 3 + size].decode("utf-8"), raw[3 + size :].decode("utf-8")
 
 
@@ -846,12 +891,13 @@ def decode_status(
 ) -> TaskInfo:
     if raw_record is None:
         raise NotFoundError(task_id)
-    rec = decode_record(raw_record)
+    rec = decode_record(raw_record, task_id)
     try:
         fn: str | None
         fn, args, kwargs = decode_payload(raw_payload)
     except ValueError:
         fn, args, kwargs = None, (), {}
+    deps_list = decode_deps_list(raw_deps)
     error: str | None = None
     result: Any = None
     if raw_result:
@@ -859,7 +905,12 @@ def decode_status(
         if kind == b"E":
             error = body.decode("utf-8", "replace")
         elif kind == b"R":
-            result = msgpack.unpackb(body, raw=False, strict_map_key=False)
+            try:
+                result = msgpack.unpackb(body, raw=False, strict_map_key=False)
+            except Exception as exc:
+                error = f"stored result does not decode: {exc}"
+        else:
+            error = "stored result does not parse"
     return TaskInfo(
         task_id=task_id,
         state=rec.state,
@@ -880,8 +931,8 @@ def decode_status(
         result=result,
         remaining=rec.remaining,
         optional_remaining=rec.optional_remaining,
-        deps=tuple(d for kind, d in decode_deps_list(raw_deps) if kind == "r"),
-        optional_deps=tuple(d for kind, d in decode_deps_list(raw_deps) if kind == "o"),
+        deps=tuple(d for kind, d in deps_list if kind == "r"),
+        optional_deps=tuple(d for kind, d in deps_list if kind == "o"),
         dependents=dependents,
         blocked_by=blocked_by,
     )
@@ -933,11 +984,15 @@ def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> St
     counts = {state.value: 0 for state in State}
     settings: dict[str, int] = {}
     for raw_key, raw_value in meta.items():
-        key = _text(raw_key)
+        key = raw_key.decode("utf-8", "replace") if isinstance(raw_key, bytes) else raw_key
+        try:
+            value = int(raw_value)
+        except ValueError:  # junk, repaired by the next script call (lib/run.lua)
+            continue
         if key.startswith("count:"):
-            counts[key[6:]] = int(raw_value)
+            counts[key[6:]] = value
         elif key in ("max_running", "retention_ms", "seq"):
-            settings[key] = int(raw_value)
+            settings[key] = value
     ready = counts.get(State.READY.value, 0)
     return Stats(
         counts=counts,
@@ -958,15 +1013,23 @@ def decode_id_list(raw: str) -> list[str]:
 
 
 def decode_deps_list(raw: bytes | None) -> list[tuple[str, str]]:
-    """Decode a stored dependency list into ``(kind, id)`` pairs, kind 'r' or 'o'."""
+    """Decode a stored dependency list into ``(kind, id)`` pairs, kind 'r' or 'o'.
+
+    A list with junk in it ends at its first unreadable entry, as in the scripts.
+    """
     out: list[tuple[str, str]] = []
     if not raw:
         return out
     pos = 0
     while pos < len(raw):
         kind = chr(raw[pos])
-        size = int(raw[pos + 1 : pos + 4], 16)
-        out.append((kind, raw[pos + 4 : pos + 4 + size].decode("utf-8")))
+        try:
+            size = int(raw[pos + 1 : pos + 4], 16)
+            if kind not in "ro" or size == 0 or pos + 4 + size > len(raw):
+                break
+            out.append((kind, raw[pos + 4 : pos + 4 + size].decode("utf-8")))
+        except ValueError:  # UnicodeDecodeError included
+            break
         pos += 4 + size
     return out
 
@@ -1332,6 +1395,8 @@ class Ops:
                     parent = walk.send(raw)
             except StopIteration as done:
                 blocked_by = done.value
+            except ValueError:  # a cause with junk in it: the path is unknown
+                blocked_by = None
         return decode_status(
             task_id, record, payload, result, lease, deps,
             decode_dependents(task_id, edges), blocked_by,
@@ -1373,7 +1438,10 @@ class Ops:
             for ((version, _), score), raw in zip(entries, records, strict=True):
                 if raw is None:
                     continue
-                record = decode_record(raw)
+                try:
+                    record = decode_record(raw)
+                except ScriptError:  # a corrupt record: claim.lua fails it
+                    continue
                 if record.state is State.READY and record.version == version:
                     oldest = max(0.0, now - float(score) / 1000.0)
                     break
@@ -1390,7 +1458,13 @@ class Ops:
 
     def leases(self) -> Op[list[tuple[str, float]]]:
         (rows,) = yield from self.read(("ZRANGE", self.keys.leases, 0, -1, "WITHSCORES"))
-        return [(_text(member), float(score) / 1000.0) for member, score in _pairs(rows)]
+        return [
+            (
+                member.decode("utf-8", "replace") if isinstance(member, bytes) else member,
+                float(score) / 1000.0,
+            )
+            for member, score in _pairs(rows)
+        ]
 
     def scan_tasks(self, cursor: int, count: int) -> Op[tuple[int, list[TaskRow]]]:
         if not _is_int(cursor) or cursor < 0:
@@ -1401,9 +1475,13 @@ class Ops:
         next_cursor, fields = reply
         rows = []
         for raw_id, raw in _mapping(fields).items():
-            record = decode_record(raw)
+            try:
+                record = decode_record(raw)
+            except ScriptError:  # a corrupt record has no row; status() names it
+                continue
             updated_at = record.updated_ms / 1000.0
-            row = TaskRow(_text(raw_id), record.state, record.version, record.attempt, updated_at)
+            task_id = raw_id.decode("utf-8", "replace") if isinstance(raw_id, bytes) else raw_id
+            row = TaskRow(task_id, record.state, record.version, record.attempt, updated_at)
             rows.append(row)
         return int(next_cursor), rows
 

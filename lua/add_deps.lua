@@ -18,30 +18,41 @@
 -- ARGV[4..] the new dependency ids
 --
 -- Reply: { propagating jobs left, the task's state after the call }.
+-- Ids are valid UTF-8 of 1..512 bytes; at most 10000 new dependencies per call.
 -- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not pending);
+--   CORRUPT task record of <id> <why> (the task's or a new dependency's record);
 --   UNKNOWN <id> <dep>; CYCLE <id> <id> ... (ids in hex, as in schedule.lua); BADARG deps ...
 -- Cost: O(deps log N) plus the task's pending descendants for the cycle check.
 
+local MAX_ADDED = 10000
+
 return run(function()
   local budget = budget_arg(ARGV[1])
-  local id = ARGV[2]
+  local id = check_id(ARGV[2], 'task_id')
+  if ARGV[3] ~= '1' and ARGV[3] ~= '0' then error({ err = 'BADARG allow_unknown must be 0 or 1' }) end
   local allow_unknown = ARGV[3] == '1'
-  local t = load_task(id)
+  if #ARGV - 3 > MAX_ADDED then
+    error({ err = 'BADARG deps at most ' .. MAX_ADDED .. ' dependencies per call' })
+  end
+  -- Every argument is checked before any record is read.
+  for i = 4, #ARGV do check_id(ARGV[i], 'deps') end
+  local t = load_given(id)
   if not t then error({ err = 'NOTFOUND ' .. id }) end
   if t.state ~= 'pending' then error({ err = 'CONFLICT state ' .. t.state .. ' ' .. id }) end
   local deps = decode_deps(redis.call('HGET', k.deps, id))
   local seen = {}
   for _, d in ipairs(deps) do seen[d.id] = true end
-  local added = {}
+  local added, states = {}, {}
   for i = 4, #ARGV do
     local d = ARGV[i]
-    if d == '' then error({ err = 'BADARG deps must hold non-empty ids' }) end
     if d == id then error({ err = 'BADARG deps: ' .. id .. ' depends on itself' }) end
     if seen[d] then error({ err = 'BADARG deps: ' .. d .. ' is already a dependency' }) end
     seen[d] = true
-    if redis.call('HEXISTS', k.tasks, d) == 0 and not allow_unknown then
+    local dt = load_given(d)
+    if not dt and not allow_unknown then
       error({ err = 'UNKNOWN ' .. hex_id(id) .. ' ' .. hex_id(d) })
     end
+    states[d] = dt and dt.state
     added[#added + 1] = { kind = 'r', id = d }
   end
   local children = {}
@@ -52,8 +63,7 @@ return run(function()
   local now = now_ms()
   local cause = nil
   for _, d in ipairs(added) do
-    local dt = load_task(d.id)
-    local st = dt and dt.state
+    local st = states[d.id]
     local flag = 'w'
     if st == 'succeeded' then
       flag = 's'

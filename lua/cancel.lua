@@ -25,8 +25,8 @@
 
 return run(function()
   local budget = budget_arg(ARGV[1])
-  local id = ARGV[2]
-  local t = load_task(id)
+  local id = check_id(ARGV[2], 'task_id')
+  local t = load_given(id)
   if not t then error({ err = 'NOTFOUND ' .. id }) end
   local now = now_ms()
   if t.state == 'pending' or t.state == 'ready' then

@@ -2,6 +2,7 @@
 --
 --- @include record
 --- @include counts
+--- @include repair
 --- @keys tasks payloads queue leases meta
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
@@ -9,7 +10,14 @@
 -- task is no longer ready, is stale: it is removed here, at most once, and
 -- skipped. Each claimed task gets attempt + 1, the worker id, and a lease
 -- deadline (server clock) in the leases sorted set. The per-namespace
--- max_running (meta field) bounds the running count across the fleet.
+-- max_running (meta field) bounds the running count across the fleet (a value that
+-- is not a count is ignored).
+-- One bad entry never stops the claim: an entry whose head is not a queue member's
+-- or whose id is not valid (UTF-8, 1..512 bytes) is dropped, and the task of such an
+-- id ends failed where it is; a record that cannot be read is claimed as a final
+-- attempt (attempt 1 of 1) whose payload is a msgpack string saying why, so that the
+-- worker fails it (fail.lua stores the error and settles its dependents). Everything
+-- is read and checked before the first write.
 --
 -- Reads payloads, meta (max_running, count:running); writes tasks, queue, leases,
 -- meta (count:ready, count:running).
@@ -21,6 +29,8 @@
 --
 -- Reply: { 0, claimed, reason, delay_us,
 --          (id, version, attempt, priority, run_at_ms, payload) * claimed }
+--   payload  the stored payload; a msgpack string instead of a map for a corrupt record
+--           (the text of the error to fail the task with)
 --   reason  '' when n were claimed; else why not more:
 --           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
 --           when the stale-drop bound was reached), 'capacity' (max_running reached)
@@ -39,15 +49,18 @@ return run(function()
   local clock = redis.call('TIME')
   local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local now = math.floor(now_us / 1000)
+  -- A max_running that is not a count (junk) is ignored, as if none were set.
   local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
+  if limit and (limit < 0 or limit ~= math.floor(limit)) then limit = nil end
   local running = running_count()
   local out, records, leases, claimed_ids = {}, {}, {}, {}
-  local claimed, dropped, handled = 0, 0, 0
+  local claimed, dropped, handled, failed_here, ready_taken = 0, 0, 0, 0, 0
+  local quarantined = {}
   local reason, delay = '', -1
 
   -- The head is read a page at a time (with the records in one HMGET); every entry
   -- handled, claimed or dropped as stale, is a prefix of the queue, removed at the end
-  -- with one ZREMRANGEBYRANK.
+  -- with one ZREMRANGEBYRANK. Everything is read and checked before the first write.
   while claimed < n and reason == '' do
     -- A couple of entries beyond what is wanted, to get past a stale one or two at once.
     local page = redis.call('ZRANGE', k.queue, handled, handled + (n - claimed) + 1, 'WITHSCORES')
@@ -59,17 +72,52 @@ return run(function()
       local member, score = page[i], tonumber(page[i + 1])
       local version, id = parse_member(member)
       local raw = raws[(i + 1) / 2]
-      local t = raw and load_task(id, raw)
-      if not t or t.state ~= 'ready' or t.version ~= version or claimed_ids[id] then
+      local t, corrupt = nil, nil
+      if version and not id_problem(id) and raw then t, corrupt = read_task(id, raw) end
+      if version and id ~= '' and id_problem(id) and raw and not claimed_ids[id] then
+        -- An id no worker can name in its reports (a producer that skipped the checks):
+        -- its current entry is dropped and the task ends failed where it is.
+        t = load_task(id, raw)
+        if t and t.state == 'ready' and t.version == version then
+          t.state = 'failed'
+          t.updated = now
+          records[#records + 1] = id
+          records[#records + 1] = encode_task(t)
+          failed_here = failed_here + 1
+          claimed_ids[id] = true
+        end
+        t = nil
+      end
+      local live = t and t.state == 'ready' and t.version == version and not claimed_ids[id]
+      local quarantine = corrupt and not claimed_ids[id]
+      if not live and not quarantine then
         handled = handled + 1
         dropped = dropped + 1
         if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
       elseif score > now then
-        reason = 'not_due'; delay = score * 1000 - now_us; break
+        reason = 'not_due'; delay = score * 1000 - now_us
+        -- An infinite score (junk) is never due: as for an empty queue, no delay.
+        if delay > 9007199254740991 then delay = -1 end
+        break
       elseif limit and running >= limit then
         reason = 'capacity'; break
       else
         handled = handled + 1
+        if quarantine then
+          -- A record that cannot be read is handed out as a final attempt, whose payload
+          -- is the reason (a msgpack string): the worker fails it, which stores the error,
+          -- ends the task failed and tells its dependents, as for any failure.
+          t = {
+            state = 'running', version = version, attempt = 0, max_attempts = 1, backoff_ms = 0,
+            run_at = now, priority = 2147483647 - tonumber(string.sub(member, 1, 8), 16), cancel = 0,
+            remaining = 0, optional = 0,
+          }
+          if t.priority < -2147483648 then t.priority = -2147483648 end
+          quarantined[id] = cmsgpack.pack('corrupt task record: ' .. corrupt)
+          redis.log(redis.LOG_WARNING, 'distsched: claimed the corrupt task record of ' .. id .. ' to fail it')
+        else
+          ready_taken = ready_taken + 1
+        end
         t.state = 'running'
         t.attempt = t.attempt + 1
         t.worker = worker
@@ -86,19 +134,25 @@ return run(function()
       end
     end
   end
-  if handled > 0 then redis.call('ZREMRANGEBYRANK', k.queue, 0, handled - 1) end
-  call_many('HSET', k.tasks, records)
-  call_many('ZADD', k.leases, leases)
   local payloads = {}
   if claimed > 0 then
     local ids = {}
     for i, c in ipairs(out) do ids[i] = c[1] end
     payloads = redis.call('HMGET', k.payloads, unpack(ids))
+    for i, c in ipairs(out) do
+      if quarantined[c[1]] then payloads[i] = quarantined[c[1]] end
+    end
   end
-  if claimed > 0 then
-    redis.call('HINCRBY', k.meta, 'count:ready', -claimed)
-    redis.call('HINCRBY', k.meta, 'count:running', claimed)
+
+  -- Writes, only now that every read and check is done.
+  if handled > 0 then redis.call('ZREMRANGEBYRANK', k.queue, 0, handled - 1) end
+  call_many('HSET', k.tasks, records)
+  call_many('ZADD', k.leases, leases)
+  if ready_taken + failed_here > 0 then
+    redis.call('HINCRBY', k.meta, 'count:ready', -(ready_taken + failed_here))
   end
+  if failed_here > 0 then redis.call('HINCRBY', k.meta, 'count:failed', failed_here) end
+  if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:running', claimed) end
   local reply = { 0, claimed, reason, delay }
   for i, c in ipairs(out) do
     for _, value in ipairs(c) do reply[#reply + 1] = value end

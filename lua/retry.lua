@@ -26,9 +26,9 @@
 
 return run(function()
   local budget = budget_arg(ARGV[1])
-  local id = ARGV[2]
+  local id = check_id(ARGV[2], 'task_id')
   local cascade = ARGV[3] == '1'
-  local t = load_task(id)
+  local t = load_given(id)
   if not t then error({ err = 'NOTFOUND ' .. id }) end
   if t.state ~= 'failed' and t.state ~= 'cancelled' and t.state ~= 'blocked' then
     error({ err = 'CONFLICT state ' .. t.state .. ' ' .. id })

@@ -27,7 +27,13 @@
 --     backoff (integer ms >= 0), allow_unknown ('1' or '0'),
 --     r (number of required deps), o (number of optional deps);
 --   payload (msgpack map);
---   then r required dependency ids, then o optional ones.
+--   then r required dependency ids, then o optional ones;
+-- then, optionally, the largest payload accepted in bytes (1048576 when left out).
+-- Ids are valid UTF-8 of 1..512 bytes; time is within +-(2^53 - 1) ('at') or +-2^52 ('in');
+-- max_attempts in [1, 1000000]; backoff in [0, 2^53 - 1] (the wait between attempts is
+-- capped by fail.lua and reap.lua's argument); r and o at most 10000 each;
+-- the payload a msgpack map with a non-empty UTF-8 string fn, args an array and
+-- kwargs a map with string keys (each may be nil or left out).
 --
 -- Reply: { propagating jobs left, version 1, ..., version n }.
 -- Errors (nothing written):
@@ -37,52 +43,165 @@
 --   UNKNOWN <id> <dep>        a dependency that exists nowhere (and allow_unknown is 0)
 --   CYCLE <id> <id> ...       the path, each id a dependency of the next, first = last
 --                             (ids in these two errors are in lowercase hex)
---   BADARG <field> ...        malformed argument
+--   BADARG <field> ...        malformed argument (task_id, priority, max_attempts, backoff,
+--                             run_at, delay, deps, optional_deps, payload of <id>, ...)
+--   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
+--                             stored record that does not parse
 -- Publishes 'ready' on the wake channel when a new entry became the queue head.
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
 -- cycle check; blocked tasks' dependents are settled within the propagation budget.
 
 local SPEC_PATTERN = '^(%l%l) (-?%d+) (-?%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$'
 
+-- The ranges the Python client checks (distsched/core.py), so that a producer in any
+-- language cannot write what a worker cannot read.
+local MAX_MS = 9007199254740991      -- 2^53 - 1: an absolute time
+local MAX_DELAY_MS = 4503599627370496 -- 2^52: the server adds its clock to a delay
+local MAX_ATTEMPTS = 1000000
+local MAX_DEPS = 10000
+local DEFAULT_MAX_PAYLOAD = 1048576
+
+local function bounded(text, field, lo, hi)
+  local n = #text <= 17 and tonumber(text)
+  if not n or n < lo or n > hi then
+    -- The ranges are in the header above.
+    error({ err = string.format('BADARG %s out of range', field) })
+  end
+  return n
+end
+
+-- msgpack, read only as far as needed to check a payload's shape (Redis's cmsgpack does
+-- not know the bin and ext types). head(p, pos) -> kind, count or length, first byte
+-- after the header; kind is 'map', 'array', 'str' or 'other'; nil when truncated or
+-- invalid.
+local FIXED = { [192] = 0, [194] = 0, [195] = 0, [202] = 4, [203] = 8, [204] = 1, [205] = 2,
+                [206] = 4, [207] = 8, [208] = 1, [209] = 2, [210] = 4, [211] = 8, [212] = 2,
+                [213] = 3, [214] = 5, [215] = 9, [216] = 17 }
+
+local function be_uint(p, pos, size)
+  if pos + size - 1 > #p then return nil end
+  local n = 0
+  for i = pos, pos + size - 1 do n = n * 256 + string.byte(p, i) end
+  return n
+end
+
+local function head(p, pos)
+  local b = string.byte(p, pos)
+  if not b then return nil end
+  if b < 128 or b >= 224 then return 'other', 0, pos + 1 end
+  if b < 144 then return 'map', b - 128, pos + 1 end
+  if b < 160 then return 'array', b - 144, pos + 1 end
+  if b < 192 then return 'str', b - 160, pos + 1 end
+  if FIXED[b] then return 'other', FIXED[b], pos + 1 end
+  local sized = { [196] = { 'other', 1 }, [197] = { 'other', 2 }, [198] = { 'other', 4 },
+                  [199] = { 'ext', 1 }, [200] = { 'ext', 2 }, [201] = { 'ext', 4 },
+                  [217] = { 'str', 1 }, [218] = { 'str', 2 }, [219] = { 'str', 4 },
+                  [220] = { 'array', 2 }, [221] = { 'array', 4 },
+                  [222] = { 'map', 2 }, [223] = { 'map', 4 } }
+  local entry = sized[b]
+  if not entry then return nil end
+  local n = be_uint(p, pos + 1, entry[2])
+  if not n then return nil end
+  if entry[1] == 'ext' then return 'other', n + 1, pos + 1 + entry[2] end
+  return entry[1], n, pos + 1 + entry[2]
+end
+
+-- The position after the value at pos (every string in it valid UTF-8), or nil.
+local function skip(p, pos)
+  local pending = 1
+  while pending > 0 do
+    local kind, n, at = head(p, pos)
+    if not kind then return nil end
+    pending = pending - 1
+    if kind == 'map' then
+      pending = pending + 2 * n
+      pos = at
+    elseif kind == 'array' then
+      pending = pending + n
+      pos = at
+    else
+      if at + n - 1 > #p then return nil end
+      if kind == 'str' and not valid_utf8(p, at, at + n - 1) then return nil end
+      pos = at + n
+    end
+  end
+  return pos
+end
+
+-- Why a payload is not one a worker can run, or nil: one msgpack map with a non-empty
+-- UTF-8 string fn, args an array and kwargs a map with string keys (each may be left
+-- out or nil, which is how JavaScript encoders send undefined).
+local function payload_problem(p, limit)
+  if #p > limit then return string.format('is %d bytes, limit %d', #p, limit) end
+  if skip(p, 1) ~= #p + 1 then return 'must be one valid msgpack value' end
+  local kind, n, pos = head(p, 1)
+  if kind ~= 'map' then return 'must be a msgpack map' end
+  local fn = nil
+  for _ = 1, n do
+    local key_kind, key_len, key_at = head(p, pos)
+    local key = key_kind == 'str' and string.sub(p, key_at, key_at + key_len - 1)
+    local value_at = skip(p, pos)
+    local vkind, vn, vat = head(p, value_at)
+    local is_nil = string.byte(p, value_at) == 192
+    if key == 'fn' then
+      if vkind ~= 'str' or vn == 0 then return 'field fn must be a non-empty string' end
+      fn = string.sub(p, vat, vat + vn - 1)
+    elseif key == 'args' and not is_nil and vkind ~= 'array' then
+      return 'field args must be an array'
+    elseif key == 'kwargs' and not is_nil then
+      if vkind ~= 'map' then return 'field kwargs must be a map' end
+      local at = vat
+      for _ = 1, vn do
+        if head(p, at) ~= 'str' then return 'field kwargs must be a map with string keys' end
+        at = skip(p, skip(p, at))
+      end
+    end
+    pos = skip(p, value_at)
+  end
+  if not fn then return 'field fn must be a non-empty string' end
+  return nil
+end
+
 return run(function()
   local budget = budget_arg(ARGV[1])
   local n = to_int(ARGV[2], 'n')
+  if n < 0 then error({ err = 'BADARG n must be >= 0' }) end
   local now = now_ms()
   local specs, batch, order = {}, {}, {}
   local jobs_pending = redis.call('ZCARD', k.propagating) > 0
   local pos = 3
   for i = 1, n do
     local id = ARGV[pos]
-    if not id or id == '' then error({ err = 'BADARG task_id must not be empty' }) end
+    if not id then error({ err = 'BADARG ARGV length does not match the counts' }) end
+    check_id(id, 'task_id')
     if batch[id] then error({ err = 'BADARG task_id duplicated in batch: ' .. id }) end
     local mode, time, pr, ma, bo, au, r, o = string.match(ARGV[pos + 1] or '', SPEC_PATTERN)
     if not mode then
       error({ err = 'BADARG spec of ' .. id .. ' must be: at|in time priority max_attempts backoff 0|1 r o' })
     end
+    if mode ~= 'at' and mode ~= 'in' then error({ err = 'BADARG time mode must be at or in' }) end
     local s = {
-      id = id, time = tonumber(time), priority = tonumber(pr), max_attempts = tonumber(ma),
-      backoff = tonumber(bo), payload = ARGV[pos + 2], allow_unknown = au == '1', deps = {},
+      id = id, time = bounded(time, mode == 'in' and 'delay' or 'run_at', mode == 'in' and -MAX_DELAY_MS or -MAX_MS,
+                              mode == 'in' and MAX_DELAY_MS or MAX_MS),
+      priority = bounded(pr, 'priority', -2147483648, 2147483647),
+      max_attempts = bounded(ma, 'max_attempts', 1, MAX_ATTEMPTS),
+      backoff = bounded(bo, 'backoff', 0, MAX_MS),
+      payload = ARGV[pos + 2], allow_unknown = au == '1', deps = {},
     }
     if not s.payload then error({ err = 'BADARG payload missing for ' .. id }) end
-    if s.priority < -2147483648 or s.priority > 2147483647 then
-      error({ err = 'BADARG priority out of range' })
-    end
-    if s.max_attempts < 1 then error({ err = 'BADARG max_attempts must be >= 1' }) end
-    if s.backoff < 0 then error({ err = 'BADARG backoff must be >= 0' }) end
     s.run_at = s.time
-    if mode == 'in' then
-      s.run_at = now + s.time
-    elseif mode ~= 'at' then
-      error({ err = 'BADARG time mode must be at or in' })
-    end
-    r, o = tonumber(r), tonumber(o)
+    if mode == 'in' then s.run_at = now + s.time end
+    r = bounded(r, 'deps', 0, MAX_DEPS)
+    o = bounded(o, 'optional_deps', 0, MAX_DEPS)
     pos = pos + 3
     local seen = {}
     for j = 1, r + o do
       local d = ARGV[pos]
-      if not d or d == '' then error({ err = 'BADARG deps must hold non-empty ids' }) end
-      if d == id then error({ err = 'BADARG deps: ' .. id .. ' depends on itself' }) end
-      if seen[d] then error({ err = 'BADARG deps: ' .. d .. ' listed twice' }) end
+      local field = (j <= r) and 'deps' or 'optional_deps'
+      if not d then error({ err = 'BADARG ARGV length does not match the counts' }) end
+      check_id(d, field)
+      if d == id then error({ err = 'BADARG ' .. field .. ' ' .. id .. ' depends on itself' }) end
+      if seen[d] then error({ err = 'BADARG ' .. field .. ' ' .. d .. ' listed twice' }) end
       seen[d] = true
       s.deps[j] = { kind = (j <= r) and 'r' or 'o', id = d }
       pos = pos + 1
@@ -90,7 +209,18 @@ return run(function()
     batch[id] = s
     specs[i] = s
   end
-  if pos ~= #ARGV + 1 then error({ err = 'BADARG ARGV length does not match the counts' }) end
+  -- An optional last value: the largest payload accepted, in bytes.
+  local limit = DEFAULT_MAX_PAYLOAD
+  if pos == #ARGV then
+    limit = to_int(ARGV[pos], 'max_payload_bytes')
+    if limit < 1 then error({ err = 'BADARG max_payload_bytes must be >= 1' }) end
+  elseif pos ~= #ARGV + 1 then
+    error({ err = 'BADARG ARGV length does not match the counts' })
+  end
+  for _, s in ipairs(specs) do
+    local problem = payload_problem(s.payload, limit)
+    if problem then error({ err = 'BADARG payload of ' .. s.id .. ' ' .. problem }) end
+  end
 
   -- The current records of the whole batch, read in slices of one HMGET each.
   for first = 1, n, 1000 do
@@ -100,7 +230,7 @@ return run(function()
     for j, raw in ipairs(raws) do
       local s = specs[first + j - 1]
       if raw then
-        s.old = load_task(s.id, raw)
+        s.old = load_given(s.id, raw)
         if s.old.state == 'running' then error({ err = 'CONFLICT running ' .. s.id }) end
       end
       if jobs_pending then busy_check(s.id) end
@@ -122,8 +252,7 @@ return run(function()
   for first = 1, #outside_ids, 1000 do
     local ids = { unpack(outside_ids, first, math.min(first + 999, #outside_ids)) }
     for j, raw in ipairs(redis.call('HMGET', k.tasks, unpack(ids))) do
-      -- Only the state is needed: its letter leads the record.
-      if raw then outside[ids[j]] = STATE_NAME[string.sub(raw, 1, 1)] end
+      if raw then outside[ids[j]] = load_given(ids[j], raw).state end
     end
   end
   local children = {}

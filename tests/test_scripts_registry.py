@@ -269,7 +269,7 @@ LUA_KEYWORDS = {
 # The globals Redis gives a script that distsched uses.
 LUA_GLOBALS = {
     *("KEYS", "ARGV", "redis", "string", "table", "math", "tonumber", "tostring", "type"),
-    *("pairs", "ipairs", "next", "select", "unpack", "error", "pcall"),
+    *("pairs", "ipairs", "next", "select", "unpack", "error", "pcall", "cmsgpack"),
 }
 TOP_FUNCTION = re.compile(r"^local function (\w+)\(.*?^end$", re.M | re.S)
 

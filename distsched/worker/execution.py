@@ -74,7 +74,11 @@ class Runner:
 
     def _started(self, job: Job) -> float:
         wait = time.time() + self._clock_offset() - job.claim.run_at
-        self.metrics.on_started(job.claim, wait)
+        try:
+            self.metrics.on_started(job.claim, wait)
+        except Exception:
+            # A hook that fails on one task's data must not take the pool thread with it.
+            log.exception("metrics hook on_started failed")
         return time.monotonic()
 
     def _ended(self, job: Job, started: float, result: Returned | Raised) -> None:
@@ -112,7 +116,11 @@ class ThreadPool:
             job = self._queue.get()
             if job is None:
                 return
-            self.execute(job)
+            try:
+                self.execute(job)
+            except Exception:
+                # Whatever one task brings, the pool keeps its threads.
+                log.exception("running task %r failed outside its function", job.claim.task_id)
 
     def execute(self, job: Job) -> None:
         """Run one job on this pool thread."""

@@ -2,6 +2,7 @@
 --
 --- @include record
 --- @include counts
+--- @include repair
 --
 -- Edge member of the edges sorted set (every score 0, so ZRANGEBYLEX ranges work):
 --   hex3(#parent) .. parent .. flag .. kind .. child
@@ -35,24 +36,38 @@ local function encode_deps(list)
   return table.concat(parts)
 end
 
+-- The length of a hex3 prefix at pos, or nil when raw holds no such prefix there.
+local function hex3_at(raw, pos)
+  local digits = string.sub(raw, pos, pos + 2)
+  if not string.match(digits, '^%x%x%x$') then return nil end
+  return tonumber(digits, 16)
+end
+
+-- A stored list that does not parse (junk) ends at its first unreadable entry: the
+-- entries before it are still forgotten or kept as usual, and no call fails on it.
 local function decode_deps(raw)
   local list = {}
   if not raw then return list end
   local pos = 1
   while pos <= #raw do
     local kind = string.sub(raw, pos, pos)
-    local len = tonumber(string.sub(raw, pos + 1, pos + 3), 16)
+    local len = hex3_at(raw, pos + 1)
+    if (kind ~= 'r' and kind ~= 'o') or not len or len == 0 or pos + 3 + len > #raw then
+      redis.log(redis.LOG_WARNING, 'distsched: ignored the unreadable rest of a dependency list')
+      break
+    end
     list[#list + 1] = { kind = kind, id = string.sub(raw, pos + 4, pos + 3 + len) }
     pos = pos + 4 + len
   end
   return list
 end
 
--- (root, parent) of a blocked task, or nil.
+-- (root, parent) of a blocked task, or nil (also for a cause that does not parse).
 local function block_cause(id)
   local raw = redis.call('HGET', k.blocked, id)
   if not raw then return nil end
-  local len = tonumber(string.sub(raw, 1, 3), 16)
+  local len = hex3_at(raw, 1)
+  if not len or len == 0 or 3 + len >= #raw then return nil end
   return string.sub(raw, 4, 3 + len), string.sub(raw, 4 + len)
 end
 
@@ -112,10 +127,9 @@ local function clear_version(id)
   end
   redis.call('HDEL', k.deps, id)
   local root = block_cause(id)
-  if root then
-    redis.call('ZREM', k.blockedby, id_prefix(root) .. id)
-    redis.call('HDEL', k.blocked, id)
-  end
+  if root then redis.call('ZREM', k.blockedby, id_prefix(root) .. id) end
+  -- Also a cause that does not parse: the new version must not inherit it.
+  redis.call('HDEL', k.blocked, id)
 end
 
 -- Refuse a cycle of awaited dependencies. Depth-first, white-grey-black with parent

@@ -32,19 +32,119 @@ local STATE_NAME = {
   b = 'blocked',
 }
 
--- Returns the record table, nil for an unknown id; raises on a corrupt record.
+-- What any script accepts as a task id: valid UTF-8 (no surrogates, nothing above
+-- U+10FFFF, no overlong form), 1..MAX_ID_BYTES bytes; the Python client checks the same.
+local MAX_ID_BYTES = 512
+
+-- Is s (or its bytes first..last) valid UTF-8?
+local function valid_utf8(s, first, last)
+  local n = last or #s
+  -- Runs of ASCII are skipped with one search each: a large ASCII text costs one scan.
+  local i = string.find(s, '[\128-\255]', first or 1)
+  while i and i <= n do
+    local c = string.byte(s, i)
+    local len, lo, hi = 1, 128, 191
+    if c < 128 then
+      len = 1
+    elseif c >= 194 and c <= 223 then
+      len = 2
+    elseif c >= 224 and c <= 239 then
+      len = 3
+      if c == 224 then lo = 160 elseif c == 237 then hi = 159 end
+    elseif c >= 240 and c <= 244 then
+      len = 4
+      if c == 240 then lo = 144 elseif c == 244 then hi = 143 end
+    else
+      return false
+    end
+    if i + len - 1 > n then return false end
+    for j = 1, len - 1 do
+      local b = string.byte(s, i + j)
+      if j == 1 then
+        if b < lo or b > hi then return false end
+      elseif b < 128 or b > 191 then
+        return false
+      end
+    end
+    i = string.find(s, '[\128-\255]', i + len)
+  end
+  return true
+end
+
+-- Why id is not a valid task id, or nil when it is.
+local function id_problem(id)
+  if not id or id == '' then return 'must not be empty' end
+  if #id > MAX_ID_BYTES then return 'must be at most ' .. MAX_ID_BYTES .. ' bytes in UTF-8' end
+  if not valid_utf8(id) then return 'must be valid UTF-8' end
+  return nil
+end
+
+local function check_id(id, field)
+  local problem = id_problem(id)
+  if problem then error({ err = 'BADARG ' .. field .. ' ' .. problem }) end
+  return id
+end
+
+-- Integers a record holds are exact in a Lua number (below 2^53) and small enough to
+-- write back with %d; anything else is junk.
+local MAX_EXACT = 9007199254740991
+
+local function record_int(text, lo, hi)
+  if #text > 17 then return nil end
+  local n = tonumber(text)
+  if not n or n < lo or n > hi then return nil end
+  return n
+end
+
+-- Parse a stored record. Returns the record table; nil for an unknown id; or nil and
+-- why, for a record that cannot be read (junk written by hand or by a broken client).
 -- raw: the stored record when the caller already read it.
-local function load_task(id, raw)
+local function read_task(id, raw)
   raw = raw or redis.call('HGET', k.tasks, id)
   if not raw then return nil end
   local s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w = string.match(raw, RECORD_PATTERN)
-  if not s or not STATE_NAME[s] then error({ err = 'CORRUPT task record of ' .. id }) end
-  return {
-    state = STATE_NAME[s], version = tonumber(v), attempt = tonumber(a), max_attempts = tonumber(ma),
-    backoff_ms = tonumber(bo), run_at = tonumber(ra), priority = tonumber(pr),
-    cancel = tonumber(cr), updated = tonumber(ra) + tonumber(ut), remaining = tonumber(rem),
-    optional = tonumber(orem), worker = w,
+  if not s or not STATE_NAME[s] then return nil, 'does not parse' end
+  local t = {
+    state = STATE_NAME[s], version = record_int(v, 0, MAX_EXACT),
+    attempt = record_int(a, 0, MAX_EXACT), max_attempts = record_int(ma, 1, MAX_EXACT),
+    backoff_ms = record_int(bo, 0, MAX_EXACT), run_at = record_int(ra, -MAX_EXACT, MAX_EXACT),
+    priority = record_int(pr, -2147483648, 2147483647), cancel = record_int(cr, 0, 1),
+    remaining = record_int(rem, 0, MAX_EXACT), optional = record_int(orem, 0, MAX_EXACT),
+    worker = w,
   }
+  -- updated - run_at: a run_at far in the past or future makes it up to 2^53 + now.
+  local delta = record_int(ut, -2 * MAX_EXACT, 2 * MAX_EXACT)
+  for _, field in ipairs({ 'version', 'attempt', 'max_attempts', 'backoff_ms', 'run_at', 'priority',
+                           'cancel', 'remaining', 'optional' }) do
+    if not t[field] then return nil, field .. ' out of range' end
+  end
+  if not delta then return nil, 'updated out of range' end
+  if not valid_utf8(w) then return nil, 'worker is not valid UTF-8' end
+  t.updated = t.run_at + delta
+  return t
+end
+
+local function corrupt_error(id, why)
+  return { err = 'CORRUPT task record of ' .. id .. ' ' .. why }
+end
+
+-- The record of an id a caller named (a producer's task or dependency): raises
+-- CORRUPT naming it when the record cannot be read; nil for an unknown id.
+local function load_given(id, raw)
+  local t, why = read_task(id, raw)
+  if why then error(corrupt_error(id, why)) end
+  return t
+end
+
+-- The record of an id met on the way (a dependent, a lease, a queue entry, a report):
+-- one that cannot be read counts as absent, so that one bad record never stops the
+-- calls that pass by it; it stays as it is, and status shows it as corrupt.
+local function load_task(id, raw)
+  local t, why = read_task(id, raw)
+  if why then
+    redis.log(redis.LOG_WARNING, 'distsched: skipped the corrupt task record of ' .. id .. ': ' .. why)
+  end
+  return t
 end
 
 local function encode_task(t)
@@ -69,7 +169,10 @@ local function queue_member(t, id)
   return string.format('%08x%014x', 2147483647 - t.priority, t.version) .. id
 end
 
--- Split a queue member back into (version, id).
+-- Split a queue member back into (version, id); (nil, id) when its head is not the
+-- 22 hex digits of a member (junk: the caller drops it).
 local function parse_member(member)
+  local head = string.sub(member, 1, 22)
+  if not string.match(head, '^%x+$') or #head ~= 22 then return nil, string.sub(member, 23) end
   return tonumber(string.sub(member, 9, 22), 16), string.sub(member, 23)
 end

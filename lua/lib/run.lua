@@ -25,7 +25,16 @@ local function to_int(value, field)
   return n
 end
 
+-- Functions registered with before_body run before the body, outside its error
+-- handling (lib/repair.lua mends junk the body would otherwise stop on).
+local before_hooks = {}
+
+local function before_body(fn)
+  before_hooks[#before_hooks + 1] = fn
+end
+
 local function run(body)
+  for _, hook in ipairs(before_hooks) do hook() end
   local ok, res = pcall(body)
   if ok then
     for _, hook in ipairs(success_hooks) do hook() end

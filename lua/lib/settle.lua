@@ -157,7 +157,12 @@ local function cascade_retry(retried, want, now)
   local field = 'cascade:' .. retried
   local threshold, rest = string.match(redis.call('HGET', k.meta, field) or '0|000', '^(%d+)|(.*)$')
   threshold = tonumber(threshold)
-  local root_len = tonumber(string.sub(rest, 1, 3), 16)
+  local root_len = rest and hex3_at(rest, 1)
+  if not threshold or not root_len then
+    -- Junk in the progress field: the cascade cannot be resumed; it ends here.
+    redis.call('HDEL', k.meta, field)
+    return 1, true
+  end
   local root = string.sub(rest, 4, 3 + root_len)
   local cursor = string.sub(rest, 4 + root_len)
   local steps = 0

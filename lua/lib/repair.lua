@@ -1,0 +1,36 @@
+-- lib/repair.lua: junk in the meta counters, mended before a script body runs.
+--
+--- @include run
+--
+-- The meta fields scripts add to with HINCRBY. Redis refuses HINCRBY on a field that
+-- is not a 64-bit integer, and a script stops there with its earlier writes kept: a
+-- junk value (written by hand or by a broken client) is repaired before the body runs,
+-- the junk kept as corrupt:<field> for an operator to see.
+local COUNTED = { 'seq', 'pseq', 'count:pending', 'count:ready', 'count:running',
+                  'count:succeeded', 'count:failed', 'count:cancelled', 'count:blocked' }
+
+local function is_int64_text(text)
+  -- Redis's own rule: no sign on 0, no leading zero; 18 digits keep clear of overflow.
+  return text == '0' or (#text <= 18 and string.match(text, '^%-?[1-9]%d*$') ~= nil)
+end
+
+local function repair_meta()
+  local values = redis.call('HMGET', k.meta, unpack(COUNTED))
+  for i, field in ipairs(COUNTED) do
+    local value = values[i]
+    if value and not is_int64_text(value) then
+      -- A count restarts at 0 (it is only shown). Versions and job numbers only grow:
+      -- they restart above any a namespace reaches by counting, the server clock in
+      -- microseconds (still within the queue member's 14 hex digits).
+      local fixed = 0
+      if field == 'seq' or field == 'pseq' then
+        local t = redis.call('TIME')
+        fixed = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      end
+      redis.log(redis.LOG_WARNING, 'distsched: repaired meta field ' .. field .. ' holding junk')
+      redis.call('HSET', k.meta, field, string.format('%d', fixed), 'corrupt:' .. field, value)
+    end
+  end
+end
+
+before_body(repair_meta)
