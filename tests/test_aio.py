@@ -163,7 +163,8 @@ def test_task_options_after_the_id_are_keyword_only_and_unknown_ones_are_refused
     scheduler: Scheduler,
 ) -> None:
     with pytest.raises(TypeError):
-        scheduler.schedule("a", "f")  # type: ignore[call-arg]
+        # mypy says call-arg, and arg-type as well when it reads Scheduler from its cache.
+        scheduler.schedule("a", "f")  # type: ignore[call-arg, arg-type, unused-ignore]
     with pytest.raises(InvalidArgument) as refused:
         scheduler.schedule("a", fn="f", prority=3)  # type: ignore[call-arg]
     assert refused.value.field == "prority"
