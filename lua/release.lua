@@ -16,7 +16,7 @@
 -- ARGV[2] n; then 3 values per token: id, version, attempt
 -- ARGV[3 + 3n] optional delay_ms (>= 0): the tasks become due again no sooner than this
 --   long from now (the queue entry's score; their run_at is kept). A delayed hand-back
---   publishes no wake-up.
+--   wakes workers only when its entry became the queue head.
 --
 -- Reply: { propagating jobs left, then per token 1 handed back (ready, or cancelled)
 -- or 0 stale (left as it is) }.
