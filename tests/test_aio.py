@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
 from distsched import Outcome, Scheduler, State, TaskSpec, Wait
 from distsched.aio import AsyncScheduler
-from distsched.core import TaskOptions
+from distsched.core import TaskOptions, WaitReason
 from distsched.errors import (
     ClosedError,
     ConflictError,
@@ -20,8 +22,10 @@ from distsched.errors import (
 )
 from tests.conftest import RedisServer, public_methods
 
+T = TypeVar("T")
 
-def run(coro):  # type: ignore[no-untyped-def]
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
 
 
@@ -50,7 +54,7 @@ def test_async_scheduler_runs_the_same_lifecycle_as_the_sync_one(
                 await s.heartbeat(second)
             info = await s.status("low")
             assert (info.state, info.result) == (State.SUCCEEDED, {"n": 1})
-            assert await s.next("w") == Wait("empty", None)
+            assert await s.next("w") == Wait(WaitReason.EMPTY, None)
             with pytest.raises(NotFoundError):
                 await s.cancel("nope")
             stats = await s.stats()
@@ -159,7 +163,8 @@ def test_task_options_after_the_id_are_keyword_only_and_unknown_ones_are_refused
     scheduler: Scheduler,
 ) -> None:
     with pytest.raises(TypeError):
-        scheduler.schedule("a", "f")  # type: ignore[misc]
+        # mypy says call-arg, and arg-type as well when it reads Scheduler from its cache.
+        scheduler.schedule("a", "f")  # type: ignore[call-arg, arg-type, unused-ignore]
     with pytest.raises(InvalidArgument) as refused:
         scheduler.schedule("a", fn="f", prority=3)  # type: ignore[call-arg]
     assert refused.value.field == "prority"

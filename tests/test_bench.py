@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner, Result
 
@@ -37,7 +38,7 @@ def bench(*args: str) -> Result:
     )
 
 
-def check_report(report: dict, throwaway: bool) -> None:
+def check_report(report: dict[str, Any], throwaway: bool) -> None:
     assert set(report["sections"]) == set(SECTIONS)
     assert report["problems"] == []
     assert report["redis"]["throwaway"] is throwaway

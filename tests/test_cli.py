@@ -537,7 +537,7 @@ def test_embedded_fakeredis_runs_every_script_and_delivers_wake_ups() -> None:
     with embedded_redis("fakeredis") as server:
         assert server.kind == "fakeredis"
         s = Scheduler.from_url(server.url, namespace="emb", lease_s=5)
-        pubsub = s.client.pubsub(ignore_subscribe_messages=True)
+        pubsub = s.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
             pubsub.subscribe(s.keys.wake)
             assert s.schedule("a", fn="add", args=[1, 2]) == 1  # schedule (+ wake)

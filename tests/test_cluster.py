@@ -69,10 +69,10 @@ def cluster() -> Iterator[RedisCluster]:
 def test_every_key_of_a_namespace_hashes_to_one_cluster_slot(cluster: RedisCluster) -> None:
     s = Scheduler(cluster, namespace="slot-check")
     s.submit_graph([TaskSpec("a", "f"), TaskSpec("b", "f", deps=["a"])])
-    slots = {cluster.keyslot(key) for key in s.keys.script_keys()}
+    slots = {cluster.keyslot(key) for key in s.keys.script_keys()}  # type: ignore[no-untyped-call]
     assert len(slots) == 1
     present = [key for key in s.keys.all_keys() if cluster.exists(key)]
-    assert present and {cluster.keyslot(key) for key in present} == slots
+    assert present and {cluster.keyslot(key) for key in present} == slots  # type: ignore[no-untyped-call]
 
 
 def test_a_worker_on_a_cluster_runs_a_graph_in_order_and_wakes_for_new_tasks(
@@ -134,7 +134,7 @@ def test_fencing_and_cancellation_hold_on_a_cluster(cluster: RedisCluster) -> No
 def test_both_schedulers_reach_a_cluster_through_one_seed_node_url(
     cluster: RedisCluster,
 ) -> None:
-    seed = cluster.get_nodes()[-1]
+    seed = cluster.get_nodes()[-1]  # type: ignore[no-untyped-call]
     url = f"redis+cluster://{seed.host}:{seed.port}"
     with Scheduler.from_url(url, namespace="cluster-url", max_running=5) as s:
         s.schedule("a", fn="f", args=(1,))

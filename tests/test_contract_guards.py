@@ -24,6 +24,7 @@ from redis.exceptions import NoPermissionError
 from distsched import Claim, Scheduler, State, TaskInfo, TaskSpec, Wait, Worker, current_task
 from distsched.aio import AsyncScheduler
 from distsched.cli import cli
+from distsched.core import WaitReason
 from distsched.errors import CycleError
 from tests.conftest import RedisServer, namespace_keys, running
 
@@ -358,7 +359,7 @@ def test_a_due_task_replaced_by_a_later_version_is_not_claimable_until_the_new_t
     sleep_until_server_time(scheduler, run_at + 0.005)
     got = scheduler.next(W)
     assert isinstance(got, Claim) and (got.task_id, got.version) == ("r", v2), got
-    assert scheduler.next(W) == Wait("empty", None)
+    assert scheduler.next(W) == Wait(WaitReason.EMPTY, None)
 
 
 def test_a_running_worker_runs_a_replaced_due_task_once_at_its_new_time(

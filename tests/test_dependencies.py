@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait, core
-from distsched.core import BlockedBy
+from distsched.core import BlockedBy, WaitReason
 from distsched.errors import (
     BusyError,
     ConflictError,
@@ -827,7 +827,7 @@ def test_with_capacity_zero_nothing_of_the_graph_runs_until_capacity_is_raised(
     s.set_max_running(0)
     s.submit_graph([spec("a"), spec("b", ["a"]), spec("c", ["a"])])
     assert s.ready(10, WORKER) == []
-    assert s.next(WORKER) == Wait("capacity", None)
+    assert s.next(WORKER) == Wait(WaitReason.CAPACITY, None)
     assert states(s, "abc") == {"a": State.READY, "b": State.PENDING, "c": State.PENDING}
     s.set_max_running(1)
     run(s, "a")

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
+from distsched.core import WaitReason
 from distsched.errors import LeaseLostError
 from tests.conftest import RedisServer, namespace_keys
 
@@ -235,7 +236,7 @@ def test_an_expired_lease_of_a_cancel_requested_task_is_not_retried(
     assert scheduler.expire_lease("a") == 1
     info = scheduler.status("a")
     assert info.state is State.FAILED and info.cancel_requested
-    assert scheduler.next(W) == Wait("empty", None)
+    assert scheduler.next(W) == Wait(WaitReason.EMPTY, None)
 
 
 # --------------------------------------------------------------------------- capacity
@@ -248,12 +249,12 @@ def test_claims_stop_at_max_running_with_reason_capacity(
     s.schedule_many([TaskSpec(f"t{i}", "f", priority=-i) for i in range(4)])
     first = s.ready(10, W)
     assert [c.task_id for c in first] == ["t0", "t1"]
-    assert s.next(W) == Wait("capacity", None)
-    assert s.claim(3, W) == ([], Wait("capacity", None))
+    assert s.next(W) == Wait(WaitReason.CAPACITY, None)
+    assert s.claim(3, W) == ([], Wait(WaitReason.CAPACITY, None))
     assert s.complete(first[0]) is Outcome.APPLIED
     claims, wait = s.claim(3, W)
     assert [c.task_id for c in claims] == ["t2"]
-    assert wait == Wait("capacity", None)
+    assert wait == Wait(WaitReason.CAPACITY, None)
     assert s.stats()["running"] == 2
 
 
@@ -261,7 +262,7 @@ def test_capacity_zero_claims_nothing(make_scheduler: Callable[..., Scheduler]) 
     s = make_scheduler()
     s.schedule("a", fn="f")
     s.set_max_running(0)
-    assert s.next(W) == Wait("capacity", None)
+    assert s.next(W) == Wait(WaitReason.CAPACITY, None)
     assert s.ready(5, W) == []
     assert s.status("a").state is State.READY
     s.set_max_running(None)  # removes the bound
@@ -346,7 +347,7 @@ def test_release_of_a_cancel_requested_claim_ends_it_cancelled(scheduler: Schedu
     assert scheduler.release([c]) == 1
     info = scheduler.status("a")
     assert info.state is State.CANCELLED and info.attempt == 0
-    assert scheduler.next(W) == Wait("empty", None)
+    assert scheduler.next(W) == Wait(WaitReason.EMPTY, None)
 
 
 # --------------------------------------------------------------------------- races
@@ -390,8 +391,8 @@ def test_racing_workers_claim_each_version_and_attempt_at_most_once(
             idle = 0
             while idle < 3:
                 got = s.next(f"w{i}") if i % 2 else s.ready(3, f"w{i}")
-                claims = [got] if isinstance(got, Claim) else got
-                if not claims or isinstance(got, Wait):
+                claims = [got] if isinstance(got, Claim) else [] if isinstance(got, Wait) else got
+                if not claims:
                     idle += 1
                     continue
                 idle = 0

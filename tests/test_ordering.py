@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsched import Claim, Scheduler, State, TaskSpec, Wait
+from distsched.core import WaitReason
 from tests.conftest import RedisServer, require_extra
 
 
@@ -111,7 +112,7 @@ def claim_all(s: Scheduler, total: int, data: st.DataObject) -> list[Claim]:
             batch = s.ready(n, W)
             assert len(batch) == min(n, total - len(claims))
             claims.extend(batch)
-    assert s.next(W) == Wait("empty", None)
+    assert s.next(W) == Wait(WaitReason.EMPTY, None)
     return claims
 
 
@@ -187,8 +188,8 @@ def test_a_due_task_is_claimed_before_a_not_yet_due_task_of_higher_priority(
 
 
 def test_an_empty_queue_answers_empty_with_no_delay(scheduler: Scheduler) -> None:
-    assert scheduler.next(W) == Wait("empty", None)
-    assert scheduler.claim(3, W) == ([], Wait("empty", None))
+    assert scheduler.next(W) == Wait(WaitReason.EMPTY, None)
+    assert scheduler.claim(3, W) == ([], Wait(WaitReason.EMPTY, None))
 
 
 def test_a_negative_delay_is_due_at_once(scheduler: Scheduler) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis
@@ -42,7 +43,7 @@ def split_prefixed(member: bytes) -> tuple[str, bytes]:
 def edges(s: Scheduler) -> set[tuple[str, str]]:
     """Every stored dependency edge as (parent, child)."""
     out = set()
-    for member in s.client.zrange(s.keys.edges, 0, -1):
+    for member in cast(list[bytes], s.client.zrange(s.keys.edges, 0, -1)):
         parent, rest = split_prefixed(member)
         out.add((parent, rest[2:].decode("utf-8")))  # rest: flag, kind, child
     return out
@@ -50,7 +51,7 @@ def edges(s: Scheduler) -> set[tuple[str, str]]:
 
 def blockedby(s: Scheduler) -> set[tuple[str, str]]:
     out = set()
-    for member in s.client.zrange(s.keys.blockedby, 0, -1):
+    for member in cast(list[bytes], s.client.zrange(s.keys.blockedby, 0, -1)):
         root, child = split_prefixed(member)
         out.add((root, child.decode("utf-8")))
     return out
@@ -291,7 +292,7 @@ def queue_with_stale_entries(s: Scheduler, tasks: int, cancelled: int, replaced:
 
 def live_members(s: Scheduler) -> bool:
     """True when every queue entry is the current version of a ready task."""
-    for member in s.client.zrange(s.keys.queue, 0, -1):
+    for member in cast(list[bytes], s.client.zrange(s.keys.queue, 0, -1)):
         version, task_id = core.parse_queue_member(member)
         info = s.status(task_id)
         if info.state is not State.READY or info.version != version:
@@ -411,7 +412,7 @@ def test_soak_memory_returns_to_its_baseline_once_history_is_purged(
         f"\nsoak: {tasks} tasks, enqueue {enqueued - started:.1f} s, run+purge "
         f"{done - enqueued:.1f} s; used_memory baseline {baseline}, peak {peak} "
         f"(+{growth}), after {after} ({residual:+d}); "
-        f"keys left: {sorted(k.decode() for k in s.client.keys('*'))}"
+        f"keys left: {sorted(k.decode() for k in cast(list[bytes], s.client.keys('*')))}"
     )
     # Left: the settings and counters, and the record of the functions workers serve.
     assert sorted(s.client.keys("*")) == sorted([s.keys.meta.encode(), s.keys.served.encode()])

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -544,7 +544,7 @@ def test_a_user_limited_to_the_namespace_prefix_can_run_everything(
 ) -> None:
     ns = "acl-ns"
     prefix = f"ds:{{{ns}}}:*"
-    own_client.execute_command(
+    own_client.execute_command(  # type: ignore[no-untyped-call]
         "ACL", "SETUSER", "app", "reset", "on", ">secret", f"~{prefix}", f"&{prefix}", "+@all"
     )
     app = own_redis.client(username="app", password="secret")
@@ -569,7 +569,9 @@ def test_a_user_limited_to_the_namespace_prefix_can_run_everything(
     finally:
         s.close()
         app.close()
-    assert all(key.startswith(f"ds:{{{ns}}}:".encode()) for key in own_client.keys("*"))
+    assert all(
+        key.startswith(f"ds:{{{ns}}}:".encode()) for key in cast(list[bytes], own_client.keys("*"))
+    )
 
 
 def raw(s: Scheduler, call: core.Call) -> tuple[int, list[Any]]:
@@ -653,7 +655,7 @@ def test_each_script_runs_as_a_user_allowed_only_its_declared_keys(
             # The channel travels in KEYS too, so Redis checks it as a key and a channel.
             rules = [f"~{key}" for key in declared]
             rules += [f"&{keys.wake}"] if keys.wake in declared else []
-            own_client.execute_command(
+            own_client.execute_command(  # type: ignore[no-untyped-call]
                 "ACL",
                 "SETUSER",
                 f"s-{name}",

@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
+from distsched.core import WaitReason
 from distsched.errors import ConflictError, LeaseLostError, NotFoundError
 from tests.conftest import RedisServer
 
@@ -267,7 +268,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         expected, reason = self.m.claim(1, worker)
         got = self.s.next(worker)
         if not expected:
-            assert got == Wait(reason, None)
+            assert got == Wait(WaitReason(reason), None)
             return multiple()
         assert isinstance(got, Claim)
         self.check_claims([got], expected)
@@ -291,7 +292,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         event(f"claim: {len(expected)} of {n}, {reason or 'full'}")
         got, wait = self.s.claim(n, worker)
         self.check_claims(got, expected)
-        assert wait == (Wait(reason, None) if reason else None)
+        assert wait == (Wait(WaitReason(reason), None) if reason else None)
         return multiple(*got)
 
     @rule(c=claims)
@@ -416,8 +417,10 @@ def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 def test_random_operation_sequences_follow_the_contract_model(client: redis.Redis) -> None:
+    # Hypothesis types the factory as a machine class, though it documents and accepts any
+    # callable that returns a machine.
     run_state_machine_as_test(
-        lambda: SchedulerMachine(client),
+        lambda: SchedulerMachine(client),  # type: ignore[arg-type]
         settings=settings(
             max_examples=60,
             stateful_step_count=30,

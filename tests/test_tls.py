@@ -108,6 +108,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
 def test_schedule_claim_complete_round_trip_over_rediss(tls_redis: TlsRedis) -> None:
     s = Scheduler.from_url(tls_redis.url, namespace="tls", lease_s=5)
     try:
+        assert isinstance(s.client, redis.Redis)
         assert s.client.connection_pool.connection_class is redis.SSLConnection
         version = s.schedule("t1", fn="add", args=(1, 2))
         claim = s.next("w")

@@ -6,10 +6,13 @@ reads the outcome back with ``status()`` / ``stats()``.
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import redis
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
+from distsched.core import WaitReason
 from distsched.errors import ConflictError, LeaseLostError, NotFoundError
 from tests.conftest import namespace_keys
 
@@ -31,7 +34,7 @@ def claim_one(s: Scheduler, worker: str = W) -> Claim:
 
 def make_due(client: redis.Redis, s: Scheduler) -> None:
     """Move every queue entry to score 0, so a backed-off retry is due without waiting."""
-    for member in client.zrange(s.keys.queue, 0, -1):
+    for member in cast(list[bytes], client.zrange(s.keys.queue, 0, -1)):
         client.zadd(s.keys.queue, {member: 0}, xx=True)
 
 
@@ -105,7 +108,7 @@ def test_replacing_a_ready_task_makes_only_the_new_version_claimable(
     assert scheduler.status("a").version == v2
     c = claim_one(scheduler)
     assert (c.version, c.args, c.priority) == (v2, ("new",), 1)
-    assert scheduler.next(W) == Wait("empty", None)
+    assert scheduler.next(W) == Wait(WaitReason.EMPTY, None)
 
 
 def test_replacing_a_delayed_ready_task_moves_it_to_its_new_time(scheduler: Scheduler) -> None:
@@ -140,7 +143,7 @@ def test_cancel_of_a_ready_task_returns_cancelled_and_it_is_never_claimed(
     assert scheduler.cancel("a") is State.CANCELLED
     assert scheduler.status("a").state is State.CANCELLED
     assert claim_one(scheduler).task_id == "b"
-    assert scheduler.next(W) == Wait("empty", None)
+    assert scheduler.next(W) == Wait(WaitReason.EMPTY, None)
     assert scheduler.status("a").state is State.CANCELLED
 
 
@@ -194,7 +197,7 @@ def test_a_task_that_raises_after_a_cancel_request_ends_failed_and_is_not_retrie
     info = scheduler.status("a")
     assert info.state is State.FAILED and info.cancel_requested
     assert info.error == "stopped half way"
-    assert scheduler.next(W) == Wait("empty", None)
+    assert scheduler.next(W) == Wait(WaitReason.EMPTY, None)
 
 
 @pytest.mark.parametrize("terminal", TERMINALS, ids=str)
@@ -243,7 +246,7 @@ def test_a_failed_claim_without_attempts_left_ends_failed_with_the_error(
     info = scheduler.status("a")
     assert info.state is State.FAILED and info.attempt == 1
     assert info.error == "ValueError: bad row 7"
-    assert scheduler.next(W) == Wait("empty", None)
+    assert scheduler.next(W) == Wait(WaitReason.EMPTY, None)
     assert scheduler.stats()["counts"]["failed"] == 1
 
 
@@ -389,7 +392,7 @@ def test_stats_count_states_and_stale_queue_entries(scheduler: Scheduler) -> Non
     stats = scheduler.stats()
     assert (stats["queue_entries"], stats["live_entries"], stats["stale_entries"]) == (1, 1, 0)
     assert claim_one(scheduler).task_id == "d"
-    assert scheduler.next(W) == Wait("empty", None)
+    assert scheduler.next(W) == Wait(WaitReason.EMPTY, None)
     stats = scheduler.stats()
     assert (stats["queue_entries"], stats["stale_entries"]) == (0, 0)
     assert stats["counts"]["running"] == 3 and stats["counts"]["ready"] == 0

@@ -12,7 +12,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import pytest
@@ -93,18 +93,18 @@ class Producer:
     def script(self, name: str) -> Script:
         if name not in self.scripts:
             script = Script(name, self.namespace)
-            assert self.client.execute_command("SCRIPT", "LOAD", script.text).decode() == script.sha
+            assert self.client.execute_command("SCRIPT", "LOAD", script.text).decode() == script.sha  # type: ignore[no-untyped-call]
             self.scripts[name] = script
         return self.scripts[name]
 
     def raw(self, name: str, *args: Any) -> list[Any]:
         script = self.script(name)
         try:
-            reply = self.client.execute_command(
+            reply = self.client.execute_command(  # type: ignore[no-untyped-call]
                 "EVALSHA", script.sha, len(script.keys), *script.keys, *args
             )
         except redis.exceptions.NoScriptError:
-            reply = self.client.execute_command(
+            reply = self.client.execute_command(  # type: ignore[no-untyped-call]
                 "EVAL", script.text, len(script.keys), *script.keys, *args
             )
         assert isinstance(reply, list)
@@ -136,7 +136,7 @@ class Producer:
 
     def record(self, task_id: str) -> dict[str, Any]:
         raw = self.client.hget(self.key("tasks"), task_id)
-        assert raw is not None
+        assert isinstance(raw, bytes)
         fields = raw.decode("utf-8").split("|", 11)
         names = [
             "state", "version", "attempt", "max_attempts", "backoff_ms", "run_at_ms",
@@ -210,8 +210,8 @@ def test_a_foreign_producer_enqueues_follows_and_cancels_tasks_a_distsched_worke
     member = f"{2147483647 - 5:08x}{sum_version:014x}sum"
     assert client.zscore(p.key("queue"), member) == total["run_at_ms"]
     assert client.hget(p.key("payloads"), "hi") == payload("greet", kwargs={"name": "wörld"})
-    assert int(client.hget(p.key("meta"), "count:ready")) == 4
-    assert int(client.hget(p.key("meta"), "count:pending")) == 1
+    assert int(cast(bytes, client.hget(p.key("meta"), "count:ready"))) == 4
+    assert int(cast(bytes, client.hget(p.key("meta"), "count:pending"))) == 1
 
     assert p.call("cancel", BUDGET, "doomed") == [0, b"cancelled"]
     assert p.record("doomed")["state"] == "c"
@@ -237,7 +237,7 @@ def test_a_foreign_producer_enqueues_follows_and_cancels_tasks_a_distsched_worke
         "s", "s", "s", "s", "c",
     ]  # fmt: skip
     assert p.record("child")["attempt"] == 1 and p.record("parent")["version"] == parent_version
-    results = client.hmget(p.key("results"), ["sum", "hi", "child"])
+    results = cast(list[bytes], client.hmget(p.key("results"), ["sum", "hi", "child"]))
     assert [r[:1] for r in results] == [b"R", b"R", b"R"]
     unpacked = [msgpack.unpackb(r[1:], raw=False) for r in results]
     assert unpacked == [50, "hello wörld", 7]

@@ -8,6 +8,7 @@ import math
 import re
 import threading
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 import redis
@@ -40,7 +41,8 @@ def test_a_worker_announces_the_functions_it_serves_before_it_claims(
     with running(worker):
         wait_state(fast, "one", State.SUCCEEDED)
         served = {
-            k.decode(): int(v) / 1000 for k, v in redis_client.hgetall(fast.keys.served).items()
+            k.decode(): int(v) / 1000
+            for k, v in cast(dict[bytes, bytes], redis_client.hgetall(fast.keys.served)).items()
         }
     assert set(served) == {"f", "g"}
     assert served["f"] <= claimed_at[0]
