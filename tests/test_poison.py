@@ -11,7 +11,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import pytest
@@ -210,7 +210,10 @@ def test_a_claim_quarantines_a_junk_record_and_claims_the_good_tasks_behind_it(
     assert junk.payload_error is not None and "corrupt task record" in junk.payload_error
     assert all(c.payload_error is None and c.fn == "f" for c in by_id.values())
     # Every lease written belongs to a claim that was handed out.
-    assert {m.decode() for m in redis_client.zrange(s.keys.leases, 0, -1)} == {*by_id, "junk"}
+    assert {m.decode() for m in cast(list[bytes], redis_client.zrange(s.keys.leases, 0, -1))} == {
+        *by_id,
+        "junk",
+    }
     assert s.fail_many([(junk, junk.payload_error)]) == [core.Outcome.APPLIED]
     info = s.status("junk")
     assert info.state is State.FAILED and info.error is not None
@@ -243,7 +246,7 @@ def test_a_junk_meta_counter_strands_no_task(s: Scheduler, redis_client: redis.R
     )
     claims, _ = s.claim(16, "w")
     assert len(claims) == 16
-    leased = {m.decode() for m in redis_client.zrange(s.keys.leases, 0, -1)}
+    leased = {m.decode() for m in cast(list[bytes], redis_client.zrange(s.keys.leases, 0, -1))}
     assert leased == {c.task_id for c in claims}
     meta: Any = redis_client.hgetall(s.keys.meta)
     assert meta[b"corrupt:count:ready"] == b"junk"
@@ -383,7 +386,7 @@ def test_junk_in_every_field_of_a_namespace_fails_only_its_own_tasks_and_two_wor
         {b"junk": 0, prefix("good-003") + b"wrnobody": 0, prefix("good-004") + b"wr\xff": 0,
          prefix("good-005") + b"wrbad-record-0": 0, prefix("good-006") + b"w": 0},
     )  # fmt: skip
-    redis_client.zadd(k.propagating, {"pnobody": 0, b"p\xff": 1})
+    redis_client.zadd(k.propagating, {b"pnobody": 0, b"p\xff": 1})
 
     workers = [start_worker(redis_server.url, namespace) for _ in range(2)]
     with reaped(*workers):
@@ -414,8 +417,8 @@ def test_junk_in_every_field_of_a_namespace_fails_only_its_own_tasks_and_two_wor
         info = s.status(task_id)
         assert info.state is State.FAILED and info.error is not None, task_id
         assert "payload decode error" in info.error, (task_id, info.error)
-    raw: Any = redis_client.hget(k.tasks, b"bad-\xff")
-    assert raw.startswith(b"f|")
+    quarantined: Any = redis_client.hget(k.tasks, b"bad-\xff")
+    assert quarantined.startswith(b"f|")
     with pytest.raises(ScriptError, match="corrupt task record of 'bad-leased'"):
         s.status("bad-leased")
     assert sum(c["failed"] for c in counts) == len(bad_records) + len(bad_payloads)
