@@ -158,9 +158,11 @@ class AsyncScheduler(BaseScheduler):
 
     # ------------------------------------------------------------------ workers
 
-    async def claim(self, n: int, worker_id: str) -> tuple[list[Claim], Wait | None]:
+    async def claim(
+        self, n: int, worker_id: str, *, listening: bool = False
+    ) -> tuple[list[Claim], Wait | None]:
         """See :meth:`Scheduler.claim`."""
-        return await self._drive(self._ops.claim(n, worker_id))
+        return await self._drive(self._ops.claim(n, worker_id, listening))
 
     async def ready(self, n: int, worker_id: str) -> list[Claim]:
         """See :meth:`Scheduler.ready`."""

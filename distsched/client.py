@@ -40,6 +40,20 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
+def sharded_pubsub(client: redis.Redis | RedisCluster) -> bool:
+    """Whether the server has sharded pub/sub (Redis >= 7): the scripts then publish
+    wake-ups with SPUBLISH, and a subscriber must use SSUBSCRIBE to hear them."""
+    if isinstance(client, RedisCluster):
+        return True
+    try:
+        version = str(client.info("server").get("redis_version", "7"))
+    except redis.ResponseError:
+        # A user not allowed INFO: distsched needs Redis 7 anyway.
+        return True
+    major = version.split(".", 1)[0]
+    return not major.isdigit() or int(major) >= 7
+
+
 class BaseScheduler:
     """What the sync and asyncio schedulers share: settings, keys and operations."""
 
@@ -217,9 +231,18 @@ class Scheduler(BaseScheduler):
 
     # ------------------------------------------------------------------ workers
 
-    def claim(self, n: int, worker_id: str) -> tuple[list[Claim], Wait | None]:
-        """Claim up to ``n`` tasks; also say why fewer were claimed, with the delay hint."""
-        return self._drive(self._ops.claim(n, worker_id))
+    def claim(
+        self, n: int, worker_id: str, *, listening: bool = False
+    ) -> tuple[list[Claim], Wait | None]:
+        """Claim up to ``n`` tasks; also say why fewer were claimed, with the delay hint.
+
+        With ``listening=True`` the caller listens on ``keys.worker_channel(worker_id)``:
+        a claim that gets fewer than ``n`` registers it as idle, and it is sent ``ready``
+        there when it has work. Only one idle caller gets the delay hint for a head not due
+        yet (the others get ``delay=None``); each should claim again within
+        ``core.IDLE_RECHECK_S`` seconds.
+        """
+        return self._drive(self._ops.claim(n, worker_id, listening))
 
     def ready(self, n: int, worker_id: str) -> list[Claim]:
         """Claim up to ``n`` due tasks (fewer when capacity is short), in queue order."""

@@ -48,6 +48,14 @@ PROPAGATE_BUDGET = 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
 CLAIM_MAX_DROP = 1000
+# An idle worker claims again at least this often, so that no task waits longer than
+# this for a wake-up that was lost (its worker died, a message was dropped).
+IDLE_RECHECK_S = 2.0
+# How long an idle registration lasts: a worker that has not claimed again by then is
+# gone, and its entry no longer takes wake-ups.
+IDLE_MS = int(IDLE_RECHECK_S * 3 * 1000)
+# The longest single wait on a timer (threading's own limit is far above any real delay).
+MAX_WAIT_S = 3600.0
 REAP_BATCH = 1000
 
 
@@ -492,14 +500,17 @@ def cancel_call(keys: Keys, task_id: object) -> Call:
     return Call("cancel", keys.for_script("cancel"), [PROPAGATE_BUDGET, validate_task_id(task_id)])
 
 
-def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
+def claim_call(
+    keys: Keys, worker_id: object, n: object, lease_ms: int, listening: bool = False
+) -> Call:
+    """The claim script's call; with ``listening`` the caller listens on its own wake
+    channel, so a claim that comes up short registers it as idle (lib/idle.lua)."""
     if not _is_int(n) or n < 1:  # type: ignore[operator]
         raise InvalidArgument("n", "must be an int >= 1")
-    return Call(
-        "claim",
-        keys.for_script("claim"),
-        [validate_worker_id(worker_id), n, lease_ms, CLAIM_MAX_DROP],
-    )
+    args: list[Any] = [validate_worker_id(worker_id), n, lease_ms, CLAIM_MAX_DROP]
+    if listening:
+        args += [keys.worker_channel(worker_id), IDLE_MS]  # type: ignore[arg-type]
+    return Call("claim", keys.for_script("claim"), args)
 
 
 def _token_values(claims: Sequence[Claim]) -> list[Any]:
@@ -1212,8 +1223,13 @@ class Ops:
 
     # -------------------------------------------------------------- workers
 
-    def claim(self, n: int, worker_id: str) -> Op[tuple[list[Claim], Wait | None]]:
-        reply = yield from self.run(claim_call(self.keys, worker_id, n, self.lease_ms))
+    def claim(
+        self, n: int, worker_id: str, listening: bool = False
+    ) -> Op[tuple[list[Claim], Wait | None]]:
+        if not isinstance(listening, bool):
+            raise InvalidArgument("listening", "must be a bool")
+        call = claim_call(self.keys, worker_id, n, self.lease_ms, listening)
+        reply = yield from self.run(call)
         return decode_claim_reply(reply)
 
     def ready(self, n: int, worker_id: str) -> Op[list[Claim]]:

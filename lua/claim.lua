@@ -2,7 +2,7 @@
 --
 --- @include record
 --- @include counts
---- @keys tasks payloads queue leases meta
+--- @keys tasks payloads queue leases meta idle
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
 -- sequence). An entry whose version is not the record's current one, or whose
@@ -12,12 +12,15 @@
 -- max_running (meta field) bounds the running count across the fleet.
 --
 -- Reads payloads, meta (max_running, count:running); writes tasks, queue, leases,
--- meta (count:ready, count:running).
+-- meta (count:ready, count:running, timer, timer_at), idle.
 --
 -- ARGV[1] worker id
 -- ARGV[2] n, the most tasks to claim (>= 1)
 -- ARGV[3] lease length in ms (>= 1)
 -- ARGV[4] the most stale entries to drop in this call (bounds its run time)
+-- ARGV[5] optional: the caller's own wake channel (ds:{NS}:w:<worker id>), when it listens
+--         on it; '' or absent: it does not (and is never registered as idle)
+-- ARGV[6] with ARGV[5]: how long (ms) it waits at most before it claims again
 --
 -- Reply: { 0, claimed, reason, delay_us,
 --          (id, version, attempt, priority, run_at_ms, payload) * claimed }
@@ -25,7 +28,10 @@
 --           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
 --           when the stale-drop bound was reached), 'capacity' (max_running reached)
 --   delay_us microseconds (from the server clock's microseconds, so a waiting worker does
---           not oversleep by the part of a millisecond already gone); -1 when not meaningful.
+--           not oversleep by the part of a millisecond already gone); -1 when not meaningful,
+--           or when another idle worker already waits for that head (lib/idle.lua).
+-- With a channel, a claim that gets fewer than n registers the caller in idle until now +
+-- ARGV[6]; one that gets n while more tasks are due wakes one more idle worker.
 -- Cost: O((claimed + dropped) log N), in a few commands per call whatever n is.
 
 return run(function()
@@ -94,6 +100,14 @@ return run(function()
     local ids = {}
     for i, c in ipairs(out) do ids[i] = c[1] end
     payloads = redis.call('HMGET', k.payloads, unpack(ids))
+  end
+  -- Wake-ups (lib/idle.lua): register as idle, or pass the work on to one more worker.
+  local channel = ARGV[5] or ''
+  if channel ~= '' then
+    local idle_ms = to_int(ARGV[6], 'idle_ms')
+    local due_at = reason == 'not_due' and delay > 0 and math.floor((now_us + delay) / 1000) or nil
+    local room = not limit or running < limit
+    if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now) then delay = -1 end
   end
   if claimed > 0 then
     redis.call('HINCRBY', k.meta, 'count:ready', -claimed)

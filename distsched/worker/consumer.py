@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from distsched.client import Scheduler
-from distsched.core import Claim
+from distsched.core import IDLE_RECHECK_S, Claim
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import TRANSIENT, backoff
@@ -21,11 +22,22 @@ from distsched.worker.reports import Reporter, ReportKind
 log = logging.getLogger("distsched.worker")
 
 
+def idle_wait(delay: float | None) -> float:
+    """How long an idle worker waits for a wake-up: until the next entry is due when it
+    holds the timer (``delay``), and never longer than the re-check interval, after
+    which it claims again in case a wake-up was lost."""
+    if delay is None or not math.isfinite(delay):
+        return IDLE_RECHECK_S
+    return max(0.0, min(delay, IDLE_RECHECK_S))
+
+
 class Consumer:
     """Claims tasks on the thread that calls :meth:`run` and hands each to its executor.
 
-    It never claims more than the free slots, and waits on the wake-up event (set by
-    the listener) with the server's delay hint as timeout: no polling.
+    It never claims more than the free slots. A claim that comes up short registers the
+    worker as idle; it then waits on the wake-up event (set by the listener when a
+    script sends it ``ready``), with the server's delay hint as timeout when it is the
+    one idle worker waiting for the next entry, and at most ``IDLE_RECHECK_S``.
     """
 
     def __init__(
@@ -53,7 +65,13 @@ class Consumer:
         self.wake = wake
 
     def run(self) -> None:
-        """Claim and dispatch until the worker stops."""
+        """Claim and dispatch until the worker stops; then leave the idle set."""
+        try:
+            self._claim_loop()
+        finally:
+            self.leave()
+
+    def _claim_loop(self) -> None:
         retry = backoff()
         while not self.stopping.is_set():
             free = self.slots.wait_free(self.stopping)
@@ -63,7 +81,7 @@ class Consumer:
             self.wake.clear()
             try:
                 started = time.monotonic()
-                claims, wait = self.scheduler.claim(free, self.worker_id)
+                claims, wait = self.scheduler.claim(free, self.worker_id, listening=True)
                 self.metrics.on_claimed(len(claims), time.monotonic() - started)
             except ClosedError:
                 break
@@ -72,14 +90,28 @@ class Consumer:
                 log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
                 self.stopping.wait(pause)
                 continue
+            except Exception:
+                # Not a passing fault (an ACL refusal, a script error): the worker stays
+                # up, and tries again after a pause, which grows while the error lasts.
+                pause = next(retry)
+                log.exception("claim failed; retrying in %.2fs", pause)
+                self.stopping.wait(pause)
+                continue
             retry = backoff()
             for claim in claims:
                 self.dispatch(claim)
             if wait is None or wait.delay == 0:
                 continue
-            # Sleep until the next entry is due, or until the listener hears of an earlier
-            # task or freed capacity.
-            self.wake.wait(wait.delay)
+            self.wake.wait(idle_wait(wait.delay))
+
+    def leave(self) -> None:
+        """Take this worker out of the idle set, so that no wake-up is sent to it any more."""
+        keys = self.scheduler.keys
+        try:
+            self.scheduler.client.zrem(keys.idle, keys.worker_channel(self.worker_id))
+        except Exception as exc:
+            # Its entry expires by itself within core.IDLE_MS.
+            log.warning("could not leave the idle set: %s", exc)
 
     def dispatch(self, claim: Claim) -> None:
         """Start ``claim`` on its executor, or report at once a claim that cannot run here."""
