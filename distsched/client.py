@@ -7,8 +7,10 @@ same operations, so the two have the same methods with the same meaning.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -298,21 +300,36 @@ class Scheduler(BaseScheduler):
     def wait_for_wake(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) for a wake-up message.
 
-        Subscribes only for the call, so a message published before it is not seen:
-        use it after a claim that returned ``Wait``, with ``Wait.delay`` as timeout.
+        The caller counts as an idle worker for the call (on a channel of its own), so a
+        task that becomes due, or capacity that frees, wakes it. Subscribes only for the
+        call, so a message published before it is not seen: use it after a claim that
+        returned ``Wait``, with ``Wait.delay`` as timeout.
         """
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        channel = self.keys.worker_channel("wait:" + uuid.uuid4().hex)
+        sharded = sharded_pubsub(self.client)
+        pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
-            pubsub.subscribe(self.keys.wake)
+            if sharded:
+                pubsub.ssubscribe(channel, self.keys.wake)
+            else:
+                pubsub.subscribe(channel, self.keys.wake)
+            get = pubsub.get_message
+            if sharded and isinstance(self.client, RedisCluster):
+                get = pubsub.get_sharded_message
             while True:
-                left = 1.0 if deadline is None else deadline - time.monotonic()
+                left = core.IDLE_RECHECK_S if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     return False
-                if pubsub.get_message(timeout=left) is not None:
+                # Registered (again) for no longer than the entry lives.
+                until = int(self.server_time() * 1000) + core.IDLE_MS
+                self.client.zadd(self.keys.idle, {channel: until})
+                if get(timeout=min(left, core.IDLE_RECHECK_S)) is not None:
                     return True
         finally:
+            with contextlib.suppress(RedisError):
+                self.client.zrem(self.keys.idle, channel)
             pubsub.close()
 
     # ------------------------------------------------------------------ housekeeping

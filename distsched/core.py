@@ -1320,14 +1320,13 @@ class Ops:
         if limit is None:
             yield _one(("HDEL", self.keys.meta, "max_running"))
         else:
-            # Waiting workers may now have capacity.
-            yield Commands(
-                (
-                    ("HSET", self.keys.meta, "max_running", limit),
-                    ("PUBLISH", self.keys.wake, "capacity"),
-                ),
-                atomic=False,
-            )
+            yield _one(("HSET", self.keys.meta, "max_running", limit))
+            # Waiting workers may now have capacity: tell them all (a rare event), on
+            # the channel they subscribe to with SSUBSCRIBE, or SUBSCRIBE before Redis 7.
+            try:
+                yield _one(("SPUBLISH", self.keys.wake, "capacity"))
+            except ScriptError:
+                yield _one(("PUBLISH", self.keys.wake, "capacity"))
 
     # -------------------------------------------------------------- inspection
 

@@ -6,8 +6,9 @@
 -- wake channel (ds:{NS}:w:<worker id>), score = the time (ms, server clock) until which
 -- it waits without claiming again. A worker claims again before that time, so an
 -- entry older than it is stale (its worker died while idle) and is dropped. A script
--- that makes r tasks claimable pops at most r live entries, the most recently
--- registered first, and publishes 'ready' on each one's channel.
+-- that makes r tasks claimable pops at most r live entries, the longest waiting first
+-- (so work goes round the idle workers, and a dead worker's entry takes at most one
+-- wake-up), and publishes 'ready' on each one's channel.
 --
 -- One idle worker at a time waits by its timer for a queue head that is not due yet:
 -- the meta fields timer (its channel) and timer_at (the head's run_at, ms). The others
@@ -26,7 +27,7 @@ end
 local function wake_idle(r, now)
   if r < 1 then return 0 end
   redis.call('ZREMRANGEBYSCORE', k.idle, '-inf', '(' .. now)
-  local popped = redis.call('ZPOPMAX', k.idle, r)
+  local popped = redis.call('ZPOPMIN', k.idle, r)
   for i = 1, #popped, 2 do publish(popped[i], 'ready') end
   return #popped / 2
 end
