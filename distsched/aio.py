@@ -161,10 +161,19 @@ class AsyncScheduler(BaseScheduler):
     # ------------------------------------------------------------------ workers
 
     async def claim(
-        self, n: int, worker_id: str, *, listening: bool = False
+        self,
+        n: int,
+        worker_id: str,
+        *,
+        listening: bool = False,
+        request_id: str | None = None,
     ) -> tuple[list[Claim], Wait | None]:
         """See :meth:`Scheduler.claim`."""
-        return await self._drive(self._ops.claim(n, worker_id, listening))
+        return await self._drive(self._ops.claim(n, worker_id, listening, request_id))
+
+    async def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
+        """See :meth:`Scheduler.hand_back_lost_claim`."""
+        return await self._drive(self._ops.hand_back_lost_claim(worker_id, request_id))
 
     async def ready(self, n: int, worker_id: str) -> list[Claim]:
         """See :meth:`Scheduler.ready`."""

@@ -234,7 +234,12 @@ class Scheduler(BaseScheduler):
     # ------------------------------------------------------------------ workers
 
     def claim(
-        self, n: int, worker_id: str, *, listening: bool = False
+        self,
+        n: int,
+        worker_id: str,
+        *,
+        listening: bool = False,
+        request_id: str | None = None,
     ) -> tuple[list[Claim], Wait | None]:
         """Claim up to ``n`` tasks; also say why fewer were claimed, with the delay hint.
 
@@ -243,8 +248,17 @@ class Scheduler(BaseScheduler):
         there when it has work. Only one idle caller gets the delay hint for a head not due
         yet (the others get ``delay=None``); each should claim again within
         ``core.IDLE_RECHECK_S`` seconds.
+
+        With ``request_id`` the tokens claimed are kept (until this worker's next claim):
+        if the call fails in a way where it may have run (a lost connection, a timeout),
+        :meth:`hand_back_lost_claim` with the same id puts them back.
         """
-        return self._drive(self._ops.claim(n, worker_id, listening))
+        return self._drive(self._ops.claim(n, worker_id, listening, request_id))
+
+    def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
+        """Hand back, without spending an attempt, what the claim call ``request_id`` of
+        ``worker_id`` claimed when its reply never arrived; returns how many."""
+        return self._drive(self._ops.hand_back_lost_claim(worker_id, request_id))
 
     def ready(self, n: int, worker_id: str) -> list[Claim]:
         """Claim up to ``n`` due tasks (fewer when capacity is short), in queue order."""

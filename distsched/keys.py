@@ -28,6 +28,7 @@ KEY_NAMES = (
     "meta",
     "wake",
     "idle",
+    "claims",
     "edges",
     "deps",
     "blocked",
@@ -114,6 +115,12 @@ class Keys:
     def idle(self) -> str:
         """Sorted set: idle workers' wake channels -> until when they wait (ms, server clock)."""
         return self.prefix + "idle"
+
+    @property
+    def claims(self) -> str:
+        """Hash: worker id -> the tokens of its last claim call that claimed any, after
+        that call's request id (``request\\n`` then ``version attempt len id`` each)."""
+        return self.prefix + "claims"
 
     def worker_channel(self, worker_id: str) -> str:
         """Pub/sub channel of one worker: ``ready`` when it has work to claim.

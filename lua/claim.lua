@@ -2,7 +2,8 @@
 --
 --- @include record
 --- @include counts
---- @keys tasks payloads queue leases meta idle
+--- @include kept
+--- @keys tasks payloads queue leases meta idle claims
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
 -- sequence). An entry whose version is not the record's current one, or whose
@@ -12,7 +13,7 @@
 -- max_running (meta field) bounds the running count across the fleet.
 --
 -- Reads payloads, meta (max_running, count:running); writes tasks, queue, leases,
--- meta (count:ready, count:running, timer, timer_at), idle.
+-- meta (count:ready, count:running, timer, timer_at), idle, claims.
 --
 -- ARGV[1] worker id
 -- ARGV[2] n, the most tasks to claim (>= 1)
@@ -21,6 +22,9 @@
 -- ARGV[5] optional: the caller's own wake channel (ds:{NS}:w:<worker id>), when it listens
 --         on it; '' or absent: it does not (and is never registered as idle)
 -- ARGV[6] with ARGV[5]: how long (ms) it waits at most before it claims again
+-- ARGV[7] optional: a request id; the call's tokens are then kept in claims (field: the
+--         worker id; lib/kept.lua): the same call sent again gets the same tasks, and a
+--         caller whose reply was lost hands them back (release.lua)
 --
 -- Reply: { 0, claimed, reason, delay_us,
 --          (id, version, attempt, priority, run_at_ms, payload) * claimed }
@@ -41,6 +45,11 @@ return run(function()
   local max_drop = to_int(ARGV[4], 'max_drop')
   if n < 1 then error({ err = 'BADARG n must be >= 1' }) end
   if lease_ms < 1 then error({ err = 'BADARG lease_ms must be >= 1' }) end
+
+  -- The same call sent again (a client retrying after a timeout): the same tasks.
+  local request = ARGV[7] or ''
+  local again = kept_reply(worker, request)
+  if again then return again end
 
   local clock = redis.call('TIME')
   local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -109,6 +118,7 @@ return run(function()
     local room = not limit or running < limit
     if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now) then delay = -1 end
   end
+  keep_claim(worker, request, out)
   if claimed > 0 then
     redis.call('HINCRBY', k.meta, 'count:ready', -claimed)
     redis.call('HINCRBY', k.meta, 'count:running', claimed)

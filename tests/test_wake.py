@@ -17,7 +17,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from distsched import Scheduler, State, TaskInfo, Wait, Worker, current_task
 from distsched.core import IDLE_RECHECK_S, WaitReason
@@ -300,3 +303,85 @@ def test_a_cancel_notice_reaches_a_subscriber_of_the_sharded_wake_channel(
         assert msg["data"] == f"cancel {claim.version} a".encode()
     finally:
         pubsub.close()
+
+
+# --------------------------------------------------------------------------- lost claim replies
+
+
+@contextmanager
+def frozen(server: RedisServer) -> Iterator[None]:
+    """SIGSTOP the server for the block: a command sent meanwhile sits in its socket, the
+    client times out and gives up, and the server runs the command once it is resumed."""
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+
+
+def no_retries_client(server: RedisServer) -> redis.Redis:
+    # The call is sent once, and times out (redis-py would otherwise send it again).
+    return server.client(socket_timeout=0.3, retry=Retry(NoBackoff(), 0))
+
+
+def test_a_claim_sent_again_with_its_request_id_gets_the_same_tasks(scheduler: Scheduler) -> None:
+    scheduler.schedule("a", fn="f")
+    scheduler.schedule("b", fn="f")
+    first, _ = scheduler.claim(1, "w", request_id="r1")
+    again, wait = scheduler.claim(1, "w", request_id="r1")
+    assert [c.token for c in again] == [c.token for c in first] and wait is None
+    assert scheduler.status("b").state is State.READY
+    # A new request claims anew.
+    (other,), _ = scheduler.claim(1, "w", request_id="r2")
+    assert other.task_id == "b"
+
+
+def test_what_a_claim_whose_reply_was_lost_claimed_goes_back_without_spending_an_attempt(
+    own_redis: RedisServer,
+) -> None:
+    admin = own_redis.client()
+    s = Scheduler(no_retries_client(own_redis), namespace=new_namespace(), lease_s=60.0)
+    try:
+        assert s.claim(1, "warm-up")[0] == []  # the claim script is loaded
+        s.schedule("a", fn="f")
+        s.schedule("b", fn="f")
+        with frozen(own_redis), pytest.raises(redis.ConnectionError):
+            s.claim(2, "w", request_id="lost")
+        # The script ran once the server was resumed.
+        wait_until(lambda: s.status("a").state is State.RUNNING, 5, "the held claim to run")
+        assert s.hand_back_lost_claim("w", "other") == 0
+        assert s.hand_back_lost_claim("w", "lost") == 2
+        for task_id in ("a", "b"):
+            info = s.status(task_id)
+            assert (info.state, info.attempt) == (State.READY, 0)
+        assert s.hand_back_lost_claim("w", "lost") == 0
+    finally:
+        s.close()
+        admin.close()
+
+
+def test_a_worker_whose_claim_reply_was_lost_runs_the_task_on_its_first_attempt(
+    own_redis: RedisServer,
+) -> None:
+    admin = own_redis.client()
+    namespace = new_namespace()
+    # A lease far longer than the test: only the hand-back can free the task.
+    s = Scheduler(no_retries_client(own_redis), namespace=namespace, lease_s=120.0)
+    producer = Scheduler(admin, namespace=namespace, lease_s=120.0)
+    attempts: list[int] = []
+    try:
+        worker = Worker(s, {"f": lambda: attempts.append(current_task().attempt)}, concurrency=1)
+        with running(worker):
+            wait_until(lambda: admin.zcard(s.keys.idle) == 1, 10, "the worker to go idle")
+            # The worker waits for t by its timer; its claim at t's run_at reaches a frozen
+            # server, times out, and runs on the server after the worker gave up on it.
+            producer.schedule("t", fn="f", delay=0.5)
+            time.sleep(0.4)
+            with frozen(own_redis):
+                time.sleep(1.0)
+            wait_state(producer, "t", State.SUCCEEDED, timeout=15.0)
+        assert attempts == [1]
+    finally:
+        s.close()
+        producer.close()

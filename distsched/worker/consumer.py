@@ -7,6 +7,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -73,19 +74,40 @@ class Consumer:
 
     def _claim_loop(self) -> None:
         retry = backoff()
+        # The request id of a claim call whose reply never came: what it claimed (if it
+        # ran) is handed back before the next claim, so that no task waits out a lease.
+        lost: str | None = None
         while not self.stopping.is_set():
+            if lost is not None:
+                try:
+                    handed = self.scheduler.hand_back_lost_claim(self.worker_id, lost)
+                except ClosedError:
+                    break
+                except Exception as exc:
+                    pause = next(retry)
+                    log.warning("cannot hand back a lost claim yet (%s); in %.2fs", exc, pause)
+                    self.stopping.wait(pause)
+                    continue
+                if handed:
+                    log.warning("handed back %d tasks of a claim whose reply was lost", handed)
+                lost = None
             free = self.slots.wait_free(self.stopping)
             if self.stopping.is_set():
                 break
             # A wake-up from here on means the claim below may have missed something.
             self.wake.clear()
+            request = uuid.uuid4().hex
             try:
                 started = time.monotonic()
-                claims, wait = self.scheduler.claim(free, self.worker_id, listening=True)
+                claims, wait = self.scheduler.claim(
+                    free, self.worker_id, listening=True, request_id=request
+                )
                 self.metrics.on_claimed(len(claims), time.monotonic() - started)
             except ClosedError:
                 break
             except TRANSIENT as exc:
+                # The call may have run with only its reply lost.
+                lost = request
                 pause = next(retry)
                 log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
                 self.stopping.wait(pause)
@@ -105,10 +127,13 @@ class Consumer:
             self.wake.wait(idle_wait(wait.delay))
 
     def leave(self) -> None:
-        """Take this worker out of the idle set, so that no wake-up is sent to it any more."""
+        """Take this worker out of the idle set, so that no wake-up is sent to it any more,
+        and drop the tokens its last claim kept."""
         keys = self.scheduler.keys
+        client = self.scheduler.client
         try:
-            self.scheduler.client.zrem(keys.idle, keys.worker_channel(self.worker_id))
+            client.zrem(keys.idle, keys.worker_channel(self.worker_id))
+            client.hdel(keys.claims, self.worker_id)
         except Exception as exc:
             # Its entry expires by itself within core.IDLE_MS.
             log.warning("could not leave the idle set: %s", exc)
