@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from distsched import Scheduler, State, TaskInfo, Wait, Worker, current_task
 from distsched.core import IDLE_RECHECK_S, WaitReason
 from tests.conftest import RedisServer, python_command, running, subprocess_env
+from tests.test_cluster import cluster  # noqa: F401  (the fixture)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
@@ -385,3 +387,31 @@ def test_a_worker_whose_claim_reply_was_lost_runs_the_task_on_its_first_attempt(
     finally:
         s.close()
         producer.close()
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+def test_a_worker_on_a_cluster_is_woken_over_sharded_pub_sub(
+    cluster: RedisCluster,  # noqa: F811  (the fixture imported above)
+) -> None:
+    s = Scheduler(cluster, namespace=new_namespace(), lease_s=30.0)
+    starts: dict[str, float] = {}
+
+    def mark() -> None:
+        starts[current_task().task_id] = s.server_time()
+
+    try:
+        worker = Worker(s, {"mark": mark}, concurrency=2)
+        with running(worker):
+            wait_until(lambda: cluster.zcard(s.keys.idle) == 1, 10, "the worker to go idle")
+            for i in range(3):
+                s.schedule(f"t{i}", fn="mark")
+                wait_state(s, f"t{i}", State.SUCCEEDED)
+                time.sleep(0.1)
+        for i in range(3):
+            latency = starts[f"t{i}"] - s.status(f"t{i}").run_at
+            # A wake-up, not the re-check, started it.
+            assert latency < 0.5, f"t{i} started {latency:.3f}s after it was due"
+    finally:
+        s.close()
