@@ -64,6 +64,8 @@ class Consumer:
         self.metrics = metrics
         self.stopping = stopping
         self.wake = wake
+        # The request id of the last claim call when its reply never came.
+        self.lost: str | None = None
 
     def run(self) -> None:
         """Claim and dispatch until the worker stops; then leave the idle set."""
@@ -74,40 +76,27 @@ class Consumer:
 
     def _claim_loop(self) -> None:
         retry = backoff()
-        # The request id of a claim call whose reply never came: what it claimed (if it
-        # ran) is handed back before the next claim, so that no task waits out a lease.
-        lost: str | None = None
         while not self.stopping.is_set():
-            if lost is not None:
-                try:
-                    handed = self.scheduler.hand_back_lost_claim(self.worker_id, lost)
-                except ClosedError:
-                    break
-                except Exception as exc:
-                    pause = next(retry)
-                    log.warning("cannot hand back a lost claim yet (%s); in %.2fs", exc, pause)
-                    self.stopping.wait(pause)
-                    continue
-                if handed:
-                    log.warning("handed back %d tasks of a claim whose reply was lost", handed)
-                lost = None
             free = self.slots.wait_free(self.stopping)
             if self.stopping.is_set():
                 break
             # A wake-up from here on means the claim below may have missed something.
             self.wake.clear()
-            request = uuid.uuid4().hex
+            # A call whose reply never came is sent again as it was: if it ran, the
+            # script answers with the tasks it claimed then, instead of claiming more.
+            request = self.lost or uuid.uuid4().hex
             try:
                 started = time.monotonic()
                 claims, wait = self.scheduler.claim(
                     free, self.worker_id, listening=True, request_id=request
                 )
                 self.metrics.on_claimed(len(claims), time.monotonic() - started)
+                self.lost = None
             except ClosedError:
                 break
             except TRANSIENT as exc:
                 # The call may have run with only its reply lost.
-                lost = request
+                self.lost = request
                 pause = next(retry)
                 log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
                 self.stopping.wait(pause)
@@ -128,10 +117,14 @@ class Consumer:
 
     def leave(self) -> None:
         """Take this worker out of the idle set, so that no wake-up is sent to it any more,
-        and drop the tokens its last claim kept."""
+        and drop the tokens its last claim kept (handing them back if its reply was lost)."""
         keys = self.scheduler.keys
         client = self.scheduler.client
         try:
+            if self.lost is not None:
+                # Stopping before a lost claim reply was recovered: hand its tasks back.
+                self.scheduler.hand_back_lost_claim(self.worker_id, self.lost)
+                self.lost = None
             client.zrem(keys.idle, keys.worker_channel(self.worker_id))
             client.hdel(keys.claims, self.worker_id)
         except Exception as exc:
