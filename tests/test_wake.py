@@ -415,3 +415,31 @@ def test_a_worker_on_a_cluster_is_woken_over_sharded_pub_sub(
             assert latency < 0.5, f"t{i} started {latency:.3f}s after it was due"
     finally:
         s.close()
+
+
+def test_the_worker_waiting_for_the_next_entry_passes_its_timer_on_when_it_stops(
+    redis_server: RedisServer,
+) -> None:
+    s = Scheduler(redis_server.client(), namespace=new_namespace(), lease_s=30.0)
+    starts: dict[str, float] = {}
+
+    def mark() -> None:
+        starts[current_task().task_id] = s.server_time()
+
+    workers = {name: Worker(s, {"mark": mark}, concurrency=1, worker_id=name) for name in "ab"}
+    try:
+        with running(workers["a"]), running(workers["b"]):
+            wait_until(lambda: s.client.zcard(s.keys.idle) == 2, 10, "both workers idle")
+            s.schedule("later", fn="mark", delay=1.0)
+            wait_until(lambda: s.client.hget(s.keys.meta, "timer"), 5, "a timer holder")
+            holder = s.client.hget(s.keys.meta, "timer")
+            assert holder is not None
+            name = holder.decode().rsplit(":", 1)[1]
+            workers[name].stop()
+            assert workers[name].wait_stopped(10)
+            wait_state(s, "later", State.SUCCEEDED, timeout=10.0)
+        latency = starts["later"] - s.status("later").run_at
+        # The other worker took the timer over at once rather than at its re-check.
+        assert latency < 0.5, f"started {latency:.3f}s after it was due"
+    finally:
+        s.close()
