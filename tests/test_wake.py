@@ -443,3 +443,59 @@ def test_the_worker_waiting_for_the_next_entry_passes_its_timer_on_when_it_stops
         assert latency < 0.5, f"started {latency:.3f}s after it was due"
     finally:
         s.close()
+
+
+def move_slot(client: RedisCluster, key: str) -> None:
+    """Migrate the slot of ``key``, with its keys, to another master (a resharding step)."""
+    slot = client.keyslot(key)
+    source_node = client.get_node_from_key(key)
+    nodes = {n.name: redis.Redis(host=n.host, port=n.port) for n in client.get_primaries()}
+    try:
+        ids = {name: node.execute_command("CLUSTER", "MYID") for name, node in nodes.items()}
+        ids = {name: i.decode() if isinstance(i, bytes) else i for name, i in ids.items()}
+        source = nodes[source_node.name]
+        target_name = next(name for name in nodes if name != source_node.name)
+        target = nodes[target_name]
+        target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source_node.name])
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target_name])
+        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            host, port = (
+                target.connection_pool.connection_kwargs["host"],
+                target.connection_pool.connection_kwargs["port"],
+            )
+            source.execute_command("MIGRATE", host, port, "", 0, 5000, "KEYS", *keys)
+        for node in nodes.values():
+            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target_name])
+    finally:
+        for node in nodes.values():
+            node.close()
+
+
+def test_a_worker_on_a_cluster_is_still_woken_after_its_slot_moves(
+    cluster: RedisCluster,  # noqa: F811  (the fixture imported above)
+) -> None:
+    s = Scheduler(cluster, namespace=new_namespace(), lease_s=30.0)
+    starts: dict[str, float] = {}
+
+    def mark() -> None:
+        starts[current_task().task_id] = s.server_time()
+
+    try:
+        s.schedule("before", fn="mark")
+        worker = Worker(s, {"mark": mark}, concurrency=2)
+        with running(worker):
+            wait_state(s, "before", State.SUCCEEDED)
+            wait_until(lambda: cluster.zcard(s.keys.idle) == 1, 10, "the worker to go idle")
+            move_slot(cluster, s.keys.idle)
+            # The worker subscribes again on the new owner and claims once it has.
+            time.sleep(1.0)
+            wait_until(lambda: cluster.zcard(s.keys.idle) == 1, 10, "the worker idle again")
+            for i in range(3):
+                s.schedule(f"t{i}", fn="mark")
+                wait_state(s, f"t{i}", State.SUCCEEDED)
+                time.sleep(0.1)
+        for i in range(3):
+            latency = starts[f"t{i}"] - s.status(f"t{i}").run_at
+            assert latency < 0.5, f"t{i} started {latency:.3f}s after it was due"
+    finally:
+        s.close()
