@@ -499,3 +499,28 @@ def test_a_worker_on_a_cluster_is_still_woken_after_its_slot_moves(
             assert latency < 0.5, f"t{i} started {latency:.3f}s after it was due"
     finally:
         s.close()
+
+
+def test_a_worker_whose_claims_are_refused_stays_up_and_claims_once_allowed(
+    own_redis: RedisServer,
+) -> None:
+    namespace = new_namespace()
+    user, password = f"noscript-{namespace}", uuid.uuid4().hex
+    admin = own_redis.client()
+    rules = ["resetkeys", "~ds:*", "resetchannels", "&ds:*", "+@all"]
+    admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules, "-evalsha")
+    s = Scheduler(own_redis.client(username=user, password=password), namespace=namespace)
+    producer = Scheduler(admin, namespace=namespace)
+    ran: list[str] = []
+    try:
+        worker = Worker(s, {"rec": ran.append}, concurrency=1)
+        producer.schedule("t", fn="rec", args=("t",))
+        with running(worker) as thread:
+            time.sleep(0.5)  # claims refused (NOPERM), again and again
+            assert thread.is_alive() and ran == []
+            admin.execute_command("ACL", "SETUSER", user, "+evalsha")
+            wait_state(producer, "t", State.SUCCEEDED, timeout=10.0)
+        assert ran == ["t"]
+    finally:
+        s.close()
+        producer.close()
