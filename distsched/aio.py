@@ -8,6 +8,8 @@ client; every method has the name, parameters and meaning of its
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -158,9 +160,20 @@ class AsyncScheduler(BaseScheduler):
 
     # ------------------------------------------------------------------ workers
 
-    async def claim(self, n: int, worker_id: str) -> tuple[list[Claim], Wait | None]:
+    async def claim(
+        self,
+        n: int,
+        worker_id: str,
+        *,
+        listening: bool = False,
+        request_id: str | None = None,
+    ) -> tuple[list[Claim], Wait | None]:
         """See :meth:`Scheduler.claim`."""
-        return await self._drive(self._ops.claim(n, worker_id))
+        return await self._drive(self._ops.claim(n, worker_id, listening, request_id))
+
+    async def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
+        """See :meth:`Scheduler.hand_back_lost_claim`."""
+        return await self._drive(self._ops.hand_back_lost_claim(worker_id, request_id))
 
     async def ready(self, n: int, worker_id: str) -> list[Claim]:
         """See :meth:`Scheduler.ready`."""
@@ -211,17 +224,37 @@ class AsyncScheduler(BaseScheduler):
         self._check_open()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        channel = self.keys.worker_channel("wait:" + uuid.uuid4().hex)
+        sharded = await self._sharded_pubsub()
+        pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)
         try:
-            await pubsub.subscribe(self.keys.wake)
+            if sharded:
+                await pubsub.ssubscribe(channel, self.keys.wake)
+            else:
+                await pubsub.subscribe(channel, self.keys.wake)
             while True:
-                left = 1.0 if deadline is None else deadline - loop.time()
+                left = core.IDLE_RECHECK_S if deadline is None else deadline - loop.time()
                 if left <= 0:
                     return False
-                if await pubsub.get_message(timeout=left) is not None:
+                until = int(await self.server_time() * 1000) + core.IDLE_MS
+                await self.client.zadd(self.keys.idle, {channel: until})
+                if await pubsub.get_message(timeout=min(left, core.IDLE_RECHECK_S)) is not None:
                     return True
         finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(RedisError):
+                await self.client.zrem(self.keys.idle, channel)
+            await pubsub.aclose()
+
+    async def _sharded_pubsub(self) -> bool:
+        # As client.sharded_pubsub: SPUBLISH where the server has it (Redis >= 7).
+        if isinstance(self.client, aredis.RedisCluster):
+            return True
+        try:
+            info = await self.client.info("server")
+        except aredis.ResponseError:
+            return True
+        major = str(info.get("redis_version", "7")).split(".", 1)[0]
+        return not major.isdigit() or int(major) >= 7
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -946,6 +946,11 @@ def _bench_size_options() -> list[click.Option]:
                      help="(f) dependents released, then blocked, by one task."),
         click.option("--memory-tasks", type=int, default=d.memory_tasks, show_default=True,
                      help="(g) tasks queued to measure memory per task."),
+        click.option("--wake-tasks", type=int, default=d.wake_tasks, show_default=True,
+                     help="(h) tasks run one at a time per number of idle processes."),
+        click.option("--wake-processes", default=",".join(str(n) for n in d.wake_processes),
+                     show_default=True, callback=_parse_sizes,
+                     help="(h) numbers of idle worker processes, comma-separated (1,8,32)."),
     ]  # fmt: skip
 
     def params(f: Callable[..., Any]) -> list[click.Option]:

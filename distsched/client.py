@@ -7,8 +7,10 @@ same operations, so the two have the same methods with the same meaning.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,6 +40,20 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
 T = TypeVar("T")
+
+
+def sharded_pubsub(client: redis.Redis | RedisCluster) -> bool:
+    """Whether the server has sharded pub/sub (Redis >= 7): the scripts then publish
+    wake-ups with SPUBLISH, and a subscriber must use SSUBSCRIBE to hear them."""
+    if isinstance(client, RedisCluster):
+        return True
+    try:
+        version = str(client.info("server").get("redis_version", "7"))
+    except redis.ResponseError:
+        # A user not allowed INFO: distsched needs Redis 7 anyway.
+        return True
+    major = version.split(".", 1)[0]
+    return not major.isdigit() or int(major) >= 7
 
 
 class BaseScheduler:
@@ -217,9 +233,32 @@ class Scheduler(BaseScheduler):
 
     # ------------------------------------------------------------------ workers
 
-    def claim(self, n: int, worker_id: str) -> tuple[list[Claim], Wait | None]:
-        """Claim up to ``n`` tasks; also say why fewer were claimed, with the delay hint."""
-        return self._drive(self._ops.claim(n, worker_id))
+    def claim(
+        self,
+        n: int,
+        worker_id: str,
+        *,
+        listening: bool = False,
+        request_id: str | None = None,
+    ) -> tuple[list[Claim], Wait | None]:
+        """Claim up to ``n`` tasks; also say why fewer were claimed, with the delay hint.
+
+        With ``listening=True`` the caller listens on ``keys.worker_channel(worker_id)``:
+        a claim that gets fewer than ``n`` registers it as idle, and it is sent ``ready``
+        there when it has work. Only one idle caller gets the delay hint for a head not due
+        yet (the others get ``delay=None``); each should claim again within
+        ``core.IDLE_RECHECK_S`` seconds.
+
+        With ``request_id`` the tokens claimed are kept (until this worker's next claim):
+        if the call fails in a way where it may have run (a lost connection, a timeout),
+        :meth:`hand_back_lost_claim` with the same id puts them back.
+        """
+        return self._drive(self._ops.claim(n, worker_id, listening, request_id))
+
+    def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
+        """Hand back, without spending an attempt, what the claim call ``request_id`` of
+        ``worker_id`` claimed when its reply never arrived; returns how many."""
+        return self._drive(self._ops.hand_back_lost_claim(worker_id, request_id))
 
     def ready(self, n: int, worker_id: str) -> list[Claim]:
         """Claim up to ``n`` due tasks (fewer when capacity is short), in queue order."""
@@ -275,21 +314,36 @@ class Scheduler(BaseScheduler):
     def wait_for_wake(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) for a wake-up message.
 
-        Subscribes only for the call, so a message published before it is not seen:
-        use it after a claim that returned ``Wait``, with ``Wait.delay`` as timeout.
+        The caller counts as an idle worker for the call (on a channel of its own), so a
+        task that becomes due, or capacity that frees, wakes it. Subscribes only for the
+        call, so a message published before it is not seen: use it after a claim that
+        returned ``Wait``, with ``Wait.delay`` as timeout.
         """
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        channel = self.keys.worker_channel("wait:" + uuid.uuid4().hex)
+        sharded = sharded_pubsub(self.client)
+        pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
-            pubsub.subscribe(self.keys.wake)
+            if sharded:
+                pubsub.ssubscribe(channel, self.keys.wake)
+            else:
+                pubsub.subscribe(channel, self.keys.wake)
+            get = pubsub.get_message
+            if sharded and isinstance(self.client, RedisCluster):
+                get = pubsub.get_sharded_message
             while True:
-                left = 1.0 if deadline is None else deadline - time.monotonic()
+                left = core.IDLE_RECHECK_S if deadline is None else deadline - time.monotonic()
                 if left <= 0:
                     return False
-                if pubsub.get_message(timeout=left) is not None:
+                # Registered (again) for no longer than the entry lives.
+                until = int(self.server_time() * 1000) + core.IDLE_MS
+                self.client.zadd(self.keys.idle, {channel: until})
+                if get(timeout=min(left, core.IDLE_RECHECK_S)) is not None:
                     return True
         finally:
+            with contextlib.suppress(RedisError):
+                self.client.zrem(self.keys.idle, channel)
             pubsub.close()
 
     # ------------------------------------------------------------------ housekeeping

@@ -49,6 +49,14 @@ PROPAGATE_BUDGET = 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
 CLAIM_MAX_DROP = 1000
+# An idle worker claims again at least this often, so that no task waits longer than
+# this for a wake-up that was lost (its worker died, a message was dropped).
+IDLE_RECHECK_S = 2.0
+# How long an idle registration lasts: a worker that has not claimed again by then is
+# gone, and its entry no longer takes wake-ups.
+IDLE_MS = int(IDLE_RECHECK_S * 3 * 1000)
+# The longest single wait on a timer (threading's own limit is far above any real delay).
+MAX_WAIT_S = 3600.0
 REAP_BATCH = 1000
 
 
@@ -495,14 +503,40 @@ def cancel_call(keys: Keys, task_id: object) -> Call:
     return Call("cancel", keys.for_script("cancel"), [PROPAGATE_BUDGET, validate_task_id(task_id)])
 
 
-def claim_call(keys: Keys, worker_id: object, n: object, lease_ms: int) -> Call:
+def claim_call(
+    keys: Keys,
+    worker_id: object,
+    n: object,
+    lease_ms: int,
+    listening: bool = False,
+    request_id: str | None = None,
+) -> Call:
+    """The claim script's call; with ``listening`` the caller listens on its own wake
+    channel, so a claim that comes up short registers it as idle (lib/idle.lua); with
+    ``request_id`` the tokens it claims are kept until the worker's next claim, so that
+    they can be handed back if the reply is lost (:meth:`Ops.hand_back_lost_claim`)."""
     if not _is_int(n) or n < 1:  # type: ignore[operator]
         raise InvalidArgument("n", "must be an int >= 1")
-    return Call(
-        "claim",
-        keys.for_script("claim"),
-        [validate_worker_id(worker_id), n, lease_ms, CLAIM_MAX_DROP],
-    )
+    if request_id is not None and (not isinstance(request_id, str) or not request_id):
+        raise InvalidArgument("request_id", "must be a non-empty str or None")
+    worker = validate_worker_id(worker_id)
+    args: list[Any] = [worker, n, lease_ms, CLAIM_MAX_DROP]
+    if listening or request_id is not None:
+        args += [keys.worker_channel(worker), IDLE_MS] if listening else ["", 0]
+        args.append(request_id or "")
+    return Call("claim", keys.for_script("claim"), args)
+
+
+def decode_kept_claim(raw: bytes) -> tuple[str, list[tuple[str, int, int]]]:
+    """The request id and tokens ``(task id, version, attempt)`` the claim script kept."""
+    head, _, rest = raw.partition(b"\n")
+    tokens: list[tuple[str, int, int]] = []
+    while rest:
+        version, attempt, size, rest = rest.split(b" ", 3)
+        length = int(size)
+        tokens.append((rest[:length].decode("utf-8"), int(version), int(attempt)))
+        rest = rest[length:]
+    return head.decode("utf-8"), tokens
 
 
 def _token_values(claims: Sequence[Claim]) -> list[Any]:
@@ -1275,8 +1309,13 @@ class Ops:
 
     # -------------------------------------------------------------- workers
 
-    def claim(self, n: int, worker_id: str) -> Op[tuple[list[Claim], Wait | None]]:
-        reply = yield from self.run(claim_call(self.keys, worker_id, n, self.lease_ms))
+    def claim(
+        self, n: int, worker_id: str, listening: bool = False, request_id: str | None = None
+    ) -> Op[tuple[list[Claim], Wait | None]]:
+        if not isinstance(listening, bool):
+            raise InvalidArgument("listening", "must be a bool")
+        call = claim_call(self.keys, worker_id, n, self.lease_ms, listening, request_id)
+        reply = yield from self.run(call)
         return decode_claim_reply(reply)
 
     def ready(self, n: int, worker_id: str) -> Op[list[Claim]]:
@@ -1318,6 +1357,26 @@ class Ops:
     def confirm_cancel(self, claim: Claim) -> Op[Outcome]:
         (outcome,) = yield from self.run(confirm_cancel_call(self.keys, claim))
         return Outcome(_text(outcome))
+
+    def hand_back_lost_claim(self, worker_id: str, request_id: str) -> Op[int]:
+        validate_worker_id(worker_id)
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgument("request_id", "must be a non-empty str")
+        (raw,) = yield from self.read(("HGET", self.keys.claims, worker_id))
+        if raw is None:
+            return 0
+        kept_request, tokens = decode_kept_claim(raw)
+        if kept_request != request_id:
+            # That call claimed nothing, or never ran: nothing of it is held.
+            return 0
+        claims = [
+            Claim(task_id, version, attempt, fn="", args=(), kwargs={}, priority=0, run_at=0.0)
+            for task_id, version, attempt in tokens
+        ]
+        # The tokens fence it: a task reaped and claimed again since is not touched.
+        released = yield from self.release(claims, 0.0)
+        yield _one(("HDEL", self.keys.claims, worker_id))
+        return released
 
     def release(self, claims: Sequence[Claim], delay: float) -> Op[int]:
         call = release_call(self.keys, claims, delay)
@@ -1367,14 +1426,13 @@ class Ops:
         if limit is None:
             yield _one(("HDEL", self.keys.meta, "max_running"))
         else:
-            # Waiting workers may now have capacity.
-            yield Commands(
-                (
-                    ("HSET", self.keys.meta, "max_running", limit),
-                    ("PUBLISH", self.keys.wake, "capacity"),
-                ),
-                atomic=False,
-            )
+            yield _one(("HSET", self.keys.meta, "max_running", limit))
+            # Waiting workers may now have capacity: tell them all (a rare event), on
+            # the channel they subscribe to with SSUBSCRIBE, or SUBSCRIBE before Redis 7.
+            try:
+                yield _one(("SPUBLISH", self.keys.wake, "capacity"))
+            except ScriptError:
+                yield _one(("PUBLISH", self.keys.wake, "capacity"))
 
     # -------------------------------------------------------------- inspection
 

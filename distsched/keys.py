@@ -27,6 +27,8 @@ KEY_NAMES = (
     "finished",
     "meta",
     "wake",
+    "idle",
+    "claims",
     "edges",
     "deps",
     "blocked",
@@ -105,8 +107,27 @@ class Keys:
 
     @property
     def wake(self) -> str:
-        """Pub/sub channel: published when waiting workers may have work."""
+        """Pub/sub channel (sharded where the server has it): cancel notices
+        (``cancel <version> <id>``) and raised capacity, for every worker."""
         return self.prefix + "wake"
+
+    @property
+    def idle(self) -> str:
+        """Sorted set: idle workers' wake channels -> until when they wait (ms, server clock)."""
+        return self.prefix + "idle"
+
+    @property
+    def claims(self) -> str:
+        """Hash: worker id -> the tokens of its last claim call that claimed any, after
+        that call's request id (``request\\n`` then ``version attempt len id`` each)."""
+        return self.prefix + "claims"
+
+    def worker_channel(self, worker_id: str) -> str:
+        """Pub/sub channel of one worker: ``ready`` when it has work to claim.
+
+        It shares the namespace's hash tag, so it lives on the namespace's shard.
+        """
+        return self.prefix + "w:" + worker_id
 
     @property
     def edges(self) -> str:

@@ -1,7 +1,7 @@
 -- add_deps.lua: add required dependencies to a pending task's current version.
 --
 --- @include settle
---- @keys tasks results queue finished meta wake
+--- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- pending -> pending (more awaited), or pending -> blocked when a new dependency

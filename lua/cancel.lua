@@ -1,7 +1,7 @@
 -- cancel.lua: cancel one task.
 --
 --- @include settle
---- @keys tasks results queue finished meta wake
+--- @keys tasks results queue finished meta wake idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- pending / ready -> cancelled, atomically: a claim racing with it either ran
@@ -12,8 +12,8 @@
 -- so the holder learns it at once (and from its next heartbeat in any case).
 -- Terminal: nothing changes.
 --
--- Writes tasks, finished, meta, wake, and for dependents edges, blocked, blockedby,
--- propagating, queue.
+-- Writes tasks, finished, meta, wake (the cancel notice), idle, and for dependents
+-- edges, blocked, blockedby, propagating, queue.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] task id
@@ -40,7 +40,7 @@ return run(function()
   if t.state == 'running' and t.cancel == 0 then
     t.cancel = 1
     save_task(id, t)
-    redis.call('PUBLISH', k.wake, string.format('cancel %d ', t.version) .. id)
+    publish(k.wake, string.format('cancel %d ', t.version) .. id)
   end
   return { redis.call('ZCARD', k.propagating), t.state }
 end)

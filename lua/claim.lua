@@ -3,7 +3,8 @@
 --- @include record
 --- @include counts
 --- @include repair
---- @keys tasks payloads queue leases meta
+--- @include kept
+--- @keys tasks payloads queue leases meta idle claims
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
 -- sequence). An entry whose version is not the record's current one, or whose
@@ -20,12 +21,18 @@
 -- is read and checked before the first write.
 --
 -- Reads payloads, meta (max_running, count:running); writes tasks, queue, leases,
--- meta (count:ready, count:running).
+-- meta (count:ready, count:running, timer, timer_at), idle, claims.
 --
 -- ARGV[1] worker id
 -- ARGV[2] n, the most tasks to claim (>= 1)
 -- ARGV[3] lease length in ms (>= 1)
 -- ARGV[4] the most stale entries to drop in this call (bounds its run time)
+-- ARGV[5] optional: the caller's own wake channel (ds:{NS}:w:<worker id>), when it listens
+--         on it; '' or absent: it does not (and is never registered as idle)
+-- ARGV[6] with ARGV[5]: how long (ms) it waits at most before it claims again
+-- ARGV[7] optional: a request id; the call's tokens are then kept in claims (field: the
+--         worker id; lib/kept.lua): the same call sent again gets the same tasks, and a
+--         caller whose reply was lost hands them back (release.lua)
 --
 -- Reply: { 0, claimed, reason, delay_us,
 --          (id, version, attempt, priority, run_at_ms, payload) * claimed }
@@ -35,7 +42,10 @@
 --           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
 --           when the stale-drop bound was reached), 'capacity' (max_running reached)
 --   delay_us microseconds (from the server clock's microseconds, so a waiting worker does
---           not oversleep by the part of a millisecond already gone); -1 when not meaningful.
+--           not oversleep by the part of a millisecond already gone); -1 when not meaningful,
+--           or when another idle worker already waits for that head (lib/idle.lua).
+-- With a channel, a claim that gets fewer than n registers the caller in idle until now +
+-- ARGV[6]; one that gets n while more tasks are due wakes one more idle worker.
 -- Cost: O((claimed + dropped) log N), in a few commands per call whatever n is.
 
 return run(function()
@@ -45,6 +55,13 @@ return run(function()
   local max_drop = to_int(ARGV[4], 'max_drop')
   if n < 1 then error({ err = 'BADARG n must be >= 1' }) end
   if lease_ms < 1 then error({ err = 'BADARG lease_ms must be >= 1' }) end
+  local channel = ARGV[5] or ''
+  local idle_ms = channel ~= '' and to_int(ARGV[6], 'idle_ms') or 0
+
+  -- The same call sent again (a client retrying after a timeout): the same tasks.
+  local request = ARGV[7] or ''
+  local again = kept_reply(worker, request)
+  if again then return again end
 
   local clock = redis.call('TIME')
   local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
@@ -153,6 +170,13 @@ return run(function()
   end
   if failed_here > 0 then redis.call('HINCRBY', k.meta, 'count:failed', failed_here) end
   if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:running', claimed) end
+  -- Wake-ups (lib/idle.lua): register as idle, or pass the work on to one more worker.
+  if channel ~= '' then
+    local due_at = reason == 'not_due' and delay > 0 and math.floor((now_us + delay) / 1000) or nil
+    local room = not limit or running < limit
+    if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now) then delay = -1 end
+  end
+  keep_claim(worker, request, out)
   local reply = { 0, claimed, reason, delay }
   for i, c in ipairs(out) do
     for _, value in ipairs(c) do reply[#reply + 1] = value end

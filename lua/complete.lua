@@ -2,7 +2,7 @@
 --
 --- @include settle
 --- @include tokens
---- @keys tasks results done queue leases finished meta wake
+--- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- running -> succeeded, fenced by the token (id, version, attempt): only the
@@ -14,7 +14,7 @@
 -- propagation budget; the rest is settled by propagate.lua.
 --
 -- Writes tasks, leases, results (the result, or removes an earlier attempt's error),
--- done, finished, meta, wake, and for dependents edges, blocked, blockedby, queue,
+-- done, finished, meta, idle, and for dependents edges, blocked, blockedby, queue,
 -- propagating.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)

@@ -2,13 +2,13 @@
 --
 --- @include settle
 --- @include tokens
---- @keys tasks results done queue leases finished meta wake
+--- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.
 --
--- Writes tasks, leases, done, finished, meta, wake, and for dependents edges,
+-- Writes tasks, leases, done, finished, meta, idle, and for dependents edges,
 -- blocked, blockedby, propagating, queue.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)

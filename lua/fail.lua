@@ -3,7 +3,7 @@
 --- @include settle
 --- @include tokens
 --- @include attempt
---- @keys tasks results done queue leases finished meta wake
+--- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- running -> ready (a new attempt, due after backoff * 2^(attempt-1), capped
@@ -12,7 +12,7 @@
 -- required edges become blocked (within the propagation budget). Fenced by the
 -- token exactly as complete.lua.
 --
--- Writes tasks, queue, leases, results, done, finished, meta, wake, and for
+-- Writes tasks, queue, leases, results, done, finished, meta, idle, and for
 -- dependents edges, blocked, blockedby, propagating.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)

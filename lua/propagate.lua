@@ -1,7 +1,7 @@
 -- propagate.lua: settle more of the dependents of tasks that became terminal.
 --
 --- @include settle
---- @keys tasks results queue finished meta wake
+--- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- pending -> ready (last awaited dependency settled) or pending -> blocked (a
@@ -9,7 +9,7 @@
 -- the ids in the propagating set, oldest first, at most ARGV[1] edges per call.
 -- See lib/settle.lua for why chunks stay correct while other calls run between them.
 --
--- Reads and writes tasks, queue, finished, meta, wake, edges, blocked, blockedby,
+-- Reads and writes tasks, queue, finished, meta, idle, edges, blocked, blockedby,
 -- propagating; a retry's cascade also writes deps and results.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)

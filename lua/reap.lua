@@ -2,7 +2,7 @@
 --
 --- @include settle
 --- @include attempt
---- @keys tasks results queue leases finished meta wake
+--- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- running -> ready (a new attempt after backoff) while attempts remain and no
@@ -10,7 +10,7 @@
 -- otherwise (then its pending dependents become blocked). The old holder's
 -- token is then stale: its late report changes nothing.
 --
--- Writes tasks, queue, leases, results, finished, meta, wake, and for dependents
+-- Writes tasks, queue, leases, results, finished, meta, idle, and for dependents
 -- edges, blocked, blockedby, propagating.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)

@@ -1,7 +1,7 @@
 -- release.lua: hand back claims whose function never started (worker shutdown).
 --
 --- @include settle
---- @keys tasks results queue leases finished meta wake
+--- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- running -> ready with the attempt given back (no attempt spent), at its own
@@ -9,18 +9,18 @@
 -- requested meanwhile (the function never ran; dependents become blocked).
 -- Fenced by the token: a stale token changes nothing.
 --
--- Writes tasks, queue, leases, finished, meta, wake, and for dependents edges,
+-- Writes tasks, queue, leases, finished, meta, idle, and for dependents edges,
 -- blocked, blockedby, propagating.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n; then 3 values per token: id, version, attempt
 -- ARGV[3 + 3n] optional delay_ms (>= 0): the tasks become due again no sooner than this
 --   long from now (the queue entry's score; their run_at is kept). A delayed hand-back
---   wakes workers only when its entry became the queue head.
+--   wakes no idle worker unless it became the queue head.
 --
 -- Reply: { propagating jobs left, then per token 1 handed back (ready, or cancelled)
 -- or 0 stale (left as it is) }.
--- Publishes on the wake channel so that another worker picks the tasks up at once.
+-- Wakes one idle worker per task handed back due now (lib/idle.lua).
 
 return run(function()
   local budget = budget_arg(ARGV[1])
@@ -60,7 +60,7 @@ return run(function()
         if delay > 0 and t.run_at < now + delay then
           local member = queue_member(t, id)
           redis.call('ZADD', k.queue, now + delay, member)
-          enqueued[member] = true
+          enqueued[member] = now + delay
         else
           enqueue(t, id)
         end
@@ -73,9 +73,6 @@ return run(function()
     end
   end
   if released > 0 then
-    -- A delayed hand-back wakes the waiting workers only if it became the queue head
-    -- (lib/record.lua's run does that), so that none claims it before it is due.
-    if delay == 0 then redis.call('PUBLISH', k.wake, 'ready') end
     capacity_freed(running_before)
   end
   reply[1] = settle_after_terminal(ended, now, budget)

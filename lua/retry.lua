@@ -1,7 +1,7 @@
 -- retry.lua: a new version of a failed, cancelled or blocked task, dependencies re-checked.
 --
 --- @include settle
---- @keys tasks results queue finished meta wake
+--- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- failed / cancelled / blocked -> ready, pending or blocked (as schedule.lua
@@ -12,7 +12,7 @@
 -- of the cascade count as pending for each other, so they return to pending
 -- (tasks that would then wait on each other in a cycle stay or become blocked).
 --
--- Writes tasks, results, queue, finished, meta, wake, edges, deps, blocked, blockedby,
+-- Writes tasks, results, queue, finished, meta, idle, edges, deps, blocked, blockedby,
 -- propagating.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)

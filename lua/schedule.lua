@@ -1,7 +1,7 @@
 -- schedule.lua: submit a batch of tasks atomically, each as a new version.
 --
 --- @include settle
---- @keys tasks payloads results queue finished meta wake
+--- @keys tasks payloads results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
@@ -15,7 +15,7 @@
 -- Cycles: a batch that would close a cycle of awaited dependencies (through
 -- its own tasks and existing pending ones) is refused with the cycle's path.
 --
--- Writes tasks, payloads, results, queue, finished, meta, wake, edges, deps, blocked,
+-- Writes tasks, payloads, results, queue, finished, meta, idle, edges, deps, blocked,
 -- blockedby, propagating.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
@@ -47,7 +47,7 @@
 --                             run_at, delay, deps, optional_deps, payload of <id>, ...)
 --   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
 --                             stored record that does not parse
--- Publishes 'ready' on the wake channel when a new entry became the queue head.
+-- Wakes one idle worker per task it makes due now (lib/idle.lua).
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
 -- cycle check; blocked tasks' dependents are settled within the propagation budget.
 
@@ -320,7 +320,7 @@ return run(function()
       }
       count_move(nil, 'ready')
       local member = queue_member(t, s.id)
-      enqueued[member] = true
+      enqueued[member] = s.run_at
       records[#records + 1] = s.id
       records[#records + 1] = encode_task(t)
       entries[#entries + 1] = s.run_at

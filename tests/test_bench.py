@@ -21,7 +21,8 @@ TINY = [
     "--enqueue-tasks", "300", "--batch", "100", "--tasks", "200", "--concurrency", "4",
     "--delayed", "40", "--delay-min", "0.1", "--delay-max", "0.4",
     "--claim-sizes", "60,120", "--claims", "20", "--chain", "30", "--fanout", "30",
-    "--dependents", "1500", "--memory-tasks", "200",
+    "--dependents", "1500", "--memory-tasks", "200", "--wake-tasks", "30",
+    "--wake-processes", "1,3",
 ]  # fmt: skip
 
 
@@ -66,6 +67,12 @@ def check_report(report: dict[str, Any], throwaway: bool) -> None:
         assert dag[mode]["calls"] >= 2
         assert dag[mode]["max_ms"] > 0
     assert sections["memory"]["tasks"] == 200
+    wake = sections["wake"]
+    assert [run["processes"] for run in wake["runs"]] == [1, 3]
+    for run in wake["runs"]:
+        assert run["tasks"] == 30 and run["exactly_once_problems"] == []
+        assert run["script_calls_per_task"] > 0
+        assert run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
     assert {row["section"] for row in report["rows"]} == set(SECTIONS)
 
 

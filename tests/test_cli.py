@@ -21,6 +21,7 @@ from click.testing import CliRunner, Result
 
 from distsched import Outcome, Scheduler, State
 from distsched.cli import cli, load_app
+from distsched.client import sharded_pubsub
 from distsched.text import parse_duration
 from distsched.tools.embedded import EmbeddedRedisUnavailable, embedded_redis
 from tests.conftest import (
@@ -539,13 +540,19 @@ def test_embedded_fakeredis_runs_every_script_and_delivers_wake_ups() -> None:
         s = Scheduler.from_url(server.url, namespace="emb", lease_s=5)
         pubsub = s.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
-            pubsub.subscribe(s.keys.wake)
+            # An idle worker listening on its own channel is woken by the new task.
+            channel = s.keys.worker_channel("w")
+            if sharded_pubsub(s.client):
+                pubsub.ssubscribe(channel)
+            else:
+                pubsub.subscribe(channel)
+            assert s.claim(1, "w", listening=True)[0] == []  # claim (+ idle)
             assert s.schedule("a", fn="add", args=[1, 2]) == 1  # schedule (+ wake)
             message = None
             deadline = time.monotonic() + 5
             while message is None and time.monotonic() < deadline:
                 message = pubsub.get_message(timeout=0.1)
-            assert message is not None and message["channel"] == s.keys.wake.encode()
+            assert message is not None and message["channel"] == channel.encode()
 
             claim = s.next("w")  # claim
             assert claim.task_id == "a"  # type: ignore[union-attr]

@@ -247,7 +247,7 @@ def test_an_idle_worker_waits_for_wake_ups_instead_of_polling(own_redis: RedisSe
     worker = Worker(s, {"mark": mark}, concurrency=2)
     try:
         with running(worker):
-            wait_until(lambda: admin.pubsub_numsub(s.keys.wake)[0][1] >= 1, 10, "a subscriber")
+            wait_until(lambda: admin.pubsub_shardnumsub(s.keys.wake)[0][1] >= 1, 10, "a subscriber")
             time.sleep(0.5)  # the first claims and heartbeat round are done
             before = evalsha_calls(admin)
             time.sleep(2.0)

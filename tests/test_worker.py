@@ -602,7 +602,7 @@ def test_waiting_worker_starts_a_newly_due_task_without_waiting_out_its_delay_hi
     worker = Worker(fast, {"mark": lambda: started_at.append(time.monotonic())}, concurrency=2)
     with running(worker):
         wait_until(
-            lambda: redis_client.pubsub_numsub(fast.keys.wake)[0][1] >= 1, 10, "a subscriber"
+            lambda: redis_client.pubsub_shardnumsub(fast.keys.wake)[0][1] >= 1, 10, "a subscriber"
         )
         time.sleep(0.2)  # let the worker settle into its wait
         scheduled_at = time.monotonic()

@@ -11,7 +11,11 @@ Sections (each on fresh namespaces):
 - ``claim``: claim rate with small and very large queues, one and 100 per call;
 - ``dag``: a long chain, a wide fan-out/fan-in, and the longest single script
   call while 100,000 dependents are released or blocked;
-- ``memory``: Redis memory per queued no-op task.
+- ``memory``: Redis memory per queued no-op task;
+- ``wake``: a trickle of tasks (each scheduled once the one before has finished)
+  with 1, 8 (and 32, ``--wake-processes``) idle worker processes: script calls and
+  Redis CPU per task, which must not grow with the number of idle workers, and the
+  wake-up latency (task start - run_at on the Redis clock).
 
 Worker processes run ``python -m distsched.tools.bench worker URL NAMESPACE``: a
 ``Worker`` whose no-op records each run (task id, version, attempt, start time,
@@ -52,7 +56,7 @@ from distsched.text import clock_offset, finite_or_none, redact, table
 
 Echo = Callable[[str], None]
 
-SECTIONS = ("ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory")
+SECTIONS = ("ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake")
 NOOP = "noop"
 # Batches for graph submissions and the dependents' fill: big enough to be fast,
 # small enough that no single submission is a long script call.
@@ -61,6 +65,9 @@ GRAPH_BATCH = 5_000
 GRAPH_PART = 1_000
 WORKER_START_TIMEOUT_S = 60.0
 WORKER_STOP_TIMEOUT_S = 60.0
+# Threads per worker process in the wake section: more than one, so that a worker
+# holding a task still has a free slot (and stays idle, waiting for the next).
+WAKE_CONCURRENCY = 2
 POLL_S = 0.01
 
 
@@ -88,6 +95,8 @@ class BenchConfig:
     fanout: int = 10_000
     dependents: int = 100_000
     memory_tasks: int = 100_000
+    wake_tasks: int = 200
+    wake_processes: tuple[int, ...] = (1, 8)
 
     def validate(self) -> None:
         for name in (
@@ -104,6 +113,7 @@ class BenchConfig:
             "fanout",
             "dependents",
             "memory_tasks",
+            "wake_tasks",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -113,6 +123,8 @@ class BenchConfig:
             raise InvalidArgument("fanout", f"must be at most {core.MAX_DEPS}")
         if not self.claim_sizes or any(n < 2 for n in self.claim_sizes):
             raise InvalidArgument("claim_sizes", "must be queue sizes >= 2")
+        if not self.wake_processes or any(n < 1 for n in self.wake_processes):
+            raise InvalidArgument("wake_processes", "must be process counts >= 1")
         if not (
             math.isfinite(self.delay_min)
             and math.isfinite(self.delay_max)
@@ -216,7 +228,16 @@ class WorkerReport:
 class WorkerProcesses:
     """Worker processes on one namespace, started together on a go line, stopped by SIGTERM."""
 
-    def __init__(self, url: str, namespace: str, count: int, concurrency: int, workdir: Path):
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        count: int,
+        concurrency: int,
+        workdir: Path,
+        lease_s: float = 30.0,
+    ):
+        self.lease_s = lease_s
         self.url = url
         self.namespace = namespace
         self.count = count
@@ -247,6 +268,8 @@ class WorkerProcesses:
                 str(self.concurrency),
                 "--out",
                 str(out),
+                "--lease",
+                str(self.lease_s),
             ]
             self.procs.append(
                 subprocess.Popen(
@@ -1129,6 +1152,138 @@ class Bench:
             target="<= 300 bytes",
             met=per_task <= 300,
         )
+
+    # -- (h) wake-ups
+
+    def wake(self) -> None:
+        cfg = self.config
+        sizes = ", ".join(str(n) for n in cfg.wake_processes)
+        self._phase(8, f"wake: {cfg.wake_tasks:,} tasks one at a time, {sizes} idle processes")
+        results = [self._wake_run(n) for n in cfg.wake_processes]
+        self.sections["wake"] = {"tasks": cfg.wake_tasks, "runs": results}
+        base = results[0]
+        for run in results:
+            n = run["processes"]
+            for key, name, unit in (
+                ("script_calls_per_task", "script calls per task", "calls"),
+                ("script_us_per_task", "Redis time in scripts per task", "us"),
+                ("redis_cpu_us_per_task", "Redis CPU per task", "us"),
+            ):
+                value, first = run[key], base[key]
+                ratio = value / first if value is not None and first else None
+                last = n == results[-1]["processes"] and n > base["processes"]
+                self._row(
+                    "wake",
+                    f"{name}, {n} idle processes",
+                    value,
+                    unit,
+                    ratio=ratio,
+                    ratio_to=f"{base['processes']} process(es)" if ratio is not None else "",
+                    target="<= 1.2x" if last else "",
+                    met=(ratio <= 1.2) if last and ratio is not None else None,
+                )
+            self._row("wake", f"wake-up latency p50, {n} idle processes", run["p50_ms"], "ms")
+            self._row(
+                "wake",
+                f"wake-up latency p99, {n} idle processes",
+                run["p99_ms"],
+                "ms",
+                target="<= 2 ms",
+                met=None if run["p99_ms"] is None else run["p99_ms"] <= 2.0,
+            )
+
+    def _wake_run(self, processes: int) -> dict[str, Any]:
+        cfg = self.config
+        namespace = self._namespace(f"wake{processes}")
+        ids = [f"w{i}" for i in range(cfg.wake_tasks)]
+        warm = [f"warm{i}" for i in range(3)]
+        procs = WorkerProcesses(
+            self.url, namespace, processes, WAKE_CONCURRENCY, self.workdir, lease_s=300.0
+        )
+        with self._scheduler(namespace, lease_s=300.0) as s:
+            try:
+                procs.start()
+                procs.go()
+                self._wait_subscribed(s, processes, procs)
+                for task_id in warm:
+                    self._one_task(s, task_id, procs)
+                time.sleep(0.2)  # every worker back to waiting
+                calls_before, cpu_before = self._script_stats(), self._cpu_us()
+                started = time.perf_counter()
+                for task_id in ids:
+                    self._one_task(s, task_id, procs)
+                seconds = time.perf_counter() - started
+                calls_after, cpu_after = self._script_stats(), self._cpu_us()
+                reports = procs.stop()
+            finally:
+                procs.close()
+        self._clean(namespace)
+        runs = [run for report in reports for run in report.runs if run.task_id in set(ids)]
+        problems = check_exactly_once(ids, runs)
+        self._problem("wake", problems)
+        calls = script_us = None
+        if calls_before is not None and calls_after is not None:
+            calls = (calls_after[0] - calls_before[0]) / len(ids)
+            script_us = (calls_after[1] - calls_before[1]) / len(ids)
+        cpu = None
+        if cpu_before is not None and cpu_after is not None:
+            cpu = (cpu_after - cpu_before) / len(ids)
+        late = [(run.started - run.run_at) * 1000.0 for run in runs]
+        p50, p99 = (percentile(late, 50), percentile(late, 99)) if late else (None, None)
+        self._step(
+            f"{processes} processes: {calls or 0:.2f} script calls/task "
+            f"({script_us or 0:.0f} us), {cpu or 0:.0f} us Redis CPU/task, "
+            f"latency p50 {p50 or 0:.2f} ms, "
+            f"p99 {p99 or 0:.2f} ms"
+        )
+        return {
+            "processes": processes,
+            "concurrency": WAKE_CONCURRENCY,
+            "tasks": len(ids),
+            "seconds": seconds,
+            "script_calls_per_task": calls,
+            "redis_cpu_us_per_task": cpu,
+            "script_us_per_task": script_us,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "max_ms": max(late) if late else None,
+            "exactly_once_problems": problems,
+        }
+
+    def _wait_subscribed(self, s: Scheduler, processes: int, procs: WorkerProcesses) -> None:
+        """Until every worker process listens for wake-ups (sharded or not)."""
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        while time.monotonic() < deadline and procs.alive():
+            listening = 0
+            for count in (self.client.pubsub_numsub, self.client.pubsub_shardnumsub):
+                with suppress(redis.RedisError):
+                    listening += int(count(s.keys.wake)[0][1])
+            if listening >= processes:
+                time.sleep(0.3)  # their first claims are done
+                return
+            time.sleep(POLL_S)
+        raise BenchError("the wake section's worker processes did not subscribe in time")
+
+    def _one_task(self, s: Scheduler, task_id: str, procs: WorkerProcesses) -> None:
+        s.schedule(task_id, fn=NOOP)
+        deadline = time.monotonic() + 30.0
+        # One HGET per look, so that the polling weighs little in Redis's CPU time.
+        while not self._succeeded(s, task_id):
+            if time.monotonic() > deadline or not procs.alive():
+                raise BenchError(f"task {task_id!r} of the wake section did not run")
+            time.sleep(0.0005)
+
+    def _succeeded(self, s: Scheduler, task_id: str) -> bool:
+        raw = self.client.hget(s.keys.tasks, task_id)
+        return raw is not None and core.decode_record(raw).state is core.State.SUCCEEDED
+
+    def _cpu_us(self) -> float | None:
+        """Redis's own CPU time so far (user + system), microseconds."""
+        try:
+            info = self.client.info("cpu")
+        except redis.RedisError:
+            return None
+        return (float(info["used_cpu_user"]) + float(info["used_cpu_sys"])) * 1e6
 
     # -- everything
 

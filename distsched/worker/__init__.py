@@ -172,7 +172,9 @@ class Worker:
         self._threads = self.thread_pool_class(runner, concurrency)
         has_async = any(inspect.iscoroutinefunction(f) for f in self.functions.values())
         self._loop = LoopPool(runner) if has_async else None
-        self._listener = Listener(scheduler, self._slots, self._wake, self._heartbeat.now)
+        self._listener = Listener(
+            scheduler, self._slots, self._wake, self._heartbeat.now, self.worker_id
+        )
         self._consumer = Consumer(
             scheduler, self.worker_id, self.functions, self._slots, self._reporter,
             self._threads, self._loop, self.metrics, self._stopping, self._wake,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from distsched.client import Scheduler
-from distsched.core import Claim
+from distsched.client import Scheduler, sharded_pubsub
+from distsched.core import IDLE_RECHECK_S, Claim
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import TRANSIENT, backoff
@@ -21,11 +23,22 @@ from distsched.worker.reports import Reporter, ReportKind
 log = logging.getLogger("distsched.worker")
 
 
+def idle_wait(delay: float | None) -> float:
+    """How long an idle worker waits for a wake-up: until the next entry is due when it
+    holds the timer (``delay``), and never longer than the re-check interval, after
+    which it claims again in case a wake-up was lost."""
+    if delay is None or not math.isfinite(delay):
+        return IDLE_RECHECK_S
+    return max(0.0, min(delay, IDLE_RECHECK_S))
+
+
 class Consumer:
     """Claims tasks on the thread that calls :meth:`run` and hands each to its executor.
 
-    It never claims more than the free slots, and waits on the wake-up event (set by
-    the listener) with the server's delay hint as timeout: no polling.
+    It never claims more than the free slots. A claim that comes up short registers the
+    worker as idle; it then waits on the wake-up event (set by the listener when a
+    script sends it ``ready``), with the server's delay hint as timeout when it is the
+    one idle worker waiting for the next entry, and at most ``IDLE_RECHECK_S``.
     """
 
     def __init__(
@@ -51,9 +64,17 @@ class Consumer:
         self.metrics = metrics
         self.stopping = stopping
         self.wake = wake
+        # The request id of the last claim call when its reply never came.
+        self.lost: str | None = None
 
     def run(self) -> None:
-        """Claim and dispatch until the worker stops."""
+        """Claim and dispatch until the worker stops; then leave the idle set."""
+        try:
+            self._claim_loop()
+        finally:
+            self.leave()
+
+    def _claim_loop(self) -> None:
         retry = backoff()
         while not self.stopping.is_set():
             free = self.slots.wait_free(self.stopping)
@@ -61,15 +82,30 @@ class Consumer:
                 break
             # A wake-up from here on means the claim below may have missed something.
             self.wake.clear()
+            # A call whose reply never came is sent again as it was: if it ran, the
+            # script answers with the tasks it claimed then, instead of claiming more.
+            request = self.lost or uuid.uuid4().hex
             try:
                 started = time.monotonic()
-                claims, wait = self.scheduler.claim(free, self.worker_id)
+                claims, wait = self.scheduler.claim(
+                    free, self.worker_id, listening=True, request_id=request
+                )
                 self.metrics.on_claimed(len(claims), time.monotonic() - started)
+                self.lost = None
             except ClosedError:
                 break
             except TRANSIENT as exc:
+                # The call may have run with only its reply lost.
+                self.lost = request
                 pause = next(retry)
                 log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
+                self.stopping.wait(pause)
+                continue
+            except Exception:
+                # Not a passing fault (an ACL refusal, a script error): the worker stays
+                # up, and tries again after a pause, which grows while the error lasts.
+                pause = next(retry)
+                log.exception("claim failed; retrying in %.2fs", pause)
                 self.stopping.wait(pause)
                 continue
             retry = backoff()
@@ -77,9 +113,33 @@ class Consumer:
                 self.dispatch(claim)
             if wait is None or wait.delay == 0:
                 continue
-            # Sleep until the next entry is due, or until the listener hears of an earlier
-            # task or freed capacity.
-            self.wake.wait(wait.delay)
+            self.wake.wait(idle_wait(wait.delay))
+
+    def leave(self) -> None:
+        """Take this worker out of the idle set, so that no wake-up is sent to it any more,
+        and drop the tokens its last claim kept (handing them back if its reply was lost)."""
+        keys = self.scheduler.keys
+        client = self.scheduler.client
+        try:
+            if self.lost is not None:
+                # Stopping before a lost claim reply was recovered: hand its tasks back.
+                self.scheduler.hand_back_lost_claim(self.worker_id, self.lost)
+                self.lost = None
+            channel = keys.worker_channel(self.worker_id)
+            client.zrem(keys.idle, channel)
+            client.hdel(keys.claims, self.worker_id)
+            if client.hget(keys.meta, "timer") == channel.encode():
+                # It was the one idle worker waiting for the next entry: pass that on.
+                client.hdel(keys.meta, "timer", "timer_at")
+                popped: list[tuple[bytes, float]] = client.zpopmin(keys.idle, 1)  # type: ignore[assignment]
+                for member, _ in popped:
+                    if sharded_pubsub(client):
+                        client.spublish(member, "ready")
+                    else:
+                        client.publish(member, "ready")
+        except Exception as exc:
+            # Its entry expires by itself within core.IDLE_MS.
+            log.warning("could not leave the idle set: %s", exc)
 
     def dispatch(self, claim: Claim) -> None:
         """Start ``claim`` on its executor, or report at once a claim that cannot run here."""

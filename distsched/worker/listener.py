@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from typing import Any
 
-from distsched.client import Scheduler
+from redis.cluster import ClusterPubSub, RedisCluster
+
+from distsched.client import Scheduler, sharded_pubsub
 from distsched.context import StopReason
 from distsched.errors import ClosedError
-from distsched.worker.common import TRANSIENT, backoff
+from distsched.worker.common import backoff
 from distsched.worker.jobs import Slots
 
 log = logging.getLogger("distsched.worker")
@@ -18,12 +21,21 @@ log = logging.getLogger("distsched.worker")
 STOP_CHECK_S = 0.05
 
 
-class Listener:
-    """Holds the namespace's wake-up subscription on its own thread.
+class SubscriptionLost(Exception):
+    """The server ended a subscription (a slot moved to another node): subscribe again."""
 
-    A ``cancel <version> <task id>`` message reaches the running function at once,
-    without waiting for the next heartbeat (which would deliver it too); any other
-    message wakes the claim loop.
+
+class Listener:
+    """Holds the worker's wake-up subscriptions on its own thread.
+
+    Two channels, both in the namespace's slot: the worker's own channel, where a
+    ``ready`` message says there is work for it (the scripts wake one idle worker per
+    task), and the namespace's wake channel, where a ``cancel <version> <task id>``
+    message reaches the running function at once, without waiting for the next
+    heartbeat (which would deliver it too), and any other message wakes the claim loop.
+    Sharded pub/sub (SSUBSCRIBE) where the server has it, else SUBSCRIBE. Any error
+    is logged, and the listener subscribes again after a pause: it never ends before
+    :meth:`stop`.
     """
 
     def __init__(
@@ -32,11 +44,14 @@ class Listener:
         slots: Slots,
         wake: threading.Event,
         heartbeat_now: threading.Event,
+        worker_id: str | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.slots = slots
         self.wake = wake
         self.heartbeat_now = heartbeat_now
+        keys = scheduler.keys
+        self.channels = [keys.wake] + ([keys.worker_channel(worker_id)] if worker_id else [])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="distsched-listener", daemon=True)
 
@@ -49,30 +64,55 @@ class Listener:
 
     def _loop(self) -> None:
         retry = backoff()
+        sharded: bool | None = None
         while not self._stop.is_set():
-            pubsub = self.scheduler.client.pubsub()  # type: ignore[no-untyped-call]
+            pubsub: Any = None
             try:
-                pubsub.subscribe(self.scheduler.keys.wake)
+                if sharded is None:
+                    sharded = sharded_pubsub(self.scheduler.client)
+                pubsub = self.scheduler.client.pubsub()  # type: ignore[no-untyped-call]
+                if sharded:
+                    pubsub.ssubscribe(*self.channels)
+                else:
+                    pubsub.subscribe(*self.channels)
                 while not self._stop.is_set():
-                    msg = pubsub.get_message(timeout=STOP_CHECK_S)
+                    if sharded and isinstance(pubsub, ClusterPubSub):
+                        msg = pubsub.get_sharded_message(timeout=STOP_CHECK_S)  # type: ignore[no-untyped-call]
+                    else:
+                        msg = pubsub.get_message(timeout=STOP_CHECK_S)
                     if msg is None:
                         continue
-                    if msg["type"] == "subscribe":
+                    kind = msg["type"]
+                    if kind in ("subscribe", "ssubscribe"):
                         # Messages published before this point were never seen: claim
                         # again, and learn of missed cancel requests from a heartbeat.
                         retry = backoff()
                         self.wake.set()
                         self.heartbeat_now.set()
-                    elif msg["type"] == "message":
+                    elif kind in ("message", "smessage"):
                         self.on_message(msg["data"])
-            except TRANSIENT as exc:
-                log.warning("wake-up subscription lost (%s); resubscribing", exc)
-                self._stop.wait(next(retry))
+                    elif kind in ("unsubscribe", "sunsubscribe"):
+                        raise SubscriptionLost(f"{kind} {msg['channel']!r}")
             except ClosedError:
                 return
+            except Exception as exc:
+                # Transient or not (a refused subscription, a moved slot, a dropped
+                # connection), a worker without wake-ups still claims on its re-check.
+                pause = next(retry)
+                log.warning("wake-up subscription lost (%s); again in %.2fs", exc, pause)
+                self._refresh_slots()
+                self._stop.wait(pause)
             finally:
-                with contextlib.suppress(Exception):
-                    pubsub.close()
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+
+    def _refresh_slots(self) -> None:
+        # After a resharding the client's slot map may still name the old node.
+        client = self.scheduler.client
+        if isinstance(client, RedisCluster):
+            with contextlib.suppress(Exception):
+                client.nodes_manager.initialize()
 
     def on_message(self, data: bytes) -> None:
         kind, _, rest = data.partition(b" ")

@@ -1,6 +1,7 @@
 -- lib/counts.lua: the per-state counters and the fleet-wide running limit.
 --
 --- @include run
+--- @include idle
 --
 -- Per-state counters live in the meta hash as count:<state>. A script tallies its
 -- moves and writes each changed counter once, when its body has succeeded.
@@ -22,8 +23,12 @@ local function running_count()
   return (tonumber(redis.call('HGET', k.meta, 'count:running')) or 0) + (count_delta.running or 0)
 end
 
--- Wake waiting workers when the fleet-wide capacity was full and a slot frees.
+-- When the fleet-wide capacity was full and slots free, wake one idle worker per free
+-- slot (no more than there are queue entries).
 local function capacity_freed(running_before)
   local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
-  if limit and running_before >= limit then redis.call('PUBLISH', k.wake, 'capacity') end
+  if limit and running_before >= limit then
+    local free = math.min(limit - running_count(), redis.call('ZCARD', k.queue))
+    wake_idle(free, now_ms())
+  end
 end

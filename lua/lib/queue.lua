@@ -1,21 +1,32 @@
--- lib/queue.lua: putting ready tasks into the queue, and waking waiting workers.
+-- lib/queue.lua: putting ready tasks into the queue, and waking idle workers.
 --
 --- @include record
+--- @include idle
 --
--- Waiting workers are woken once, at the end of the script, if one of the entries
--- it added is then the queue head.
+-- At the end of the script, one idle worker is woken per entry it added that is due
+-- now; when none is, and one of them is then the queue head (not due yet), one idle
+-- worker is woken to wait for it by its timer.
 
+-- queue member -> its score (run_at, ms); a member marked true counts only as a new head
 local enqueued = {}
 
 local function enqueue(t, id)
   local member = queue_member(t, id)
   redis.call('ZADD', k.queue, t.run_at, member)
-  enqueued[member] = true
+  enqueued[member] = t.run_at
 end
 
 after_success(function()
   if next(enqueued) then
-    local head = redis.call('ZRANGE', k.queue, 0, 0)
-    if head[1] and enqueued[head[1]] then redis.call('PUBLISH', k.wake, 'ready') end
+    local now = now_ms()
+    local due = 0
+    for _, score in pairs(enqueued) do
+      if type(score) == 'number' and score <= now then due = due + 1 end
+    end
+    if due == 0 then
+      local head = redis.call('ZRANGE', k.queue, 0, 0)
+      if head[1] and enqueued[head[1]] then due = 1 end
+    end
+    wake_idle(due, now)
   end
 end)
