@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+import msgpack
 import pytest
 
 from distsched import Scheduler, State, Worker, core, scripts
@@ -115,6 +116,22 @@ def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_run
         f"UNKNOWN {b'orphan'.hex()} {b'missing'.hex()}"
     )
     assert enqueued["counts"] == {"ready": 5, "pending": 1, "cancelled": 1, "blocked": 3}
+    # What the scripts refuse, whoever sends it: BADARG naming the field, nothing written.
+    refusals = enqueued["refusals"]
+    assert refusals["non_utf8_id"] == {
+        "name": "ReplyError",
+        "message": "BADARG task_id must be valid UTF-8",
+    }
+    assert refusals["priority"]["message"] == "BADARG priority out of range"
+    assert refusals["kwargs"]["message"] == "BADARG payload of odd field kwargs must be a map"
+    assert enqueued["unchanged_after_refusals"] is True
+    # `bare` was sent with kwargs undefined, which the encoder wrote as nil.
+    client = own_redis.client()
+    try:
+        raw: Any = client.hget(Keys(namespace).payloads, "bare")
+    finally:
+        client.close()
+    assert msgpack.unpackb(raw, raw=False) == {"fn": "add", "args": [4, 5], "kwargs": None}
 
     received: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
     lock = threading.Lock()
@@ -144,7 +161,7 @@ def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_run
         [
             ("add", (2, 3), {"scale": 10}),
             ("greet", (), {"name": "wörld"}),
-            ("add", (4, 5), {}),
+            ("add", (4, 5), {}),  # `bare`: a nil kwargs is none
             ("add", (1,), {"scale": 1}),
             ("add", (7,), {"scale": 1}),
             ("add", (100,), {"scale": 1}),

@@ -143,6 +143,16 @@ class Producer {
 
   // ---------------------------------------------------------------- data (## Data)
 
+  // Every key of the namespace a schedule call may write, serialized (DUMP; nil when absent).
+  async snapshot() {
+    const out = {};
+    for (const key of this.script('schedule').keys) {
+      const dumped = await this.redis.dumpBuffer(key);
+      out[key] = dumped === null ? null : dumped.toString('hex');
+    }
+    return out;
+  }
+
   async record(taskId) {
     const raw = await this.redis.hget(this.key('tasks'), taskId);
     if (raw === null) return null;
@@ -189,10 +199,10 @@ async function enqueue(p) {
     'hi', spec(), payload('greet', undefined, { name: 'wörld' }, { ignoreUndefined: true }));
   [, out.versions.sum, out.versions.hi] = both;
 
-  // kwargs left undefined. The document says a nil kwargs fails the task today, so the
-  // undefined key is dropped; when nil is accepted, encode without ignoreUndefined here.
+  // kwargs left undefined, which the encoder writes as nil: the document says nil means
+  // no keyword arguments.
   [, out.versions.bare] = await p.call('schedule', BUDGET, 1,
-    'bare', spec(), payload('add', [4, 5], undefined, { ignoreUndefined: true }));
+    'bare', spec(), payload('add', [4, 5], undefined));
 
   [, out.versions.parent] = await p.call('schedule', BUDGET, 1, 'parent', spec(), payload('add', [1], { scale: 1 }));
   [, out.versions.child] = await p.call('schedule', BUDGET, 1,
@@ -228,6 +238,24 @@ async function enqueue(p) {
   } catch (err) {
     out.errors.unknown = { name: err.name, message: err.message };
   }
+
+  // What the scripts refuse (## Limits): BADARG naming the field, and nothing written.
+  const before = await p.snapshot();
+  out.refusals = {};
+  const refused = {
+    non_utf8_id: [Buffer.from([0x66, 0xff, 0xfe]), spec(), payload('add', [0])],
+    priority: ['loud', spec({ priority: 2 ** 31 }), payload('add', [0])],
+    kwargs: ['odd', spec(), Buffer.from(encode({ fn: 'add', kwargs: [1] }))],
+  };
+  for (const [name, args] of Object.entries(refused)) {
+    try {
+      await p.raw('schedule', BUDGET, 1, ...args);
+      out.refusals[name] = null;
+    } catch (err) {
+      out.refusals[name] = { name: err.name, message: err.message };
+    }
+  }
+  out.unchanged_after_refusals = JSON.stringify(await p.snapshot()) === JSON.stringify(before);
 
   for (const id of TASK_IDS) out.records[id] = await p.record(id);
   out.blocked_cause_g0 = null;
