@@ -1133,6 +1133,10 @@ def _one(command: tuple[Any, ...]) -> Commands:
     return Commands((command,), atomic=False)
 
 
+# TIME as seen by the node that owns KEYS[1] (the script does not touch the key).
+SERVER_TIME_LUA = "return redis.call('TIME')"
+
+
 @dataclass(frozen=True)
 class Ops:
     """The operations of one namespace, with the scheduler's settings (pure, no I/O)."""
@@ -1345,7 +1349,10 @@ class Ops:
         return decode_stats(_mapping(meta), int(entries), int(leases))
 
     def server_time(self) -> Op[float]:
-        (reply,) = yield from self.read(("TIME",), atomic=False)
+        # A plain TIME goes to whichever node the client picks; the one clock that
+        # decides due-ness and leases is that of the master holding the namespace's
+        # slot, so the call names a namespace key and a cluster client routes it there.
+        (reply,) = yield from self.read(("EVAL", SERVER_TIME_LUA, 1, self.keys.meta), atomic=False)
         seconds, micros = reply
         return float(seconds) + float(micros) / 1e6
 
