@@ -121,6 +121,12 @@ class CliGroup(click.Group):
             raise click.ClickException(
                 f"cannot connect to Redis at {url}: {one_line(exc)}"
             ) from None
+        except redis.exceptions.RedisClusterException as exc:
+            # redis-py's own, outside RedisError: no node answered, or none let us in.
+            url = redact(_settings(ctx).url)
+            raise click.ClickException(
+                f"cannot connect to the Redis Cluster at {url}: {one_line(exc)}"
+            ) from None
         except DistschedError as exc:
             raise click.ClickException(one_line(exc)) from None
         except redis.RedisError as exc:

@@ -1051,6 +1051,9 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     redis_exceptions.ReadOnlyError,
     redis_exceptions.AskError,  # MovedError included: redirects the client did not follow
     redis_exceptions.SlotNotCoveredError,
+    # The cluster client gave up following redirections ("TTL exhausted"): a slot on
+    # the move, or a failover, outlasted its tries.
+    redis_exceptions.ClusterError,
 )
 
 
@@ -1173,6 +1176,10 @@ class Ops:
                 reply: list[Any] = yield request
                 return reply
             except Unavailable:
+                # While a cluster moves the slot, a transaction over keys split between
+                # the old and the new node is refused (TRYAGAIN) until the move ends;
+                # sent apart, each command is redirected to wherever its key is.
+                request = Commands(commands, atomic=False)
                 yield Sleep(pause)
         reply = yield request
         return reply
@@ -1415,8 +1422,11 @@ class Ops:
         return int(next_cursor), rows
 
     def exists(self) -> Op[bool]:
-        (count,) = yield from self.read(("EXISTS", *self.keys.all_keys()))
-        return int(count) > 0
+        # One key per command: while a cluster moves the namespace's slot, a command
+        # naming several keys is refused (TRYAGAIN) until the move ends, one naming a
+        # single key is redirected to wherever that key is.
+        counts = yield from self.read(*(("EXISTS", key) for key in self.keys.all_keys()))
+        return any(int(count) for count in counts)
 
     def clear(self) -> Op[None]:
         yield _one(("DEL", *self.keys.all_keys()))

@@ -95,6 +95,8 @@ class LocalCluster:
                     "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
                     # A replica takes over however long it was cut off from its master.
                     "--cluster-replica-validity-factor", "0",
+                    # Replicas in sync at once, not after the default 5 s of waiting.
+                    "--repl-diskless-sync-delay", "0",
                     port=cluster_port(),
                 )  # fmt: skip
                 self.nodes.append(Node(server))
@@ -106,6 +108,7 @@ class LocalCluster:
                 with node.admin() as admin:
                     node.node_id = str(admin.execute_command("CLUSTER", "MYID"))
             self.wait_healthy(30)
+            wait_until(self.replicas_in_sync, 30, "the replicas to be in sync")
         except BaseException:
             self.close()
             raise
@@ -155,22 +158,27 @@ class LocalCluster:
 
     def owner(self, slot: int) -> Node:
         """The master serving ``slot`` now, asked of that node itself."""
+        node = self.current_owner(slot)
+        if node is None:
+            raise AssertionError(f"no live master owns slot {slot}")
+        return node
+
+    def current_owner(self, slot: int) -> Node | None:
+        """The live master that says it serves ``slot``, or None (a failover under way)."""
         for node in self.nodes:
             if not node.alive:
                 continue
             with node.admin() as admin:
                 try:
-                    role = admin.execute_command("ROLE")[0]
-                    if role != "master":
+                    if admin.execute_command("ROLE")[0] != "master":
                         continue
-                    owned = int(admin.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)) >= 0
                     shards = admin.execute_command("CLUSTER", "SLOTS")
                 except redis.RedisError:
                     continue
             for start, end, master, *_ in shards:
-                if start <= slot <= end and int(master[1]) == node.port and owned:
+                if start <= slot <= end and int(master[1]) == node.port:
                     return node
-        raise AssertionError(f"no live master owns slot {slot}")
+        return None
 
     def replicas_of(self, master: Node) -> list[Node]:
         return [self.by_id(row["id"]) for row in self._view() if row["master"] == master.node_id]
@@ -195,6 +203,16 @@ class LocalCluster:
             return all(v == views[0] for v in views)
         except redis.RedisError:
             return False
+
+    def replicas_in_sync(self) -> bool:
+        for node in self.nodes:
+            with node.admin() as admin:
+                info = admin.info("replication")
+            if info["role"] == "slave" and (
+                info.get("master_link_status") != "up" or info.get("master_sync_in_progress")
+            ):
+                return False
+        return True
 
     def wait_healthy(self, timeout: float) -> None:
         wait_until(self.healthy, timeout, "the cluster to be healthy")
@@ -228,10 +246,13 @@ class LocalCluster:
                 moved += 1
                 if progress is not None:
                     progress(moved)
-            # The new owner first, then the old one, then everybody else (as redis-cli does).
+            # The new owner first, then the old one, then the other masters (as redis-cli
+            # does); replicas learn it from them.
             for node in [target, source, *self.nodes]:
-                if node.alive:
-                    with node.admin() as admin:
+                if not node.alive:
+                    continue
+                with node.admin() as admin:
+                    if admin.execute_command("ROLE")[0] == "master":
                         admin.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
         return moved
 
