@@ -15,10 +15,10 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import redis
-from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from distsched.keys import Keys
@@ -63,6 +63,7 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 class Node:
     server: RedisServer
     node_id: str = ""
+    tls_port: int | None = None  # clients and the cluster bus use TLS; ``port`` stays plain
 
     @property
     def port(self) -> int:
@@ -70,7 +71,8 @@ class Node:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        """Where clients reach it (the TLS port in a TLS cluster)."""
+        return f"127.0.0.1:{self.tls_port or self.port}"
 
     def admin(self) -> redis.Redis:
         """A plain connection to this node alone (no redirections followed)."""
@@ -82,13 +84,27 @@ class Node:
 
 
 class LocalCluster:
-    """``masters`` masters with ``replicas`` replicas each, all on 127.0.0.1."""
+    """``masters`` masters with ``replicas`` replicas each, all on 127.0.0.1.
 
-    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
+    With ``tls`` (a folder holding ``ca.crt``, ``server.crt`` and ``server.key``) clients
+    and the cluster bus speak TLS; each node keeps a plain port for the tests' own
+    administration.
+    """
+
+    def __init__(self, masters: int = 3, replicas: int = 0, tls: Path | None = None) -> None:
         self.cli = require_redis_cli()
+        self.tls = tls
         self.nodes: list[Node] = []
         try:
             for _ in range(masters * (1 + replicas)):
+                tls_port = cluster_port() if tls is not None else None
+                tls_args = [] if tls is None else [
+                    "--tls-port", str(tls_port), "--tls-cluster", "yes",
+                    "--tls-replication", "yes", "--tls-auth-clients", "no",
+                    "--tls-cert-file", str(tls / "server.crt"),
+                    "--tls-key-file", str(tls / "server.key"),
+                    "--tls-ca-cert-file", str(tls / "ca.crt"),
+                ]  # fmt: skip
                 server = RedisServer(
                     "--cluster-enabled", "yes",
                     "--cluster-config-file", "nodes.conf",
@@ -97,9 +113,10 @@ class LocalCluster:
                     "--cluster-replica-validity-factor", "0",
                     # Replicas in sync at once, not after the default 5 s of waiting.
                     "--repl-diskless-sync-delay", "0",
-                    port=cluster_port(),
+                    *tls_args,
+                    port=free_port() if tls is not None else cluster_port(),
                 )  # fmt: skip
-                self.nodes.append(Node(server))
+                self.nodes.append(Node(server, tls_port=tls_port))
             self.redis_cli(
                 "--cluster", "create", *(n.address for n in self.nodes),
                 "--cluster-replicas", str(replicas), "--cluster-yes",
@@ -116,8 +133,9 @@ class LocalCluster:
     # -- plumbing
 
     def redis_cli(self, *args: str, timeout: float = 120) -> str:
+        tls = [] if self.tls is None else ["--tls", "--cacert", str(self.tls / "ca.crt")]
         done = subprocess.run(
-            [self.cli, *args], check=True, capture_output=True, text=True, timeout=timeout
+            [self.cli, *tls, *args], check=True, capture_output=True, text=True, timeout=timeout
         )
         return done.stdout
 
@@ -127,11 +145,10 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        """``redis+cluster://`` through one live node."""
+        """``redis+cluster://`` (``rediss+cluster://``) through one live node."""
+        if self.tls is not None:
+            return f"rediss+cluster://{self.seed.address}?ssl_ca_certs={self.tls / 'ca.crt'}"
         return f"redis+cluster://{self.seed.address}"
-
-    def client(self) -> RedisCluster:
-        return RedisCluster(host="127.0.0.1", port=self.seed.port)
 
     def close(self) -> None:
         for node in self.nodes:

@@ -6,16 +6,18 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from click.testing import Result
 
-from distsched import Claim, Scheduler, State
+from distsched import Claim, Outcome, Scheduler, State
 from distsched.cli import cli, cluster_url
 from distsched.errors import InvalidArgument
 from tests.cluster_fixtures import LocalCluster, Node
 from tests.conftest import CLI_COMMAND, REPO_ROOT, subprocess_env
 from tests.test_cli import _runner, assert_one_line_error
+from tests.test_tls import OPENSSL, make_certificates, unavailable
 
 NAMESPACE = "cli-cluster"
 
@@ -181,3 +183,29 @@ def test_server_time_reads_the_clock_of_the_master_that_owns_the_namespace(
         }
     assert calls.pop(owner.address)["eval"] == 10
     assert all(c == {"eval": 0, "time": 0} for c in calls.values()), calls
+
+
+def test_a_tls_cluster_is_reached_with_a_rediss_cluster_url_or_rediss_and_the_flag(
+    tmp_path: Path,
+) -> None:
+    if OPENSSL is None:
+        unavailable("openssl is not on PATH")
+    make_certificates(tmp_path)
+    try:
+        tls = LocalCluster(masters=3, tls=tmp_path)
+    except subprocess.CalledProcessError as exc:
+        unavailable(f"redis-cli could not create a TLS cluster: {exc.stderr.strip()[-300:]}")
+    try:
+        ca = tmp_path / "ca.crt"
+        node = not_owner(tls, NAMESPACE)
+        flagged = ["--redis", f"rediss://{node.address}?ssl_ca_certs={ca}", "--cluster"]
+        ok(run(*flagged, "--namespace", NAMESPACE, "schedule", "t", "--fn", "f"))
+        assert "ready" in ok(run("--redis", tls.url, "--namespace", NAMESPACE, "status", "t"))
+        with Scheduler.from_url(tls.url, namespace=NAMESPACE) as s:
+            claim = s.next("w")
+            assert isinstance(claim, Claim) and claim.task_id == "t"
+            assert s.complete(claim) is Outcome.APPLIED
+            assert abs(s.server_time() - time.time()) < 5
+        assert "succeeded" in ok(run(*flagged, "--namespace", NAMESPACE, "status", "t"))
+    finally:
+        tls.close()
