@@ -10,8 +10,9 @@ from distsched.client import Scheduler
 from distsched.context import StopReason
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
-from distsched.worker.common import TRANSIENT, backoff
+from distsched.worker.common import backoff
 from distsched.worker.jobs import Slots
+from distsched.worker.reports import PASSING
 from distsched.worker.served import ServedFunctions
 
 log = logging.getLogger("distsched.worker")
@@ -84,7 +85,7 @@ class Heartbeat:
     def announce(self) -> None:
         try:
             self.served.announce()
-        except (ClosedError, *TRANSIENT) as exc:
+        except (ClosedError, *PASSING) as exc:
             log.debug("announcing the served functions failed: %s", exc)
             self.served.postpone(self.interval)
         except Exception:
@@ -111,7 +112,7 @@ class Heartbeat:
             self.metrics.on_housekeeping(chores["reaped"], chores["compacted"], chores["purged"])
             if self.observed:
                 self._observe_namespace()
-        except TRANSIENT as exc:
+        except PASSING as exc:
             log.warning("heartbeat failed: %s", exc)
             return False
         except ClosedError:

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import RedisClusterException
+
 from distsched import core
 from distsched.client import Scheduler
 from distsched.context import TaskContext
@@ -24,6 +26,9 @@ log = logging.getLogger("distsched.worker")
 
 # The most outcomes sent in one report call.
 REPORT_BATCH = 512
+# Faults ridden out with short pauses: those of the worker, and redis-py's cluster
+# client finding no node to ask (outside RedisError) while a cluster changes.
+PASSING = (*TRANSIENT, RedisClusterException)
 # The longest pause before sending again reports that Redis refused (not a transient
 # fault: a corrupt record, an ACL, out of memory), so that the log is not flooded.
 REFUSED_RETRY_MAX_S = 30.0
@@ -271,7 +276,7 @@ class Reporter:
             failed = Report(reports[0].job, ReportKind.FAIL, reason)
             self._waiting.append(_Waiting(failed, time.monotonic()))
             return
-        except TRANSIENT as exc:
+        except PASSING as exc:
             self._again(reports, tries, exc, transient=True)
             return
         except Exception as exc:
