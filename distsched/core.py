@@ -1177,8 +1177,8 @@ class Ops:
                 return reply
             except Unavailable:
                 # While a cluster moves the slot, a transaction over keys split between
-                # the old and the new node is refused (TRYAGAIN) until the move ends;
-                # sent apart, each command is redirected to wherever its key is.
+                # the old and the new node fails (ASK inside MULTI, TRYAGAIN) until the
+                # move ends; sent apart, each command is redirected to where its key is.
                 request = Commands(commands, atomic=False)
                 yield Sleep(pause)
         reply = yield request
