@@ -25,7 +25,7 @@ import redis
 
 from distsched import __version__, views
 from distsched.client import Scheduler
-from distsched.core import TaskInfo
+from distsched.core import CLUSTER_SCHEMES, TaskInfo, cluster_seed
 from distsched.errors import (
     ConflictError,
     CycleError,
@@ -83,6 +83,19 @@ class Settings:
     url: str
     namespace: str
     url_given: bool
+    cluster: bool = False
+
+
+def cluster_url(url: str) -> str:
+    """``url`` naming a Redis Cluster through that node: ``redis://`` becomes
+    ``redis+cluster://`` and ``rediss://`` ``rediss+cluster://`` (user, password and
+    query kept); a cluster URL stays as it is."""
+    if cluster_seed(url) is not None:
+        return url
+    for cluster_scheme, plain in CLUSTER_SCHEMES.items():
+        if url.startswith(plain):
+            return cluster_scheme + url[len(plain) :]
+    raise InvalidArgument("url", f"--cluster needs a redis:// or rediss:// URL, got {redact(url)}")
 
 
 def _invalid(exc: InvalidArgument) -> str:
@@ -103,14 +116,43 @@ class CliGroup(click.Group):
             raise click.ClickException(_invalid(exc)) from None
         except redis.ConnectionError as exc:  # distsched's Unavailable included
             url = redact(_settings(ctx).url)
+            if _redirected(exc):
+                raise click.ClickException(_cluster_node_message(_settings(ctx).url)) from None
             raise click.ClickException(
                 f"cannot connect to Redis at {url}: {one_line(exc)}"
+            ) from None
+        except redis.exceptions.RedisClusterException as exc:
+            # redis-py's own, outside RedisError: no node answered, or none let us in.
+            url = redact(_settings(ctx).url)
+            raise click.ClickException(
+                f"cannot connect to the Redis Cluster at {url}: {one_line(exc)}"
             ) from None
         except DistschedError as exc:
             raise click.ClickException(one_line(exc)) from None
         except redis.RedisError as exc:
             url = redact(_settings(ctx).url)
             raise click.ClickException(f"Redis at {url}: {one_line(exc)}") from None
+
+
+def _redirected(exc: BaseException) -> bool:
+    """A cluster node answered MOVED or ASK: the URL names one node of a cluster."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, redis.exceptions.AskError):  # MovedError included
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _cluster_node_message(url: str) -> str:
+    try:
+        suggestion = f"--redis {redact(cluster_url(url))}"
+    except InvalidArgument:
+        suggestion = "--redis redis+cluster://HOST:PORT"
+    return (
+        f"{redact(url)} is a node of a Redis Cluster: use {suggestion} "
+        "(or add --cluster) to reach the whole cluster"
+    )
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -130,7 +172,20 @@ def _connect(ctx: click.Context, lease_s: float = 30.0) -> Scheduler:
         # redis-py's URL parser: bad port, bad database number, ...
         raise click.ClickException(f"invalid --redis: {one_line(exc)}") from None
     ctx.call_on_close(scheduler.close)
+    if cluster_seed(settings.url) is None:
+        _refuse_cluster_node(scheduler, settings.url)
     return scheduler
+
+
+def _refuse_cluster_node(scheduler: Scheduler, url: str) -> None:
+    """A plain URL naming a cluster node would meet MOVED for most namespaces: say how
+    to reach the cluster instead, before anything is sent."""
+    try:
+        info = scheduler.client.info("cluster")
+    except redis.ResponseError:
+        return  # INFO refused (an ACL, a server without it): the calls themselves will tell
+    if str(info.get("cluster_enabled", "0")) == "1":
+        raise click.ClickException(_cluster_node_message(url))
 
 
 @contextmanager
@@ -294,7 +349,16 @@ def _status_lines(
     default=DEFAULT_URL,
     show_default=True,
     metavar="URL",
-    help="Redis URL (redis://, rediss:// or unix://). Env: DISTSCHED_REDIS_URL.",
+    help="Redis URL: redis://, rediss:// (TLS) or unix://; a Redis Cluster as "
+    "redis+cluster://HOST:PORT or rediss+cluster:// through any one of its nodes. "
+    "Env: DISTSCHED_REDIS_URL.",
+)
+@click.option(
+    "--cluster",
+    is_flag=True,
+    envvar="DISTSCHED_CLUSTER",
+    help="The --redis URL names a node of a Redis Cluster (same as redis+cluster://). "
+    "Env: DISTSCHED_CLUSTER=1.",
 )
 @click.option(
     "--namespace",
@@ -305,14 +369,17 @@ def _status_lines(
 )
 @click.version_option(__version__, prog_name="distsched")
 @click.pass_context
-def cli(ctx: click.Context, url: str, namespace: str) -> None:
+def cli(ctx: click.Context, url: str, namespace: str, cluster: bool) -> None:
     """distsched: a Redis-based distributed task scheduler.
 
     Try `distsched demo` for a tour that needs no setup.
     """
     source = ctx.get_parameter_source("url")
     given = source not in (None, click.core.ParameterSource.DEFAULT)
-    ctx.obj = Settings(url=url, namespace=namespace, url_given=given)
+    ctx.obj = Settings(
+        url=cluster_url(url) if cluster else url, namespace=namespace, url_given=given,
+        cluster=cluster,
+    )  # fmt: skip
 
 
 @cli.command()
@@ -865,7 +932,7 @@ def _given_url_checked(ctx: click.Context, override: str | None) -> str | None:
     settings = _settings(ctx)
     url: str | None = None
     if override is not None:
-        url = settings.url = override
+        url = settings.url = cluster_url(override) if settings.cluster else override
     elif settings.url_given:
         url = settings.url
     if url is not None:

@@ -1148,6 +1148,9 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     redis_exceptions.ReadOnlyError,
     redis_exceptions.AskError,  # MovedError included: redirects the client did not follow
     redis_exceptions.SlotNotCoveredError,
+    # The cluster client gave up following redirections ("TTL exhausted"): a slot on
+    # the move, or a failover, outlasted its tries.
+    redis_exceptions.ClusterError,
 )
 
 
@@ -1230,6 +1233,10 @@ def _one(command: tuple[Any, ...]) -> Commands:
     return Commands((command,), atomic=False)
 
 
+# TIME as seen by the node that owns KEYS[1] (the script does not touch the key).
+SERVER_TIME_LUA = "return redis.call('TIME')"
+
+
 @dataclass(frozen=True)
 class Ops:
     """The operations of one namespace, with the scheduler's settings (pure, no I/O)."""
@@ -1266,6 +1273,10 @@ class Ops:
                 reply: list[Any] = yield request
                 return reply
             except Unavailable:
+                # While a cluster moves the slot, a transaction over keys split between
+                # the old and the new node fails (ASK inside MULTI, TRYAGAIN) until the
+                # move ends; sent apart, each command is redirected to where its key is.
+                request = Commands(commands, atomic=False)
                 yield Sleep(pause)
         reply = yield request
         return reply
@@ -1468,7 +1479,10 @@ class Ops:
         return decode_stats(_mapping(meta), int(entries), int(leases))
 
     def server_time(self) -> Op[float]:
-        (reply,) = yield from self.read(("TIME",), atomic=False)
+        # A plain TIME goes to whichever node the client picks; the one clock that
+        # decides due-ness and leases is that of the master holding the namespace's
+        # slot, so the call names a namespace key and a cluster client routes it there.
+        (reply,) = yield from self.read(("EVAL", SERVER_TIME_LUA, 1, self.keys.meta), atomic=False)
         seconds, micros = reply
         return float(seconds) + float(micros) / 1e6
 
@@ -1544,8 +1558,11 @@ class Ops:
         return int(next_cursor), rows
 
     def exists(self) -> Op[bool]:
-        (count,) = yield from self.read(("EXISTS", *self.keys.all_keys()))
-        return int(count) > 0
+        # One key per command: while a cluster moves the namespace's slot, a command
+        # naming several keys is refused (TRYAGAIN) until the move ends, one naming a
+        # single key is redirected to wherever that key is.
+        counts = yield from self.read(*(("EXISTS", key) for key in self.keys.all_keys()))
+        return any(int(count) for count in counts)
 
     def clear(self) -> Op[None]:
         yield _one(("DEL", *self.keys.all_keys()))

@@ -10,8 +10,9 @@ from distsched.client import Scheduler
 from distsched.context import StopReason
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
-from distsched.worker.common import TRANSIENT
+from distsched.worker.common import backoff
 from distsched.worker.jobs import Slots
+from distsched.worker.reports import PASSING
 from distsched.worker.served import ServedFunctions
 
 log = logging.getLogger("distsched.worker")
@@ -57,29 +58,43 @@ class Heartbeat:
 
     def _loop(self) -> None:
         next_beat = time.monotonic() + self.interval
-        while True:
-            self.now.wait(max(0.0, min(next_beat - time.monotonic(), self.served.refresh_due_in())))
-            if self._stop.is_set():
-                return
-            if self.now.is_set() or time.monotonic() >= next_beat:
-                self.now.clear()
-                next_beat = time.monotonic() + self.interval
-                self.beat()
-            if self.served.refresh_due_in() == 0:
-                self.announce()
+        retry = backoff()
+        while not self._stop.is_set():
+            try:
+                wait = min(next_beat - time.monotonic(), self.served.refresh_due_in())
+                self.now.wait(max(0.0, wait))
+                if self._stop.is_set():
+                    return
+                if self.now.is_set() or time.monotonic() >= next_beat:
+                    self.now.clear()
+                    if self.beat():
+                        retry = backoff()
+                        next_beat = time.monotonic() + self.interval
+                    else:
+                        # Redis is away (a failover takes seconds): try again soon, so
+                        # that leases are extended as soon as it is back.
+                        next_beat = time.monotonic() + min(self.interval, next(retry))
+                if self.served.refresh_due_in() == 0:
+                    self.announce()
+            except Exception:
+                # Without this thread every running task would lose its lease: whatever
+                # goes wrong in a round, the next one comes.
+                log.exception("heartbeat round failed")
+                self._stop.wait(self.interval)
 
     def announce(self) -> None:
         try:
             self.served.announce()
-        except (ClosedError, *TRANSIENT) as exc:
+        except (ClosedError, *PASSING) as exc:
             log.debug("announcing the served functions failed: %s", exc)
             self.served.postpone(self.interval)
         except Exception:
             log.exception("announcing the served functions failed")
             self.served.postpone(self.interval)
 
-    def beat(self) -> None:
-        """One round; a failed round is logged and the next one comes as usual."""
+    def beat(self) -> bool:
+        """One round; False when Redis was unavailable (the round is logged and tried
+        again after a short pause)."""
         jobs = [j for j in self.slots.held() if not j.released]
         try:
             if jobs:
@@ -97,14 +112,16 @@ class Heartbeat:
             self.metrics.on_housekeeping(chores["reaped"], chores["compacted"], chores["purged"])
             if self.observed:
                 self._observe_namespace()
-        except TRANSIENT as exc:
+        except PASSING as exc:
             log.warning("heartbeat failed: %s", exc)
+            return False
         except ClosedError:
-            return
+            return True
         except Exception:
-            # A refused call (corrupt record, read-only replica, OOM) must not end this
-            # thread: without heartbeats every running task would lose its lease.
+            # A refused call (corrupt record, OOM) must not end this thread: without
+            # heartbeats every running task would lose its lease.
             log.exception("heartbeat round failed")
+        return True
 
     def _observe_namespace(self) -> None:
         before = time.time()
