@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from distsched import core
 from distsched.client import BaseScheduler, client_from_url
@@ -106,7 +106,7 @@ class AsyncScheduler(BaseScheduler):
     async def _send(self, request: core.Request) -> Any:
         try:
             return await self._request(request)
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             return core.failure(exc)
 
     async def _request(self, request: core.Request) -> Any:

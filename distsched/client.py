@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from distsched import core
 from distsched.core import (
@@ -161,7 +161,7 @@ class Scheduler(BaseScheduler):
     def _send(self, request: core.Request) -> Any:
         try:
             return self._request(request)
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:
             return core.failure(exc)
 
     def _request(self, request: core.Request) -> Any:

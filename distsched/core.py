@@ -1151,6 +1151,8 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     # The cluster client gave up following redirections ("TTL exhausted"): a slot on
     # the move, or a failover, outlasted its tries.
     redis_exceptions.ClusterError,
+    # The cluster client could reach no node ("no node reachable"), or lost its slot map.
+    redis_exceptions.RedisClusterException,
 )
 
 

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -96,7 +96,7 @@ class Fleet:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        codes = []
+        codes: list[int | None] = []
         for proc in self.procs:
             try:
                 codes.append(proc.wait(30))
@@ -194,8 +194,11 @@ class Operator:
 
     def _api(self) -> None:
         with Scheduler.from_url(self.url, namespace=self.namespace) as s:
-            reads = [("status", lambda: s.status("t0")), ("stats", s.stats),
-                     ("overview", s.overview)]  # fmt: skip
+            reads: list[tuple[str, Callable[[], object]]] = [
+                ("status", lambda: s.status("t0")),
+                ("stats", s.stats),
+                ("overview", s.overview),
+            ]
             i = 0
             while not self.stop.is_set():
                 what, read = reads[i % len(reads)]

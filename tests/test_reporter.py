@@ -26,7 +26,7 @@ def test_an_outcome_redis_refuses_is_sent_again_until_applied_not_dropped(
     admin = own_redis.client()
     keys = Keys(namespace)
     claim_keys = [f"~{key}" for key in {*keys.for_script("claim"), *keys.for_script("heartbeat")}]
-    admin.execute_command(
+    admin.execute_command(  # type: ignore[no-untyped-call]
         "ACL", "SETUSER", "app", "reset", "on", ">pw", *claim_keys, "&*", "+@all"
     )  # fmt: skip
     setup = Scheduler.from_url(own_redis.url, namespace=namespace)
@@ -46,7 +46,7 @@ def test_an_outcome_redis_refuses_is_sent_again_until_applied_not_dropped(
             time.sleep(1.0)  # a few more refusals
             assert worker.snapshot()["reporting"] == 1
             assert setup.status("job").state is State.RUNNING
-            admin.execute_command("ACL", "SETUSER", "app", "allkeys")
+            admin.execute_command("ACL", "SETUSER", "app", "allkeys")  # type: ignore[no-untyped-call]
             wait_until(lambda: setup.status("job").state is State.SUCCEEDED, 30, "the completion")
         info = setup.status("job")
         assert (info.state, info.attempt, info.result) == (State.SUCCEEDED, 1, True)

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -139,7 +139,7 @@ def test_a_killed_idle_worker_does_not_lose_a_task(own_redis: RedisServer) -> No
             wait_until(lambda: admin.zcard(idle) == 2, 30, "both workers to go idle")
             # The entry a new task would wake first: kill its process, so that the wake-up
             # goes to a dead worker (the default worker id holds the process id).
-            (first,) = admin.zrange(idle, 0, 0)
+            (first,) = cast(list[bytes], admin.zrange(idle, 0, 0))
             pid = int(first.decode().split(":w:", 1)[1].split(":")[1])
             (victim,) = [p for p in procs if p.pid == pid]
             os.kill(pid, signal.SIGKILL)
@@ -433,7 +433,7 @@ def test_the_worker_waiting_for_the_next_entry_passes_its_timer_on_when_it_stops
             s.schedule("later", fn="mark", delay=1.0)
             wait_until(lambda: s.client.hget(s.keys.meta, "timer"), 5, "a timer holder")
             holder = s.client.hget(s.keys.meta, "timer")
-            assert holder is not None
+            assert isinstance(holder, bytes)
             name = holder.decode().rsplit(":", 1)[1]
             workers[name].stop()
             assert workers[name].wait_stopped(10)
@@ -447,25 +447,25 @@ def test_the_worker_waiting_for_the_next_entry_passes_its_timer_on_when_it_stops
 
 def move_slot(client: RedisCluster, key: str) -> None:
     """Migrate the slot of ``key``, with its keys, to another master (a resharding step)."""
-    slot = client.keyslot(key)
-    source_node = client.get_node_from_key(key)
-    nodes = {n.name: redis.Redis(host=n.host, port=n.port) for n in client.get_primaries()}
+    slot = client.keyslot(key)  # type: ignore[no-untyped-call]
+    source_node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+    nodes = {n.name: redis.Redis(host=n.host, port=n.port) for n in client.get_primaries()}  # type: ignore[no-untyped-call]
     try:
-        ids = {name: node.execute_command("CLUSTER", "MYID") for name, node in nodes.items()}
+        ids = {name: node.execute_command("CLUSTER", "MYID") for name, node in nodes.items()}  # type: ignore[no-untyped-call]
         ids = {name: i.decode() if isinstance(i, bytes) else i for name, i in ids.items()}
         source = nodes[source_node.name]
         target_name = next(name for name in nodes if name != source_node.name)
         target = nodes[target_name]
-        target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source_node.name])
-        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target_name])
-        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+        target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source_node.name])  # type: ignore[no-untyped-call]
+        source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target_name])  # type: ignore[no-untyped-call]
+        while keys := source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):  # type: ignore[no-untyped-call]
             host, port = (
                 target.connection_pool.connection_kwargs["host"],
                 target.connection_pool.connection_kwargs["port"],
             )
-            source.execute_command("MIGRATE", host, port, "", 0, 5000, "KEYS", *keys)
+            source.execute_command("MIGRATE", host, port, "", 0, 5000, "KEYS", *keys)  # type: ignore[no-untyped-call]
         for node in nodes.values():
-            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target_name])
+            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target_name])  # type: ignore[no-untyped-call]
     finally:
         for node in nodes.values():
             node.close()
@@ -508,7 +508,7 @@ def test_a_worker_whose_claims_are_refused_stays_up_and_claims_once_allowed(
     user, password = f"noscript-{namespace}", uuid.uuid4().hex
     admin = own_redis.client()
     rules = ["resetkeys", "~ds:*", "resetchannels", "&ds:*", "+@all"]
-    admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules, "-evalsha")
+    admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules, "-evalsha")  # type: ignore[no-untyped-call]
     s = Scheduler(own_redis.client(username=user, password=password), namespace=namespace)
     producer = Scheduler(admin, namespace=namespace)
     ran: list[str] = []
@@ -518,7 +518,7 @@ def test_a_worker_whose_claims_are_refused_stays_up_and_claims_once_allowed(
         with running(worker) as thread:
             time.sleep(0.5)  # claims refused (NOPERM), again and again
             assert thread.is_alive() and ran == []
-            admin.execute_command("ACL", "SETUSER", user, "+evalsha")
+            admin.execute_command("ACL", "SETUSER", user, "+evalsha")  # type: ignore[no-untyped-call]
             wait_state(producer, "t", State.SUCCEEDED, timeout=10.0)
         assert ran == ["t"]
     finally:
