@@ -58,6 +58,10 @@ Echo = Callable[[str], None]
 
 SECTIONS = ("ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake")
 NOOP = "noop"
+# A no-op that also pushes its task id to the list named by its argument, so that the
+# wake section learns of each end with one BLPOP instead of polling (whose cost would
+# grow with the latency it measures).
+SIGNAL = "signal"
 # Batches for graph submissions and the dependents' fill: big enough to be fast,
 # small enough that no single submission is a long script call.
 GRAPH_BATCH = 5_000
@@ -377,8 +381,13 @@ def worker_main(argv: Sequence[str]) -> int:
         runs.append((ctx.task_id, ctx.version, ctx.attempt, started, ctx.claim.run_at))
 
     scheduler = Scheduler.from_url(options.url, namespace=options.namespace, lease_s=options.lease)
+
+    def signal(done_list: str) -> None:
+        noop()
+        scheduler.client.rpush(done_list, current_task().task_id)
+
     try:
-        worker = Worker(scheduler, {NOOP: noop}, concurrency=options.concurrency)
+        worker = Worker(scheduler, {NOOP: noop, SIGNAL: signal}, concurrency=options.concurrency)
         before, _ = clock_offset(scheduler)
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
@@ -1265,17 +1274,12 @@ class Bench:
         raise BenchError("the wake section's worker processes did not subscribe in time")
 
     def _one_task(self, s: Scheduler, task_id: str, procs: WorkerProcesses) -> None:
-        s.schedule(task_id, fn=NOOP)
+        done_list = f"bench:{{{s.namespace}}}:done"
+        s.schedule(task_id, fn=SIGNAL, args=[done_list])
         deadline = time.monotonic() + 30.0
-        # One HGET per look, so that the polling weighs little in Redis's CPU time.
-        while not self._succeeded(s, task_id):
+        while self.client.blpop([done_list], timeout=0.5) is None:
             if time.monotonic() > deadline or not procs.alive():
                 raise BenchError(f"task {task_id!r} of the wake section did not run")
-            time.sleep(0.0005)
-
-    def _succeeded(self, s: Scheduler, task_id: str) -> bool:
-        raw = self.client.hget(s.keys.tasks, task_id)
-        return raw is not None and core.decode_record(raw).state is core.State.SUCCEEDED
 
     def _cpu_us(self) -> float | None:
         """Redis's own CPU time so far (user + system), microseconds."""

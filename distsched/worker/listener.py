@@ -18,7 +18,7 @@ from distsched.worker.jobs import Slots
 log = logging.getLogger("distsched.worker")
 
 # How often the listener checks its stop flag while it waits for messages.
-STOP_CHECK_S = 0.05
+STOP_CHECK_S = 0.25
 
 
 class SubscriptionLost(Exception):
