@@ -224,37 +224,31 @@ class AsyncScheduler(BaseScheduler):
         self._check_open()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        channel = self.keys.worker_channel("wait:" + uuid.uuid4().hex)
-        sharded = await self._sharded_pubsub()
+        waiter = "wait:" + uuid.uuid4().hex
+        channels = (self.keys.worker_channel(waiter), self.keys.wake)
+        sharded = await self.uses_sharded_pubsub()
         pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)
         try:
-            if sharded:
-                await pubsub.ssubscribe(channel, self.keys.wake)
-            else:
-                await pubsub.subscribe(channel, self.keys.wake)
+            await (pubsub.ssubscribe if sharded else pubsub.subscribe)(*channels)
             while True:
                 left = core.IDLE_RECHECK_S if deadline is None else deadline - loop.time()
                 if left <= 0:
                     return False
-                until = int(await self.server_time() * 1000) + core.IDLE_MS
-                await self.client.zadd(self.keys.idle, {channel: until})
+                await self._drive(self._ops.idle(waiter))
                 if await pubsub.get_message(timeout=min(left, core.IDLE_RECHECK_S)) is not None:
                     return True
         finally:
             with contextlib.suppress(RedisError):
-                await self.client.zrem(self.keys.idle, channel)
+                await self.leave(waiter)
             await pubsub.aclose()
 
-    async def _sharded_pubsub(self) -> bool:
-        # As client.sharded_pubsub: SPUBLISH where the server has it (Redis >= 7).
-        if isinstance(self.client, aredis.RedisCluster):
-            return True
-        try:
-            info = await self.client.info("server")
-        except aredis.ResponseError:
-            return True
-        major = str(info.get("redis_version", "7")).split(".", 1)[0]
-        return not major.isdigit() or int(major) >= 7
+    async def leave(self, worker_id: str) -> bool:
+        """See :meth:`Scheduler.leave`."""
+        return await self._drive(self._ops.leave(worker_id))
+
+    async def uses_sharded_pubsub(self) -> bool:
+        """See :meth:`Scheduler.uses_sharded_pubsub`."""
+        return await self._drive(self._ops.uses_sharded_pubsub())
 
     # ------------------------------------------------------------------ housekeeping
 

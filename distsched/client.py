@@ -42,20 +42,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def sharded_pubsub(client: redis.Redis | RedisCluster) -> bool:
-    """Whether the server has sharded pub/sub (Redis >= 7): the scripts then publish
-    wake-ups with SPUBLISH, and a subscriber must use SSUBSCRIBE to hear them."""
-    if isinstance(client, RedisCluster):
-        return True
-    try:
-        version = str(client.info("server").get("redis_version", "7"))
-    except redis.ResponseError:
-        # A user not allowed INFO: distsched needs Redis 7 anyway.
-        return True
-    major = version.split(".", 1)[0]
-    return not major.isdigit() or int(major) >= 7
-
-
 class BaseScheduler:
     """What the sync and asyncio schedulers share: settings, keys and operations."""
 
@@ -321,14 +307,12 @@ class Scheduler(BaseScheduler):
         """
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
-        channel = self.keys.worker_channel("wait:" + uuid.uuid4().hex)
-        sharded = sharded_pubsub(self.client)
+        waiter = "wait:" + uuid.uuid4().hex
+        channels = (self.keys.worker_channel(waiter), self.keys.wake)
+        sharded = self.uses_sharded_pubsub()
         pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
-            if sharded:
-                pubsub.ssubscribe(channel, self.keys.wake)
-            else:
-                pubsub.subscribe(channel, self.keys.wake)
+            (pubsub.ssubscribe if sharded else pubsub.subscribe)(*channels)
             get = pubsub.get_message
             if sharded and isinstance(self.client, RedisCluster):
                 get = pubsub.get_sharded_message
@@ -337,14 +321,25 @@ class Scheduler(BaseScheduler):
                 if left <= 0:
                     return False
                 # Registered (again) for no longer than the entry lives.
-                until = int(self.server_time() * 1000) + core.IDLE_MS
-                self.client.zadd(self.keys.idle, {channel: until})
+                self._drive(self._ops.idle(waiter))
                 if get(timeout=min(left, core.IDLE_RECHECK_S)) is not None:
                     return True
         finally:
             with contextlib.suppress(RedisError):
-                self.client.zrem(self.keys.idle, channel)
+                self.leave(waiter)
             pubsub.close()
+
+    def leave(self, worker_id: str) -> bool:
+        """A listening worker that stops: it is no longer idle, and its kept claim goes.
+
+        When it was the one idle worker waiting for a queue head not due yet, another
+        idle worker is woken to take that over (returns True then).
+        """
+        return self._drive(self._ops.leave(worker_id))
+
+    def uses_sharded_pubsub(self) -> bool:
+        """Whether wake-ups travel on sharded channels (``SSUBSCRIBE``; Redis >= 7)."""
+        return self._drive(self._ops.uses_sharded_pubsub())
 
     # ------------------------------------------------------------------ housekeeping
 

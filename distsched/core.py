@@ -638,6 +638,11 @@ def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_B
     )
 
 
+def leave_call(keys: Keys, worker_id: object) -> Call:
+    worker = validate_worker_id(worker_id)
+    return Call("leave", keys.for_script("leave"), [keys.worker_channel(worker), worker])
+
+
 def propagate_call(keys: Keys, budget: int = PROPAGATE_BUDGET) -> Call:
     return Call("propagate", keys.for_script("propagate"), [budget])
 
@@ -1161,27 +1166,24 @@ def failure(exc: Exception) -> Failure:
 
     Transient errors become :class:`~distsched.errors.Unavailable`; a script's own
     error reply becomes the exception the API promises for it; anything else (an ACL
-    refusal among them) is raised as it is.
+    refusal, a wrong password among them) is raised as redis-py raised it.
     """
-    if isinstance(exc, Unavailable):
-        return Failure(exc)
-    if isinstance(
-        exc,
-        (
-            redis_exceptions.NoPermissionError,
-            redis_exceptions.AuthenticationError,
-            redis_exceptions.AuthorizationError,
-        ),
-    ):
+    kept_as_is = (
+        Unavailable,
+        redis_exceptions.NoPermissionError,
+        redis_exceptions.AuthenticationError,
+        redis_exceptions.AuthorizationError,
+    )
+    if isinstance(exc, kept_as_is):
         # The operator's business, not a passing fault: keep redis-py's own exception.
-        raise exc
+        return Failure(exc)
     if isinstance(exc, TRANSIENT_ERRORS):
         error = Unavailable(f"{type(exc).__name__}: {exc}")
         error.__cause__ = exc
         return Failure(error)
     if isinstance(exc, redis_exceptions.ResponseError):
         return Failure(translate_error(str(exc)))
-    raise exc
+    return Failure(exc)
 
 
 @dataclass(frozen=True)
@@ -1215,6 +1217,10 @@ def split_reply(script: str, reply: Sequence[Any]) -> tuple[int, list[Any]]:
     if not reply:
         raise ScriptError(f"{script}: empty reply")
     return int(reply[0]), list(reply[1:])
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode("utf-8")
 
 
 def _pairs(reply: Sequence[Any]) -> list[tuple[Any, Any]]:
@@ -1442,10 +1448,37 @@ class Ops:
             yield _one(("HSET", self.keys.meta, "max_running", limit))
             # Waiting workers may now have capacity: tell them all (a rare event), on
             # the channel they subscribe to with SSUBSCRIBE, or SUBSCRIBE before Redis 7.
-            try:
-                yield _one(("SPUBLISH", self.keys.wake, "capacity"))
-            except ScriptError:
-                yield _one(("PUBLISH", self.keys.wake, "capacity"))
+            sharded = yield from self.uses_sharded_pubsub()
+            yield _one(("SPUBLISH" if sharded else "PUBLISH", self.keys.wake, "capacity"))
+
+    def uses_sharded_pubsub(self) -> Op[bool]:
+        """Whether wake-ups travel on sharded channels: the server has SPUBLISH (Redis 7)."""
+        try:
+            (info,) = yield from self.read(("INFO", "server"), atomic=False)
+        except (redis_exceptions.RedisError, ScriptError):
+            # Not allowed to ask (an ACL), or a server without INFO (fakeredis): distsched
+            # needs Redis 7 anyway.
+            return True
+        if isinstance(info, (bytes, str)):
+            found = re.search(rb"redis_version:(\d+)", _bytes(info))
+            version = found.group(1).decode() if found else "7"
+        else:
+            version = str(info.get("redis_version", "7"))
+        major = version.split(".", 1)[0]
+        return not major.isdigit() or int(major) >= 7
+
+    def idle(self, worker_id: str) -> Op[None]:
+        """Count ``worker_id`` as an idle worker listening on its channel, for IDLE_MS."""
+        channel = self.keys.worker_channel(validate_worker_id(worker_id))
+        now = yield from self.server_time()
+        yield _one(("ZADD", self.keys.idle, int(now * 1000) + IDLE_MS, channel))
+
+    def leave(self, worker_id: str) -> Op[bool]:
+        channel = self.keys.worker_channel(validate_worker_id(worker_id))
+        (woken,) = yield from self.run(
+            Call("leave", self.keys.for_script("leave"), [channel, worker_id])
+        )
+        return int(woken) == 1
 
     # -------------------------------------------------------------- inspection
 

@@ -40,6 +40,7 @@ SCRIPT_NAMES = (
     "add_deps",
     "purge",
     "compact",
+    "leave",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

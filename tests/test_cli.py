@@ -21,7 +21,6 @@ from click.testing import CliRunner, Result
 
 from distsched import Outcome, Scheduler, State
 from distsched.cli import cli, load_app
-from distsched.client import sharded_pubsub
 from distsched.text import parse_duration
 from distsched.tools.embedded import EmbeddedRedisUnavailable, embedded_redis
 from tests.conftest import (
@@ -542,7 +541,7 @@ def test_embedded_fakeredis_runs_every_script_and_delivers_wake_ups() -> None:
         try:
             # An idle worker listening on its own channel is woken by the new task.
             channel = s.keys.worker_channel("w")
-            if sharded_pubsub(s.client):
+            if s.uses_sharded_pubsub():
                 pubsub.ssubscribe(channel)
             else:
                 pubsub.subscribe(channel)

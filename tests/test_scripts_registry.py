@@ -109,6 +109,7 @@ def sample_calls() -> dict[str, core.Call]:
         "add_deps": core.add_deps_call(keys, "a", ["b"], False),
         "purge": core.purge_call(keys),
         "compact": core.compact_call(keys),
+        "leave": core.leave_call(keys, "w"),
     }
 
 
@@ -488,6 +489,8 @@ def lifecycle(s: Scheduler) -> None:
     assert s.compact() == 0
     s.set_retention(3600)
     assert s.purge() == 0 and s.stats()["retention_s"] == 3600
+    # A worker that stops leaves the idle set ("w" waits for d, due in an hour).
+    assert s.leave("w") is False
 
 
 @pytest.fixture
@@ -593,7 +596,7 @@ class RecordingScheduler(Scheduler):
         return reply
 
 
-NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "compact"}
+NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "compact", "leave"}
 
 
 def test_every_reply_opens_with_the_number_of_propagation_jobs_left(

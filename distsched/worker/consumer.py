@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from distsched.client import Scheduler, sharded_pubsub
+from distsched.client import Scheduler
 from distsched.core import IDLE_RECHECK_S, Claim
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
@@ -118,25 +118,13 @@ class Consumer:
     def leave(self) -> None:
         """Take this worker out of the idle set, so that no wake-up is sent to it any more,
         and drop the tokens its last claim kept (handing them back if its reply was lost)."""
-        keys = self.scheduler.keys
-        client = self.scheduler.client
         try:
             if self.lost is not None:
                 # Stopping before a lost claim reply was recovered: hand its tasks back.
                 self.scheduler.hand_back_lost_claim(self.worker_id, self.lost)
                 self.lost = None
-            channel = keys.worker_channel(self.worker_id)
-            client.zrem(keys.idle, channel)
-            client.hdel(keys.claims, self.worker_id)
-            if client.hget(keys.meta, "timer") == channel.encode():
-                # It was the one idle worker waiting for the next entry: pass that on.
-                client.hdel(keys.meta, "timer", "timer_at")
-                popped: list[tuple[bytes, float]] = client.zpopmin(keys.idle, 1)  # type: ignore[assignment]
-                for member, _ in popped:
-                    if sharded_pubsub(client):
-                        client.spublish(member, "ready")
-                    else:
-                        client.publish(member, "ready")
+            # If it was the one idle worker waiting for the next entry, that passes on.
+            self.scheduler.leave(self.worker_id)
         except Exception as exc:
             # Its entry expires by itself within core.IDLE_MS.
             log.warning("could not leave the idle set: %s", exc)

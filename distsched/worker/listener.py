@@ -9,7 +9,7 @@ from typing import Any
 
 from redis.cluster import ClusterPubSub, RedisCluster
 
-from distsched.client import Scheduler, sharded_pubsub
+from distsched.client import Scheduler
 from distsched.context import StopReason
 from distsched.errors import ClosedError
 from distsched.worker.common import backoff
@@ -69,7 +69,7 @@ class Listener:
             pubsub: Any = None
             try:
                 if sharded is None:
-                    sharded = sharded_pubsub(self.scheduler.client)
+                    sharded = self.scheduler.uses_sharded_pubsub()
                 pubsub = self.scheduler.client.pubsub()  # type: ignore[no-untyped-call]
                 if sharded:
                     pubsub.ssubscribe(*self.channels)

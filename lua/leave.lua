@@ -1,0 +1,34 @@
+-- leave.lua: a listening worker that stops leaves the idle set.
+--
+--- @include idle
+--- @keys meta idle claims
+--
+-- Removes the worker's idle entry and its kept claim (lib/kept.lua). When it was the
+-- one idle worker waiting by its clock for a queue head not due yet (the meta fields
+-- timer, timer_at), it wakes another idle worker to take that over, so the head is
+-- not left to the others' re-check interval. No task changes state.
+--
+-- Writes meta (timer, timer_at), idle, claims; publishes 'ready' on the woken
+-- worker's channel.
+--
+-- ARGV[1] the worker's wake channel (ds:{NS}:w:<worker id>)
+-- ARGV[2] the worker id (its field in claims)
+--
+-- Reply: { 0, 1 when another idle worker was woken to take the timer over, else 0 }.
+-- Cost: O(log N) in the number of idle workers.
+
+return run(function()
+  local channel, worker = ARGV[1], ARGV[2]
+  if not channel or channel == '' or not worker then
+    error({ err = 'BADARG ARGV expected the channel and the worker id' })
+  end
+  local now = now_ms()
+  redis.call('ZREM', k.idle, channel)
+  redis.call('HDEL', k.claims, worker)
+  local woken = 0
+  if redis.call('HGET', k.meta, 'timer') == channel then
+    redis.call('HDEL', k.meta, 'timer', 'timer_at')
+    woken = wake_idle(1, now)
+  end
+  return { 0, woken }
+end)
