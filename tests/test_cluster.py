@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -15,55 +12,19 @@ from redis.cluster import RedisCluster
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker
 from distsched.aio import AsyncScheduler
-from tests.conftest import IN_CI, RedisServer, free_port
-
-
-def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is valid and free too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
+from tests.cluster_fixtures import LocalCluster
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[RedisCluster]:
     """Three real redis-server masters joined into a cluster on free ports."""
-    cli = shutil.which("redis-cli")
-    if cli is None:
-        if IN_CI:
-            pytest.fail("redis-cli is not on PATH, and CI=true requires it for the cluster test")
-        pytest.skip("redis-cli is not on PATH (it creates the test cluster)")
-    nodes: list[RedisServer] = []
+    local = LocalCluster(masters=3, replicas=0)
     try:
-        for _ in range(3):
-            nodes.append(
-                RedisServer(
-                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                    port=cluster_port(),
-                )
-            )  # fmt: skip
-        subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while nodes[0].client().cluster("info")["cluster_state"] != "ok":
-            assert time.monotonic() < deadline, "the test cluster did not come up"
-            time.sleep(0.1)
-        client = RedisCluster(host="127.0.0.1", port=nodes[0].port)
+        client = RedisCluster(host="127.0.0.1", port=local.seed.port)
         yield client
         client.close()
     finally:
-        for node in nodes:
-            node.close()
+        local.close()
 
 
 def test_every_key_of_a_namespace_hashes_to_one_cluster_slot(cluster: RedisCluster) -> None:
