@@ -22,6 +22,7 @@ from distsched.client import BaseScheduler, client_from_url
 from distsched.core import (
     Chores,
     Claim,
+    Explanation,
     Outcome,
     Overview,
     State,
@@ -293,6 +294,10 @@ class AsyncScheduler(BaseScheduler):
     async def overview(self, soon_s: float = 5.0, scan: int = 100) -> Overview:
         """See :meth:`Scheduler.overview`."""
         return await self._drive(self._ops.overview(soon_s, scan))
+
+    async def explain(self, task_id: str) -> Explanation:
+        """See :meth:`Scheduler.explain`."""
+        return await self._drive(self._ops.explain(task_id))
 
     async def leases(self) -> list[tuple[str, float]]:
         """See :meth:`Scheduler.leases`."""

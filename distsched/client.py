@@ -23,6 +23,7 @@ from distsched import core
 from distsched.core import (
     Chores,
     Claim,
+    Explanation,
     Outcome,
     Overview,
     State,
@@ -393,6 +394,13 @@ class Scheduler(BaseScheduler):
         ``oldest_ready_age`` looks at the first ``scan`` due queue entries.
         """
         return self._drive(self._ops.overview(soon_s, scan))
+
+    def explain(self, task_id: str) -> Explanation:
+        """Why ``task_id`` is not running (or that it is): reasons and the facts behind them.
+
+        Bounded reads whatever the namespace's size; ``NotFoundError`` for an unknown id.
+        """
+        return self._drive(self._ops.explain(task_id))
 
     def leases(self) -> list[tuple[str, float]]:
         """Running task ids with their lease deadlines (epoch seconds, server clock)."""

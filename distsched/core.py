@@ -1563,6 +1563,148 @@ class Ops:
             oldest_ready_age=oldest,
         )
 
+    def explain(self, task_id: str) -> Op[Explanation]:
+        validate_task_id(task_id)
+        k = self.keys
+        now = yield from self.server_time()
+        now_ms = int(now * 1000)
+        # Payloads are bounded by max_payload_bytes; results are read only for a failed
+        # task (a succeeded one's result may be large and says nothing here).
+        record_raw, payload, raw_deps, cause, lease, meta = yield from self.read(
+            ("HGET", k.tasks, task_id),
+            ("HGET", k.payloads, task_id),
+            ("HGET", k.deps, task_id),
+            ("HGET", k.blocked, task_id),
+            ("ZSCORE", k.leases, task_id),
+            ("HMGET", k.meta, "max_running", "count:running"),
+        )
+        if record_raw is None:
+            raise NotFoundError(task_id)
+        rec = decode_record(record_raw, task_id)
+        try:
+            fn: str | None = decode_payload(payload)[0]
+        except ValueError:
+            fn = None
+        max_running, running = (_count_or_none(value) for value in meta)
+        deps_list = decode_deps_list(raw_deps)
+        shown = deps_list[:EXPLAIN_LIMIT] if rec.state is State.PENDING else []
+        root: str | None = None
+        if rec.state is State.BLOCKED and cause:
+            try:
+                root = decode_cause(cause)[0]
+            except ValueError:  # junk in the cause: the path is unknown
+                root = None
+        member = queue_member(rec.priority, rec.version, task_id)
+        queued = rec.state is State.READY
+        served = fn is not None and rec.state in (State.READY, State.PENDING)
+        reads: list[tuple[Any, ...]] = []
+        if rec.state is State.FAILED:
+            reads.append(("HGET", k.results, task_id))
+        if queued:
+            reads += [("ZSCORE", k.queue, member), ("ZRANK", k.queue, member)]
+        if served:
+            reads.append(("HGET", k.served, fn))
+        if shown:
+            reads.append(("HMGET", k.tasks, *[dep for _, dep in shown]))
+        if root is not None:
+            reads.append(("HGET", k.tasks, root))
+        replies = list((yield from self.read(*reads))) if reads else []
+        error = None
+        if rec.state is State.FAILED:
+            error = _error_first_line(replies.pop(0))
+        due_at = ahead = None
+        if queued:
+            score, rank = replies.pop(0), replies.pop(0)
+            if score is not None:
+                due_at, ahead = float(score) / 1000.0, int(rank)
+        served_at = None
+        if served:
+            last = _count_or_none(replies.pop(0))
+            served_at = None if last is None else last / 1000.0
+        deps: list[DepState] = []
+        if shown:
+            for (kind, dep), raw in zip(shown, replies.pop(0), strict=True):
+                deps.append(DepState(dep, _state_or_none(raw, dep), optional=kind == "o"))
+        root_state = _state_or_none(replies.pop(0), root) if root is not None else None
+        blocked_by = None
+        if root is not None:
+            blocked_by = yield from self._blocked_path(task_id, cause)
+        lease_deadline = None if lease is None else float(lease) / 1000.0
+        unserved = served and (served_at is None or now - served_at > SERVED_LIVE_S)
+        reasons: list[Reason] = []
+        if rec.state is State.RUNNING:
+            reasons.append(Reason.RUNNING)
+            if rec.cancel_requested:
+                reasons.append(Reason.CANCEL_REQUESTED)
+            if lease_deadline is not None and lease_deadline * 1000 < now_ms:
+                reasons.append(Reason.LEASE_EXPIRED)
+        elif rec.state.terminal:
+            reasons.append(Reason(rec.state.value))
+        elif rec.state is State.PENDING:
+            reasons.append(Reason.WAITING_ON_DEPS)
+            if unserved:
+                reasons.append(Reason.UNSERVED)
+        elif due_at is None:
+            reasons.append(Reason.NOT_QUEUED)
+        elif due_at > now:
+            reasons.append(Reason.NOT_DUE)
+            if unserved:
+                reasons.append(Reason.UNSERVED)
+        else:
+            if unserved:
+                reasons.append(Reason.UNSERVED)
+            if max_running is not None and (running or 0) >= max_running:
+                reasons.append(Reason.CAPACITY)
+            if ahead:
+                reasons.append(Reason.BEHIND)
+            if not reasons:
+                reasons.append(Reason.NEXT)
+        return Explanation(
+            task_id=task_id,
+            state=rec.state,
+            version=rec.version,
+            reasons=tuple(reasons),
+            server_time=now,
+            fn=fn,
+            attempt=rec.attempt,
+            max_attempts=rec.max_attempts,
+            attempts_left=max(0, rec.max_attempts - rec.attempt),
+            worker=rec.worker or None,
+            lease_deadline=lease_deadline,
+            cancel_requested=rec.cancel_requested,
+            due_at=due_at,
+            ahead=ahead,
+            running=running or 0,
+            max_running=max_running,
+            served_at=served_at,
+            remaining=rec.remaining,
+            optional_remaining=rec.optional_remaining,
+            deps=tuple(deps),
+            deps_not_shown=len(deps_list) - len(shown) if rec.state is State.PENDING else 0,
+            blocked_by=blocked_by,
+            root_state=root_state,
+            error=error,
+            updated_at=rec.updated_ms / 1000.0,
+        )
+
+    def _blocked_path(self, task_id: str, cause: Any) -> Op[BlockedBy | None]:
+        """The path from a blocked task's root cause, one read per hop, at most
+        EXPLAIN_LIMIT hops (a longer chain is cut at the root's end)."""
+        walk = blocked_path(task_id, cause)
+        try:
+            parent = next(walk)
+            for _ in range(EXPLAIN_LIMIT):
+                (raw,) = yield from self.read(("HGET", self.keys.blocked, parent))
+                parent = walk.send(raw)
+            # Too long a chain: the rest of it is not read, so the path ends there.
+            walk.send(None)
+        except StopIteration as done:
+            result: BlockedBy = done.value
+            return result
+        except ValueError:  # a cause with junk in it: the path is unknown
+            return None
+        return None
+
     def leases(self) -> Op[list[tuple[str, float]]]:
         (rows,) = yield from self.read(("ZRANGE", self.keys.leases, 0, -1, "WITHSCORES"))
         return [
@@ -1606,3 +1748,148 @@ class Ops:
         """An operation that sends nothing (lets a shell run its pending set-up)."""
         return
         yield  # a generator all the same
+
+
+# --------------------------------------------------------------------------- explain
+#
+# What ``Ops.explain`` answers. Every read it makes is bounded, whatever the size of the
+# namespace: no scan of the tasks, at most EXPLAIN_LIMIT dependency states and
+# EXPLAIN_LIMIT hops of a blocked task's path.
+
+EXPLAIN_LIMIT = 50
+# A function counts as served while a worker announced it at most this long ago: the
+# rule of ``distsched.worker.served`` (LIVE_S there), which the API layer owns.
+SERVED_LIVE_S = 60.0
+
+
+class Reason(str, enum.Enum):
+    """Why a task is not running (or that it is), as ``Scheduler.explain`` finds it."""
+
+    RUNNING = "running"
+    """It runs: ``worker`` holds its lease until ``lease_deadline``."""
+    CANCEL_REQUESTED = "cancel_requested"
+    """It runs, and its function was asked to stop."""
+    LEASE_EXPIRED = "lease_expired"
+    """It runs, but its lease deadline passed: the next reap retries or fails it."""
+    SUCCEEDED = "succeeded"
+    """It ran and succeeded."""
+    FAILED = "failed"
+    """It failed (``error``) and has no attempt left."""
+    CANCELLED = "cancelled"
+    """It was cancelled."""
+    BLOCKED = "blocked"
+    """A required dependency chain failed or was cancelled (``blocked_by``)."""
+    WAITING_ON_DEPS = "waiting_on_deps"
+    """It is pending: ``remaining`` required (and ``optional_remaining`` optional)
+    dependencies have not finished (``deps`` lists their states)."""
+    NOT_DUE = "not_due"
+    """It is queued and due at ``due_at`` (server clock), later than now."""
+    UNSERVED = "unserved"
+    """No live worker announced its function in the last ``SERVED_LIVE_S`` seconds."""
+    CAPACITY = "capacity"
+    """It is due, but ``running`` has reached the namespace's ``max_running``."""
+    BEHIND = "behind"
+    """It is due, with ``ahead`` queue entries before it."""
+    NEXT = "next"
+    """It is due and first in line: the next claim by a worker with a free slot takes it."""
+    NOT_QUEUED = "not_queued"
+    """It is ready but its queue entry is missing (data changed outside distsched)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class DepState:
+    """A dependency of a pending task and its state (None: no record, or none readable)."""
+
+    task_id: str
+    state: State | None
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why a task is not running (``Scheduler.explain``), read on the server's clock.
+
+    ``reasons`` holds every reason found, the one that matters most first. Times are
+    epoch seconds of the Redis server's clock, as ``server_time`` is.
+
+    - ``attempts_left``: attempts not started yet (``max_attempts - attempt``).
+    - ``due_at``, ``ahead`` (a ready task): when its queue entry is due, and how many
+      queue entries come before it. ``ahead`` counts stale entries too (left by
+      replaced or cancelled tasks, dropped when they reach the head), so it is at most
+      the number of tasks that will be claimed first.
+    - ``running`` / ``max_running``: the namespace's running tasks and bound (None: none).
+    - ``served_at``: when a worker last announced the task's function (None: never;
+      read for pending and ready tasks only).
+    - ``deps`` (a pending task): the states of its first ``EXPLAIN_LIMIT`` dependencies
+      in the order given, and ``deps_not_shown`` the number of the rest.
+    - ``blocked_by``, ``root_state`` (a blocked task): the root cause, the path from it
+      (at most ``EXPLAIN_LIMIT`` hops read: a longer path starts after its root), and
+      the root's state now.
+    - ``error``: a failed task's error, first line only.
+    """
+
+    task_id: str
+    state: State
+    version: int
+    reasons: tuple[Reason, ...]
+    server_time: float
+    fn: str | None
+    attempt: int
+    max_attempts: int
+    attempts_left: int
+    worker: str | None
+    lease_deadline: float | None
+    cancel_requested: bool
+    due_at: float | None
+    ahead: int | None
+    running: int
+    max_running: int | None
+    served_at: float | None
+    remaining: int
+    optional_remaining: int
+    deps: tuple[DepState, ...]
+    deps_not_shown: int
+    blocked_by: BlockedBy | None
+    root_state: State | None
+    error: str | None
+    updated_at: float
+
+    @property
+    def reason(self) -> Reason:
+        """The reason that matters most."""
+        return self.reasons[0]
+
+
+def queue_member(priority: int, version: int, task_id: str) -> bytes:
+    """The queue entry of a task's version (``queue_member`` in ``lua/lib/record.lua``)."""
+    return b"%08x%014x" % (PRIORITY_MAX - priority, version) + task_id.encode("utf-8")
+
+
+def _count_or_none(raw: Any) -> int | None:
+    """A stored count, or None when absent or junk (the scripts ignore junk the same way)."""
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None
+
+
+def _state_or_none(raw: Any, task_id: str) -> State | None:
+    if raw is None:
+        return None
+    try:
+        return decode_record(raw, task_id).state
+    except ScriptError:  # a corrupt record: its state is unknown
+        return None
+
+
+def _error_first_line(raw: Any) -> str | None:
+    if not raw or raw[:1] != b"E":
+        return None
+    text: str = raw[1:].decode("utf-8", "replace")
+    return text.strip().splitlines()[0] if text.strip() else None
