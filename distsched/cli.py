@@ -25,7 +25,7 @@ import redis
 
 from distsched import __version__, views
 from distsched.client import Scheduler
-from distsched.core import CLUSTER_SCHEMES, TaskInfo, cluster_seed
+from distsched.core import CLUSTER_SCHEMES, Explanation, Reason, State, TaskInfo, cluster_seed
 from distsched.errors import (
     ConflictError,
     CycleError,
@@ -643,6 +643,120 @@ def status(ctx: click.Context, task_id: str, as_json: bool, full: bool, preview_
     width = max(len(key) for key, _ in lines)
     for key, value in lines:
         click.echo(f"{key + ':':<{width + 1}} {value}")
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _why_lines(exp: Explanation) -> list[str]:
+    """The explanation in plain sentences: a headline, then one line per reason."""
+    now = exp.server_time
+    fn = views.show_id(exp.fn) if exp.fn else "(unreadable payload)"
+    lines = [
+        f"{views.show_id(exp.task_id)} (version {exp.version}, fn {fn}) is {exp.state.value}"
+        + ("." if exp.state is State.RUNNING else ", not running:")
+    ]
+    spent = f"{exp.attempt} of {exp.max_attempts} attempts"
+    for reason in exp.reasons:
+        if reason is Reason.RUNNING:
+            lease = "with no lease recorded"
+            if exp.lease_deadline is not None:
+                lease = f"until {iso(exp.lease_deadline)} ({relative(exp.lease_deadline, now)})"
+            text = (
+                f"it runs attempt {exp.attempt} of {exp.max_attempts}, leased by "
+                f"{views.show_id(exp.worker or '?')} {lease}"
+            )
+        elif reason is Reason.CANCEL_REQUESTED:
+            text = (
+                "cancel requested: its function is asked to stop at the next heartbeat, "
+                "and the task ends cancelled when it does"
+            )
+        elif reason is Reason.LEASE_EXPIRED:
+            ago = now - (exp.lease_deadline or now)
+            then = "retries it" if exp.attempts_left else "fails it (no attempt left)"
+            text = f"its lease expired {ago:.3f} s ago: the next reap {then}"
+        elif reason is Reason.SUCCEEDED:
+            text = f"it succeeded at {iso(exp.updated_at)}"
+        elif reason is Reason.FAILED:
+            error = one_line(exp.error) if exp.error else "no error recorded"
+            text = f"it failed at {iso(exp.updated_at)} after {spent}: {error}"
+        elif reason is Reason.CANCELLED:
+            text = f"it was cancelled at {iso(exp.updated_at)}"
+        elif reason is Reason.BLOCKED:
+            cause = exp.blocked_by
+            if cause is None:
+                text = "it is blocked; its root cause is not recorded"
+            else:
+                root_state = exp.root_state.value if exp.root_state else "no longer readable"
+                text = (
+                    f"it is blocked by {views.show_id(cause.root)} ({root_state}), "
+                    f"via {views.show_path(cause.path)}"
+                )
+        elif reason is Reason.WAITING_ON_DEPS:
+            waits = _count(exp.remaining, "required dependency", "required dependencies")
+            text = f"it waits on {waits}"
+            if exp.optional_remaining:
+                text += f" and {exp.optional_remaining} optional"
+            if exp.deps:
+                text += ":"
+        elif reason is Reason.NOT_DUE:
+            due = exp.due_at or now
+            retry = f" (a retry after backoff, {spent} spent)" if exp.attempt else ""
+            text = (
+                f"it is not due yet: due at {iso(due)} ({relative(due, now)}, server clock){retry}"
+            )
+        elif reason is Reason.UNSERVED:
+            last = (
+                "none ever announced it"
+                if exp.served_at is None
+                else f"last announced {now - exp.served_at:.0f} s ago"
+            )
+            text = f"no live worker serves its function {fn}: {last}"
+        elif reason is Reason.CAPACITY:
+            text = f"capacity is full: {exp.running} running, max_running {exp.max_running}"
+        elif reason is Reason.BEHIND:
+            text = (
+                f"it is due, {_count(exp.ahead or 0, 'queue entry', 'queue entries')} ahead of it "
+                "(live tasks, and stale entries of replaced or cancelled tasks)"
+            )
+        elif reason is Reason.NEXT:
+            text = "it is due and first in line: the next worker with a free slot claims it"
+        else:
+            text = "it is ready but has no queue entry (its data was changed outside distsched)"
+        lines.append(f"- {text}")
+        if reason is Reason.WAITING_ON_DEPS:
+            for dep in exp.deps:
+                kind = " (optional)" if dep.optional else ""
+                state = dep.state.value if dep.state else "no record (not submitted yet)"
+                lines.append(f"    {views.show_id(dep.task_id)}{kind}: {state}")
+            if exp.deps_not_shown:
+                lines.append(f"    ... and {exp.deps_not_shown} more not shown")
+    if not exp.state.terminal and exp.state is not State.RUNNING:
+        lines.append(f"{spent} spent, {exp.attempts_left} left.")
+    return lines
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def why(ctx: click.Context, task_id: str, as_json: bool) -> None:
+    """Why task ID is not running (or that it is), in plain sentences.
+
+    Times are on the Redis server's clock. A due task's place counts the queue
+    entries ahead of it, stale ones included.
+    """
+    scheduler = _connect(ctx)
+    with _task(ctx, task_id):
+        exp = scheduler.explain(task_id)
+    if as_json:
+        data = jsonable(exp)
+        data["reasons"] = [reason.value for reason in exp.reasons]
+        click.echo(json.dumps(data, ensure_ascii=False))
+        return
+    for line in _why_lines(exp):
+        click.echo(line)
 
 
 def _require_namespace(ctx: click.Context, scheduler: Scheduler) -> None:

@@ -1657,7 +1657,7 @@ class Ops:
                 reasons.append(Reason.CAPACITY)
             if ahead:
                 reasons.append(Reason.BEHIND)
-            if not reasons:
+            elif Reason.CAPACITY not in reasons:
                 reasons.append(Reason.NEXT)
         return Explanation(
             task_id=task_id,
