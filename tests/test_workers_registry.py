@@ -8,8 +8,10 @@ import json
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgpack
 import pytest
@@ -17,7 +19,7 @@ import redis
 
 import distsched
 from distsched import Scheduler, Worker
-from distsched.core import WORKER_ALIVE_BEATS, WORKER_DROP_LEASES
+from distsched.core import WORKER_ALIVE_BEATS, WORKER_DROP_LEASES, Call, Commands, Request
 from tests.conftest import CLI_COMMAND, RedisServer, running, subprocess_env
 from tests.test_cli import invoke
 from tests.test_worker import wait_state, wait_until
@@ -238,3 +240,43 @@ def test_the_workers_command_prints_a_table_and_json(
     assert data[1]["counts"]["succeeded"] == 1 and data[1]["alive"] is True
     # Once stopped cleanly, they are gone.
     assert invoke(redis_server, namespace, "workers", "--json").stdout.strip() in ("[]",)
+
+
+class RecordingScheduler(Scheduler):
+    """Records the script names and plain commands sent, in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[tuple[Any, ...]] = []
+        self.sent_lock = threading.Lock()
+
+    def _request(self, request: Request) -> Any:
+        with self.sent_lock:
+            if isinstance(request, Call):
+                self.sent.append(("script", request.script))
+            elif isinstance(request, Commands):
+                self.sent.extend(request.commands)
+        return super()._request(request)
+
+
+def test_a_worker_writes_its_entry_once_per_heartbeat_round_and_never_after_stopping(
+    redis_client: redis.Redis, namespace: str
+) -> None:
+    s = RecordingScheduler(redis_client, namespace=namespace, lease_s=LEASE_S)
+    try:
+        worker = Worker(s, {"f": lambda: None}, worker_id="counted", heartbeat_s=0.05)
+        with running(worker):
+            # Each round reaps once (housekeeping) before it writes the entry.
+            wait_until(lambda: s.sent.count(("script", "reap")) >= 10, 20, "ten rounds")
+        with s.sent_lock:
+            sent = list(s.sent)
+        rounds = sent.count(("script", "reap"))
+        writes = [c for c in sent if c[:3] == ("HSET", s.keys.workers, "counted")]
+        removals = [i for i, c in enumerate(sent) if c[:2] == ("HDEL", s.keys.workers)]
+        # One at start, then one per round (the last round may have been cut short).
+        assert rounds <= len(writes) <= rounds + 1
+        assert len(removals) == 1
+        assert all(c[:2] != ("HSET", s.keys.workers) for c in sent[removals[0] :])
+        assert not redis_client.exists(s.keys.workers)
+    finally:
+        s.clear()
