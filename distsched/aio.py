@@ -247,6 +247,22 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.leave`."""
         return await self._drive(self._ops.leave(worker_id))
 
+    async def workers(self) -> list[core.WorkerInfo]:
+        """See :meth:`Scheduler.workers`."""
+        return await self._drive(self._ops.workers())
+
+    async def register_worker(self, info: core.WorkerInfo) -> core.WorkerInfo:
+        """See :meth:`Scheduler.register_worker`."""
+        return await self._drive(self._ops.register_worker(info))
+
+    async def unregister_worker(self, worker_id: str) -> bool:
+        """See :meth:`Scheduler.unregister_worker`."""
+        return await self._drive(self._ops.unregister_worker(worker_id))
+
+    async def prune_workers(self) -> int:
+        """See :meth:`Scheduler.prune_workers`."""
+        return await self._drive(self._ops.prune_workers())
+
     async def uses_sharded_pubsub(self) -> bool:
         """See :meth:`Scheduler.uses_sharded_pubsub`."""
         return await self._drive(self._ops.uses_sharded_pubsub())

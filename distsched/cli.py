@@ -908,6 +908,47 @@ def max_running(ctx: click.Context, limit: str | None) -> None:
     click.echo(f"max_running of namespace {namespace!r} set to {shown(current)}")
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: one object per worker.")
+@click.pass_context
+def workers(ctx: click.Context, as_json: bool) -> None:
+    """The namespace's workers as they last registered (every heartbeat rewrites each).
+
+    A worker shows as silent once it missed a few heartbeats; one that stays silent
+    (killed, cut off) drops out of the list a few leases later.
+    """
+    scheduler = _connect(ctx)
+    _require_namespace(ctx, scheduler)
+    found = scheduler.workers()
+    if as_json:
+        click.echo(json.dumps([jsonable(info) for info in found], ensure_ascii=False))
+        return
+    if not found:
+        click.echo("no workers")
+        return
+    rows: list[tuple[str, ...]] = [
+        ("worker", "host", "pid", "version", "running", "state", "last beat", "up", "functions",
+         "counts"),
+    ]  # fmt: skip
+    now = scheduler.server_time()
+    for info in found:
+        counts = ", ".join(f"{k} {v}" for k, v in info.counts.items() if v)
+        rows.append((
+            one_line(info.worker_id),
+            one_line(info.host),
+            str(info.pid),
+            one_line(info.version),
+            f"{info.running}/{info.concurrency}",
+            "alive" if info.alive else "silent",
+            f"{info.seen_ago:.1f} s ago",
+            duration(round(max(0.0, now - info.started))),
+            one_line(", ".join(info.functions)),
+            counts or "-",
+        ))  # fmt: skip
+    for line in table(rows, right=frozenset({2})):
+        click.echo(line)
+
+
 @cli.group()
 def leases() -> None:
     """Inspect, expire and reap leases of running tasks."""

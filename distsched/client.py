@@ -338,6 +338,27 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.leave(worker_id))
 
+    def workers(self) -> list[core.WorkerInfo]:
+        """The workers of the namespace as they last registered themselves, by id.
+
+        Each worker rewrites its entry on every heartbeat; ``alive`` turns False when
+        it missed a few, and entries silent for ``WorkerInfo.drop_after_s`` are gone.
+        """
+        return self._drive(self._ops.workers())
+
+    def register_worker(self, info: core.WorkerInfo) -> core.WorkerInfo:
+        """Write a worker's registry entry, stamped with the server's time (workers
+        call this at start and on every heartbeat); returns the entry written."""
+        return self._drive(self._ops.register_worker(info))
+
+    def unregister_worker(self, worker_id: str) -> bool:
+        """Remove a worker's registry entry (a clean stop); True if it was there."""
+        return self._drive(self._ops.unregister_worker(worker_id))
+
+    def prune_workers(self) -> int:
+        """Drop the registry entries of workers silent past their drop time."""
+        return self._drive(self._ops.prune_workers())
+
     def uses_sharded_pubsub(self) -> bool:
         """Whether wake-ups travel on sharded channels (``SSUBSCRIBE``; Redis >= 7)."""
         return self._drive(self._ops.uses_sharded_pubsub())

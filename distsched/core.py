@@ -1019,6 +1019,104 @@ class Chores(TypedDict):
     purged: int
 
 
+# A worker counts as alive while its last heartbeat is at most this many of its own
+# heartbeat intervals old: one or two slow or failed rounds do not make it look gone.
+WORKER_ALIVE_BEATS = 3
+# An entry of the worker registry is dropped (by any worker's housekeeping, and from
+# every read) once its last heartbeat is older than this many of its leases: by then
+# every lease it held has expired and been reaped.
+WORKER_DROP_LEASES = 3
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """One worker of the namespace as it last registered itself (``Scheduler.workers()``).
+
+    Times are epoch seconds on the Redis server's clock. ``counts`` are the worker's
+    claim counters (``claimed``, ``succeeded``, ``failed``, ...) since it started;
+    ``running`` is how many functions it was executing at its last heartbeat.
+    ``alive`` is False once it missed a few heartbeats in a row (killed, stuck or cut
+    off from Redis); a little later its entry is dropped altogether.
+    """
+
+    worker_id: str
+    host: str
+    pid: int
+    version: str
+    concurrency: int
+    functions: tuple[str, ...]
+    started: float
+    last_heartbeat: float
+    running: int
+    counts: Mapping[str, int]
+    heartbeat_s: float
+    lease_s: float
+    _: KW_ONLY
+    alive: bool = True
+    # Seconds since the last heartbeat when the registry was read.
+    seen_ago: float = 0.0
+
+    def stamped(self, now: float) -> WorkerInfo:
+        """This entry as written at server time ``now`` (started then too, if unset)."""
+        return WorkerInfo(
+            self.worker_id, self.host, self.pid, self.version, self.concurrency,
+            self.functions, self.started or now, now, self.running, self.counts,
+            self.heartbeat_s, self.lease_s,
+        )  # fmt: skip
+
+    @property
+    def drop_after_s(self) -> float:
+        """How long after its last heartbeat the entry is dropped from the registry."""
+        return WORKER_DROP_LEASES * max(self.lease_s, self.heartbeat_s)
+
+
+def encode_worker(info: WorkerInfo) -> bytes:
+    """The registry value of ``info``: a msgpack map (times in ms)."""
+    data: bytes = msgpack.packb(
+        {
+            "host": info.host,
+            "pid": info.pid,
+            "version": info.version,
+            "concurrency": info.concurrency,
+            "functions": list(info.functions),
+            "started_ms": round(info.started * 1000),
+            "heartbeat_ms": round(info.last_heartbeat * 1000),
+            "running": info.running,
+            "counts": dict(info.counts),
+            "heartbeat_interval_ms": round(info.heartbeat_s * 1000),
+            "lease_ms": round(info.lease_s * 1000),
+        },
+        use_bin_type=True,
+    )
+    return data
+
+
+def decode_worker(worker_id: bytes | str, raw: bytes | str, now: float) -> WorkerInfo | None:
+    """A registry entry read at server time ``now``; None when it cannot be read."""
+    try:
+        data = msgpack.unpackb(_bytes(raw), raw=False)
+        heartbeat_s = int(data["heartbeat_interval_ms"]) / 1000.0
+        last = int(data["heartbeat_ms"]) / 1000.0
+        return WorkerInfo(
+            worker_id=_text(worker_id),
+            host=str(data["host"]),
+            pid=int(data["pid"]),
+            version=str(data["version"]),
+            concurrency=int(data["concurrency"]),
+            functions=tuple(str(name) for name in data["functions"]),
+            started=int(data["started_ms"]) / 1000.0,
+            last_heartbeat=last,
+            running=int(data["running"]),
+            counts={str(k): int(v) for k, v in dict(data["counts"]).items()},
+            heartbeat_s=heartbeat_s,
+            lease_s=int(data["lease_ms"]) / 1000.0,
+            alive=now - last <= WORKER_ALIVE_BEATS * heartbeat_s,
+            seen_ago=max(0.0, now - last),
+        )
+    except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException):
+        return None
+
+
 def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> Stats:
     counts = {state.value: 0 for state in State}
     settings: dict[str, int] = {}
@@ -1479,6 +1577,49 @@ class Ops:
             Call("leave", self.keys.for_script("leave"), [channel, worker_id])
         )
         return int(woken) == 1
+
+    def register_worker(self, info: WorkerInfo) -> Op[WorkerInfo]:
+        """Write ``info`` into the worker registry, heartbeat stamped with the server's
+        time now (and ``started`` too when it is 0): one HSET."""
+        validate_worker_id(info.worker_id)
+        now = yield from self.server_time()
+        stamped = info.stamped(now)
+        yield _one(("HSET", self.keys.workers, info.worker_id, encode_worker(stamped)))
+        return stamped
+
+    def unregister_worker(self, worker_id: str) -> Op[bool]:
+        """Remove a stopping worker from the registry; True if it was there."""
+        (removed,) = yield _one(("HDEL", self.keys.workers, validate_worker_id(worker_id)))
+        return int(removed) == 1
+
+    def prune_workers(self) -> Op[int]:
+        """Drop the registry entries whose last heartbeat is older than their
+        ``drop_after_s`` (on the server clock), and unreadable ones; return how many."""
+        gone = yield from self._read_workers()
+        dead = [
+            worker_id
+            for worker_id, info in gone
+            if info is None or info.seen_ago > info.drop_after_s
+        ]
+        if not dead:
+            return 0
+        # A worker that wrote again since the read loses its entry until its next round:
+        # it is rewritten every heartbeat, and only entries long silent are picked.
+        (removed,) = yield _one(("HDEL", self.keys.workers, *dead))
+        return int(removed)
+
+    def workers(self) -> Op[list[WorkerInfo]]:
+        """The registered workers, by id, without those past their drop time."""
+        entries = yield from self._read_workers()
+        return [
+            info for _, info in entries if info is not None and info.seen_ago <= info.drop_after_s
+        ]
+
+    def _read_workers(self) -> Op[list[tuple[bytes | str, WorkerInfo | None]]]:
+        now = yield from self.server_time()
+        (raw,) = yield from self.read(("HGETALL", self.keys.workers))
+        entries = sorted(_mapping(raw).items(), key=lambda item: _bytes(item[0]))
+        return [(worker_id, decode_worker(worker_id, value, now)) for worker_id, value in entries]
 
     # -------------------------------------------------------------- inspection
 

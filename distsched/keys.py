@@ -159,6 +159,11 @@ class Keys:
         """Hash: function name -> last time (ms, server clock) a live worker said it serves it."""
         return self.prefix + "served"
 
+    @property
+    def workers(self) -> str:
+        """Hash: worker id -> its registry entry (msgpack map), rewritten every heartbeat."""
+        return self.prefix + "workers"
+
     def script_keys(self) -> list[str]:
         """Every key of the namespace and its wake channel, in ``KEY_NAMES`` order."""
         return [getattr(self, name) for name in KEY_NAMES]
@@ -181,4 +186,7 @@ class Keys:
 
     def all_keys(self) -> list[str]:
         """Every data key of the namespace (not the channel)."""
-        return [key for key in self.script_keys() if key != self.wake] + [self.served]
+        return [key for key in self.script_keys() if key != self.wake] + [
+            self.served,
+            self.workers,
+        ]

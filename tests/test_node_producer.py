@@ -214,7 +214,7 @@ def lua_code() -> str:
 def test_the_document_describes_every_key_of_a_namespace() -> None:
     data = doc_section("## Data")
     keys = Keys("NS")
-    names = [*KEY_NAMES, "served"]
+    names = [*KEY_NAMES, "served", "workers"]
     for name in names:
         assert f"| `{getattr(keys, name)}` |" in data, name
     described = re.findall(r"^\| `ds:\{NS\}:(\w+)` \|", data, re.M)

@@ -14,8 +14,9 @@ A :class:`Worker` is made of small parts, one job each, most on a thread of its 
 - :class:`~distsched.worker.listener.Listener`: the wake-up subscription, and cancel
   requests delivered at once;
 - :class:`~distsched.worker.heartbeat.Heartbeat`: leases, cancel and lease-loss
-  delivery, the fleet's housekeeping, and the announcement of served functions
-  (:class:`~distsched.worker.served.ServedFunctions`);
+  delivery, the fleet's housekeeping, the announcement of served functions
+  (:class:`~distsched.worker.served.ServedFunctions`) and this worker's entry in the
+  worker registry (:class:`~distsched.worker.heartbeat.Registration`);
 - :class:`~distsched.worker.signals.SignalHandlers`: SIGTERM and SIGINT.
 """
 
@@ -39,7 +40,7 @@ from distsched.metrics import WorkerMetrics
 from distsched.worker.common import TRANSIENT
 from distsched.worker.consumer import Consumer
 from distsched.worker.execution import LoopPool, Runner, ThreadPool
-from distsched.worker.heartbeat import Heartbeat
+from distsched.worker.heartbeat import Heartbeat, Registration
 from distsched.worker.jobs import Job, Phase, Slots
 from distsched.worker.listener import Listener
 from distsched.worker.reports import Reporter, ReportKind, outcome_of
@@ -161,9 +162,12 @@ class Worker:
         self._slots = Slots(concurrency)
         self._served = ServedFunctions(scheduler, self.functions, self.unserved_timeout)
         self._reporter = Reporter(scheduler, self._slots, self.metrics, self._served)
+        self._registration = Registration(
+            scheduler, self.worker_id, self.functions, concurrency, self.heartbeat_s, self._slots
+        )
         self._heartbeat = Heartbeat(
             scheduler, self._slots, self.metrics, self._served, self.heartbeat_s,
-            observed=metrics is not None,
+            observed=metrics is not None, registration=self._registration,
         )  # fmt: skip
         runner = Runner(
             self.functions, self._slots, self._reporter, self.metrics,
@@ -256,6 +260,12 @@ class Worker:
             log.warning("could not announce the served functions yet: %s", exc)
         except Exception:
             log.exception("announcing the served functions failed")
+        try:
+            self._registration.write()
+        except (ClosedError, *TRANSIENT) as exc:
+            log.warning("could not register in the worker registry yet: %s", exc)
+        except Exception:
+            log.exception("registering in the worker registry failed")
         self._threads.start()
         if self._loop is not None:
             self._loop.start()
@@ -278,6 +288,13 @@ class Worker:
         # listener, the event loop and the pool threads.
         self._reporter.stop(timeout=max(5.0, self.cancel_wait))
         self._heartbeat.stop(JOIN_S)
+        # After the heartbeats, which would write the entry back.
+        try:
+            self._registration.remove()
+        except (ClosedError, *TRANSIENT) as exc:
+            log.warning("could not leave the worker registry (housekeeping drops it): %s", exc)
+        except Exception:
+            log.exception("leaving the worker registry failed")
         self._listener.stop(JOIN_S)
         self._threads.stop(JOIN_S)
         if self._loop is not None:

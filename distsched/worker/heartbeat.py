@@ -1,13 +1,19 @@
-"""The heartbeat thread: leases, cancel and lease-loss delivery, housekeeping, announcements."""
+"""The heartbeat thread: leases, cancel and lease-loss delivery, housekeeping, announcements,
+and this worker's entry in the namespace's worker registry."""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
+from collections.abc import Collection
+from importlib import metadata
 
 from distsched.client import Scheduler
 from distsched.context import StopReason
+from distsched.core import WorkerInfo
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import backoff
@@ -18,10 +24,92 @@ from distsched.worker.served import ServedFunctions
 log = logging.getLogger("distsched.worker")
 
 
+def _version() -> str:
+    try:
+        return metadata.version("distsched")
+    except metadata.PackageNotFoundError:  # run from a source tree that was not installed
+        return "unknown"
+
+
+class Registration:
+    """This worker's entry in the worker registry (``Scheduler.workers()``).
+
+    Written at start and then on every heartbeat round (one HSET each), removed on a
+    clean stop. Every ``lease_s`` the heartbeat also drops the entries of workers that
+    stopped heartbeating without removing theirs (killed, cut off).
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        worker_id: str,
+        functions: Collection[str],
+        concurrency: int,
+        heartbeat_s: float,
+        slots: Slots,
+    ) -> None:
+        self.scheduler = scheduler
+        self.slots = slots
+        self.prune_every = scheduler.lease_s
+        self._entry = WorkerInfo(
+            worker_id=worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=_version(),
+            concurrency=concurrency,
+            functions=tuple(sorted(functions)),
+            started=0.0,
+            last_heartbeat=0.0,
+            running=0,
+            counts={},
+            heartbeat_s=heartbeat_s,
+            lease_s=scheduler.lease_s,
+        )
+        self._next_prune = 0.0
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def write(self) -> None:
+        """Write the entry with the pool's figures now; raises what Redis raised."""
+        with self.slots.cond:
+            counts = dict(self.slots.counts)
+        running = self.slots.running
+        e = self._entry
+        entry = WorkerInfo(
+            e.worker_id, e.host, e.pid, e.version, e.concurrency, e.functions, e.started,
+            e.last_heartbeat, running, counts, e.heartbeat_s, e.lease_s,
+        )  # fmt: skip
+        # Under the lock, so that a round still under way cannot write the entry back
+        # after the stop removed it.
+        with self._lock:
+            if self._closed:
+                return
+            written = self.scheduler.register_worker(entry)
+        if not e.started:
+            # The first write fixes the start time (server clock) for good.
+            self._entry = written
+
+    def prune_if_due(self) -> None:
+        """Drop the entries of silent workers, at most once every ``prune_every`` s."""
+        if time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + self.prune_every
+        dropped = self.scheduler.prune_workers()
+        if dropped:
+            log.info("dropped %d silent worker(s) from the worker registry", dropped)
+
+    def remove(self) -> None:
+        """Remove the entry for good (a clean stop); later writes do nothing."""
+        with self._lock:
+            self._closed = True
+            self.scheduler.unregister_worker(self._entry.worker_id)
+
+
 class Heartbeat:
     """Every ``interval`` seconds: extend the leases of every held claim, deliver cancel
-    requests and lease losses to the running functions, and run the fleet's chores
-    (reap expired leases, compact, purge). Between rounds, when due, it refreshes this
+    requests and lease losses to the running functions, run the fleet's chores
+    (reap expired leases, compact, purge) and rewrite this worker's registry entry
+    (dropping those of silent workers every lease). Between rounds, when due, it refreshes this
     worker's announcement of the functions it serves.
     """
 
@@ -33,11 +121,13 @@ class Heartbeat:
         served: ServedFunctions,
         interval: float,
         observed: bool,
+        registration: Registration | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.slots = slots
         self.metrics = metrics
         self.served = served
+        self.registration = registration
         self.interval = interval
         self.observed = observed
         # Set to run a round at once instead of at the next interval.
@@ -110,6 +200,9 @@ class Heartbeat:
                         job.ctx._signal_stop(StopReason.CANCEL)
             chores = self.scheduler.housekeeping()
             self.metrics.on_housekeeping(chores["reaped"], chores["compacted"], chores["purged"])
+            if self.registration is not None:
+                self.registration.write()
+                self.registration.prune_if_due()
             if self.observed:
                 self._observe_namespace()
         except PASSING as exc:
