@@ -42,6 +42,7 @@ from distsched.worker.execution import LoopPool, Runner, ThreadPool
 from distsched.worker.heartbeat import Heartbeat
 from distsched.worker.jobs import Job, Phase, Slots
 from distsched.worker.listener import Listener
+from distsched.worker.logs import redis_location
 from distsched.worker.reports import Reporter, ReportKind, outcome_of
 from distsched.worker.served import ServedFunctions
 from distsched.worker.signals import SignalHandlers
@@ -202,6 +203,12 @@ class Worker:
                 self._consumer.run()
             finally:
                 self._shutdown()
+                counts = {k: v for k, v in self.counts.items() if v}
+                log.info(
+                    "worker %s stopped (%s)", self.worker_id,
+                    ", ".join(f"{k} {v}" for k, v in counts.items()) or "no tasks",
+                    extra={"worker_id": self.worker_id, "counts": counts},
+                )  # fmt: skip
         finally:
             restore()
             self._stopped.set()
@@ -248,6 +255,17 @@ class Worker:
         return self.grace if self._stop_grace is None else self._stop_grace
 
     def _start(self) -> None:
+        where = redis_location(self.scheduler.client)
+        functions = sorted(self.functions)
+        log.info(
+            "worker %s: namespace %r at %s, concurrency %d, functions: %s",
+            self.worker_id, self.scheduler.namespace, where, self.concurrency,
+            ", ".join(functions),
+            extra={
+                "worker_id": self.worker_id, "namespace": self.scheduler.namespace,
+                "redis": where, "concurrency": self.concurrency, "functions": functions,
+            },
+        )  # fmt: skip
         # Announced before the first claim, so that other workers see at once that
         # these functions are served; the heartbeat retries it when Redis is away.
         try:
