@@ -35,6 +35,7 @@ from distsched.errors import (
 )
 from distsched.text import (
     duration,
+    error_summary,
     iso,
     jsonable,
     one_line,
@@ -327,7 +328,7 @@ def _status_lines(
         ("worker", info.worker or "-"),
         ("lease_deadline", lease),
         ("updated_at", iso(info.updated_at)),
-        ("error", preview(one_line(info.error), limit) if info.error else "-"),
+        ("error", _error_value(info.error, limit)),
         ("result", "-" if info.result is None else js(info.result)),
         ("deps", ids(info.deps)),
         ("optional_deps", ids(info.optional_deps)),
@@ -335,6 +336,17 @@ def _status_lines(
         ("dependents", ids(info.dependents)),
         ("blocked_by", blocked),
     ]
+
+
+def _error_value(error: str | None, limit: int | None) -> str:
+    """A traceback shows as its type/message and where it was raised; whole below it
+    when nothing is cut."""
+    if not error:
+        return "-"
+    summary = error_summary(error)
+    if limit is None and "\n" in error:
+        return f"{summary}\n{error}"
+    return preview(summary, limit)
 
 
 # --------------------------------------------------------------------------- commands

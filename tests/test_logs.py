@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from distsched import Scheduler, State, TaskInfo, Worker
+from distsched import Scheduler, State, TaskInfo, Worker, current_task
 from distsched.core import ERROR_MAX_BYTES, error_text
 from distsched.worker.logs import TASK_FIELDS
 from tests.conftest import CLI_COMMAND, RedisServer, running, subprocess_env
@@ -138,6 +139,37 @@ def test_the_worker_logs_a_start_up_line_and_a_shutdown_summary_at_info(
     assert stop.getMessage() == f"worker {worker.worker_id} stopped (claimed 1, succeeded 1)"
 
 
+def test_a_lost_lease_is_a_warning_and_the_late_failure_of_that_run_no_error(
+    redis_client: redis.Redis, namespace: str, logged: pytest.LogCaptureFixture
+) -> None:
+    s = Scheduler(redis_client, namespace=namespace, lease_s=0.6)
+    first_started = threading.Event()
+
+    def fragile() -> int:
+        ctx = current_task()
+        if ctx.attempt == 1:
+            first_started.set()
+            ctx.wait_cancelled(20)
+            ctx.raise_if_cancelled()
+        return ctx.attempt
+
+    s.schedule("t", fn="fragile", max_attempts=2, backoff=0)
+    worker = Worker(s, {"fragile": fragile}, concurrency=2)
+    with running(worker):
+        assert first_started.wait(10)
+        assert s.expire_lease("t") == 1
+        wait_until(lambda: worker.counts["stale"] == 1 and worker.counts["succeeded"] == 1)
+    s.close()
+    first = [r for r in task_records(logged, "t") if r.attempt == 1]  # type: ignore[attr-defined]
+    assert first and all(
+        (r.levelno, r.outcome) == (logging.WARNING, "lease_lost")  # type: ignore[attr-defined]
+        for r in first
+    ), [(r.levelname, r.getMessage()) for r in first]
+    assert not [r for r in logged.records if r.levelno >= logging.ERROR]
+    (second,) = [r for r in task_records(logged, "t") if r.attempt == 2]  # type: ignore[attr-defined]
+    assert (second.levelno, second.outcome) == (logging.DEBUG, "succeeded")  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------- stored error
 
 
@@ -166,6 +198,24 @@ def test_the_stored_error_of_a_deep_recursion_is_at_most_16_kb_and_keeps_the_inn
     assert lines[-3].startswith("  File ") and lines[-3].endswith("in bottom")
     assert lines[-2].strip() == 'raise KeyError("the very bottom")'
     assert "cut" in lines[0]  # the outermost frames went, and it says so
+
+
+def test_distsched_status_shows_the_error_and_where_it_was_raised_and_full_the_traceback(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    from tests.test_cli import invoke
+
+    scheduler.schedule("t", fn="boom", args=[5])
+    with running(Worker(scheduler, {"boom": boom}, concurrency=1)):
+        stored = wait_state(scheduler, "t", State.FAILED).error
+    assert stored is not None
+    shown = invoke(redis_server, namespace, "status", "t")
+    assert shown.exit_code == 0, shown.output
+    (line,) = [ln for ln in shown.stdout.splitlines() if ln.startswith("error:")]
+    raised_at = f"{__file__}:{boom.__code__.co_firstlineno + 1}"
+    assert line.split(None, 1)[1] == f"ValueError: bad row 5 (at {raised_at} in boom)"
+    full = invoke(redis_server, namespace, "status", "t", "--full")
+    assert stored in full.stdout
 
 
 def test_an_exception_never_raised_is_stored_as_its_type_and_message() -> None:

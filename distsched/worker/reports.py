@@ -16,7 +16,7 @@ from distsched import core
 from distsched.client import Scheduler
 from distsched.context import TaskContext
 from distsched.core import Outcome, State
-from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument
+from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument, LeaseLost
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
 from distsched.worker.jobs import Job, Slots
@@ -367,6 +367,8 @@ class Reporter:
             error = _error_of(report)
             exc_info = report.error
             if outcome is Outcome.STALE:
+                if isinstance(exc_info, LeaseLost):
+                    exc_info = None  # the function only obeyed the signal: no news in it
                 what = "result" if kind is ReportKind.COMPLETE else "outcome"
                 tasks_log.warning(
                     "task %r (%s) version %d attempt %d: the lease was lost before its %s "
