@@ -106,6 +106,9 @@ class Worker:
     namespace announced that function meanwhile.
 
     ``metrics`` receives the hooks of :class:`distsched.metrics.WorkerMetrics`.
+    The worker logs on ``distsched.worker`` (a start-up line and a shutdown
+    summary at INFO) and one line per task event on ``distsched.worker.tasks``,
+    with structured fields (see :mod:`distsched.worker.logs`).
     Every argument is checked here: a bad one raises ``InvalidArgument`` naming it.
     """
 

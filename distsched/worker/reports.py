@@ -357,6 +357,15 @@ class Reporter:
         self, kind: ReportKind, reports: list[Report], outcomes: list[Outcome]
     ) -> None:
         """One line per report that Redis answered."""
+        handed_back = kind is ReportKind.RELEASE or kind is ReportKind.HAND_BACK
+        if handed_back and Outcome.STALE in outcomes:
+            # The release reply counts the stale ones without naming them: one line.
+            stale = outcomes.count(Outcome.STALE)
+            tasks_log.warning(
+                "%d of %d %s reports were stale: their leases were lost before",
+                stale, len(reports), kind,
+            )  # fmt: skip
+            return
         failed = [
             r for r, o in zip(reports, outcomes, strict=False)
             if kind is ReportKind.FAIL and o is Outcome.APPLIED
