@@ -11,7 +11,6 @@ import dataclasses
 import datetime
 import importlib
 import json
-import logging
 import math
 import os
 import sys
@@ -36,6 +35,7 @@ from distsched.errors import (
 )
 from distsched.text import (
     duration,
+    error_summary,
     iso,
     jsonable,
     one_line,
@@ -328,7 +328,7 @@ def _status_lines(
         ("worker", info.worker or "-"),
         ("lease_deadline", lease),
         ("updated_at", iso(info.updated_at)),
-        ("error", preview(one_line(info.error), limit) if info.error else "-"),
+        ("error", _error_value(info.error, limit)),
         ("result", "-" if info.result is None else js(info.result)),
         ("deps", ids(info.deps)),
         ("optional_deps", ids(info.optional_deps)),
@@ -336,6 +336,17 @@ def _status_lines(
         ("dependents", ids(info.dependents)),
         ("blocked_by", blocked),
     ]
+
+
+def _error_value(error: str | None, limit: int | None) -> str:
+    """A traceback shows as its type/message and where it was raised; whole below it
+    when nothing is cut."""
+    if not error:
+        return "-"
+    summary = error_summary(error)
+    if limit is None and "\n" in error:
+        return f"{summary}\n{error}"
+    return preview(summary, limit)
 
 
 # --------------------------------------------------------------------------- commands
@@ -422,10 +433,26 @@ def cli(ctx: click.Context, url: str, namespace: str, cluster: bool) -> None:
     metavar="ADDR",
     help="Address the metrics endpoint listens on.",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Least severe log lines written: DEBUG adds one line per success.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="text for people; json: one JSON object per line (time, level, logger, message, "
+    "task_id, fn, version, attempt, duration, outcome, error, traceback).",
+)
 @click.pass_context
 def worker(
     ctx: click.Context, app: str, concurrency: int, lease_s: float, grace: float,
-    worker_id: str | None, metrics_port: int | None, metrics_addr: str,
+    worker_id: str | None, metrics_port: int | None, metrics_addr: str, log_level: str,
+    log_format: str,
 ) -> None:  # fmt: skip
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
@@ -433,6 +460,7 @@ def worker(
     registered under their __name__. SIGTERM or SIGINT shuts down gracefully.
     """
     from distsched.worker import Worker
+    from distsched.worker.logs import configure
 
     if not math.isfinite(grace) or grace < 0:
         raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
@@ -444,16 +472,9 @@ def worker(
         scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
         metrics=metrics,
     )  # fmt: skip
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    settings = _settings(ctx)
-    click.echo(
-        f"worker {pool.worker_id}: namespace {settings.namespace!r} at {redact(settings.url)}, "
-        f"concurrency {concurrency}, functions: {', '.join(sorted(functions))}",
-        err=True,
-    )
-    pool.run()
-    counts = ", ".join(f"{k} {v}" for k, v in pool.counts.items() if v)
-    click.echo(f"worker {pool.worker_id} stopped ({counts or 'no tasks'})", err=True)
+    # Last, once nothing can fail with a one-line error any more.
+    configure(log_level.upper(), log_format)
+    pool.run()  # it logs its start-up line and its shutdown summary
 
 
 def _serve_metrics(ctx: click.Context, port: int | None, addr: str) -> Any:

@@ -11,6 +11,7 @@ import datetime as _dt
 import enum
 import math
 import re
+import traceback
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
@@ -49,6 +50,10 @@ PROPAGATE_BUDGET = 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
 CLAIM_MAX_DROP = 1000
+# The most UTF-8 bytes of error text stored for a failed attempt.
+ERROR_MAX_BYTES = 16 * 1024
+# Room kept for the line that says how much of a long traceback was cut.
+ERROR_CUT_MARK_BYTES = 80
 # An idle worker claims again at least this often, so that no task waits longer than
 # this for a wake-up that was lost (its worker died, a message was dropped).
 IDLE_RECHECK_S = 2.0
@@ -584,13 +589,70 @@ def complete_call(
 
 
 def error_text(error: object) -> str:
+    """The text stored for a failed attempt, at most ``ERROR_MAX_BYTES`` of UTF-8.
+
+    An exception that was raised keeps its traceback (chained causes included),
+    ending with its ``Type: message`` line; one never raised is ``Type: message``.
+    A traceback too long for the bound loses its outermost frames first, so the
+    frame that raised and the type/message line are always kept.
+    """
     if isinstance(error, BaseException):
-        text = f"{type(error).__name__}: {error}"
-    elif isinstance(error, str):
-        text = error
+        if error.__traceback__ is None and error.__cause__ is None and error.__context__ is None:
+            return _cut_tail(f"{type(error).__name__}: {_safe_str(error)}", ERROR_MAX_BYTES)
+        return _bounded_traceback(error)
+    if isinstance(error, str):
+        return _cut_tail(error, ERROR_MAX_BYTES)
+    raise InvalidArgument("error", "must be a str or an exception")
+
+
+def _safe_str(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:
+        # A broken __str__ must not lose the failure it describes.
+        return "<exception str() failed>"
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "replace")
+
+
+def _cut_tail(text: str, limit: int) -> str:
+    """``text`` as valid UTF-8, its first ``limit`` bytes at most."""
+    raw = _utf8(text)
+    return raw[:limit].decode("utf-8", "ignore")
+
+
+def _bounded_traceback(error: BaseException) -> str:
+    parts = traceback.format_exception(type(error), error, error.__traceback__)
+    whole = "".join(parts).rstrip("\n")
+    if len(_utf8(whole)) <= ERROR_MAX_BYTES:
+        return _cut_tail(whole, ERROR_MAX_BYTES)
+    last = traceback.format_exception_only(type(error), error)
+    if parts[-len(last) :] == last:
+        frames = parts[: -len(last)]
     else:
-        raise InvalidArgument("error", "must be a str or an exception")
-    return text.encode("utf-8", "replace").decode("utf-8")[:8192]
+        frames, last = parts, [f"{type(error).__name__}: {_safe_str(error)}"]
+    # The type/message line comes first in the budget, a huge message cut to a quarter.
+    tail = "".join(last).rstrip("\n")
+    if len(_utf8(tail)) > ERROR_MAX_BYTES // 4:
+        tail = _cut_tail(tail, ERROR_MAX_BYTES // 4 - ERROR_CUT_MARK_BYTES) + " [message cut]"
+    budget = ERROR_MAX_BYTES - len(_utf8(tail)) - ERROR_CUT_MARK_BYTES
+    kept: list[bytes] = []
+    for part in reversed(frames):
+        raw = _utf8(part)
+        if len(raw) > budget:
+            if not kept:
+                # One frame larger than the budget: its end, where the raising line is.
+                kept.append(raw[len(raw) - budget :])
+            break
+        kept.append(raw)
+        budget -= len(raw)
+    body = b"".join(reversed(kept)).decode("utf-8", "ignore")
+    cut = len(frames) - len(kept)
+    if cut:
+        body = f"[the outermost {cut} of {len(frames)} traceback parts cut]\n" + body
+    return body + tail
 
 
 def fail_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
+import re
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -38,6 +39,26 @@ def redact(url: str) -> str:
 def one_line(text: object) -> str:
     """``text`` with every run of whitespace (newlines included) as one space."""
     return " ".join(str(text).split())
+
+
+_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<fn>.*)$')
+
+
+def error_summary(error: str) -> str:
+    """A stored error on one line: for a traceback, its ``Type: message`` and the
+    frame that raised (``at file:line in function``); any other text as it is."""
+    lines = error.splitlines()
+    last = max((i for i, ln in enumerate(lines) if _FRAME.match(ln)), default=None)
+    if last is None:
+        return one_line(error)
+    frame = _FRAME.match(lines[last])
+    assert frame is not None
+    # After the frame: its source lines (indented), then the type/message lines.
+    rest = lines[last + 1 :]
+    while rest and rest[0].startswith(" "):
+        rest.pop(0)
+    where = f"at {frame['file']}:{frame['line']} in {frame['fn']}"
+    return one_line(f"{' '.join(rest) or '?'} ({where})")
 
 
 def table(rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any
 from distsched.client import Scheduler
 from distsched.core import State, TaskInfo, TaskRow
 from distsched.errors import NotFoundError
+from distsched.text import error_summary
 
 DEFAULT_LIMIT = 200
 ERROR_WIDTH = 60
@@ -232,7 +233,7 @@ def describe(info: TaskInfo | None) -> str:
     if state is State.RUNNING:
         return f"running (attempt {info.attempt}/{info.max_attempts}, {info.worker or '?'})"
     if state is State.FAILED and info.error:
-        error = " ".join(info.error.split())
+        error = error_summary(info.error)
         if len(error) > ERROR_WIDTH:
             error = error[: ERROR_WIDTH - 3] + "..."
         return f"failed: {error}"

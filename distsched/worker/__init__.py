@@ -43,6 +43,7 @@ from distsched.worker.execution import LoopPool, Runner, ThreadPool
 from distsched.worker.heartbeat import Heartbeat, Registration
 from distsched.worker.jobs import Job, Phase, Slots
 from distsched.worker.listener import Listener
+from distsched.worker.logs import redis_location
 from distsched.worker.reports import Reporter, ReportKind, outcome_of
 from distsched.worker.served import ServedFunctions
 from distsched.worker.signals import SignalHandlers
@@ -106,6 +107,9 @@ class Worker:
     namespace announced that function meanwhile.
 
     ``metrics`` receives the hooks of :class:`distsched.metrics.WorkerMetrics`.
+    The worker logs on ``distsched.worker`` (a start-up line and a shutdown
+    summary at INFO) and one line per task event on ``distsched.worker.tasks``,
+    with structured fields (see :mod:`distsched.worker.logs`).
     Every argument is checked here: a bad one raises ``InvalidArgument`` naming it.
     """
 
@@ -206,6 +210,12 @@ class Worker:
                 self._consumer.run()
             finally:
                 self._shutdown()
+                counts = {k: v for k, v in self.counts.items() if v}
+                log.info(
+                    "worker %s stopped (%s)", self.worker_id,
+                    ", ".join(f"{k} {v}" for k, v in counts.items()) or "no tasks",
+                    extra={"worker_id": self.worker_id, "counts": counts},
+                )  # fmt: skip
         finally:
             restore()
             self._stopped.set()
@@ -252,6 +262,17 @@ class Worker:
         return self.grace if self._stop_grace is None else self._stop_grace
 
     def _start(self) -> None:
+        where = redis_location(self.scheduler.client)
+        functions = sorted(self.functions)
+        log.info(
+            "worker %s: namespace %r at %s, concurrency %d, functions: %s",
+            self.worker_id, self.scheduler.namespace, where, self.concurrency,
+            ", ".join(functions),
+            extra={
+                "worker_id": self.worker_id, "namespace": self.scheduler.namespace,
+                "redis": where, "concurrency": self.concurrency, "functions": functions,
+            },
+        )  # fmt: skip
         # Announced before the first claim, so that other workers see at once that
         # these functions are served; the heartbeat retries it when Redis is away.
         try:

@@ -85,12 +85,13 @@ class Runner:
         # The slot is free first: the report may land (and the job be let go) at once.
         # The job is held, and heartbeated, until then.
         self.slots.end(job)
+        duration = time.monotonic() - started
         try:
-            self.metrics.on_finished(job.claim, time.monotonic() - started)
+            self.metrics.on_finished(job.claim, duration)
         except Exception:
             log.exception("metrics hook on_finished failed")
         kind, value = outcome_of(job.ctx, result)
-        self.reporter.put(job, kind, value)
+        self.reporter.put(job, kind, value, duration)
 
 
 class ThreadPool:

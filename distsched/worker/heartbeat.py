@@ -18,6 +18,7 @@ from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import backoff
 from distsched.worker.jobs import Slots
+from distsched.worker.logs import TaskOutcome, task_fields, tasks_log
 from distsched.worker.reports import PASSING
 from distsched.worker.served import ServedFunctions
 
@@ -195,6 +196,13 @@ class Heartbeat:
                             continue
                         if not job.ctx.lease_lost:
                             self.metrics.on_lease_lost(job.claim)
+                            claim = job.claim
+                            tasks_log.warning(
+                                "task %r (%s) version %d attempt %d: lease lost; the function "
+                                "is asked to stop and its outcome will not be recorded",
+                                claim.task_id, claim.fn, claim.version, claim.attempt,
+                                extra=task_fields(claim, TaskOutcome.LEASE_LOST),
+                            )  # fmt: skip
                         job.ctx._signal_stop(StopReason.LEASE_LOST)
                     elif status:
                         job.ctx._signal_stop(StopReason.CANCEL)

@@ -15,11 +15,12 @@ from redis.exceptions import RedisClusterException
 from distsched import core
 from distsched.client import Scheduler
 from distsched.context import TaskContext
-from distsched.core import Outcome
-from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument
+from distsched.core import Outcome, State
+from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument, LeaseLost
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
 from distsched.worker.jobs import Job, Slots
+from distsched.worker.logs import TaskOutcome, error_line, task_fields, tasks_log
 from distsched.worker.served import UNSERVED_RECHECK_S, GiveUp, HandBack, ServedFunctions
 
 log = logging.getLogger("distsched.worker")
@@ -34,6 +35,9 @@ PASSING = (*TRANSIENT, RedisClusterException)
 REFUSED_RETRY_MAX_S = 30.0
 # How much longer than its send deadline a stop waits for the thread to end.
 STOP_MARGIN_S = 1.0
+# The most task records read after one batch of failures, to log each as retried or
+# failed; the failures past it (a mass failure) are logged as failed.
+STATUS_READS_MAX = 64
 
 
 class ReportKind(str, enum.Enum):
@@ -90,6 +94,9 @@ class Report:
     job: Job
     kind: ReportKind
     value: object
+    # For the log: how long the function ran, and what it raised (with its traceback).
+    duration: float | None = None
+    error: BaseException | None = None
 
 
 @dataclass(eq=False)
@@ -145,8 +152,10 @@ class Reporter:
         self._queue.put(_Stop(time.monotonic() + timeout))
         self._thread.join(timeout + STOP_MARGIN_S)
 
-    def put(self, job: Job, kind: ReportKind, value: object) -> None:
-        """Queue an outcome; the value is encoded here, on the caller's thread."""
+    def put(self, job: Job, kind: ReportKind, value: object, duration: float | None = None) -> None:
+        """Queue an outcome; the value is encoded here, on the caller's thread.
+        ``duration`` is how long the function ran (for the log)."""
+        error = value if isinstance(value, BaseException) else None
         if kind is ReportKind.COMPLETE:
             try:
                 value = core.encode_result(value)
@@ -154,7 +163,7 @@ class Reporter:
                 kind, value = ReportKind.FAIL, f"result not storable: {exc}"
         elif kind is ReportKind.FAIL:
             value = core.error_text(value)
-        self._queue.put(Report(job, kind, value))
+        self._queue.put(Report(job, kind, value, duration, error))
 
     @property
     def unsent(self) -> int:
@@ -212,10 +221,12 @@ class Reporter:
     def _give_up(self, reports: list[Report]) -> None:
         for report in reports:
             claim = report.job.claim
-            log.error(
+            tasks_log.error(
                 "the %s of task %r (version %d, attempt %d) was not reported before the "
                 "shutdown ended: its lease will expire and it will run again",
                 report.kind, claim.task_id, claim.version, claim.attempt,
+                extra=task_fields(claim, TaskOutcome.UNREPORTED, report.duration,
+                                  _error_of(report)),
             )  # fmt: skip
         self.slots.done(r.job for r in reports)
 
@@ -253,7 +264,12 @@ class Reporter:
         resolved = []
         for report, decision in zip(reports, decisions, strict=True):
             if isinstance(decision, GiveUp):
-                log.warning("task %r: %s", report.job.claim.task_id, decision.reason)
+                claim = report.job.claim
+                tasks_log.warning(
+                    "task %r (%s): %s", claim.task_id, claim.fn, decision.reason,
+                    extra=task_fields(claim, TaskOutcome.UNSERVED, None,
+                                      error_line(decision.reason)),
+                )  # fmt: skip
                 resolved.append(Report(report.job, ReportKind.FAIL, decision.reason))
             else:
                 resolved.append(Report(report.job, ReportKind.HAND_BACK, decision.delay))
@@ -284,6 +300,11 @@ class Reporter:
             return
         for outcome in outcomes:
             self._count(kind, outcome)
+        try:
+            self._log_outcomes(kind, reports, outcomes)
+        except Exception:
+            # The outcomes are recorded: a failure to describe them must not send them again.
+            log.exception("logging %d %s outcomes failed", len(reports), kind)
         self.slots.done(r.job for r in reports)
 
     def _again(
@@ -332,6 +353,103 @@ class Reporter:
             return [Outcome.APPLIED] * released + [Outcome.STALE] * (len(reports) - released)
         raise AssertionError(f"no report call for {kind}")
 
+    def _log_outcomes(
+        self, kind: ReportKind, reports: list[Report], outcomes: list[Outcome]
+    ) -> None:
+        """One line per report that Redis answered."""
+        handed_back = kind is ReportKind.RELEASE or kind is ReportKind.HAND_BACK
+        if handed_back and Outcome.STALE in outcomes:
+            # The release reply counts the stale ones without naming them: one line.
+            stale = outcomes.count(Outcome.STALE)
+            tasks_log.warning(
+                "%d of %d %s reports were stale: their leases were lost before",
+                stale, len(reports), kind,
+            )  # fmt: skip
+            return
+        failed = [
+            r for r, o in zip(reports, outcomes, strict=False)
+            if kind is ReportKind.FAIL and o is Outcome.APPLIED
+        ]  # fmt: skip
+        again = self._will_run_again(failed)
+        for report, outcome in zip(reports, outcomes, strict=False):
+            claim = report.job.claim
+            error = _error_of(report)
+            exc_info = report.error
+            if outcome is Outcome.STALE:
+                if isinstance(exc_info, LeaseLost):
+                    exc_info = None  # the function only obeyed the signal: no news in it
+                what = "result" if kind is ReportKind.COMPLETE else "outcome"
+                tasks_log.warning(
+                    "task %r (%s) version %d attempt %d: the lease was lost before its %s "
+                    "(%s) was reported; another run owns the task, this one is not recorded",
+                    claim.task_id, claim.fn, claim.version, claim.attempt, what, kind,
+                    exc_info=exc_info,
+                    extra=task_fields(claim, TaskOutcome.LEASE_LOST, report.duration, error),
+                )  # fmt: skip
+            elif outcome is Outcome.DUPLICATE:
+                tasks_log.debug(
+                    "task %r (%s) attempt %d: %s already reported",
+                    claim.task_id, claim.fn, claim.attempt, kind,
+                    extra=task_fields(claim, TaskOutcome.DUPLICATE, report.duration, error),
+                )  # fmt: skip
+            elif kind is ReportKind.COMPLETE:
+                tasks_log.debug(
+                    "task %r (%s) attempt %d succeeded in %.3fs",
+                    claim.task_id, claim.fn, claim.attempt, report.duration or 0.0,
+                    extra=task_fields(claim, TaskOutcome.SUCCEEDED, report.duration),
+                )  # fmt: skip
+            elif kind is ReportKind.FAIL and again.get(id(report), False):
+                tasks_log.warning(
+                    "task %r (%s) attempt %d failed and will run again: %s",
+                    claim.task_id, claim.fn, claim.attempt, error,
+                    exc_info=exc_info,
+                    extra=task_fields(claim, TaskOutcome.RETRIED, report.duration, error),
+                )  # fmt: skip
+            elif kind is ReportKind.FAIL:
+                tasks_log.error(
+                    "task %r (%s) attempt %d failed: %s",
+                    claim.task_id, claim.fn, claim.attempt, error,
+                    exc_info=exc_info,
+                    extra=task_fields(claim, TaskOutcome.FAILED, report.duration, error),
+                )  # fmt: skip
+            elif kind is ReportKind.CONFIRM_CANCEL:
+                tasks_log.info(
+                    "task %r (%s) attempt %d cancelled", claim.task_id, claim.fn, claim.attempt,
+                    extra=task_fields(claim, TaskOutcome.CANCELLED, report.duration),
+                )  # fmt: skip
+            elif kind is ReportKind.RELEASE:
+                tasks_log.info(
+                    "task %r (%s) handed back by the shutdown; no attempt spent",
+                    claim.task_id, claim.fn,
+                    extra=task_fields(claim, TaskOutcome.RELEASED, report.duration),
+                )  # fmt: skip
+            else:
+                tasks_log.debug(
+                    "task %r (%s) handed back: function not served here",
+                    claim.task_id, claim.fn,
+                    extra=task_fields(claim, TaskOutcome.HANDED_BACK),
+                )  # fmt: skip
+
+    def _will_run_again(self, failed: list[Report]) -> dict[int, bool]:
+        """For applied failures: whether the task is due to run again (by ``id`` of the
+        report). The fail reply does not say; the records do, read after it."""
+        again: dict[int, bool] = {}
+        if not failed or not tasks_log.isEnabledFor(logging.WARNING):
+            return again
+        for report in failed[:STATUS_READS_MAX]:
+            claim = report.job.claim
+            try:
+                info = self.scheduler.status(claim.task_id)
+            except Exception as exc:
+                # Not known: logged as failed, the safer reading for whoever watches.
+                log.debug("reading task %r after its failure failed: %s", claim.task_id, exc)
+                continue
+            # Same version and not ended: the retry is queued (or already running).
+            again[id(report)] = info.version == claim.version and info.state in (
+                State.READY, State.RUNNING, State.PENDING,
+            )  # fmt: skip
+        return again
+
     def _count(self, kind: ReportKind, outcome: Outcome) -> None:
         if kind is ReportKind.RELEASE or kind is ReportKind.HAND_BACK:
             if outcome is not Outcome.APPLIED:
@@ -350,3 +468,12 @@ class Reporter:
             key = outcome.value
         self.slots.count(key)
         self.metrics.on_outcome(kind.value, outcome)
+
+
+def _error_of(report: Report) -> str | None:
+    """The ``error`` field of a report's log line."""
+    if report.error is not None:
+        return error_line(report.error)
+    if report.kind is ReportKind.FAIL and isinstance(report.value, str):
+        return error_line(report.value)
+    return None

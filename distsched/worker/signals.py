@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-log = logging.getLogger("distsched.worker")
+# A logger of its own, so that a process can keep these lines on at any level.
+log = logging.getLogger("distsched.worker.signals")
 
 # The exit status after a second Ctrl-C, as a shell reports death by SIGINT.
 EXIT_AT_ONCE = 130
