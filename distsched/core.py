@@ -1667,7 +1667,11 @@ class Ops:
             return 0
         # A worker that wrote again since the read loses its entry until its next round:
         # it is rewritten every heartbeat, and only entries long silent are picked.
-        (removed,) = yield _one(("HDEL", self.keys.workers, *dead))
+        # The last claim a dead worker kept (lib/kept.lua) goes with it: nobody will
+        # send that claim again.
+        removed, _ = yield Commands(
+            (("HDEL", self.keys.workers, *dead), ("HDEL", self.keys.claims, *dead)), atomic=False
+        )
         return int(removed)
 
     def workers(self) -> Op[list[WorkerInfo]]:

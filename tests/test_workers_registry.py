@@ -177,10 +177,13 @@ def test_workers_hides_an_entry_past_its_drop_time_before_housekeeping_removes_i
         {}, heartbeat_s=0.1, lease_s=0.3,
     )  # fmt: skip
     s.client.hset(s.keys.workers, "ghost", distsched.core.encode_worker(old))
+    # The last claim it kept (for a re-send that will never come) goes with it.
+    s.client.hset(s.keys.claims, mapping={"ghost": b"r1\n", "alive": b"r2\n"})
     assert s.workers() == []
     assert s.client.hexists(s.keys.workers, "ghost")
     assert s.prune_workers() == 1
     assert not s.client.exists(s.keys.workers)
+    assert s.client.hkeys(s.keys.claims) == [b"alive"]
 
 
 def test_an_unreadable_registry_entry_is_skipped_and_pruned(
