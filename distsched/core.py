@@ -1964,9 +1964,11 @@ class Ops:
 # EXPLAIN_LIMIT hops of a blocked task's path.
 
 EXPLAIN_LIMIT = 50
-# A function counts as served while a worker announced it at most this long ago: the
-# rule of ``distsched.worker.served`` (LIVE_S there), which the API layer owns.
-SERVED_LIVE_S = 60.0
+# Every worker announces the functions it serves this often (the ``served`` hash).
+SERVED_ANNOUNCE_S = 20.0
+# A function counts as served while an announcement is at most this old (three
+# periods: a worker is not taken for gone because one or two announcements failed).
+SERVED_LIVE_S = 3 * SERVED_ANNOUNCE_S
 
 
 class Reason(str, enum.Enum):

@@ -14,7 +14,6 @@ import redis
 from distsched import Scheduler, State, TaskSpec, core
 from distsched.core import EXPLAIN_LIMIT, SERVED_LIVE_S, BlockedBy, DepState, Reason
 from distsched.errors import InvalidArgument, NotFoundError
-from distsched.worker import served
 from distsched.worker.served import ServedFunctions
 from tests.conftest import RedisServer
 from tests.test_cli import assert_one_line_error, invoke
@@ -123,10 +122,6 @@ def test_a_task_whose_function_no_live_worker_announced_is_unserved(
     exp = api.explain("job")
     assert exp.reasons == (Reason.NEXT,)
     assert exp.served_at is not None and abs(exp.served_at - exp.server_time) < 5
-
-
-def test_the_live_window_of_served_functions_is_the_workers_own() -> None:
-    assert SERVED_LIVE_S == served.LIVE_S
 
 
 # --------------------------------------------------------------------------- dependencies

@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from distsched.client import Scheduler
-from distsched.core import Claim
+from distsched.core import SERVED_ANNOUNCE_S, SERVED_LIVE_S, Claim
 
 log = logging.getLogger("distsched.worker")
 
@@ -24,11 +24,10 @@ HANDBACK_DELAY_S = 0.5
 # While no live worker serves the function, a hand-back is checked again this often.
 UNSERVED_RECHECK_S = 2.0
 # Every worker announces its functions this often, whatever its own timeout, so that
-# any worker can judge any other's announcements.
-ANNOUNCE_S = 20.0
-# A function counts as served while an announcement is at most this old (three
-# periods: a worker is not taken for gone because one or two announcements failed).
-LIVE_S = 3 * ANNOUNCE_S
+# any worker can judge any other's announcements; an announcement counts for LIVE_S.
+# The rule lives in the core, which Scheduler.explain reads it from too.
+ANNOUNCE_S = SERVED_ANNOUNCE_S
+LIVE_S = SERVED_LIVE_S
 
 
 @dataclass(frozen=True)
