@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +24,8 @@ from tests.test_worker import wait_state, wait_until
 LEASE_S = 0.6
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" / "distsched"
-COMMAND = [str(SCRIPT)] if SCRIPT.exists() else ["python", "-m", "distsched.cli"]
+# The installed entry point when there is one, else this interpreter (whatever PATH holds).
+COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "distsched.cli"]
 
 
 @pytest.fixture
