@@ -34,6 +34,9 @@ KEY_NAMES = (
     "blocked",
     "blockedby",
     "propagating",
+    "schedules",
+    "fires",
+    "firing",
 )
 
 
@@ -153,6 +156,22 @@ class Keys:
     def propagating(self) -> str:
         """Sorted set: terminal task ids whose waiting dependents are still to be told."""
         return self.prefix + "propagating"
+
+    @property
+    def schedules(self) -> str:
+        """Hash: schedule name -> its definition (msgpack map, read by the clients only)."""
+        return self.prefix + "schedules"
+
+    @property
+    def fires(self) -> str:
+        """Sorted set: schedule name -> the time (ms) of its next slot, absent while paused
+        or ended; workers fire the due ones (``fire.lua``)."""
+        return self.prefix + "fires"
+
+    @property
+    def firing(self) -> str:
+        """Hash: schedule name -> its firing state ``rev|fired|skipped|missed|last task id``."""
+        return self.prefix + "firing"
 
     @property
     def served(self) -> str:

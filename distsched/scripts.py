@@ -41,6 +41,8 @@ SCRIPT_NAMES = (
     "purge",
     "compact",
     "leave",
+    "recur",
+    "fire",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)
