@@ -22,8 +22,9 @@
 --   cancel_previous  a queued one is cancelled, a running one asked to stop
 --                    (cancel_requested, published on wake), and the new task starts
 --   allow            the new task is created regardless
--- Mode 'trigger' creates one task now (slot 'now': the server clock) through the same
--- policy, without moving the next fire time. Mode 'backfill' creates the tasks of the
+-- Mode 'trigger' creates one task now (slot 'now': the server clock, or the first
+-- millisecond after it whose task id is free) through the same policy, without moving
+-- the next fire time. Mode 'backfill' creates the tasks of the
 -- given past slots as they are (no policy; they do not become the last task).
 --
 -- Writes tasks, payloads, queue, meta, fires, firing; cancel_previous also finished,
@@ -103,7 +104,13 @@ return run(function()
     local slot_text, run_text = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
     local slot, run_at
     if mode == 'trigger' and slot_text == 'now' and run_text == 'now' then
-      slot, run_at = now, now
+      -- The first millisecond from now whose task id is free: two triggers in one
+      -- millisecond are two runs.
+      slot = now
+      while redis.call('HEXISTS', k.tasks, name .. '@' .. string.format('%d', slot)) == 1 do
+        slot = slot + 1
+      end
+      run_at = slot
     else
       slot = int_arg(slot_text, 'slot', -MAX_MS, MAX_MS)
       run_at = int_arg(run_text, 'run_at', -MAX_MS, MAX_MS)
