@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import sys
 import threading
 import time
@@ -567,3 +568,52 @@ def test_workers_killed_across_slots_lose_no_slot_within_the_catch_up_window(
     info = s.get_schedule("beat")
     assert (info.fired, info.missed) == (60, 0)
     s.close()
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_the_schedules_commands_add_list_trigger_pause_resume_backfill_next_and_remove(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    from tests.test_cli import assert_one_line_error, invoke
+
+    def ok(*args: str) -> str:
+        result = invoke(redis_server, namespace, "schedules", *args)
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+        return result.stdout
+
+    out = ok("add", "digest", "--fn", "send", "--cron", "0 9 * * MON-FRI", "--tz", "Europe/Madrid")
+    assert "cron '0 9 * * MON-FRI' Europe/Madrid, active, next fire" in out
+    ok("add", "tick", "--fn", "f", "--interval", "30s", "--overlap", "skip")
+    listing = ok("list").splitlines()
+    assert listing[0].split()[:4] == ["name", "fn", "when", "state"]
+    assert [line.split()[0] for line in listing[1:]] == ["digest", "tick"]
+    [first, second] = ok("next", "digest", "-n", "2").splitlines()
+    assert first.endswith(" Europe/Madrid") and "T09:00:00+0" in first
+    assert second > first
+    task_id = ok("trigger", "tick").strip()
+    assert task_id.startswith("tick@")
+    assert ok("trigger", "tick").startswith("skipped: the previous run is still queued")
+    assert ok("pause", "tick").strip() == "tick: paused"
+    [tick] = [sc for sc in json.loads(ok("list", "--json")) if sc["name"] == "tick"]
+    assert (tick["state"], tick["fired"], tick["skipped"], tick["last_task"]) == (
+        "paused", 1, 1, task_id,
+    )  # fmt: skip
+    assert "active" in ok("resume", "tick")
+    out = ok(
+        "backfill", "digest", "--start", "2026-11-02T00:00:00Z", "--end", "2026-11-07T00:00:00Z"
+    )
+    assert out.strip() == "created 5 tasks"  # Monday to Friday
+    assert ok("remove", "tick").strip() == "removed tick"
+    result = invoke(redis_server, namespace, "schedules", "remove", "tick")
+    assert_one_line_error(result, "no schedule 'tick'")
+    result = invoke(
+        redis_server, namespace, "schedules", "add", "x", "--fn", "f", "--cron", "99 * * * *"
+    )
+    assert_one_line_error(result, "--cron")
+    result = invoke(
+        redis_server, namespace, "schedules", "add", "x", "--fn", "f", "--interval", "1m",
+        "--overlap", "sometimes",
+    )  # fmt: skip
+    assert result.exit_code == 2  # a usage error: click names the choices
