@@ -1391,6 +1391,8 @@ def _bench_size_options() -> list[click.Option]:
                      show_default=True, help="(d) smallest delay (seconds, or 100ms, 1s)."),
         click.option("--delay-max", type=Duration("delay_max"), default=d.delay_max,
                      show_default=True, help="(d) largest delay (seconds, or 500ms, 2s)."),
+        click.option("--slots", type=int, default=d.slots, show_default=True,
+                     help="(d) slots of a schedule fired with an idle worker, 100 ms apart."),
         click.option("--claim-sizes", default=",".join(str(n) for n in d.claim_sizes),
                      show_default=True, callback=_parse_sizes,
                      help="(e) queue sizes to claim from, comma-separated."),
