@@ -2162,6 +2162,9 @@ class Ops:
         for (name, score), raw, state in zip(due, defs, states, strict=True):
             rev = FiringState.decode(state).rev
             if raw is None or not rev:
+                # Junk (a definition or state written by other means): it leaves fires.
+                call = Call("recur", k.for_script("recur"), ["drop", name])
+                yield from self.run(call)
                 continue
             try:
                 d = Definition.decode(name, _bytes(raw))

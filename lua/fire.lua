@@ -22,7 +22,7 @@
 --   cancel_previous  a queued one is cancelled, a running one asked to stop
 --                    (cancel_requested, published on wake), and the new task starts
 --   allow            the new task is created regardless
--- Mode 'trigger' creates one task now (slot 'now': the server clock, or the first
+-- Mode 'trigger' creates one task due now (slot 'now': the server clock, or the first
 -- millisecond after it whose task id is free) through the same policy, without moving
 -- the next fire time. Mode 'backfill' creates the tasks of the
 -- given past slots as they are (no policy; they do not become the last task).
@@ -110,7 +110,7 @@ return run(function()
       while redis.call('HEXISTS', k.tasks, name .. '@' .. string.format('%d', slot)) == 1 do
         slot = slot + 1
       end
-      run_at = slot
+      run_at = now
     else
       slot = int_arg(slot_text, 'slot', -MAX_MS, MAX_MS)
       run_at = int_arg(run_text, 'run_at', -MAX_MS, MAX_MS)

@@ -10,27 +10,39 @@
 -- time with a new rev, keeping the counters and the last task id of a schedule it
 -- replaces: a fire.lua call prepared from the old definition is then refused, and the
 -- overlap policy still sees the run the old definition started. 'remove' deletes all
--- three; the tasks already created stay. No task changes state.
+-- three; the tasks already created stay. 'drop' takes a schedule out of fires only when
+-- its definition or firing state is missing or cannot be read (junk written by other
+-- means), so that workers are not told again and again that it is due. No task changes
+-- state.
 --
 -- Writes schedules, fires, firing; wakes one idle worker when the head of fires is
 -- earlier than what the timer worker waits for (lib/fires.lua).
 --
--- ARGV[1] 'put' or 'remove'
+-- ARGV[1] 'put', 'remove' or 'drop'
 -- ARGV[2] the schedule name (valid UTF-8, 1..256 bytes)
 -- put:
 -- ARGV[3] rev: the definition's revision, 1..64 bytes without '|' (distsched: random hex)
 -- ARGV[4] definition: one msgpack map
 -- ARGV[5] next fire time (epoch ms), or '' for none (paused, or past its end)
 --
--- Reply: { 0, 1 when the schedule existed before the call, else 0 }.
+-- Reply: { 0, 1 when the schedule existed before the call, else 0 }; for 'drop': { 0, 1
+-- when it was taken out of fires, else 0 }.
 -- Errors (nothing written): BADARG op|name|rev|definition|next_ms <why>.
 -- Cost: O(log S) in the number of schedules.
 
 return run(function()
   local op = ARGV[1]
-  if op ~= 'put' and op ~= 'remove' then error({ err = 'BADARG op must be put or remove' }) end
+  if op ~= 'put' and op ~= 'remove' and op ~= 'drop' then
+    error({ err = 'BADARG op must be put, remove or drop' })
+  end
   local name = check_name(ARGV[2])
   local existed = redis.call('HEXISTS', k.schedules, name)
+  if op == 'drop' then
+    if #ARGV ~= 2 then error({ err = 'BADARG ARGV expected: drop name' }) end
+    if existed == 1 and read_firing(name) then return { 0, 0 } end
+    redis.call('ZREM', k.fires, name)
+    return { 0, 1 }
+  end
   if op == 'remove' then
     if #ARGV ~= 2 then error({ err = 'BADARG ARGV expected: remove name' }) end
     redis.call('HDEL', k.schedules, name)

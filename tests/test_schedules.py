@@ -327,7 +327,7 @@ def test_start_sets_the_first_slot_and_end_stops_the_schedule(api: Scheduler) ->
     ended = api.add_schedule("ended", "f", interval=60, start=now - 7200, end=now - 3600)
     assert ended.next_fire is None
     assert api.next_fires("ended", 3) == []
-    bounded = api.add_schedule("bounded", "f", interval=0.05, start=now, end=now + 0.2)
+    bounded = api.add_schedule("bounded", "f", interval=0.05, start=now + 0.1, end=now + 0.25)
     assert bounded.next_fire is not None
     time.sleep(0.5)
     assert api.fire_due() == 1  # the latest slot of the five; then it has ended
@@ -617,3 +617,18 @@ def test_the_schedules_commands_add_list_trigger_pause_resume_backfill_next_and_
         "--overlap", "sometimes",
     )  # fmt: skip
     assert result.exit_code == 2  # a usage error: click names the choices
+
+
+def test_a_due_schedule_whose_definition_is_junk_leaves_the_fires_and_workers_go_on(
+    sync_scheduler: Scheduler, client: redis.Redis
+) -> None:
+    s = sync_scheduler
+    s.add_schedule("broken", "f", interval=0.01)
+    s.add_schedule("gone", "f", interval=0.01)
+    client.hset(s.keys.schedules, "broken", b"\x81\xa1x\x01")  # a map, not a definition
+    client.hdel(s.keys.firing, "gone")
+    time.sleep(0.03)
+    assert s.fire_due() == 0
+    assert client.zrange(s.keys.fires, 0, -1) == []
+    claims, wait = s.claim(1, "w")
+    assert claims == [] and wait is not None and wait.reason is WaitReason.EMPTY

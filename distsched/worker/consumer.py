@@ -67,6 +67,7 @@ class Consumer:
         # The request id of the last claim call when its reply never came.
         self.lost: str | None = None
         self.fire_retry = backoff()
+        self.fruitless = 0
 
     def run(self) -> None:
         """Claim and dispatch until the worker stops; then leave the idle set."""
@@ -117,6 +118,9 @@ class Consumer:
                 # wins each slot), then claims again, the slot's task among the rest.
                 self.fire()
                 continue
+            if self.fruitless:
+                self.fruitless = 0
+                self.fire_retry = backoff()
             if wait is None or wait.delay == 0:
                 continue
             self.wake.wait(idle_wait(wait.delay))
@@ -126,15 +130,23 @@ class Consumer:
         claim says again that a slot is due)."""
         try:
             created = self.scheduler.fire_due()
-            if created:
-                log.debug("fired %d scheduled task(s)", created)
         except ClosedError:
             return
-            self.fire_retry = backoff()
         except Exception as exc:
             pause = next(self.fire_retry)
             log.warning("could not fire the due schedules (%s); again in %.2fs", exc, pause)
             self.stopping.wait(pause)
+            return
+        if created:
+            log.debug("fired %d scheduled task(s)", created)
+            self.fruitless = 0
+            self.fire_retry = backoff()
+            return
+        # Lost races, or a due slot that stays due: after a few in a row, pause (longer
+        # while it lasts) rather than spin between claim and fire.
+        self.fruitless += 1
+        if self.fruitless >= 3:
+            self.stopping.wait(next(self.fire_retry))
 
     def leave(self) -> None:
         """Take this worker out of the idle set, so that no wake-up is sent to it any more,
