@@ -39,6 +39,7 @@ from distsched.schedules import (
     FiringState,
     Schedule,
     backfill_slots,
+    instant_ms,
     plan_fire,
     validate_name,
 )
@@ -2101,12 +2102,10 @@ class Ops:
         raise ConflictError(f"schedule {name!r} kept changing while it was triggered")
 
     def backfill(self, name: str, start: object, end: object, limit: int) -> Op[int]:
-        from distsched.schedules import _instant_ms
-
         validate_name(name)
         if not _is_int(limit) or not 1 <= limit <= MAX_BACKFILL_SLOTS:
             raise InvalidArgument("limit", f"must be an int in [1, {MAX_BACKFILL_SLOTS}]")
-        start_ms, end_ms = _instant_ms(start, "start"), _instant_ms(end, "end")
+        start_ms, end_ms = instant_ms(start, "start"), instant_ms(end, "end")
         if start_ms is None or end_ms is None:
             raise InvalidArgument("start", "give start and end")
         if end_ms < start_ms:
@@ -2159,28 +2158,35 @@ class Ops:
             ("HMGET", k.schedules, *names), ("HMGET", k.firing, *names)
         )
         created = 0
+        error: Exception | None = None
         for (name, score), raw, state in zip(due, defs, states, strict=True):
             rev = FiringState.decode(state).rev
             if raw is None or not rev:
                 # Junk (a definition or state written by other means): it leaves fires.
-                call = Call("recur", k.for_script("recur"), ["drop", name])
-                yield from self.run(call)
+                yield from self.run(Call("recur", k.for_script("recur"), ["drop", name]))
                 continue
             try:
                 d = Definition.decode(name, _bytes(raw))
-                plan = plan_fire(d, score, now)
             except ValueError:
-                # A definition that cannot be read would stay due for ever: the
-                # schedule leaves fires (get_schedule shows why).
-                d, plan = None, None
-            if d is None or plan is None or d.paused:
+                # Junk that would stay due for ever: the schedule leaves fires (without a
+                # next fire time, and nothing created); get_schedule shows why.
                 call = Call("fire", k.for_script("fire"),
                             [PROPAGATE_BUDGET, name, rev, "fire", score, "", 0, "skip", "", "",
                              self.max_payload_bytes, 0])  # fmt: skip
-            else:
+                yield from self.run(call)
+                continue
+            try:
+                # What only this worker may lack (the cron extra, a time zone, a payload
+                # limit as large) is its own error: another worker may fire the slot.
+                plan = plan_fire(d, score, now)
                 call = fire_call(k, d, rev, "fire", plan.slots, self.max_payload_bytes,
                                  score, plan.next_ms, plan.missed)  # fmt: skip
+            except (ValueError, ImportError) as exc:
+                error = error or exc
+                continue
             created += decode_fired((yield from self.run(call))).created
+        if error is not None and not created:
+            raise error
         return created
 
     def noop(self) -> Op[None]:

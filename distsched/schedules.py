@@ -13,6 +13,7 @@ occurrence. Several wall times that land on the same instant fire once.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import enum
 import hashlib
@@ -187,9 +188,7 @@ class Definition:
             ) from None
 
     def replace(self, **changes: Any) -> Definition:
-        from dataclasses import replace
-
-        return replace(self, **changes)
+        return dataclasses.replace(self, **changes)
 
     def timetable(self) -> Timetable:
         return Timetable(self)
@@ -262,7 +261,8 @@ def _seconds(value: object, field_name: str, lo: float, hi: float) -> float:
     return float(value)
 
 
-def _instant_ms(value: object, field_name: str) -> int | None:
+def instant_ms(value: object, field_name: str) -> int | None:
+    """Epoch ms of ``value`` (epoch seconds or an aware datetime); None stays None."""
     if value is None:
         return None
     if isinstance(value, _dt.datetime):
@@ -349,8 +349,8 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
     if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidArgument("max_attempts", f"must be an int in [1, {MAX_ATTEMPTS_LIMIT}]")
     backoff = _seconds(options.get("backoff", 1.0), "backoff", 0.0, BACKOFF_MAX_S)
-    start_ms = _instant_ms(options.get("start"), "start")
-    end_ms = _instant_ms(options.get("end"), "end")
+    start_ms = instant_ms(options.get("start"), "start")
+    end_ms = instant_ms(options.get("end"), "end")
     if start_ms is not None and end_ms is not None and end_ms < start_ms:
         raise InvalidArgument("end", "must not be before start")
     jitter = _seconds(options.get("jitter", 0.0), "jitter", 0.0, MAX_INTERVAL_S)
