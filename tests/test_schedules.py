@@ -632,3 +632,58 @@ def test_a_due_schedule_whose_definition_is_junk_leaves_the_fires_and_workers_go
     assert client.zrange(s.keys.fires, 0, -1) == []
     claims, wait = s.claim(1, "w")
     assert claims == [] and wait is not None and wait.reason is WaitReason.EMPTY
+
+
+# ----------------------------------------------------------------- the DST rule, by brute force
+
+
+def brute_force_slots(tz_name: str, every: int, start: dt.datetime, minutes: int) -> list[int]:
+    """The slots (epoch ms) of ``*/every * * * *`` by the documented rule, minute by minute
+    in UTC: a minute whose wall time matches and is its first occurrence; and the first
+    minute after a gap when a wall time in the gap (or its own) matches."""
+    tz = ZoneInfo(tz_name)
+    out: list[int] = []
+    for i in range(minutes):
+        u = start + dt.timedelta(minutes=i)
+        local = u.astimezone(tz)
+        before = (u - dt.timedelta(minutes=1)).astimezone(tz)
+        wall, wall_before = local.replace(tzinfo=None), before.replace(tzinfo=None)
+        skipped = []  # wall minutes that never happened between the two
+        w = wall_before + dt.timedelta(minutes=1)
+        while w < wall:
+            skipped.append(w)
+            w += dt.timedelta(minutes=1)
+        matches = wall.minute % every == 0 and local.fold == 0
+        if matches or any(w.minute % every == 0 for w in skipped):
+            out.append(round(u.timestamp() * 1000))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("tz_name", "day"),
+    [
+        ("Europe/Madrid", dt.datetime(2026, 3, 28, 22, tzinfo=UTC)),
+        ("Europe/Madrid", dt.datetime(2026, 10, 24, 22, tzinfo=UTC)),
+        ("America/New_York", dt.datetime(2026, 3, 8, 3, tzinfo=UTC)),
+        ("America/New_York", dt.datetime(2026, 11, 1, 3, tzinfo=UTC)),
+        ("Australia/Lord_Howe", dt.datetime(2026, 4, 4, 12, tzinfo=UTC)),  # 30-minute shift
+        ("Australia/Lord_Howe", dt.datetime(2026, 10, 3, 12, tzinfo=UTC)),
+    ],
+)
+@pytest.mark.parametrize("every", [1, 15, 30])
+def test_cron_slots_around_a_clock_change_follow_the_rule_minute_by_minute(
+    tz_name: str, day: dt.datetime, every: int
+) -> None:
+    d = definition(cron=f"*/{every} * * * *", tz=tz_name)
+    minutes = 12 * 60
+    tz = ZoneInfo(tz_name)
+    later = day + dt.timedelta(minutes=minutes)
+    assert day.astimezone(tz).utcoffset() != later.astimezone(tz).utcoffset()  # a change
+    want = brute_force_slots(tz_name, every, day, minutes)
+    got: list[int] = []
+    end = round((day + dt.timedelta(minutes=minutes)).timestamp() * 1000)
+    for slot in d.timetable().iterate(round(day.timestamp() * 1000)):
+        if slot >= end:
+            break
+        got.append(slot)
+    assert got == want
