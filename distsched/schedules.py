@@ -481,6 +481,14 @@ def plan_fire(d: Definition, due_ms: int, now_ms: int, limit: int = MAX_FIRE_SLO
                 slot = table.at_or_after(window_start)
     due: list[int] = []
     latest: int | None = None
+    if d.catchup is Catchup.LATEST and d.interval_ms is not None and slot is not None:
+        # However many slots are due, the latest is found by arithmetic, not one by one.
+        last = now_ms if d.end_ms is None else min(now_ms, d.end_ms)
+        if slot <= last:
+            count = (last - slot) // d.interval_ms + 1
+            missed += count - 1
+            latest = slot + (count - 1) * d.interval_ms
+            slot = table.after(latest)
     while slot is not None and slot <= now_ms:
         if d.catchup is Catchup.ALL:
             if len(due) == limit:

@@ -687,3 +687,21 @@ def test_cron_slots_around_a_clock_change_follow_the_rule_minute_by_minute(
             break
         got.append(slot)
     assert got == want
+
+
+def test_a_catch_up_of_the_latest_of_millions_of_interval_slots_is_one_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    d = definition(interval=0.001, start=0.0, catchup="latest", catchup_window=7200)
+    steps: list[int] = []
+    after = schedules.Timetable.after
+
+    def counted(self: schedules.Timetable, t_ms: int) -> int | None:
+        steps.append(t_ms)
+        return after(self, t_ms)
+
+    monkeypatch.setattr(schedules.Timetable, "after", counted)
+    plan = plan_fire(d, 0, 3_600_000)
+    assert ([slot for slot, _ in plan.slots], plan.missed) == ([3_600_000], 3_600_000)
+    assert plan.next_ms == 3_600_001
+    assert len(steps) < 10  # computed, not walked slot by slot
