@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import uuid
 from collections.abc import Sequence
 from types import TracebackType
@@ -33,6 +34,7 @@ from distsched.core import (
     TaskSpec,
     Wait,
 )
+from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
 
 if TYPE_CHECKING:
@@ -159,6 +161,63 @@ class AsyncScheduler(BaseScheduler):
     async def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
         """See :meth:`Scheduler.settle`."""
         return await self._drive(self._ops.settle(budget))
+
+    # ------------------------------------------------------------------ schedules
+
+    async def add_schedule(
+        self, name: str, fn: str, **options: Unpack[ScheduleOptions]
+    ) -> Schedule:
+        """Add (or replace) the schedule ``name``: a task running ``fn`` at every slot.
+
+        Give ``cron`` (with ``tz``, default ``"UTC"``) or ``interval`` seconds; the other
+        options are those of :class:`~distsched.schedules.Schedule`. Each slot's task
+        has the id ``<name>@<slot epoch ms>`` and is created by the workers exactly once.
+        Replacing a schedule keeps its counters and last run. Returns the schedule.
+        Cron needs the ``cron`` extra (``MissingExtraError`` otherwise).
+        """
+        return await self._drive(self._ops.add_schedule(name, fn, options))
+
+    async def get_schedule(self, name: str) -> Schedule:
+        """See :meth:`Scheduler.get_schedule`."""
+        return await self._drive(self._ops.get_schedule(name))
+
+    async def schedules(self) -> list[Schedule]:
+        """See :meth:`Scheduler.schedules`."""
+        return await self._drive(self._ops.schedules())
+
+    async def remove_schedule(self, name: str) -> bool:
+        """See :meth:`Scheduler.remove_schedule`."""
+        return await self._drive(self._ops.remove_schedule(name))
+
+    async def pause_schedule(self, name: str) -> Schedule:
+        """See :meth:`Scheduler.pause_schedule`."""
+        return await self._drive(self._ops.pause_schedule(name))
+
+    async def resume_schedule(self, name: str) -> Schedule:
+        """See :meth:`Scheduler.resume_schedule`."""
+        return await self._drive(self._ops.resume_schedule(name))
+
+    async def trigger(self, name: str) -> str | None:
+        """See :meth:`Scheduler.trigger`."""
+        return await self._drive(self._ops.trigger(name))
+
+    async def backfill(
+        self,
+        name: str,
+        start: float | datetime.datetime,
+        end: float | datetime.datetime,
+        limit: int = MAX_BACKFILL_SLOTS,
+    ) -> int:
+        """See :meth:`Scheduler.backfill`."""
+        return await self._drive(self._ops.backfill(name, start, end, limit))
+
+    async def next_fires(self, name: str, n: int = 5) -> list[float]:
+        """See :meth:`Scheduler.next_fires`."""
+        return await self._drive(self._ops.next_fires(name, n))
+
+    async def fire_due(self, limit: int = core.FIRE_HEADS) -> int:
+        """See :meth:`Scheduler.fire_due`."""
+        return await self._drive(self._ops.fire_due(limit))
 
     # ------------------------------------------------------------------ workers
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import click
 import redis
@@ -41,6 +42,7 @@ from distsched.errors import (
     NotFoundError,
     UnknownDependencyError,
 )
+from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
 from distsched.text import (
     duration,
     error_summary,
@@ -83,6 +85,16 @@ OPTION_NAMES = {
     "max_running": "N",
     "interval": "--interval",
     "soon_s": "--soon",
+    "name": "NAME",
+    "cron": "--cron",
+    "tz": "--tz",
+    "start": "--start",
+    "end": "--end",
+    "jitter": "--jitter",
+    "overlap": "--overlap",
+    "catchup": "--catchup",
+    "catchup_window": "--catchup-window",
+    "n": "-n",
 }
 
 
@@ -1061,6 +1073,209 @@ def leases_reap(ctx: click.Context) -> None:
     click.echo(f"reaped {total} expired lease{'s' if total != 1 else ''}")
 
 
+# --------------------------------------------------------------------------- schedules
+
+
+@cli.group("schedules")
+def schedules_group() -> None:
+    """Recurring tasks: add, list, pause, resume, trigger, backfill and remove schedules.
+
+    The workers fire each slot of a schedule exactly once; its task is NAME@<slot ms>.
+    """
+
+
+def _when_text(sc: Schedule) -> str:
+    if sc.cron is not None:
+        return f"cron {sc.cron!r} {sc.tz}"
+    return f"every {duration(sc.interval or 0.0)}"
+
+
+def _schedule_state(sc: Schedule) -> str:
+    if sc.paused:
+        return "paused"
+    return "ended" if sc.next_fire is None else "active"
+
+
+def _schedule_dict(sc: Schedule) -> dict[str, Any]:
+    data = jsonable(dataclasses.asdict(sc))
+    data["overlap"], data["catchup"] = sc.overlap.value, sc.catchup.value
+    data["state"] = _schedule_state(sc)
+    return dict(data)
+
+
+@schedules_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def schedules_list(ctx: click.Context, as_json: bool) -> None:
+    """Every schedule: when it fires, its next slot, policy and counters."""
+    scheduler = _connect(ctx)
+    found = scheduler.schedules()
+    if as_json:
+        click.echo(json.dumps([_schedule_dict(sc) for sc in found], ensure_ascii=False))
+        return
+    if not found:
+        click.echo("no schedules")
+        return
+    now = scheduler.server_time()
+    rows: list[tuple[str, ...]] = [
+        ("name", "fn", "when", "state", "next fire", "overlap", "fired", "skipped", "missed")
+    ]
+    for sc in found:
+        next_fire = (
+            "-" if sc.next_fire is None else f"{iso(sc.next_fire)} ({relative(sc.next_fire, now)})"
+        )
+        rows.append((
+            one_line(sc.name), one_line(sc.fn), one_line(_when_text(sc)), _schedule_state(sc),
+            next_fire, sc.overlap.value, str(sc.fired), str(sc.skipped), str(sc.missed),
+        ))  # fmt: skip
+    for line in table(rows, right=frozenset({6, 7, 8})):
+        click.echo(line)
+
+
+@schedules_group.command("add")
+@click.argument("name")
+@click.option("--fn", required=True, help="Name of the registered function to run.")
+@click.option(
+    "--args", "args_json", default="[]", metavar="JSON", help="Positional args: a JSON list."
+)
+@click.option(
+    "--kwargs", "kwargs_json", default="{}", metavar="JSON", help="Keyword args: a JSON object."
+)
+@click.option(
+    "--cron", metavar="EXPR", help="Cron expression, e.g. '0 9 * * MON-FRI' (needs the cron extra)."
+)
+@click.option(
+    "--tz", default="UTC", show_default=True, help="Time zone of --cron, e.g. Europe/Madrid."
+)
+@click.option("--interval", type=Duration("interval"), help="Fire every DURATION (30s, 5m, 1h).")
+@click.option("--priority", type=int, default=0, show_default=True)
+@click.option("--max-attempts", type=int, default=1, show_default=True)
+@click.option("--backoff", type=Duration("backoff"), default=1.0, show_default=True)
+@click.option(
+    "--start", metavar="WHEN", help="First slot no earlier than this (epoch s or ISO-8601)."
+)
+@click.option("--end", metavar="WHEN", help="No slot after this (epoch s or ISO-8601).")
+@click.option(
+    "--jitter", type=Duration("jitter"), default=0.0, help="Delay each run by up to DURATION."
+)
+@click.option("--paused", is_flag=True, help="Add it paused.")
+@click.option(
+    "--overlap", type=click.Choice([o.value for o in Overlap]), default="skip", show_default=True,
+    help="What a slot does while the previous run is still queued or running.",
+)  # fmt: skip
+@click.option(
+    "--catchup", type=click.Choice(["all", "latest"]), default="latest", show_default=True,
+    help="After an outage, fire all missed slots within the window, or only the latest.",
+)  # fmt: skip
+@click.option(
+    "--catchup-window", type=Duration("catchup_window"), default=3600.0, show_default=True,
+    help="How far back missed slots still fire (older ones are counted as missed).",
+)  # fmt: skip
+@click.pass_context
+def schedules_add(
+    ctx: click.Context, name: str, fn: str, args_json: str, kwargs_json: str, cron: str | None,
+    tz: str, interval: float | None, priority: int, max_attempts: int, backoff: float,
+    start: str | None, end: str | None, jitter: float, paused: bool, overlap: str, catchup: str,
+    catchup_window: float,
+) -> None:  # fmt: skip
+    """Add (or replace) schedule NAME; print its next fire time."""
+    options: ScheduleOptions = {
+        "args": parse_json(args_json, "args", list),
+        "kwargs": parse_json(kwargs_json, "kwargs", dict),
+        "cron": cron, "tz": tz, "interval": interval, "priority": priority,
+        "max_attempts": max_attempts, "backoff": backoff,
+        "start": None if start is None else parse_when(start, "start"),
+        "end": None if end is None else parse_when(end, "end"),
+        "jitter": jitter, "paused": paused, "overlap": overlap, "catchup": catchup,
+        "catchup_window": catchup_window,
+    }  # fmt: skip
+    scheduler = _connect(ctx)
+    sc = scheduler.add_schedule(name, fn, **options)
+    click.echo(f"{sc.name}: {_when_text(sc)}, {_schedule_state(sc)}, next fire {iso(sc.next_fire)}")
+
+
+@schedules_group.command("remove")
+@click.argument("name")
+@click.pass_context
+def schedules_remove(ctx: click.Context, name: str) -> None:
+    """Remove schedule NAME (the tasks it created stay)."""
+    scheduler = _connect(ctx)
+    if not scheduler.remove_schedule(name):
+        raise click.ClickException(
+            f"no schedule {name!r} in namespace {_settings(ctx).namespace!r}"
+        )
+    click.echo(f"removed {name}")
+
+
+@schedules_group.command("pause")
+@click.argument("name")
+@click.pass_context
+def schedules_pause(ctx: click.Context, name: str) -> None:
+    """Stop firing NAME until it is resumed."""
+    sc = _connect(ctx).pause_schedule(name)
+    click.echo(f"{sc.name}: paused")
+
+
+@schedules_group.command("resume")
+@click.argument("name")
+@click.pass_context
+def schedules_resume(ctx: click.Context, name: str) -> None:
+    """Fire NAME again from its next slot after now (slots while paused are not caught up)."""
+    sc = _connect(ctx).resume_schedule(name)
+    click.echo(f"{sc.name}: {_schedule_state(sc)}, next fire {iso(sc.next_fire)}")
+
+
+@schedules_group.command("trigger")
+@click.argument("name")
+@click.pass_context
+def schedules_trigger(ctx: click.Context, name: str) -> None:
+    """Run NAME now, through its overlap policy; print the task id."""
+    scheduler = _connect(ctx)
+    task_id = scheduler.trigger(name)
+    if task_id is None:
+        policy = scheduler.get_schedule(name).overlap.value
+        click.echo(f"skipped: the previous run is still queued or running (overlap {policy})")
+        return
+    click.echo(task_id)
+
+
+@schedules_group.command("backfill")
+@click.argument("name")
+@click.option("--start", required=True, metavar="WHEN", help="Epoch seconds or ISO-8601.")
+@click.option(
+    "--end", required=True, metavar="WHEN", help="Epoch seconds or ISO-8601 (not in the future)."
+)
+@click.option(
+    "--limit", type=int, default=MAX_BACKFILL_SLOTS, show_default=True,
+    help="The most slots created by this call, from the earliest.",
+)  # fmt: skip
+@click.pass_context
+def schedules_backfill(ctx: click.Context, name: str, start: str, end: str, limit: int) -> None:
+    """Create the tasks of NAME's slots within [--start, --end]; print how many.
+
+    Slots whose task exists already (fired, or backfilled before) create nothing.
+    """
+    scheduler = _connect(ctx)
+    created = scheduler.backfill(name, parse_when(start, "start"), parse_when(end, "end"), limit)
+    click.echo(f"created {created} task{'s' if created != 1 else ''}")
+
+
+@schedules_group.command("next")
+@click.argument("name")
+@click.option("-n", "n", type=int, default=5, show_default=True, help="How many.")
+@click.pass_context
+def schedules_next(ctx: click.Context, name: str, n: int) -> None:
+    """The next fire times of NAME (UTC, and local time for a cron schedule)."""
+    scheduler = _connect(ctx)
+    sc = scheduler.get_schedule(name)
+    for when in scheduler.next_fires(name, n):
+        line = iso(when)
+        if sc.cron is not None:
+            local = datetime.datetime.fromtimestamp(when, ZoneInfo(sc.tz))
+            line += f"  {local.isoformat()} {sc.tz}"
+        click.echo(line)
+
+
 @cli.command()
 @click.argument("task_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -1391,6 +1606,8 @@ def _bench_size_options() -> list[click.Option]:
                      show_default=True, help="(d) smallest delay (seconds, or 100ms, 1s)."),
         click.option("--delay-max", type=Duration("delay_max"), default=d.delay_max,
                      show_default=True, help="(d) largest delay (seconds, or 500ms, 2s)."),
+        click.option("--slots", type=int, default=d.slots, show_default=True,
+                     help="(d) slots of a schedule fired with an idle worker, 100 ms apart."),
         click.option("--claim-sizes", default=",".join(str(n) for n in d.claim_sizes),
                      show_default=True, callback=_parse_sizes,
                      help="(e) queue sizes to claim from, comma-separated."),

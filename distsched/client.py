@@ -8,6 +8,7 @@ same operations, so the two have the same methods with the same meaning.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import threading
 import time
 import uuid
@@ -36,6 +37,7 @@ from distsched.core import (
 )
 from distsched.errors import ClosedError, InvalidArgument
 from distsched.keys import Keys
+from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
 
 if TYPE_CHECKING:
@@ -218,6 +220,68 @@ class Scheduler(BaseScheduler):
         Every operation already does this for what it changed.
         """
         return self._drive(self._ops.settle(budget))
+
+    # ------------------------------------------------------------------ schedules
+
+    def add_schedule(self, name: str, fn: str, **options: Unpack[ScheduleOptions]) -> Schedule:
+        """Add (or replace) the schedule ``name``: a task running ``fn`` at every slot.
+
+        Give ``cron`` (with ``tz``, default ``"UTC"``) or ``interval`` seconds; the other
+        options are those of :class:`~distsched.schedules.Schedule`. Each slot's task
+        has the id ``<name>@<slot epoch ms>`` and is created by the workers exactly once.
+        Replacing a schedule keeps its counters and last run. Returns the schedule.
+        Cron needs the ``cron`` extra (``MissingExtraError`` otherwise).
+        """
+        return self._drive(self._ops.add_schedule(name, fn, options))
+
+    def get_schedule(self, name: str) -> Schedule:
+        """The schedule ``name`` (``NotFoundError`` if none)."""
+        return self._drive(self._ops.get_schedule(name))
+
+    def schedules(self) -> list[Schedule]:
+        """Every schedule of the namespace, by name."""
+        return self._drive(self._ops.schedules())
+
+    def remove_schedule(self, name: str) -> bool:
+        """Remove a schedule (its tasks stay); True if it existed."""
+        return self._drive(self._ops.remove_schedule(name))
+
+    def pause_schedule(self, name: str) -> Schedule:
+        """Stop firing ``name`` until :meth:`resume_schedule`."""
+        return self._drive(self._ops.pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> Schedule:
+        """Fire ``name`` again from its next slot after now; slots while paused are not
+        caught up."""
+        return self._drive(self._ops.resume_schedule(name))
+
+    def trigger(self, name: str) -> str | None:
+        """Run schedule ``name`` now, through its overlap policy: the id of the task
+        created, or None when the policy skipped it."""
+        return self._drive(self._ops.trigger(name))
+
+    def backfill(
+        self,
+        name: str,
+        start: float | datetime.datetime,
+        end: float | datetime.datetime,
+        limit: int = MAX_BACKFILL_SLOTS,
+    ) -> int:
+        """Create the tasks of the slots of ``name`` within ``[start, end]`` (a past range;
+        at most ``limit`` slots, from the earliest): the number created. A slot whose
+        task exists already (fired, or backfilled before) creates nothing."""
+        return self._drive(self._ops.backfill(name, start, end, limit))
+
+    def next_fires(self, name: str, n: int = 5) -> list[float]:
+        """The next ``n`` fire times of ``name`` (epoch seconds); for a paused schedule,
+        those it would have if resumed now; none once it has ended."""
+        return self._drive(self._ops.next_fires(name, n))
+
+    def fire_due(self, limit: int = core.FIRE_HEADS) -> int:
+        """Create the tasks of the due slots of at most ``limit`` schedules: the number
+        created. Workers call it when a claim says a slot is due; racing callers are
+        safe (each slot fires once)."""
+        return self._drive(self._ops.fire_due(limit))
 
     # ------------------------------------------------------------------ workers
 

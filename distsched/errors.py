@@ -81,3 +81,7 @@ class Cancelled(DistschedError):
 
 class LeaseLost(Cancelled):
     """Raised by ``raise_if_cancelled()`` when the worker lost the task's lease."""
+
+
+class MissingExtraError(DistschedError, ImportError):
+    """An optional extra that a feature needs is not installed (the message names it)."""

@@ -37,6 +37,9 @@ KEY_NAMES = (
     "states",
     "history",
     "minutes",
+    "schedules",
+    "fires",
+    "firing",
 )
 
 
@@ -172,6 +175,22 @@ class Keys:
     def minutes(self) -> str:
         """Hash: ``<minute>:<s|f>`` -> attempts that succeeded / failed in that minute."""
         return self.prefix + "minutes"
+
+    @property
+    def schedules(self) -> str:
+        """Hash: schedule name -> its definition (msgpack map, read by the clients only)."""
+        return self.prefix + "schedules"
+
+    @property
+    def fires(self) -> str:
+        """Sorted set: schedule name -> the time (ms) of its next slot, absent while paused
+        or ended; workers fire the due ones (``fire.lua``)."""
+        return self.prefix + "fires"
+
+    @property
+    def firing(self) -> str:
+        """Hash: schedule name -> its firing state ``rev|fired|skipped|missed|last task id``."""
+        return self.prefix + "firing"
 
     @property
     def served(self) -> str:

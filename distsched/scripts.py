@@ -42,6 +42,8 @@ SCRIPT_NAMES = (
     "forget",
     "compact",
     "leave",
+    "recur",
+    "fire",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

@@ -4,7 +4,7 @@
 --- @include counts
 --- @include repair
 --- @include kept
---- @keys tasks payloads queue leases meta idle claims
+--- @keys tasks payloads queue leases meta idle claims fires
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
 -- sequence). An entry whose version is not the record's current one, or whose
@@ -20,7 +20,7 @@
 -- worker fails it (fail.lua stores the error and settles its dependents). Everything
 -- is read and checked before the first write.
 --
--- Reads payloads, meta (max_running, count:running); writes tasks, queue, leases,
+-- Reads payloads, fires (its head), meta (max_running, count:running); writes tasks, queue, leases,
 -- meta (count:ready, count:running, timer, timer_at), idle, claims.
 --
 -- ARGV[1] worker id
@@ -40,10 +40,14 @@
 --           (the text of the error to fail the task with)
 --   reason  '' when n were claimed; else why not more:
 --           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
---           when the stale-drop bound was reached), 'capacity' (max_running reached)
+--           when the stale-drop bound was reached), 'capacity' (max_running reached);
+--           'fire' (whatever was claimed): a schedule's slot is due (the head of fires),
+--           run fire.lua, then claim again; delay_us is then 0
 --   delay_us microseconds (from the server clock's microseconds, so a waiting worker does
---           not oversleep by the part of a millisecond already gone); -1 when not meaningful,
---           or when another idle worker already waits for that head (lib/idle.lua).
+--           not oversleep by the part of a millisecond already gone) until the queue head
+--           or the next fire time (the head of fires), whichever comes first, when fewer
+--           than n were claimed; -1 when not meaningful, or when another idle worker
+--           already waits for that time (lib/idle.lua).
 -- With a channel, a claim that gets fewer than n registers the caller in idle until now +
 -- ARGV[6]; one that gets n while more tasks are due wakes one more idle worker.
 -- Cost: O((claimed + dropped) log N), in a few commands per call whatever n is.
@@ -170,9 +174,21 @@ return run(function()
   end
   if failed_here > 0 then redis.call('HINCRBY', k.meta, 'count:failed', failed_here) end
   if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:running', claimed) end
+  -- A schedule's next fire time (the head of fires; one ZRANGE on an absent key when
+  -- there is no schedule): due, the worker fires it first; else it counts like a queue
+  -- head not due yet for the delay hint and the timer.
+  local fire_head = redis.call('ZRANGE', k.fires, 0, 0, 'WITHSCORES')
+  if fire_head[1] then
+    local fire_us = tonumber(fire_head[2]) * 1000 - now_us
+    if fire_us <= 0 then
+      reason = 'fire'; delay = 0
+    elseif claimed < n and (delay < 0 or fire_us < delay) then
+      delay = fire_us
+    end
+  end
   -- Wake-ups (lib/idle.lua): register as idle, or pass the work on to one more worker.
   if channel ~= '' then
-    local due_at = reason == 'not_due' and delay > 0 and math.floor((now_us + delay) / 1000) or nil
+    local due_at = delay > 0 and math.floor((now_us + delay) / 1000) or nil
     local room = not limit or running < limit
     if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now) then delay = -1 end
   end

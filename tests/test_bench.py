@@ -19,7 +19,7 @@ from tests.conftest import RedisServer
 TINY = [
     "--evalsha-calls", "200", "--pipeline", "20", "--schedule-calls", "50",
     "--enqueue-tasks", "300", "--batch", "100", "--tasks", "200", "--concurrency", "4",
-    "--delayed", "40", "--delay-min", "0.1", "--delay-max", "0.4",
+    "--delayed", "40", "--delay-min", "0.1", "--delay-max", "0.4", "--slots", "10",
     "--claim-sizes", "60,120", "--claims", "20", "--chain", "30", "--fanout", "30",
     "--dependents", "1500", "--memory-tasks", "200", "--wake-tasks", "30",
     "--wake-processes", "1,3",
@@ -55,6 +55,9 @@ def check_report(report: dict[str, Any], throwaway: bool) -> None:
     late = sections["lateness"]
     assert late["tasks"] == 40
     assert late["p50_ms"] <= late["p99_ms"] <= late["max_ms"]
+    slots = late["slots"]
+    assert slots["slots"] == 10 and slots["exactly_once_problems"] == []
+    assert slots["p50_ms"] <= slots["p99_ms"] <= slots["max_ms"]
     assert [size["queued"] for size in sections["claim"]["sizes"]] == [60, 120]
     for size in sections["claim"]["sizes"]:
         assert size["n1"]["claims"] == 20

@@ -116,3 +116,35 @@ def test_both_schedulers_reach_a_cluster_through_one_seed_node_url(
             assert (await a.stats())["counts"]["cancelled"] == 1
 
     asyncio.run(story())
+
+
+def test_a_worker_on_a_cluster_fires_a_schedule_each_slot_once(cluster: RedisCluster) -> None:
+    s = Scheduler(cluster, namespace="cluster-recur", lease_s=2.0)
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def tick() -> None:
+        from distsched import current_task
+
+        with lock:
+            ran.append(current_task().task_id)
+
+    start = s.server_time() + 0.2
+    s.add_schedule(
+        "tick", "tick", interval=0.05, start=start, end=start + 0.45, overlap="allow",
+        catchup="all",
+    )  # fmt: skip
+    worker = Worker(s, {"tick": tick}, concurrency=2)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(ran) < 10 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        worker.stop()
+        thread.join(10)
+    first = round(start * 1000)
+    assert sorted(ran) == sorted(f"tick@{first + 50 * i}" for i in range(10))
+    assert s.get_schedule("tick").next_fire is None
+    s.clear()

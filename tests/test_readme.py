@@ -33,7 +33,7 @@ DISTSCHED = [sys.executable, "-m", "distsched.cli"]
 TINY_BENCH = [
     "--evalsha-calls", "200", "--pipeline", "20", "--schedule-calls", "50",
     "--enqueue-tasks", "300", "--batch", "100", "--tasks", "200", "--concurrency", "4",
-    "--delayed", "40", "--delay-min", "100ms", "--delay-max", "400ms",
+    "--delayed", "40", "--delay-min", "100ms", "--delay-max", "400ms", "--slots", "10",
     "--claim-sizes", "60,120", "--claims", "20", "--chain", "30", "--fanout", "30",
     "--dependents", "1500", "--memory-tasks", "200",
 ]  # fmt: skip

@@ -15,7 +15,18 @@ from typing import Any, cast
 import pytest
 import redis
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait, Worker, core, scripts
+from distsched import (
+    Claim,
+    Outcome,
+    Scheduler,
+    State,
+    TaskSpec,
+    Wait,
+    Worker,
+    core,
+    schedules,
+    scripts,
+)
 from distsched.errors import InvalidArgument, ScriptError
 from distsched.keys import KEY_NAMES, Keys
 from distsched.scripts import SCRIPT_NAMES, Registry, lua_dir, source
@@ -94,6 +105,7 @@ def test_every_script_opens_with_purpose_includes_keys_argv_and_reply(name: str)
 def sample_calls() -> dict[str, core.Call]:
     keys = Keys("ns")
     claim = Claim("a", 1, 1, "f", (), {}, 0, 0.0)
+    every_second = schedules.definition("s", "f", 0, {"interval": 1.0})
     return {
         "schedule": core.schedule_call(keys, [TaskSpec("a", "f")], 1000),
         "cancel": core.cancel_call(keys, "a"),
@@ -111,6 +123,8 @@ def sample_calls() -> dict[str, core.Call]:
         "forget": core.forget_call(keys, ["a"]),
         "compact": core.compact_call(keys),
         "leave": core.leave_call(keys, "w"),
+        "recur": core.recur_remove_call(keys, "s"),
+        "fire": core.fire_call(keys, every_second, "rev", "trigger", [("now", "now")], 1000),
     }
 
 
@@ -495,6 +509,11 @@ def lifecycle(s: Scheduler) -> None:
     assert s.status("d").state is State.READY
     # A worker that stops leaves the idle set ("w" waits for d, due in an hour).
     assert s.leave("w") is False
+    # Schedules: stored, fired (a trigger), removed.
+    s.add_schedule("hourly", "f", interval=3600)
+    assert s.trigger("hourly") is not None
+    assert s.fire_due() == 0
+    assert s.remove_schedule("hourly") is True
 
 
 @pytest.fixture
@@ -600,7 +619,7 @@ class RecordingScheduler(Scheduler):
         return reply
 
 
-NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "forget", "compact", "leave"}
+NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "forget", "compact", "leave", "recur"}
 
 
 def test_every_reply_opens_with_the_number_of_propagation_jobs_left(

@@ -7,7 +7,8 @@ Sections (each on fresh namespaces):
 - ``enqueue``: one ``schedule`` call per task, and batched ``schedule_many``;
 - ``e2e``: queued no-op tasks drained by one, then two, real worker processes,
   with every task checked to have run exactly once;
-- ``lateness``: how late delayed tasks start against the Redis clock;
+- ``lateness``: how late delayed tasks start against the Redis clock, and how late the
+  tasks of a schedule's slots start with an idle worker (woken by the fire time);
 - ``claim``: claim rate with small and very large queues, one and 100 per call;
 - ``dag``: a long chain, a wide fan-out/fan-in, and the longest single script
   call while 100,000 dependents are released or blocked;
@@ -73,6 +74,8 @@ WORKER_STOP_TIMEOUT_S = 60.0
 # holding a task still has a free slot (and stays idle, waiting for the next).
 WAKE_CONCURRENCY = 2
 POLL_S = 0.01
+# The interval of the schedule whose slots the lateness section fires.
+SLOT_INTERVAL_S = 0.1
 
 
 class BenchError(DistschedError):
@@ -93,6 +96,7 @@ class BenchConfig:
     delayed: int = 2_000
     delay_min: float = 0.5
     delay_max: float = 3.5
+    slots: int = 40
     claim_sizes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
     claims: int = 5_000
     chain: int = 10_000
@@ -112,6 +116,7 @@ class BenchConfig:
             "tasks",
             "concurrency",
             "delayed",
+            "slots",
             "claims",
             "chain",
             "fanout",
@@ -846,6 +851,51 @@ class Bench:
             met=None if p99 is None else p99 <= 2.0,
         )
         self._row("lateness", "delayed task start - run_at, max", worst, "ms")
+        self.sections["lateness"]["slots"] = self._slot_lateness()
+
+    def _slot_lateness(self) -> dict[str, Any]:
+        """A schedule's slots fired by one idle worker process: task start - slot."""
+        cfg = self.config
+        self._step(f"slots: {cfg.slots} slots {SLOT_INTERVAL_S * 1000:g} ms apart, one idle worker")
+        namespace = self._namespace("slots")
+        step_ms = round(SLOT_INTERVAL_S * 1000)
+        procs = WorkerProcesses(self.url, namespace, 1, cfg.concurrency, self.workdir)
+        with self._scheduler(namespace) as s:
+            try:
+                procs.start()
+                procs.go()
+                time.sleep(0.2)  # the worker has found nothing to do: it is idle
+                start = s.server_time() + 0.5
+                s.add_schedule(
+                    "tick", NOOP, interval=SLOT_INTERVAL_S, start=start,
+                    end=start + (cfg.slots - 1) * SLOT_INTERVAL_S, overlap="allow",
+                    catchup="all",
+                )  # fmt: skip
+                finished = self._wait_for(
+                    s, "succeeded", cfg.slots, procs,
+                    timeout=cfg.slots * SLOT_INTERVAL_S + 60.0,
+                )  # fmt: skip
+                reports = procs.stop()
+            finally:
+                procs.close()
+        self._clean(namespace)
+        first = round(start * 1000)
+        ids = [f"tick@{first + i * step_ms}" for i in range(cfg.slots)]
+        runs = [run for report in reports for run in report.runs]
+        problems = [] if finished else [f"not all {cfg.slots} slot tasks succeeded in time"]
+        problems += check_exactly_once(ids, runs)
+        self._problem("lateness", problems)
+        late = [(run.started - run.run_at) * 1000.0 for run in runs]
+        p50, p99, worst = (
+            (percentile(late, 50), percentile(late, 99), max(late)) if late else (None,) * 3
+        )
+        self._step(f"slots: p50 {p50 or 0:.2f} ms, p99 {p99 or 0:.2f} ms, max {worst or 0:.2f} ms")
+        self._row("lateness", "slot task start - slot time, p50", p50, "ms")
+        self._row("lateness", "slot task start - slot time, p99", p99, "ms")
+        return {
+            "slots": cfg.slots, "interval_s": SLOT_INTERVAL_S, "p50_ms": p50, "p99_ms": p99,
+            "max_ms": worst, "exactly_once_problems": problems,
+        }  # fmt: skip
 
     # -- (e) claim rate
 

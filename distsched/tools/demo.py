@@ -76,6 +76,7 @@ class _Story:
         self.checks = 0
         self.failures: list[str] = []
         self.release_hold = threading.Event()
+        self.release_busy = threading.Event()
         self.stop_functions = threading.Event()
         self.raised: set[str] = set()  # ids whose flaky function already raised
         # Relates the server clock to this process's monotonic clock, for display only:
@@ -145,6 +146,12 @@ class _Story:
         self.release_hold.wait(STEP_TIMEOUT_S)
         return f"done: {label}"
 
+    def busy(self, label: str) -> str:
+        """Keep the worker's only slot busy until the schedule chapter lets go."""
+        self._started(label)
+        self.release_busy.wait(STEP_TIMEOUT_S)
+        return f"done: {label}"
+
     def watch(self, label: str) -> str:
         """A long job that checks for cancellation between small steps of work."""
         ctx = current_task()
@@ -168,7 +175,10 @@ class _Story:
         return f"done: {label}"
 
     def functions(self) -> dict[str, Callable[..., Any]]:
-        return {"record": self.record, "hold": self.hold, "watch": self.watch, "flaky": self.flaky}
+        return {
+            "record": self.record, "hold": self.hold, "watch": self.watch, "flaky": self.flaky,
+            "busy": self.busy,
+        }  # fmt: skip
 
     # ---------------------------------------------------------------- helpers
 
@@ -465,6 +475,53 @@ class _Story:
             "every other step ran exactly once: the retry redid only what had not succeeded",
         )
 
+    def part_schedule(self) -> None:
+        self.heading(
+            "7. A recurring task: the worker fires each slot once, and overlaps are skipped"
+        )
+        start = self.s.server_time() + 0.3
+        with self.lock:
+            sc = self.s.add_schedule(
+                "ticker", "record", args=["a slot of the schedule"], interval=0.25, start=start
+            )
+            first = self.server_ms(sc.next_fire or start)
+            self._line(
+                "producer",
+                f"add_schedule 'ticker' every 250 ms (overlap {sc.overlap}) -> first slot at "
+                f"+{first:.0f} ms; its tasks are named ticker@<slot ms>",
+            )
+        self.wait_for("three slots of 'ticker'", lambda: len(self.started_order("ticker@")) >= 3)
+        sc = self.s.pause_schedule("ticker")
+        self.say("producer", f"pause 'ticker' after {sc.fired} slots")
+        fired = sc.fired
+        self.wait_for("every slot's task", lambda: len(self.started_order("ticker@")) >= fired)
+        slots = self.started_order("ticker@")
+        self.wait_state(slots[-1], State.SUCCEEDED)
+        with self.lock:
+            late = [r.server_time - int(r.task_id.rsplit("@", 1)[1]) / 1000 for r in self.runs
+                    if r.task_id.startswith("ticker@")]  # fmt: skip
+        self.say(
+            "demo", f"each slot's task started {max(late) * 1000:.0f} ms after its slot at most"
+        )
+        self.check(
+            len(slots) == len(set(slots)) == sc.fired, "each slot's task was created and ran once"
+        )
+        self.schedule("keep-busy", fn="busy", args=["keeps the worker's only slot busy"])
+        self.wait_for("'keep-busy' starting", lambda: bool(self.runs_of("keep-busy")))
+        queued = self.s.trigger("ticker")
+        self.say("producer", f"trigger 'ticker' -> {queued} (queued behind 'keep-busy')")
+        again = self.s.trigger("ticker")
+        self.say("producer", f"trigger 'ticker' again -> {again}: the last run is still queued")
+        self.check(
+            queued is not None and again is None,
+            "overlap skip: no second run while the previous one is queued or running",
+        )
+        self.release_busy.set()
+        self.wait_for("the triggered run", lambda: bool(self.runs_of(queued or "")))
+        sc = self.s.get_schedule("ticker")
+        self.say("demo", f"'ticker': fired {sc.fired}, skipped {sc.skipped}, missed {sc.missed}")
+        self.s.remove_schedule("ticker")
+
     def final_table(self) -> None:
         self.heading("Every task, as Redis has it now:")
         rows = [("task", "state", "version", "attempt", "priority", "outcome")]
@@ -516,8 +573,8 @@ def run_demo(url: str | None, echo: Echo) -> bool:
     with _redis_url(url) as (redis_url, started):
         namespace = f"demo-{uuid.uuid4().hex[:8]}"
         echo(
-            "distsched demo: delays, priorities, replacement, cancellation, a vanished worker "
-            "and a pipeline"
+            "distsched demo: delays, priorities, replacement, cancellation, a vanished worker, "
+            "a pipeline and a recurring task"
         )
         if started is not None:
             echo(f"Redis: started {started}")
@@ -562,6 +619,7 @@ def _run_story(scheduler: Scheduler, echo: Echo, namespace: str) -> bool:
             story.part_cancel,
             story.part_vanished,
             story.part_pipeline,
+            story.part_schedule,
         ):
             part()
     except _StoryFailed as exc:
@@ -570,6 +628,7 @@ def _run_story(scheduler: Scheduler, echo: Echo, namespace: str) -> bool:
         story.say("check", f"FAILED: {aborted}")
     finally:
         story.release_hold.set()
+        story.release_busy.set()
         story.stop_functions.set()
         worker.stop(grace=1.0)
         thread.join(STEP_TIMEOUT_S)

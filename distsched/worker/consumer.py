@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from distsched.client import Scheduler
-from distsched.core import IDLE_RECHECK_S, Claim
+from distsched.core import IDLE_RECHECK_S, Claim, WaitReason
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import TRANSIENT, backoff
@@ -66,6 +66,8 @@ class Consumer:
         self.wake = wake
         # The request id of the last claim call when its reply never came.
         self.lost: str | None = None
+        self.fire_retry = backoff()
+        self.fruitless = 0
 
     def run(self) -> None:
         """Claim and dispatch until the worker stops; then leave the idle set."""
@@ -111,9 +113,40 @@ class Consumer:
             retry = backoff()
             for claim in claims:
                 self.dispatch(claim)
+            if wait is not None and wait.reason is WaitReason.FIRE:
+                # A schedule's slot is due: every worker that sees it may fire it (one
+                # wins each slot), then claims again, the slot's task among the rest.
+                self.fire()
+                continue
+            if self.fruitless:
+                self.fruitless = 0
+                self.fire_retry = backoff()
             if wait is None or wait.delay == 0:
                 continue
             self.wake.wait(idle_wait(wait.delay))
+
+    def fire(self) -> None:
+        """Fire the due slots of the namespace's schedules (errors are logged: the next
+        claim says again that a slot is due)."""
+        try:
+            created = self.scheduler.fire_due()
+        except ClosedError:
+            return
+        except Exception as exc:
+            pause = next(self.fire_retry)
+            log.warning("could not fire the due schedules (%s); again in %.2fs", exc, pause)
+            self.stopping.wait(pause)
+            return
+        if created:
+            log.debug("fired %d scheduled task(s)", created)
+            self.fruitless = 0
+            self.fire_retry = backoff()
+            return
+        # Lost races, or a due slot that stays due: after a few in a row, pause (longer
+        # while it lasts) rather than spin between claim and fire.
+        self.fruitless += 1
+        if self.fruitless >= 3:
+            self.stopping.wait(next(self.fire_retry))
 
     def leave(self) -> None:
         """Take this worker out of the idle set, so that no wake-up is sent to it any more,

@@ -1,0 +1,115 @@
+-- lib/payload.lua: the checks of what a producer sends for a task (numbers and payload).
+--
+--- @include record
+--
+-- Shared by schedule.lua and fire.lua (which creates the tasks of a schedule's slots),
+-- so that no script stores a task a worker cannot read.
+
+-- The ranges the Python client checks (distsched/core.py), so that a producer in any
+-- language cannot write what a worker cannot read.
+local MAX_MS = 9007199254740991      -- 2^53 - 1: an absolute time
+local MAX_DELAY_MS = 4503599627370496 -- 2^52: the server adds its clock to a delay
+local MAX_ATTEMPTS = 1000000
+local MAX_DEPS = 10000
+local DEFAULT_MAX_PAYLOAD = 1048576
+
+local function bounded(text, field, lo, hi)
+  local n = #text <= 17 and tonumber(text)
+  if not n or n < lo or n > hi then
+    -- The ranges are in the header above.
+    error({ err = string.format('BADARG %s out of range', field) })
+  end
+  return n
+end
+
+-- msgpack, read only as far as needed to check a payload's shape (Redis's cmsgpack does
+-- not know the bin and ext types). head(p, pos) -> kind, count or length, first byte
+-- after the header; kind is 'map', 'array', 'str' or 'other'; nil when truncated or
+-- invalid.
+local FIXED = { [192] = 0, [194] = 0, [195] = 0, [202] = 4, [203] = 8, [204] = 1, [205] = 2,
+                [206] = 4, [207] = 8, [208] = 1, [209] = 2, [210] = 4, [211] = 8, [212] = 2,
+                [213] = 3, [214] = 5, [215] = 9, [216] = 17 }
+
+local function be_uint(p, pos, size)
+  if pos + size - 1 > #p then return nil end
+  local n = 0
+  for i = pos, pos + size - 1 do n = n * 256 + string.byte(p, i) end
+  return n
+end
+
+local function head(p, pos)
+  local b = string.byte(p, pos)
+  if not b then return nil end
+  if b < 128 or b >= 224 then return 'other', 0, pos + 1 end
+  if b < 144 then return 'map', b - 128, pos + 1 end
+  if b < 160 then return 'array', b - 144, pos + 1 end
+  if b < 192 then return 'str', b - 160, pos + 1 end
+  if FIXED[b] then return 'other', FIXED[b], pos + 1 end
+  local sized = { [196] = { 'other', 1 }, [197] = { 'other', 2 }, [198] = { 'other', 4 },
+                  [199] = { 'ext', 1 }, [200] = { 'ext', 2 }, [201] = { 'ext', 4 },
+                  [217] = { 'str', 1 }, [218] = { 'str', 2 }, [219] = { 'str', 4 },
+                  [220] = { 'array', 2 }, [221] = { 'array', 4 },
+                  [222] = { 'map', 2 }, [223] = { 'map', 4 } }
+  local entry = sized[b]
+  if not entry then return nil end
+  local n = be_uint(p, pos + 1, entry[2])
+  if not n then return nil end
+  if entry[1] == 'ext' then return 'other', n + 1, pos + 1 + entry[2] end
+  return entry[1], n, pos + 1 + entry[2]
+end
+
+-- The position after the value at pos (every string in it valid UTF-8), or nil.
+local function skip(p, pos)
+  local pending = 1
+  while pending > 0 do
+    local kind, n, at = head(p, pos)
+    if not kind then return nil end
+    pending = pending - 1
+    if kind == 'map' then
+      pending = pending + 2 * n
+      pos = at
+    elseif kind == 'array' then
+      pending = pending + n
+      pos = at
+    else
+      if at + n - 1 > #p then return nil end
+      if kind == 'str' and not valid_utf8(p, at, at + n - 1) then return nil end
+      pos = at + n
+    end
+  end
+  return pos
+end
+
+-- Why a payload is not one a worker can run, or nil: one msgpack map with a non-empty
+-- UTF-8 string fn, args an array and kwargs a map with string keys (each may be left
+-- out or nil, which is how JavaScript encoders send undefined).
+local function payload_problem(p, limit)
+  if #p > limit then return string.format('is %d bytes, limit %d', #p, limit) end
+  if skip(p, 1) ~= #p + 1 then return 'must be one valid msgpack value' end
+  local kind, n, pos = head(p, 1)
+  if kind ~= 'map' then return 'must be a msgpack map' end
+  local fn = nil
+  for _ = 1, n do
+    local key_kind, key_len, key_at = head(p, pos)
+    local key = key_kind == 'str' and string.sub(p, key_at, key_at + key_len - 1)
+    local value_at = skip(p, pos)
+    local vkind, vn, vat = head(p, value_at)
+    local is_nil = string.byte(p, value_at) == 192
+    if key == 'fn' then
+      if vkind ~= 'str' or vn == 0 then return 'field fn must be a non-empty string' end
+      fn = string.sub(p, vat, vat + vn - 1)
+    elseif key == 'args' and not is_nil and vkind ~= 'array' then
+      return 'field args must be an array'
+    elseif key == 'kwargs' and not is_nil then
+      if vkind ~= 'map' then return 'field kwargs must be a map' end
+      local at = vat
+      for _ = 1, vn do
+        if head(p, at) ~= 'str' then return 'field kwargs must be a map with string keys' end
+        at = skip(p, skip(p, at))
+      end
+    end
+    pos = skip(p, value_at)
+  end
+  if not fn then return 'field fn must be a non-empty string' end
+  return nil
+end
