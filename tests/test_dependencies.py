@@ -673,6 +673,29 @@ def test_retry_of_a_blocked_task_brings_back_what_was_blocked_through_it_only(
     assert run_to_end(s) == ["a", "b"]
 
 
+def test_a_retry_cascade_revives_what_the_task_blocked_even_through_a_since_replaced_task(
+    scheduler: Scheduler,
+) -> None:
+    s = scheduler
+    s.submit("d", fn="f")
+    s.submit("b", fn="f", deps=["d"])
+    s.submit("a", fn="f", deps=["b"])
+    s.cancel("d")
+    assert s.status("a").blocked_by == BlockedBy("d", ("d", "b", "a"))
+    # b's new version has no dependencies: a's recorded root is still d, but its chain of
+    # block causes now stops at b, which is no longer blocked.
+    s.schedule("b", fn="f")
+    assert state(s, "b") is State.READY
+    assert s.status("a").blocked_by == BlockedBy("d", ("b", "a"))
+    before = s.status("a").version
+    s.retry("d")
+    info = s.status("a")
+    assert info.version > before
+    assert (info.state, info.remaining, info.blocked_by) == (State.PENDING, 1, None)
+    order = run_to_end(s)
+    assert sorted(order[:2]) == ["b", "d"] and order[2:] == ["a"]
+
+
 def test_a_retry_cascade_never_leaves_tasks_waiting_on_each_other(scheduler: Scheduler) -> None:
     s = scheduler
     s.submit("root", fn="f")

@@ -166,8 +166,10 @@ local function cascade_retry(retried, want, now)
   local root = string.sub(rest, 4, 3 + root_len)
   local cursor = string.sub(rest, 4 + root_len)
   local steps = 0
-  -- Was id blocked through the retried task? Its parents lead back to the root; the
-  -- answer is kept for every task on the way, so each is walked once per call.
+  -- Was id blocked through the retried task, when that task was itself blocked? Its
+  -- parents lead back to the root; the answer is kept for every task on the way, so
+  -- each is walked once per call. (When the retried task is the root, the recorded root
+  -- alone decides: a chain of parents may be broken by a middle task's new version.)
   local through = { [retried] = true }
   local function passes(id)
     local trail = {}
@@ -177,7 +179,7 @@ local function cascade_retry(retried, want, now)
       through[cur] = false  -- until known: a loop of stale parents then ends as false
       steps = steps + 1
       local r, parent = block_cause(cur)
-      if r ~= root or not parent or (parent == root and root ~= retried) then break end
+      if r ~= root or not parent or parent == root then break end
       cur = parent
     end
     local answer = through[cur]
@@ -186,7 +188,7 @@ local function cascade_retry(retried, want, now)
   end
   local function in_cascade(id, t)
     return t and t.state == 'blocked' and t.version < threshold and block_cause(id) == root
-      and passes(id)
+      and (root == retried or passes(id))
   end
   local function state_of(id)
     local t = load_task(id)
