@@ -75,6 +75,7 @@ OPTION_NAMES = {
     "max_running": "N",
     "interval": "--interval",
     "soon_s": "--soon",
+    "token": "--token",
 }
 
 
@@ -1099,6 +1100,54 @@ def retry(ctx: click.Context, task_id: str, no_cascade: bool) -> None:
         click.echo(
             f"  {views.show_id(info.task_id)}: version {info.version}, {views.describe(info)}"
         )
+
+
+@cli.command()
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Allow cancel, retry and lease expiry to a user logged in with --token.",
+)
+@click.option(
+    "--token",
+    envvar="DISTSCHED_DASHBOARD_TOKEN",
+    default=None,
+    metavar="TOKEN",
+    help="The login token for actions (12 characters or more). Env: DISTSCHED_DASHBOARD_TOKEN.",
+)
+@click.pass_context
+def dashboard(
+    ctx: click.Context, bind: str, port: int, allow_actions: bool, token: str | None
+) -> None:
+    """Serve a web dashboard of the namespace (needs the 'dashboard' extra).
+
+    Read-only unless --allow-actions: then a user who logs in with the token may
+    cancel and retry tasks and expire leases. Serves until Ctrl-C.
+    """
+    try:
+        from distsched.dashboard.serve import serve
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the dashboard needs its extra: pip install 'distsched[dashboard]' ({exc})"
+        ) from None
+    if allow_actions and not token:
+        raise click.ClickException(
+            "--allow-actions needs --token TOKEN (or DISTSCHED_DASHBOARD_TOKEN)"
+        )
+    if token and not allow_actions:
+        click.echo("note: --token is used only with --allow-actions; serving read-only", err=True)
+    scheduler = _connect(ctx)
+    scheduler.client.ping()
+    serve(
+        scheduler,
+        bind,
+        port,
+        allow_actions=allow_actions,
+        token=token if allow_actions else None,
+        echo=click.echo,
+    )
 
 
 def _given_url_checked(ctx: click.Context, override: str | None) -> str | None:
