@@ -92,7 +92,8 @@ class Dashboard:
     def url(self, request: Request, path: str, **query: Any) -> str:
         """A link inside the dashboard; every query value percent-encoded."""
         kept = {k: v for k, v in query.items() if v is not None and v != ""}
-        tail = "?" + urlencode(kept, quote_via=quote, safe="") if kept else ""
+        join = "&" if "?" in path else "?"
+        tail = join + urlencode(kept, quote_via=quote, safe="") if kept else ""
         return f"{self.base(request)}{path}{tail}"
 
     def here(self, request: Request) -> str:
