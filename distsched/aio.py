@@ -28,6 +28,7 @@ from distsched.core import (
     State,
     Stats,
     TaskInfo,
+    TaskPage,
     TaskRow,
     TaskSpec,
     Wait,
@@ -322,6 +323,17 @@ class AsyncScheduler(BaseScheduler):
     async def server_time(self) -> float:
         """See :meth:`Scheduler.server_time`."""
         return await self._drive(self._ops.server_time())
+
+    async def tasks(
+        self,
+        state: str | State,
+        *,
+        fn: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        """See :meth:`Scheduler.tasks`."""
+        return await self._drive(self._ops.tasks(state, fn, limit, cursor))
 
     async def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
         """See :meth:`Scheduler.scan_tasks`."""

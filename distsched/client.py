@@ -29,6 +29,7 @@ from distsched.core import (
     State,
     Stats,
     TaskInfo,
+    TaskPage,
     TaskRow,
     TaskSpec,
     Wait,
@@ -430,6 +431,29 @@ class Scheduler(BaseScheduler):
     def server_time(self) -> float:
         """The Redis server's clock, epoch seconds (the clock that decides due-ness)."""
         return self._drive(self._ops.server_time())
+
+    def tasks(
+        self,
+        state: str | State,
+        *,
+        fn: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        """One page of the tasks in ``state``, without scanning the namespace.
+
+        Pending and terminal tasks come newest first (by the time they entered the
+        state), ready tasks in due order (the order workers claim them), running tasks
+        by lease deadline. Pass the page's ``cursor`` back for the next page; it is None
+        when there is no more. Paging returns each task once while nothing changes;
+        a task that moves meanwhile may be missed or leave the listing.
+
+        ``fn`` keeps the tasks of that function only. Each call examines at most
+        ``10 * limit`` entries, so a filtered page may hold fewer than ``limit`` tasks
+        (even none) with a cursor to go on. ``limit`` is in [1, 1000]. Items carry no
+        ``dependents`` or ``blocked_by`` (see :meth:`status`).
+        """
+        return self._drive(self._ops.tasks(state, fn, limit, cursor))
 
     def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
         """One step of a scan over every task's record: ``(next cursor, rows)``.

@@ -149,6 +149,26 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class AttemptInfo:
+    """One ended attempt of a task, as its history keeps it (``TaskInfo.attempts``).
+
+    ``outcome`` is ``succeeded``, ``failed`` (the function raised; the task may have been
+    retried), ``lost`` (its lease expired), ``cancelled`` or ``handed_back`` (a worker
+    gave the claim back unstarted; no attempt was spent). ``error`` is the last line of
+    the stored error (``Type: message``, at most 200 bytes) for ``failed``, ``lease
+    expired`` for ``lost``, else None. Times are epoch seconds (server clock).
+    """
+
+    version: int
+    attempt: int
+    worker: str
+    started_at: float
+    ended_at: float
+    outcome: str
+    error: str | None
+
+
+@dataclass(frozen=True)
 class TaskInfo:
     """A snapshot of one task (``Scheduler.status``)."""
 
@@ -175,6 +195,26 @@ class TaskInfo:
     optional_deps: tuple[str, ...] = ()
     dependents: tuple[str, ...] = ()
     blocked_by: BlockedBy | None = None
+    attempts: tuple[AttemptInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of ``Scheduler.tasks``: the tasks, and the cursor of the next page
+    (None when there is no more)."""
+
+    items: tuple[TaskInfo, ...]
+    cursor: str | None
+
+
+@dataclass(frozen=True)
+class MinuteCount:
+    """Attempts that ended in one minute (``Scheduler.throughput``): ``minute`` is the
+    epoch seconds of the minute's start."""
+
+    minute: float
+    succeeded: int
+    failed: int
 
 
 @dataclass(frozen=True)
@@ -922,7 +962,50 @@ class TaskRow(NamedTuple):
 
 def status_reads(keys: Keys) -> list[str]:
     """The hashes read by ``status`` (HGET of the task id in each), in order."""
-    return [keys.tasks, keys.payloads, keys.results, keys.deps, keys.blocked]
+    return [keys.tasks, keys.payloads, keys.results, keys.deps, keys.blocked, keys.history]
+
+
+HISTORY_KEEP = 10
+_HISTORY_HEAD = re.compile(rb"(\d+)\|(\d+)\|(-?\d+)\|(-?\d+)\|([a-z_]+)\|(\d+)\|")
+
+
+def decode_history(raw: Any) -> tuple[AttemptInfo, ...]:
+    """The attempts of a stored history (``lua/lib/history.lua``), oldest first.
+
+    Each entry is ``version|attempt|started_ms|ended_ms|outcome|len(worker)|worker|summary``
+    and a newline; the summary holds no newline. An entry that does not parse ends the
+    list there (junk written by other means).
+    """
+    if not raw:
+        return ()
+    data = _bytes(raw)
+    out: list[AttemptInfo] = []
+    pos = 0
+    while pos < len(data):
+        head = _HISTORY_HEAD.match(data, pos)
+        if not head:
+            break
+        start = head.end()
+        worker_end = start + int(head.group(6))
+        if data[worker_end : worker_end + 1] != b"|":
+            break
+        line_end = data.find(b"\n", worker_end + 1)
+        if line_end < 0:
+            break
+        summary = data[worker_end + 1 : line_end].decode("utf-8", "replace")
+        out.append(
+            AttemptInfo(
+                version=int(head.group(1)),
+                attempt=int(head.group(2)),
+                worker=data[start:worker_end].decode("utf-8", "replace"),
+                started_at=int(head.group(3)) / 1000.0,
+                ended_at=int(head.group(4)) / 1000.0,
+                outcome=head.group(5).decode(),
+                error=summary or None,
+            )
+        )
+        pos = line_end + 1
+    return tuple(out)
 
 
 def parse_queue_member(member: bytes) -> tuple[int, str]:
@@ -989,6 +1072,7 @@ def decode_status(
     raw_deps: Any = None,
     dependents: tuple[str, ...] = (),
     blocked_by: BlockedBy | None = None,
+    raw_history: Any = None,
 ) -> TaskInfo:
     if raw_record is None:
         raise NotFoundError(task_id)
@@ -1036,6 +1120,7 @@ def decode_status(
         optional_deps=tuple(d for kind, d in deps_list if kind == "o"),
         dependents=dependents,
         blocked_by=blocked_by,
+        attempts=decode_history(raw_history),
     )
 
 
@@ -1695,7 +1780,7 @@ class Ops:
         reads: list[tuple[Any, ...]] = [("HGET", key, task_id) for key in status_reads(k)]
         reads.append(("ZSCORE", k.leases, task_id))
         reads.append(("ZRANGEBYLEX", k.edges, *edge_range(task_id)))
-        record, payload, result, deps, cause, lease, edges = yield from self.read(*reads)
+        record, payload, result, deps, cause, history, lease, edges = yield from self.read(*reads)
         blocked_by = None
         if cause:
             walk = blocked_path(task_id, cause)
@@ -1710,7 +1795,7 @@ class Ops:
                 blocked_by = None
         return decode_status(
             task_id, record, payload, result, lease, deps,
-            decode_dependents(task_id, edges), blocked_by,
+            decode_dependents(task_id, edges), blocked_by, history,
         )  # fmt: skip
 
     def stats(self) -> Op[Stats]:
@@ -1941,6 +2026,105 @@ class Ops:
             rows.append(row)
         return int(next_cursor), rows
 
+    def tasks(
+        self, state: object, fn: object = None, limit: object = 50, cursor: object = None
+    ) -> Op[TaskPage]:
+        st = list_state(state)
+        if fn is not None and (not isinstance(fn, str) or not fn):
+            raise InvalidArgument("fn", "must be a non-empty str or None")
+        if not _is_int(limit) or not 1 <= limit <= TASKS_LIMIT_MAX:  # type: ignore[operator]
+            raise InvalidArgument("limit", f"must be an int in [1, {TASKS_LIMIT_MAX}]")
+        want_items = int(limit)  # type: ignore[call-overload]
+        if cursor is not None:
+            if not isinstance(cursor, str):
+                raise InvalidArgument("cursor", "must be a str or None")
+            _parse_list_cursor(st, cursor)
+        k = self.keys
+        budget = want_items * TASKS_BUDGET_FACTOR
+        examined = 0
+        items: list[TaskInfo] = []
+        position: str | None = cursor
+        while len(items) < want_items and examined < budget:
+            chunk = want_items - len(items)
+            if fn is not None:
+                chunk = max(chunk, TASKS_FILTER_CHUNK)
+            chunk = min(chunk, budget - examined)
+            entries, exhausted = yield from self._list_entries(st, position, chunk)
+            examined += max(len(entries), 1)
+            if entries:
+                ids = [e.task_id for e in entries]
+                reads = [("HMGET", key, *ids) for key in (k.tasks, k.payloads, k.results)]
+                reads += [("HMGET", k.deps, *ids), ("HMGET", k.history, *ids)]
+                records, payloads, results, deps, history = yield from self.read(*reads)
+            stopped = False
+            for i, entry in enumerate(entries):
+                position = entry.cursor
+                info = _listed_info(st, entry, records[i], payloads[i], results[i], deps[i],
+                                    history[i], fn)  # fmt: skip
+                if info is not None:
+                    items.append(info)
+                    if len(items) >= want_items:
+                        stopped = i < len(entries) - 1 or not exhausted
+                        break
+            if len(items) >= want_items:
+                if not stopped:
+                    position = None
+                break
+            if exhausted:
+                position = None
+                break
+        return TaskPage(tuple(items), position)
+
+    def _list_entries(
+        self, state: State, position: str | None, want: int
+    ) -> Op[tuple[list[_Entry], bool]]:
+        """The next ``want`` entries of a state's listing after ``position``, and whether
+        the listing ends within them (one more is read to tell)."""
+        k = self.keys
+        if state in _INDEX_CODE:
+            code = _INDEX_CODE[state].encode()
+            low = b"(" + _cursor_bytes(position) if position else b"[" + code
+            high = b"(" + bytes([code[0] + 1])
+            (members,) = yield from self.read(
+                ("ZRANGEBYLEX", k.states, low, high, "LIMIT", 0, want + 1), atomic=False
+            )
+            entries = [
+                _Entry(_bytes(m)[15:].decode("utf-8", "replace"), _bytes(m), None,
+                       _cursor_text(_bytes(m)))
+                for m in members[:want]
+            ]  # fmt: skip
+            return entries, len(members) <= want
+        key = k.queue if state is State.READY else k.leases
+        start, after = 0, None
+        if position:
+            after = _parse_list_cursor(state, position)
+            score, member = after
+            rank, now_score, below = yield from self.read(
+                ("ZRANK", key, member),
+                ("ZSCORE", key, member),
+                ("ZCOUNT", key, "-inf", f"({score}"),
+            )
+            if rank is not None and now_score is not None and int(float(now_score)) == score:
+                start, after = int(rank) + 1, None
+            else:
+                # The cursor's entry left (claimed, ended): go on from where it stood.
+                start = int(below)
+        (rows,) = yield from self.read(
+            ("ZRANGE", key, start, start + want, "WITHSCORES"), atomic=False
+        )
+        pairs = _pairs(rows)
+        exhausted = len(pairs) <= want
+        pairs = pairs[:want]
+        entries = []
+        for raw_member, raw_score in pairs:
+            member, score = _bytes(raw_member), int(float(raw_score))
+            if after is not None and (score, member) <= after:
+                continue
+            task_id = (member[22:] if state is State.READY else member).decode("utf-8", "replace")
+            text = f"{score}:{_cursor_text(member)}"
+            entries.append(_Entry(task_id, member, score, text))
+        return entries, exhausted
+
     def exists(self) -> Op[bool]:
         # One key per command: while a cluster moves the namespace's slot, a command
         # naming several keys is refused (TRYAGAIN) until the move ends, one naming a
@@ -1955,6 +2139,73 @@ class Ops:
         """An operation that sends nothing (lets a shell run its pending set-up)."""
         return
         yield  # a generator all the same
+
+
+# --------------------------------------------------------------------------- listing
+#
+# ``Ops.tasks`` lists one state without scanning the namespace: pending and terminal
+# tasks from the per-state index (the ``states`` sorted set, newest first), ready tasks
+# from the queue (due order), running tasks from the leases (lease deadline order).
+
+TASKS_LIMIT_MAX = 1000
+# Index entries one ``tasks`` call examines at most, as a multiple of its limit: stale
+# entries and, with an ``fn`` filter, tasks of other functions count against it.
+TASKS_BUDGET_FACTOR = 10
+# With an fn filter, entries are read at least this many at a time.
+TASKS_FILTER_CHUNK = 100
+
+_INDEX_CODE = {
+    State.PENDING: "p",
+    State.SUCCEEDED: "s",
+    State.FAILED: "f",
+    State.CANCELLED: "c",
+    State.BLOCKED: "b",
+}
+_INDEX_CURSOR = re.compile(r"[psfcb][0-9a-f]{14}.+", re.S)
+_RANK_CURSOR = re.compile(r"(-?[0-9]{1,17}):(.+)", re.S)
+
+
+def list_state(state: object) -> State:
+    """The :class:`State` ``tasks`` lists, from a State or its name."""
+    if isinstance(state, State):
+        return state
+    if isinstance(state, str):
+        try:
+            return State(state)
+        except ValueError:
+            pass
+    names = ", ".join(s.value for s in State)
+    raise InvalidArgument("state", f"must be one of {names}, got {state!r}")
+
+
+def state_index_member(state: State, updated_ms: int, task_id: str) -> bytes:
+    """A task's member of the per-state index (``index_member`` in ``lua/lib/record.lua``)."""
+    at = min(max(updated_ms, 0), MAX_MS)
+    return b"%s%014x" % (_INDEX_CODE[state].encode(), MAX_MS - at) + task_id.encode("utf-8")
+
+
+def _cursor_text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def _cursor_bytes(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+class _Entry(NamedTuple):
+    task_id: str
+    member: bytes
+    score: int | None
+    cursor: str
+
+
+def _match_entry(state: State, entry: _Entry, rec: Record) -> bool:
+    """Whether an index, queue or lease entry is the task's current one."""
+    if state is State.READY:
+        return rec.state is State.READY and int(entry.member[8:22], 16) == rec.version
+    if state is State.RUNNING:
+        return rec.state is State.RUNNING
+    return entry.member == state_index_member(rec.state, rec.updated_ms, entry.task_id)
 
 
 # --------------------------------------------------------------------------- explain
@@ -2102,3 +2353,47 @@ def _error_first_line(raw: Any) -> str | None:
         return None
     text: str = raw[1:].decode("utf-8", "replace")
     return text.strip().splitlines()[0] if text.strip() else None
+
+
+def _parse_list_cursor(state: State, cursor: str) -> tuple[int, bytes]:
+    """Check a ``tasks`` cursor against its state; (score, member) for the queue and
+    leases, (0, member) for the index."""
+    if state in _INDEX_CODE:
+        if not _INDEX_CURSOR.fullmatch(cursor) or cursor[0] != _INDEX_CODE[state]:
+            raise InvalidArgument("cursor", f"is not a cursor of a {state.value} listing")
+        return 0, _cursor_bytes(cursor)
+    found = _RANK_CURSOR.fullmatch(cursor)
+    member = _cursor_bytes(found.group(2)) if found else b""
+    if not found or (state is State.READY and not re.fullmatch(rb"[0-9a-f]{22}.+", member, re.S)):
+        raise InvalidArgument("cursor", f"is not a cursor of a {state.value} listing")
+    return int(found.group(1)), member
+
+
+def _listed_info(
+    state: State,
+    entry: _Entry,
+    raw_record: Any,
+    raw_payload: Any,
+    raw_result: Any,
+    raw_deps: Any,
+    raw_history: Any,
+    fn: str | None,
+) -> TaskInfo | None:
+    """The TaskInfo of a listed entry, or None when the entry is stale (the task moved
+    on, or its record cannot be read) or its function is not ``fn``."""
+    if raw_record is None:
+        return None
+    try:
+        rec = decode_record(raw_record, entry.task_id)
+    except ScriptError:
+        return None
+    if not _match_entry(state, entry, rec):
+        return None
+    lease = entry.score if state is State.RUNNING else None
+    info = decode_status(
+        entry.task_id, raw_record, raw_payload, raw_result, lease, raw_deps,
+        raw_history=raw_history,
+    )  # fmt: skip
+    if fn is not None and info.fn != fn:
+        return None
+    return info

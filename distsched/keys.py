@@ -34,6 +34,9 @@ KEY_NAMES = (
     "blocked",
     "blockedby",
     "propagating",
+    "states",
+    "history",
+    "minutes",
 )
 
 
@@ -153,6 +156,22 @@ class Keys:
     def propagating(self) -> str:
         """Sorted set: terminal task ids whose waiting dependents are still to be told."""
         return self.prefix + "propagating"
+
+    @property
+    def states(self) -> str:
+        """Sorted set (scores 0): pending and terminal tasks by state, newest first:
+        ``<state letter> hex14(2^53 - 1 - updated ms) id`` (``lua/lib/record.lua``)."""
+        return self.prefix + "states"
+
+    @property
+    def history(self) -> str:
+        """Hash: task id -> its last attempts (``lua/lib/history.lua``)."""
+        return self.prefix + "history"
+
+    @property
+    def minutes(self) -> str:
+        """Hash: ``<minute>:<s|f>`` -> attempts that succeeded / failed in that minute."""
+        return self.prefix + "minutes"
 
     @property
     def served(self) -> str:

@@ -3,7 +3,7 @@
 --- @include settle
 --- @include tokens
 --- @keys tasks results done queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating
+--- @keys edges deps blocked blockedby propagating states
 --
 -- running -> succeeded, fenced by the token (id, version, attempt): only the
 -- current running attempt is applied. A token already applied before gets

@@ -3,7 +3,7 @@
 --- @include settle
 --- @include tokens
 --- @keys tasks results done queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating
+--- @keys edges deps blocked blockedby propagating states
 --
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.

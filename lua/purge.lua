@@ -2,7 +2,7 @@
 --
 --- @include graph
 --- @keys tasks payloads results done finished meta
---- @keys edges deps blocked blockedby propagating
+--- @keys edges deps blocked blockedby propagating states
 --
 -- succeeded / failed / cancelled / blocked, terminal for longer than the
 -- retention -> (gone): the record, payload, result, applied tokens, dependency
@@ -49,7 +49,7 @@ return run(function()
       for i = 1, #outgoing, 500 do
         redis.call('ZREM', k.edges, unpack(outgoing, i, math.min(i + 499, #outgoing)))
       end
-      redis.call('HDEL', k.tasks, id)
+      forget_task(id)
       redis.call('HDEL', k.payloads, id)
       redis.call('HDEL', k.results, id)
       redis.call('HDEL', k.done, id)

@@ -2,7 +2,7 @@
 --
 --- @include settle
 --- @keys tasks results queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating
+--- @keys edges deps blocked blockedby propagating states
 --
 -- running -> ready with the attempt given back (no attempt spent), at its own
 -- run_at and priority; running -> cancelled instead when cancellation was

@@ -2,7 +2,7 @@
 --
 --- @include settle
 --- @keys tasks payloads results queue finished meta idle
---- @keys edges deps blocked blockedby propagating
+--- @keys edges deps blocked blockedby propagating states
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency

@@ -638,7 +638,7 @@ def test_a_script_sent_the_wrong_number_of_keys_is_refused_before_it_runs(
 ) -> None:
     keys = Keys("wrong").for_script("cancel")
     sha = own_client.script_load(source("cancel"))
-    with pytest.raises(redis.ResponseError, match=r"^BADARG KEYS expected 12: tasks results"):
+    with pytest.raises(redis.ResponseError, match=r"^BADARG KEYS expected 13: tasks results"):
         own_client.evalsha(sha, len(keys) - 1, *keys[:-1], core.PROPAGATE_BUDGET, "a")
     assert own_client.keys("*") == []
 

@@ -13,6 +13,13 @@
 -- dependencies not yet succeeded, optional_remaining the optional ones not
 -- yet terminal.
 --
+-- Per-state index (the states sorted set, every score 0): one member per pending or
+-- terminal task, <state letter> .. 14 hex digits of (2^53 - 1 - updated ms) .. <task id>,
+-- so that ZRANGEBYLEX over one letter lists that state newest first. Ready tasks are
+-- listed from the queue and running ones from the leases: they have no member.
+-- read_task remembers the member of each record as the script first found it, and
+-- save_task moves it when the state or the time changes, so no transition can forget it.
+--
 -- Queue member: 8 hex digits of (2147483647 - priority), 14 hex digits of the
 -- version (the namespace sequence at submission), then the task id. The score
 -- is run_at in ms, so ZRANGE order is exactly (run_at, -priority, sequence).
@@ -96,6 +103,19 @@ local function record_int(text, lo, hi)
   return n
 end
 
+local INDEXED = { p = true, s = true, f = true, c = true, b = true }
+
+-- id -> the index member of its record as this script first read it (false: none).
+local indexed = {}
+
+local function index_member(t, id)
+  local code = STATE_CODE[t.state]
+  if not INDEXED[code] then return false end
+  local at = t.updated
+  if at < 0 then at = 0 elseif at > MAX_EXACT then at = MAX_EXACT end
+  return code .. string.format('%014x', MAX_EXACT - at) .. id
+end
+
 -- Parse a stored record. Returns the record table; nil for an unknown id; or nil and
 -- why, for a record that cannot be read (junk written by hand or by a broken client).
 -- raw: the stored record when the caller already read it.
@@ -121,6 +141,7 @@ local function read_task(id, raw)
   if not delta then return nil, 'updated out of range' end
   if not valid_utf8(w) then return nil, 'worker is not valid UTF-8' end
   t.updated = t.run_at + delta
+  if indexed[id] == nil then indexed[id] = index_member(t, id) end
   return t
 end
 
@@ -155,6 +176,19 @@ end
 
 local function save_task(id, t)
   redis.call('HSET', k.tasks, id, encode_task(t))
+  local old, member = indexed[id] or false, index_member(t, id)
+  if old ~= member then
+    if old then redis.call('ZREM', k.states, old) end
+    if member then redis.call('ZADD', k.states, 0, member) end
+    indexed[id] = member
+  end
+end
+
+-- Remove the record of id (read before in this script) and its index member.
+local function forget_task(id)
+  redis.call('HDEL', k.tasks, id)
+  if indexed[id] then redis.call('ZREM', k.states, indexed[id]) end
+  indexed[id] = false
 end
 
 -- Send one command with many trailing arguments (field/value or score/member pairs),
