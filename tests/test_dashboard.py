@@ -71,22 +71,11 @@ def fail(s: Scheduler, task_id: str, error: str) -> None:
 
 
 def register(s: Scheduler, worker_id: str) -> None:
-    s.register_worker(
-        WorkerInfo(
-            worker_id,
-            "host-1",
-            4242,
-            "0.1.0",
-            4,
-            ("step", HOSTILE_FN),
-            0.0,
-            0.0,
-            1,
-            {"claimed": 3, "succeeded": 2},
-            1.0,
-            5.0,
-        )  # fmt: skip
+    counts = {"claimed": 3, "succeeded": 2}
+    info = WorkerInfo(
+        worker_id, "host-1", 4242, "0.1.0", 4, ("step", HOSTILE_FN), 0.0, 0.0, 1, counts, 1.0, 5.0
     )
+    s.register_worker(info)
 
 
 @pytest.fixture
@@ -130,7 +119,11 @@ def login(client: TestClient, prefix: str = "") -> str:
     return csrf_of(client.get(f"{prefix}/").text)
 
 
-PAGES = ["/", "/task?id=extract", "/leases", "/workers", "/api/overview", "/api/task?id=extract"]
+PAGES = [
+    "/", "/tasks?state=failed", "/tasks?state=blocked", "/tasks?state=ready",
+    "/tasks?state=running", "/task?id=extract", "/leases", "/workers", "/api/overview",
+    "/api/task?id=extract",
+]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- pages
@@ -191,6 +184,30 @@ def test_an_unknown_task_is_404_and_a_missing_id_400(read_only: TestClient) -> N
     assert read_only.get("/task").status_code == 400
 
 
+def test_the_task_lists_page_by_state_with_a_function_filter(
+    read_only: TestClient, story: Scheduler
+) -> None:
+    story.schedule_many([TaskSpec(f"many{i:03d}", "bulk", delay=60) for i in range(120)])
+
+    def ids_on(page: str) -> list[str]:
+        hrefs = [h for h in links(page).get if h.startswith("/task?")]
+        return [parse_qs(urlsplit(h).query)["id"][0] for h in hrefs]
+
+    page = read_only.get("/tasks", params={"state": "ready", "fn": "bulk"}).text
+    assert ids_on(page) == [f"many{i:03d}" for i in range(50)]  # due order
+    seen = ids_on(page)
+    while (nxt := re.search(r'href="([^"]+)" id="next-page"', page)) is not None:
+        page = read_only.get(nxt.group(1).replace("&amp;", "&")).text
+        seen += ids_on(page)
+    assert seen == [f"many{i:03d}" for i in range(120)]
+    blocked = read_only.get("/tasks", params={"state": "blocked"}).text
+    assert escape(HOSTILE_ID) in blocked and "many000" not in blocked
+    failed = read_only.get("/tasks", params={"state": "failed"}).text
+    assert escape(HOSTILE_ERROR) in failed
+    assert read_only.get("/tasks", params={"state": "nope"}).status_code == 400
+    assert read_only.get("/tasks", params={"state": "ready", "cursor": "junk"}).status_code == 400
+
+
 # --------------------------------------------------------------------------- escaping
 
 
@@ -222,8 +239,9 @@ def test_links_to_tasks_percent_encode_any_id(read_only: TestClient) -> None:
 def test_read_only_renders_no_action_and_refuses_every_post(
     read_only: TestClient, story: Scheduler
 ) -> None:
-    for path in PAGES[:4]:
-        assert links(read_only.get(path).text).post == []
+    for path in PAGES:
+        if not path.startswith("/api/"):
+            assert links(read_only.get(path).text).post == []
     assert read_only.get("/login").status_code == 404
     for action in ("retry", "cancel", "expire"):
         reply = read_only.post(f"/actions/{action}", data={"id": "extract", "csrf": "x"})
@@ -308,6 +326,27 @@ def test_cancel_and_expire_act_on_the_task_named(
     assert reply.status_code == 404
 
 
+def test_bulk_retry_retries_the_failed_tasks_of_one_page(
+    with_actions: TestClient, story: Scheduler
+) -> None:
+    for i in range(60):
+        story.schedule(f"bad{i:02d}", fn="flaky")
+        fail(story, f"bad{i:02d}", "RuntimeError: no")
+    csrf = login(with_actions)
+    page = with_actions.get("/tasks", params={"state": "failed", "fn": "flaky"}).text
+    assert 'id="action-retry-page"' in page
+    reply = with_actions.post(
+        "/actions/retry-failed", data={"csrf": csrf, "fn": "flaky"}, follow_redirects=False
+    )
+    assert reply.status_code == 303
+    assert reply.headers["location"] == "/tasks?state=failed&fn=flaky&done=bulk-retried"
+    states = [story.status(f"bad{i:02d}").state for i in range(60)]
+    # One page of 50, and only the function filtered on.
+    assert states.count(State.READY) == 50 and states.count(State.FAILED) == 10
+    assert story.status("extract").state is State.FAILED
+    assert with_actions.post("/actions/retry-failed", data={"fn": "flaky"}).status_code == 403
+
+
 def test_logging_out_ends_the_session(with_actions: TestClient) -> None:
     csrf = login(with_actions)
     assert with_actions.post("/logout", data={"csrf": csrf}).status_code == 200
@@ -386,8 +425,8 @@ def page_costs(server: RedisServer, filler: int) -> dict[str, int]:
     """Redis commands each page sends, with ``filler`` more ready tasks in the namespace."""
     client = server.client()
     s = Scheduler(client, namespace=f"bounded{filler}", lease_s=30.0)
-    s.submit_graph([TaskSpec("root", "f"), TaskSpec("child", "f", deps=["root"])])
-    fail(s, "root", "RuntimeError: boom")
+    s.submit_graph([TaskSpec("extract", "f"), TaskSpec("child", "f", deps=["extract"])])
+    fail(s, "extract", "RuntimeError: boom")
     for i in range(3):
         s.schedule(f"run{i}", fn="f")
         assert getattr(s.next(f"w{i}"), "task_id", None) == f"run{i}"

@@ -141,7 +141,7 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
 ) -> None:
     failed_once = str(tmp_path / "clean-failed-once")
     release = tmp_path / "report-may-finish"
-    args = {"clean": [failed_once], "report": [None, str(release)]}
+    args: dict[str, list[str | None]] = {"clean": [failed_once], "report": [None, str(release)]}
     s = Scheduler.from_url(redis_server.url, namespace=namespace)
     s.submit_graph(
         [
@@ -205,7 +205,9 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
 
         def graph_states(b: WebDriver) -> dict[str, str]:
             nodes = b.find_elements(By.CSS_SELECTOR, "svg.graph a.node")
-            return {n.get_attribute("data-task"): n.get_attribute("data-state") for n in nodes}
+            return {
+                str(n.get_attribute("data-task")): str(n.get_attribute("data-state")) for n in nodes
+            }
 
         # The last step waits for the test: the page must show the pipeline go on.
         assert graph_states(browser)["report"] != "succeeded"

@@ -1,4 +1,4 @@
-"""Task functions the tests run in worker processes (``distsched worker tests.worker_app:FUNCS``)."""
+"""Task functions the tests run in workers (``distsched worker tests.worker_app:FUNCS``)."""
 
 from __future__ import annotations
 

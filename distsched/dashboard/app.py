@@ -42,6 +42,7 @@ NOTES = {
     "conflict": "Not possible in the task's current state.",
     "logged-in": "Logged in: actions are enabled.",
     "logged-out": "Logged out.",
+    "bulk-retried": "Retried the failed tasks of that page; they left this list.",
 }
 
 
@@ -186,6 +187,23 @@ class Dashboard:
             }
         )
 
+    async def tasks(self, request: Request) -> Response:
+        q = request.query_params
+        try:
+            state = State(q.get("state") or "failed")
+        except ValueError:
+            return self.render(request, "error.html", 400, message="No such state.")
+        fn = q.get("fn") or None
+        cursor = q.get("cursor") or None
+        try:
+            page = await self.read(reads.task_list, self.scheduler, state, fn, cursor)
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=str(exc))
+        return self.render(
+            request, "tasks.html", state=state, states=list(State), fn=fn or "",
+            cursor=cursor, page=page, reads=reads,
+        )  # fmt: skip
+
     async def leases(self, request: Request) -> Response:
         rows, total = await self.read(reads.leases, self.scheduler)
         return self.render(request, "leases.html", rows=rows, total=total)
@@ -251,6 +269,8 @@ class Dashboard:
             return refused
         name = request.path_params["name"]
         form = await request.form()
+        if name == "retry-failed":
+            return await self.retry_failed(request, form.get("fn"), form.get("cursor"))
         task_id = form.get("id")
         if not isinstance(task_id, str) or not task_id:
             return self.render(request, "error.html", 400, message="No task id given.")
@@ -277,6 +297,33 @@ class Dashboard:
             done = "conflict"
         log.info("dashboard: %s %r from %s: %s", name, task_id, _peer(request), done)
         return RedirectResponse(self.url(request, "/task", id=task_id, done=done), 303)
+
+    async def retry_failed(self, request: Request, fn: Any, cursor: Any) -> Response:
+        """Retry the failed tasks of one page of the failed list (with its filter)."""
+        fn = fn if isinstance(fn, str) and fn else None
+        cursor = cursor if isinstance(cursor, str) and cursor else None
+        try:
+            page = await self.read(reads.task_list, self.scheduler, State.FAILED, fn, cursor)
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=str(exc))
+        retried = await self.read(_retry_each, self.scheduler, [t.task_id for t in page.items])
+        log.info("dashboard: retried %d failed tasks from %s", retried, _peer(request))
+        # What was retried left the list: its first page now shows what is still failed.
+        return RedirectResponse(
+            self.url(request, "/tasks", state="failed", fn=fn, done="bulk-retried"), 303
+        )
+
+
+def _retry_each(scheduler: Scheduler, task_ids: list[str]) -> int:
+    """Retry each task that is still failed; those that moved on are left alone."""
+    done = 0
+    for task_id in task_ids:
+        try:
+            scheduler.retry(task_id)
+        except (ConflictError, NotFoundError):
+            continue
+        done += 1
+    return done
 
 
 def overview_fields(data: Mapping[str, Any]) -> dict[str, str]:
@@ -377,6 +424,7 @@ def create_app(
     get = [
         ("/", d.overview, "overview"),
         ("/api/overview", d.overview_api, "overview_api"),
+        ("/tasks", d.tasks, "tasks"),
         ("/task", d.task, "task"),
         ("/api/task", d.task_api, "task_api"),
         ("/leases", d.leases, "leases"),

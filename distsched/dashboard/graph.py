@@ -112,8 +112,8 @@ def render(hood: Neighbourhood, link: Callable[[str], str]) -> str:
         '<marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
         'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
         'fill="#6b7280"/></marker>'
-        '<marker id="arrow-block" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
-        'markerHeight="7" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
+        '<marker id="arrow-block" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="3.5" '
+        'markerHeight="3.5" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
         'fill="#dc2626"/></marker>'
         "</defs>",
     ]

@@ -16,9 +16,11 @@ import msgpack
 
 from distsched import views
 from distsched.client import Scheduler
-from distsched.core import Explanation, Overview, State, TaskInfo, WorkerInfo
+from distsched.core import Explanation, Overview, State, TaskInfo, TaskPage, WorkerInfo
 from distsched.text import error_summary, jsonable, preview, size
 
+# Tasks per page of a list.
+PAGE_SIZE = 50
 # Tasks read around one task for its graph.
 GRAPH_LIMIT = 40
 # Leases whose holders the leases page looks up (the soonest to expire first).
@@ -76,7 +78,7 @@ def overview_json(page: OverviewPage) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class TaskPage:
+class TaskDetail:
     info: TaskInfo
     explanation: Explanation
     hood: views.Neighbourhood
@@ -115,15 +117,13 @@ class TaskPage:
         ]
 
 
-def task(scheduler: Scheduler, task_id: str) -> TaskPage:
+def task(scheduler: Scheduler, task_id: str) -> TaskDetail:
     """One task with its explanation and graph; ``NotFoundError`` for an unknown id."""
     info = scheduler.status(task_id)
     explanation = scheduler.explain(task_id)
     hood = views.walk(scheduler, task_id, limit=GRAPH_LIMIT)
     # The walk read the task again: show one snapshot, the latest.
-    return (
-        TaskPage(hood.root, explanation, hood) if hood.root else TaskPage(info, explanation, hood)
-    )
+    return TaskDetail(hood.root if hood.root else info, explanation, hood)
 
 
 def value_preview(value: Any, limit: int | None = PREVIEW_CHARS) -> tuple[str, str]:
@@ -139,3 +139,8 @@ def error_title(error: str | None) -> str:
 def leases(scheduler: Scheduler) -> tuple[list[views.Lease], int]:
     """The ``LEASE_ROWS`` leases that expire first, and how many leases there are."""
     return views.leases_page(scheduler, LEASE_ROWS)
+
+
+def task_list(scheduler: Scheduler, state: State, fn: str | None, cursor: str | None) -> TaskPage:
+    """One page of the tasks in ``state`` (of function ``fn``), from ``cursor``."""
+    return scheduler.tasks(state, fn=fn, limit=PAGE_SIZE, cursor=cursor)
