@@ -1175,17 +1175,38 @@ def _given_url_checked(ctx: click.Context, override: str | None) -> str | None:
     default=None,
     help="Run on this Redis instead of an embedded one.",
 )
+@click.option(
+    "--dashboard",
+    "with_dashboard",
+    is_flag=True,
+    help="At the end, serve the web dashboard on what the demo ran until Ctrl-C "
+    "(needs the 'dashboard' extra).",
+)
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Dashboard address.")
+@click.option("--port", type=int, default=8080, show_default=True, help="Dashboard port.")
 @click.pass_context
-def demo(ctx: click.Context, demo_url: str | None) -> None:
+def demo(
+    ctx: click.Context, demo_url: str | None, with_dashboard: bool, bind: str, port: int
+) -> None:
     """A few-second tour: delays, priorities, replacement, cancellation, a lost worker, a pipeline.
 
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway redis-server
-    when one is on PATH, else an in-process fakeredis server.
+    when one is on PATH, else an in-process fakeredis server. With --dashboard the
+    web dashboard of the demo's namespace is served at the end, until Ctrl-C.
     """
-    from distsched.tools.demo import run_demo
+    from distsched.tools.demo import DashboardOptions, run_demo
 
+    options = None
+    if with_dashboard:
+        try:
+            import distsched.dashboard  # noqa: F401
+        except ImportError as exc:
+            raise click.ClickException(
+                f"--dashboard needs its extra: pip install 'distsched[dashboard]' ({exc})"
+            ) from None
+        options = DashboardOptions(bind, port)
     url = _given_url_checked(ctx, demo_url)
-    if not run_demo(url, click.echo):
+    if not run_demo(url, click.echo, options):
         ctx.exit(1)
 
 
@@ -1243,6 +1264,10 @@ def _bench_size_options() -> list[click.Option]:
         click.option("--wake-processes", default=",".join(str(n) for n in d.wake_processes),
                      show_default=True, callback=_parse_sizes,
                      help="(h) numbers of idle worker processes, comma-separated (1,8,32)."),
+        click.option("--dashboard-tasks", type=int, default=d.dashboard_tasks, show_default=True,
+                     help="(i) tasks in the namespace whose dashboard pages are counted."),
+        click.option("--dashboard-drain", type=int, default=d.dashboard_drain, show_default=True,
+                     help="(i) tasks drained with and without a dashboard polling."),
     ]  # fmt: skip
 
     def params(f: Callable[..., Any]) -> list[click.Option]:
@@ -1283,8 +1308,10 @@ def bench(
 
     Script-call ceiling, enqueue, end-to-end no-op tasks through worker
     processes (each checked to run exactly once), lateness of delayed tasks,
-    claim rate by queue size, dependency graphs, memory per task. Prints a
-    table with the targets next to the figures; progress goes to stderr.
+    claim rate by queue size, dependency graphs, memory per task, wake-ups,
+    and the dashboard (Redis commands per page, workers' drain rate while it is
+    polled). Prints a table with the targets next to the figures; progress goes
+    to stderr.
 
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway
     redis-server when one is on PATH, else an in-process fakeredis server.

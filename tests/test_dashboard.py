@@ -494,3 +494,38 @@ def test_the_dashboard_command_refuses_actions_without_a_token(redis_server: Red
     )  # fmt: skip
     assert done.returncode == 1
     assert "--allow-actions needs --token" in done.stderr
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_the_demo_serves_the_dashboard_on_what_it_ran_then_cleans_up(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    import httpx2
+
+    from distsched.tools.demo import DashboardOptions, run_demo
+
+    seen: dict[str, str] = {}
+
+    def look(url: str) -> None:
+        seen["url"] = url
+        seen["overview"] = httpx2.get(url + "/", timeout=10).text
+        seen["task"] = httpx2.get(url + "/task", params={"id": "transform-b"}, timeout=10).text
+
+    lines: list[str] = []
+    assert run_demo(redis_server.url, lines.append, DashboardOptions(port=0, until=look))
+    assert re.search(r'id="count-succeeded">\d+<', seen["overview"])
+    assert '<code id="task-id">transform-b</code>' in seen["task"]
+    assert f"Dashboard of what the demo ran: {seen['url']}/" in lines
+    namespace = re.search(r"namespace '(demo-[0-9a-f]+)'", "\n".join(lines))
+    assert namespace is not None
+    assert not list(redis_client.scan_iter(match=f"ds:{{{namespace.group(1)}}}:*"))
+
+
+def test_the_demo_says_how_to_open_the_dashboard(redis_server: RedisServer) -> None:
+    from distsched.tools.demo import run_demo
+
+    lines: list[str] = []
+    assert run_demo(redis_server.url, lines.append)
+    assert any("distsched demo --dashboard" in line for line in lines[-3:])
