@@ -221,6 +221,18 @@ def test_hostile_ids_functions_and_errors_render_as_text(
         assert raw not in reply.text
 
 
+@pytest.mark.parametrize("path", ["/", "/task?id=extract", "/api/overview", "/login"])
+def test_pages_run_no_inline_script_and_cannot_be_framed(
+    with_actions: TestClient, path: str
+) -> None:
+    reply = with_actions.get(path)
+    policy = reply.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert reply.headers["x-frame-options"] == "DENY"
+    assert reply.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in reply.text
+
+
 def test_links_to_tasks_percent_encode_any_id(read_only: TestClient) -> None:
     page = read_only.get("/task", params={"id": HOSTILE_ID}).text
     hrefs = [h for h in links(page).get if h.startswith("/task?")]
