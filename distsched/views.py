@@ -178,26 +178,19 @@ class Lease:
 
 def leases(scheduler: Scheduler) -> list[Lease]:
     """Every lease of the namespace with its holder and the time left (server clock)."""
-    return leases_page(scheduler, None)[0]
-
-
-def leases_page(scheduler: Scheduler, limit: int | None) -> tuple[list[Lease], int]:
-    """The first ``limit`` leases to expire (None: all) with their holders, and how many
-    leases there are: one read per lease shown, so a page costs a bounded number."""
     held = scheduler.leases()
-    total = len(held)
     if not held:
-        return [], 0
+        return []
     now = scheduler.server_time()
     rows = []
-    for task_id, deadline in held if limit is None else held[:limit]:
+    for task_id, deadline in held:
         info = lookup(scheduler, task_id)
         if info is None:
             continue  # finished and removed between the two reads
         rows.append(
             Lease(task_id, info.worker or "-", info.attempt, info.max_attempts, deadline - now)
         )
-    return rows, total
+    return rows
 
 
 def tasks(scheduler: Scheduler, count: int = 1000) -> Iterator[TaskRow]:

@@ -173,7 +173,8 @@ def test_a_running_task_shows_its_lease_holder_and_time_left(read_only: TestClie
 
 def test_the_leases_and_workers_pages_list_them(read_only: TestClient) -> None:
     leases = read_only.get("/leases").text
-    assert "/task?id=busy" in leases and "1 running task" in leases
+    assert "/task?id=busy" in leases and "1 lease," in leases
+    assert escape("worker-<i>1</i>") in leases
     workers = read_only.get("/workers").text
     assert escape("worker-<i>1</i>") in workers and "host-1 / 4242" in workers
 

@@ -207,8 +207,12 @@ class Dashboard:
         )  # fmt: skip
 
     async def leases(self, request: Request) -> Response:
-        rows, total = await self.read(reads.leases, self.scheduler)
-        return self.render(request, "leases.html", rows=rows, total=total)
+        cursor = request.query_params.get("cursor") or None
+        try:
+            page = await self.read(reads.leases, self.scheduler, cursor)
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=str(exc))
+        return self.render(request, "leases.html", leases=page, cursor=cursor)
 
     async def workers(self, request: Request) -> Response:
         rows = await self.read(self.scheduler.workers)

@@ -1,9 +1,9 @@
 """What each dashboard page shows, read through the :class:`~distsched.client.Scheduler`.
 
 Every function here makes a bounded number of Redis round trips, whatever the
-number of tasks in the namespace: lists are read a page at a time, the graph
-around a task stops after ``GRAPH_LIMIT`` tasks, leases look up at most
-``LEASE_ROWS`` holders. Nothing here writes.
+number of tasks in the namespace: lists (leases included) are read a page at a
+time, and the graph around a task stops after ``GRAPH_LIMIT`` tasks. Nothing here
+writes.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from distsched.text import error_summary, jsonable, preview, size
 PAGE_SIZE = 50
 # Tasks read around one task for its graph.
 GRAPH_LIMIT = 40
-# Leases whose holders the leases page looks up (the soonest to expire first).
-LEASE_ROWS = 100
 # Characters of a payload or result shown before "show all".
 PREVIEW_CHARS = 2000
 # Leases that expire within this many seconds count as "expiring soon".
@@ -136,9 +134,20 @@ def error_title(error: str | None) -> str:
     return error_summary(error) if error else ""
 
 
-def leases(scheduler: Scheduler) -> tuple[list[views.Lease], int]:
-    """The ``LEASE_ROWS`` leases that expire first, and how many leases there are."""
-    return views.leases_page(scheduler, LEASE_ROWS)
+@dataclass(frozen=True)
+class LeasesPage:
+    page: TaskPage
+    now: float  # server clock
+    total: int
+
+    def left(self, info: TaskInfo) -> float | None:
+        return None if info.lease_deadline is None else info.lease_deadline - self.now
+
+
+def leases(scheduler: Scheduler, cursor: str | None) -> LeasesPage:
+    """One page of the running tasks, the soonest lease deadline first."""
+    page = scheduler.tasks(State.RUNNING, limit=PAGE_SIZE, cursor=cursor)
+    return LeasesPage(page, scheduler.server_time(), scheduler.stats()["leases"])
 
 
 def task_list(scheduler: Scheduler, state: State, fn: str | None, cursor: str | None) -> TaskPage:
