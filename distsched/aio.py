@@ -335,6 +335,10 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.tasks`."""
         return await self._drive(self._ops.tasks(state, fn, limit, cursor))
 
+    async def throughput(self, minutes: int = 60) -> list[core.MinuteCount]:
+        """See :meth:`Scheduler.throughput`."""
+        return await self._drive(self._ops.throughput(minutes))
+
     async def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
         """See :meth:`Scheduler.scan_tasks`."""
         return await self._drive(self._ops.scan_tasks(cursor, count))

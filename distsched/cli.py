@@ -24,7 +24,15 @@ import redis
 
 from distsched import __version__, views
 from distsched.client import Scheduler
-from distsched.core import CLUSTER_SCHEMES, Explanation, Reason, State, TaskInfo, cluster_seed
+from distsched.core import (
+    CLUSTER_SCHEMES,
+    AttemptInfo,
+    Explanation,
+    Reason,
+    State,
+    TaskInfo,
+    cluster_seed,
+)
 from distsched.errors import (
     ConflictError,
     CycleError,
@@ -336,7 +344,29 @@ def _status_lines(
         ("remaining", f"{info.remaining} required, {info.optional_remaining} optional"),
         ("dependents", ids(info.dependents)),
         ("blocked_by", blocked),
+        *_attempt_lines(info.attempts, limit),
     ]
+
+
+def attempt_text(attempt: AttemptInfo, limit: int | None = PREVIEW_CHARS) -> str:
+    """One ended attempt on one line: outcome, token, worker, when and how long."""
+    took = max(attempt.ended_at - attempt.started_at, 0.0)
+    text = (
+        f"{attempt.outcome}: version {attempt.version} attempt {attempt.attempt}, "
+        f"{views.show_id(attempt.worker) if attempt.worker else '-'}, "
+        f"{iso(attempt.started_at)}, {took:.3f} s"
+    )
+    if attempt.error:
+        text += f", {preview(attempt.error, limit)}"
+    return text
+
+
+def _attempt_lines(attempts: tuple[AttemptInfo, ...], limit: int | None) -> list[tuple[str, str]]:
+    """The ``attempts`` line and one continuation line per further attempt, oldest first."""
+    if not attempts:
+        return [("attempts", "-")]
+    lines = [("attempts", attempt_text(attempts[0], limit))]
+    return lines + [("", attempt_text(a, limit)) for a in attempts[1:]]
 
 
 def _error_value(error: str | None, limit: int | None) -> str:
@@ -664,7 +694,7 @@ def status(ctx: click.Context, task_id: str, as_json: bool, full: bool, preview_
     lines = _status_lines(info, scheduler.server_time(), limit)
     width = max(len(key) for key, _ in lines)
     for key, value in lines:
-        click.echo(f"{key + ':':<{width + 1}} {value}")
+        click.echo(f"{key + ':' if key else '':<{width + 1}} {value}")
 
 
 def _count(n: int, one: str, many: str) -> str:

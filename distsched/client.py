@@ -391,8 +391,9 @@ class Scheduler(BaseScheduler):
 
         Purging goes on while whole batches come back, up to ``purge_calls``
         bounded calls, so a busy namespace's history is removed about as fast as
-        it is made. Returns how many leases were reaped, stale queue entries
-        dropped and terminal tasks purged.
+        it is made; per-minute counters older than a day are deleted. Returns how many
+        leases were reaped, stale queue entries dropped, terminal tasks purged and
+        counter fields deleted.
         """
         return self._drive(self._ops.housekeeping(purge_calls))
 
@@ -454,6 +455,13 @@ class Scheduler(BaseScheduler):
         ``dependents`` or ``blocked_by`` (see :meth:`status`).
         """
         return self._drive(self._ops.tasks(state, fn, limit, cursor))
+
+    def throughput(self, minutes: int = 60) -> list[core.MinuteCount]:
+        """Attempts that succeeded and failed per minute over the last ``minutes``
+        minutes (1 to 1440), oldest first, up to the current minute (server clock), with
+        zeros where nothing ended. A failed attempt counts even if the task was retried;
+        a lost lease counts as failed."""
+        return self._drive(self._ops.throughput(minutes))
 
     def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
         """One step of a scan over every task's record: ``(next cursor, rows)``.

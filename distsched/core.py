@@ -749,6 +749,14 @@ def propagate_call(keys: Keys, budget: int = PROPAGATE_BUDGET) -> Call:
     return Call("propagate", keys.for_script("propagate"), [budget])
 
 
+# Per-minute counters (lua/lib/history.lua) kept for a day, plus a margin before the
+# workers' housekeeping deletes them, at most MINUTES_TRIM_STEP minutes per round.
+MINUTES_KEEP = 1440
+MINUTES_MARGIN = 60
+MINUTES_TRIM_STEP = 240
+# A never-trimmed hash up to this many fields is read once to find its oldest minute.
+MINUTES_SCAN = 10_000
+
 DEFAULT_RETENTION_S = 86400.0
 DEFAULT_RETENTION_MS = int(DEFAULT_RETENTION_S * 1000)
 PURGE_BATCH = 500
@@ -1164,6 +1172,8 @@ class Chores(TypedDict):
     reaped: int
     compacted: int
     purged: int
+    trimmed: int
+    """Per-minute counter fields deleted (older than ``MINUTES_KEEP`` plus a margin)."""
 
 
 # A worker counts as alive while its last heartbeat is at most this many of its own
@@ -1683,7 +1693,65 @@ class Ops:
             purged += removed
             if removed < PURGE_BATCH:
                 break
-        return Chores(reaped=reaped, compacted=compacted, purged=purged)
+        trimmed = yield from self.trim_minutes()
+        return Chores(reaped=reaped, compacted=compacted, purged=purged, trimmed=trimmed)
+
+    def trim_minutes(self) -> Op[int]:
+        """Delete per-minute counters older than ``MINUTES_KEEP + MINUTES_MARGIN`` minutes,
+        at most ``MINUTES_TRIM_STEP`` minutes per call; return the fields deleted.
+
+        The meta field ``minutes_from`` is the first minute not deleted yet, so each call
+        deletes forward from there by name, without reading the hash.
+        """
+        k = self.keys
+        clock, stored, size = yield from self.read(
+            ("EVAL", SERVER_TIME_LUA, 1, k.meta),
+            ("HGET", k.meta, "minutes_from"),
+            ("HLEN", k.minutes),
+            atomic=False,
+        )
+        current = (int(clock[0]) * 1000 + int(clock[1]) // 1000) // 60_000
+        cutoff = current - MINUTES_KEEP - MINUTES_MARGIN
+        start = _count_or_none(stored)
+        if start is None and int(size) > MINUTES_SCAN:
+            # Never trimmed and large (written by an older version's clients meanwhile?):
+            # start a week back rather than read it all.
+            start = cutoff - 7 * MINUTES_KEEP
+        elif start is None and int(size) > 0:
+            # Never trimmed: start at the oldest minute there is (a hash this small).
+            (names,) = yield from self.read(("HKEYS", k.minutes))
+            found = [m for m in map(_minute_of, names) if m is not None]
+            start = min(found, default=cutoff)
+        if start is None or int(size) == 0:
+            start = cutoff if start is None else max(start, cutoff)  # nothing to delete
+        if start >= cutoff:
+            if _count_or_none(stored) != start:
+                yield _one(("HSET", k.meta, "minutes_from", start))
+            return 0
+        stop = min(cutoff, start + MINUTES_TRIM_STEP)
+        fields = [f"{m}:{kind}" for m in range(start, stop) for kind in "sf"]
+        removed, _ = yield Commands(
+            (("HDEL", k.minutes, *fields), ("HSET", k.meta, "minutes_from", stop)), atomic=True
+        )
+        return int(removed)
+
+    def throughput(self, minutes: object = 60) -> Op[list[MinuteCount]]:
+        if not _is_int(minutes) or not 1 <= minutes <= MINUTES_KEEP:  # type: ignore[operator]
+            raise InvalidArgument("minutes", f"must be an int in [1, {MINUTES_KEEP}]")
+        count = int(minutes)  # type: ignore[call-overload]
+        now = yield from self.server_time()
+        current = int(now * 1000) // 60_000
+        first = current - count + 1
+        fields = [f"{m}:{kind}" for m in range(first, current + 1) for kind in "sf"]
+        (values,) = yield from self.read(("HMGET", self.keys.minutes, *fields))
+        return [
+            MinuteCount(
+                minute=(first + i) * 60.0,
+                succeeded=_count_or_none(values[2 * i]) or 0,
+                failed=_count_or_none(values[2 * i + 1]) or 0,
+            )
+            for i in range(count)
+        ]
 
     def set_max_running(self, max_running: int | None) -> Op[None]:
         limit = validate_max_running(max_running)
@@ -2337,6 +2405,12 @@ def _count_or_none(raw: Any) -> int | None:
     except ValueError:
         return None
     return value if value >= 0 else None
+
+
+def _minute_of(field_name: Any) -> int | None:
+    """The minute of a per-minute counter field ``<minute>:<s|f>``; None for junk."""
+    head = _bytes(field_name).split(b":", 1)[0]
+    return int(head) if re.fullmatch(rb"-?[0-9]{1,15}", head) else None
 
 
 def _state_or_none(raw: Any, task_id: str) -> State | None:

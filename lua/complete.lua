@@ -2,8 +2,9 @@
 --
 --- @include settle
 --- @include tokens
+--- @include history
 --- @keys tasks results done queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states history minutes
 --
 -- running -> succeeded, fenced by the token (id, version, attempt): only the
 -- current running attempt is applied. A token already applied before gets
@@ -31,7 +32,7 @@ return run(function()
   if #ARGV ~= 2 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
   local now = now_ms()
   local running_before = running_count()
-  local reply, ended = { 0 }, {}
+  local reply, ended, applied = { 0 }, {}, 0
   for i = 1, n do
     local base = 2 + 4 * (i - 1)
     local id = ARGV[base + 1]
@@ -39,6 +40,8 @@ return run(function()
     local t = load_task(id)
     local outcome = token_outcome(t, id, version, attempt)
     if outcome == 'applied' then
+      applied = applied + 1
+      record_attempt(id, t, now, 'succeeded', nil)
       redis.call('ZREM', k.leases, id)
       count_move('running', 'succeeded')
       t.state = 'succeeded'
@@ -58,6 +61,7 @@ return run(function()
     reply[i + 1] = outcome
   end
   capacity_freed(running_before)
+  count_minute('s', applied, now)
   reply[1] = settle_after_terminal(ended, now, budget)
   return reply
 end)

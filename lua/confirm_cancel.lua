@@ -2,8 +2,9 @@
 --
 --- @include settle
 --- @include tokens
+--- @include history
 --- @keys tasks results done queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states history
 --
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.
@@ -28,6 +29,7 @@ return run(function()
 
   local now = now_ms()
   local running_before = running_count()
+  record_attempt(id, t, now, 'cancelled', nil)
   redis.call('ZREM', k.leases, id)
   count_move('running', 'cancelled')
   t.state = 'cancelled'

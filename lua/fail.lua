@@ -4,7 +4,7 @@
 --- @include tokens
 --- @include attempt
 --- @keys tasks results done queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states history minutes
 --
 -- running -> ready (a new attempt, due after backoff * 2^(attempt-1), capped
 -- at ARGV[2]) while attempts remain and no cancellation was requested;
@@ -31,7 +31,7 @@ return run(function()
   local n = to_int(ARGV[3], 'n')
   if #ARGV ~= 3 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
   local now = now_ms()
-  local reply, ended = { 0 }, {}
+  local reply, ended, applied = { 0 }, {}, 0
   for i = 1, n do
     local base = 3 + 4 * (i - 1)
     local id = ARGV[base + 1]
@@ -40,10 +40,14 @@ return run(function()
     local outcome = token_outcome(t, id, version, attempt)
     if outcome == 'applied' then
       remember_token(id, version, attempt)
-      if end_attempt_failed(id, t, now, ARGV[base + 4], cap_ms) then ended[#ended + 1] = id end
+      applied = applied + 1
+      if end_attempt_failed(id, t, now, ARGV[base + 4], cap_ms, 'failed') then
+        ended[#ended + 1] = id
+      end
     end
     reply[i + 1] = outcome
   end
+  count_minute('f', applied, now)
   reply[1] = settle_after_terminal(ended, now, budget)
   return reply
 end)

@@ -2,7 +2,7 @@
 --
 --- @include graph
 --- @keys tasks payloads results done finished meta
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states history
 --
 -- succeeded / failed / cancelled / blocked, terminal for longer than the
 -- retention -> (gone): the record, payload, result, applied tokens, dependency
@@ -53,6 +53,7 @@ return run(function()
       redis.call('HDEL', k.payloads, id)
       redis.call('HDEL', k.results, id)
       redis.call('HDEL', k.done, id)
+      redis.call('HDEL', k.history, id)
       redis.call('ZREM', k.finished, id)
       removed = removed + 1
     end

@@ -3,7 +3,7 @@
 --- @include settle
 --- @include attempt
 --- @keys tasks results queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states history minutes
 --
 -- running -> ready (a new attempt after backoff) while attempts remain and no
 -- cancellation was requested, running -> failed with reason 'lease expired'
@@ -39,12 +39,15 @@ return run(function()
   for _, id in ipairs(ids) do
     local t = load_task(id)
     if t and t.state == 'running' then
-      if end_attempt_failed(id, t, now, 'lease expired', cap_ms) then ended[#ended + 1] = id end
+      if end_attempt_failed(id, t, now, 'lease expired', cap_ms, 'lost') then
+        ended[#ended + 1] = id
+      end
       handled = handled + 1
     else
       -- A lease without a running record cannot be produced by the scripts; drop it.
       redis.call('ZREM', k.leases, id)
     end
   end
+  count_minute('f', handled, now)
   return { settle_after_terminal(ended, now, budget), handled }
 end)

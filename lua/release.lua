@@ -1,8 +1,9 @@
 -- release.lua: hand back claims whose function never started (worker shutdown).
 --
 --- @include settle
+--- @include history
 --- @keys tasks results queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states history
 --
 -- running -> ready with the attempt given back (no attempt spent), at its own
 -- run_at and priority; running -> cancelled instead when cancellation was
@@ -46,6 +47,7 @@ return run(function()
     if t and t.state == 'running' and t.version == tonumber(ARGV[base + 2])
         and t.attempt == tonumber(ARGV[base + 3]) then
       redis.call('ZREM', k.leases, id)
+      record_attempt(id, t, now, 'handed_back', nil)
       t.attempt = t.attempt - 1
       t.worker = ''
       t.updated = now

@@ -23,7 +23,7 @@ from distsched.core import Claim
 from tests.conftest import RedisServer, namespace_keys
 
 # Hashes holding one field per task id.
-PER_TASK_HASHES = ("tasks", "payloads", "results", "done", "deps", "blocked")
+PER_TASK_HASHES = ("tasks", "payloads", "results", "done", "deps", "blocked", "history")
 
 
 def wait_until(predicate: object, timeout: float = 20.0, what: str = "") -> None:
@@ -58,10 +58,14 @@ def blockedby(s: Scheduler) -> set[tuple[str, str]]:
 
 
 def traces(s: Scheduler, task_id: str) -> set[str]:
-    """Where ``task_id`` still has data: per-task hashes, finished, edges, blockedby."""
+    """Where ``task_id`` still has data: per-task hashes, finished, the per-state index,
+    edges, blockedby."""
     found = {name for name in PER_TASK_HASHES if s.client.hexists(getattr(s.keys, name), task_id)}
     if s.client.zscore(s.keys.finished, task_id) is not None:
         found.add("finished")
+    members = cast(list[bytes], s.client.zrange(s.keys.states, 0, -1))
+    if any(m[15:] == task_id.encode() for m in members):
+        found.add("states")
     if any(task_id in pair for pair in edges(s)):
         found.add("edges")
     if any(task_id in pair for pair in blockedby(s)):
@@ -125,9 +129,11 @@ def test_terminal_tasks_are_purged_with_all_their_data_once_the_retention_has_pa
     scheduler.set_retention(retention)
     build_history(scheduler)
     # Everything a terminal task owns is there before the purge.
-    assert traces(scheduler, "a") == {"tasks", "payloads", "results", "done", "finished", "edges"}
+    assert traces(scheduler, "a") == {
+        "tasks", "payloads", "results", "done", "finished", "edges", "history", "states",
+    }  # fmt: skip
     assert traces(scheduler, "c") >= {"tasks", "payloads", "deps", "blocked", "finished",
-                                      "edges", "blockedby"}  # fmt: skip
+                                      "edges", "blockedby", "states"}  # fmt: skip
     assert traces(scheduler, "f") >= {"results", "done", "edges", "blockedby"}
 
     # Not before the retention: nothing is removed.
@@ -145,7 +151,11 @@ def test_terminal_tasks_are_purged_with_all_their_data_once_the_retention_has_pa
     claims, wait = scheduler.claim(1, "w")
     assert claims == [] and wait is not None and wait.reason == "empty"
     # Only the namespace's settings and counters remain; every count is back to zero.
-    assert set(namespace_keys(redis_client, namespace)) == {scheduler.keys.meta.encode()}
+    # (and the per-minute counters, trimmed by age, not by task)
+    assert set(namespace_keys(redis_client, namespace)) == {
+        scheduler.keys.meta.encode(),
+        scheduler.keys.minutes.encode(),
+    }
     stats = scheduler.stats()
     assert set(stats["counts"].values()) == {0}
     assert stats["retention_s"] == retention
@@ -414,6 +424,9 @@ def test_soak_memory_returns_to_its_baseline_once_history_is_purged(
         f"(+{growth}), after {after} ({residual:+d}); "
         f"keys left: {sorted(k.decode() for k in cast(list[bytes], s.client.keys('*')))}"
     )
-    # Left: the settings and counters, and the record of the functions workers serve.
-    assert sorted(s.client.keys("*")) == sorted([s.keys.meta.encode(), s.keys.served.encode()])
+    # Left: the settings and counters (per-minute ones too), and the record of the
+    # functions workers serve.
+    assert sorted(s.client.keys("*")) == sorted(
+        [s.keys.meta.encode(), s.keys.minutes.encode(), s.keys.served.encode()]
+    )
     assert residual < 0.1 * growth, (baseline, peak, after)

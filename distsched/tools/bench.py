@@ -672,8 +672,29 @@ class Bench:
                 for _ in range(cfg.schedule_calls):
                     s.heartbeat(claim)
                 heartbeats = cfg.schedule_calls / (time.perf_counter() - t0)
+            # The reports that end an attempt, one per call: half the tasks succeed, half
+            # fail (their only attempt: terminal, with the error stored).
+            claims: list[core.Claim] = []
+            while len(claims) < cfg.schedule_calls:
+                got = s.ready(min(100, cfg.schedule_calls - len(claims)), "bench")
+                if not got:
+                    break
+                claims += got
+            half = len(claims) // 2
+            with self._server_time() as complete_server:
+                t0 = time.perf_counter()
+                for c in claims[:half]:
+                    s.complete(c)
+                completes = half / max(time.perf_counter() - t0, 1e-9)
+            with self._server_time() as fail_server:
+                t0 = time.perf_counter()
+                for c in claims[half:]:
+                    s.fail(c, "RuntimeError: bench failure")
+                fails = (len(claims) - half) / max(time.perf_counter() - t0, 1e-9)
         self._step(f"schedule: {single:,.0f} calls/s, {_us(single_server)} in Redis/call")
         self._step(f"heartbeat: {heartbeats:,.0f} calls/s, {_us(heartbeat_server)} in Redis/call")
+        self._step(f"complete: {completes:,.0f} calls/s, {_us(complete_server)} in Redis/call")
+        self._step(f"fail: {fails:,.0f} calls/s, {_us(fail_server)} in Redis/call")
         with self._scheduler(batch_ns) as s, self._server_time() as batch_server:
             batched = cfg.enqueue_tasks / self._fill(s, "b", cfg.enqueue_tasks)
         self._step(f"schedule_many: {batched:,.0f} tasks/s")
@@ -686,6 +707,10 @@ class Bench:
             "single_server_us_per_call": single_server.us_per_call,
             "heartbeat_per_s": heartbeats,
             "heartbeat_server_us_per_call": heartbeat_server.us_per_call,
+            "complete_per_s": completes,
+            "complete_server_us_per_call": complete_server.us_per_call,
+            "fail_per_s": fails,
+            "fail_server_us_per_call": fail_server.us_per_call,
             "batched_tasks": cfg.enqueue_tasks,
             "batch": cfg.batch,
             "batched_per_s": batched,
@@ -708,6 +733,20 @@ class Bench:
             heartbeats,
             "calls/s",
             server_us=heartbeat_server.us_per_call,
+        )
+        self._row(
+            "enqueue",
+            "complete, one claim per call",
+            completes,
+            "calls/s",
+            server_us=complete_server.us_per_call,
+        )
+        self._row(
+            "enqueue",
+            "fail, one claim per call (last attempt)",
+            fails,
+            "calls/s",
+            server_us=fail_server.us_per_call,
         )
         self._row(
             "enqueue",

@@ -2,14 +2,17 @@
 --
 --- @include counts
 --- @include queue
+--- @include history
 
 -- End a running attempt that failed (raised, or its lease expired): a new
 -- attempt after backoff while attempts remain and no cancellation was
--- requested, otherwise failed. cap_ms: the longest wait between attempts.
+-- requested, otherwise failed. cap_ms: the longest wait between attempts. outcome: how
+-- the attempt ends in the task's history ('failed' or 'lost'), counted as a failure.
 -- Returns true when the task became terminal.
-local function end_attempt_failed(id, t, now, reason, cap_ms)
+local function end_attempt_failed(id, t, now, reason, cap_ms, outcome)
   local running_before = running_count()
   redis.call('ZREM', k.leases, id)
+  record_attempt(id, t, now, outcome, error_summary(reason))
   t.worker = ''
   t.updated = now
   local terminal = false
