@@ -142,7 +142,12 @@ def test_overview_shows_the_counts_per_state_and_the_fleet(read_only: TestClient
     assert re.search(r'id="count-blocked">2<', page)
     assert re.search(r'id="count-running">1<', page)
     assert re.search(r'id="count-ready">1<', page)
+    assert re.search(r'id="hour-failed">1<', page) and re.search(r'id="day-failed">1<', page)
+    assert 'aria-label="last hour: 0 succeeded, 1 failed"' in page
+    assert 'aria-label="last day: 0 succeeded, 1 failed"' in page
     data = read_only.get("/api/overview").json()
+    assert data["data"]["hour"] == {"succeeded": 0, "failed": 1}
+    assert 'aria-label="last hour: 0 succeeded, 1 failed"' in data["svgs"]["hour"]
     assert data["data"]["counts"]["blocked"] == 2
     assert data["data"]["workers_alive"] == 1
     assert data["fields"]["count-failed"] == "1"
@@ -159,6 +164,9 @@ def test_the_task_page_shows_the_traceback_and_the_dependents_it_blocked(
     # The graph marks the blocking path and colours the states.
     assert page.count('class="edge blocking"') == 2
     assert 'data-state="failed"' in page and 'data-state="blocked"' in page
+    # The attempt history: one attempt, failed, by the worker that claimed it.
+    attempts = page.split('id="attempts"')[1].split("</table>")[0]
+    assert attempts.count("<tr>") == 2 and "w-extract" in attempts and ">failed<" in attempts
     # The payload's size and a preview of it.
     assert re.search(r'id="payload-size">50\d\d bytes', page)
 

@@ -38,6 +38,7 @@ require_extra("starlette")
 
 import uvicorn  # noqa: E402
 from selenium import webdriver  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -171,6 +172,7 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
         assert text_of(browser, "count-failed") == "1"
         assert text_of(browser, "count-blocked") == "2"
         assert text_of(browser, "count-succeeded") == "2"
+        assert text_of(browser, "hour-failed") == "1"
         shot("overview")
 
         # From the failed count to the failed task.
@@ -204,10 +206,17 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
         shot("retried")
 
         def graph_states(b: WebDriver) -> dict[str, str]:
-            nodes = b.find_elements(By.CSS_SELECTOR, "svg.graph a.node")
-            return {
-                str(n.get_attribute("data-task")): str(n.get_attribute("data-state")) for n in nodes
-            }
+            # The page redraws the graph as it polls: read it again if it was replaced.
+            for _ in range(50):
+                try:
+                    nodes = b.find_elements(By.CSS_SELECTOR, "svg.graph a.node")
+                    return {
+                        str(n.get_attribute("data-task")): str(n.get_attribute("data-state"))
+                        for n in nodes
+                    }
+                except StaleElementReferenceException:
+                    continue
+            raise AssertionError("the graph kept changing under the test")
 
         # The last step waits for the test: the page must show the pipeline go on.
         assert graph_states(browser)["report"] != "succeeded"
@@ -232,6 +241,8 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
         browser.get(server.url + "/")
         assert text_of(browser, "count-succeeded") == str(len(PIPELINE))
         assert text_of(browser, "count-failed") == "0"
+        assert text_of(browser, "hour-succeeded") == str(len(PIPELINE))
+        assert text_of(browser, "hour-failed") == "1"
         shot("overview-finished")
     finally:
         server.close()

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from distsched.client import Scheduler
 from distsched.core import State
-from distsched.dashboard import graph, reads
+from distsched.dashboard import chart, graph, reads
 from distsched.dashboard.auth import COOKIE, MIN_TOKEN_CHARS, SESSION_S, Session, Signer
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.text import finite_or_none, iso, jsonable
@@ -142,14 +142,14 @@ class Dashboard:
         data = reads.overview_json(page)
         return self.render(
             request, "overview.html", page=page, data=data, fields=overview_fields(data),
-            states=list(State),
+            states=list(State), svgs=charts(page),
         )  # fmt: skip
 
     async def overview_api(self, request: Request) -> Response:
         page = await self.read(reads.overview, self.scheduler)
         data = reads.overview_json(page)
         fields = overview_fields(data)
-        return json_response({"data": data, "fields": fields, "svgs": {}})
+        return json_response({"data": data, "fields": fields, "svgs": charts(page)})
 
     async def task(self, request: Request) -> Response:
         task_id = request.query_params.get("id", "")
@@ -332,6 +332,18 @@ def _retry_each(scheduler: Scheduler, task_ids: list[str]) -> int:
     return done
 
 
+def charts(page: reads.OverviewPage) -> dict[str, str]:
+    """The overview's throughput charts as SVG markup (every text escaped)."""
+    return {
+        "hour": chart.render(chart.buckets(page.hour, 1), "last hour", "per minute"),
+        "day": chart.render(
+            chart.buckets(page.minutes, reads.DAY_BUCKET),
+            "last day",
+            f"per {reads.DAY_BUCKET} minutes",
+        ),
+    }
+
+
 def overview_fields(data: Mapping[str, Any]) -> dict[str, str]:
     """The overview's numbers as shown, by the name of their place on the page."""
     fields = {f"count-{state}": f"{n:,}" for state, n in data["counts"].items()}
@@ -349,6 +361,10 @@ def overview_fields(data: Mapping[str, Any]) -> dict[str, str]:
             "workers": f"{data['workers_alive']} alive of {data['workers']}",
             "slots": f"{data['slots']:,}",
             "server_time": iso(data["server_time"]),
+            "hour-succeeded": f"{data['hour']['succeeded']:,}",
+            "hour-failed": f"{data['hour']['failed']:,}",
+            "day-succeeded": f"{data['day']['succeeded']:,}",
+            "day-failed": f"{data['day']['failed']:,}",
         }
     )
     return fields

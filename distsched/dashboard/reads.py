@@ -16,9 +16,20 @@ import msgpack
 
 from distsched import views
 from distsched.client import Scheduler
-from distsched.core import Explanation, Overview, State, TaskInfo, TaskPage, WorkerInfo
+from distsched.core import (
+    Explanation,
+    MinuteCount,
+    Overview,
+    State,
+    TaskInfo,
+    TaskPage,
+    WorkerInfo,
+)
 from distsched.text import error_summary, jsonable, preview, size
 
+# The throughput charts: the last hour by minute, the last day by DAY_BUCKET minutes.
+DAY_MINUTES = 1440
+DAY_BUCKET = 15
 # Tasks per page of a list.
 PAGE_SIZE = 50
 # Tasks read around one task for its graph.
@@ -38,6 +49,12 @@ def js(value: Any) -> str:
 class OverviewPage:
     overview: Overview
     workers: list[WorkerInfo]
+    # The last day, one entry per minute, oldest first.
+    minutes: list[MinuteCount]
+
+    @property
+    def hour(self) -> list[MinuteCount]:
+        return self.minutes[-60:]
 
     @property
     def workers_alive(self) -> int:
@@ -49,7 +66,11 @@ class OverviewPage:
 
 
 def overview(scheduler: Scheduler) -> OverviewPage:
-    return OverviewPage(scheduler.overview(soon_s=SOON_S), scheduler.workers())
+    return OverviewPage(
+        scheduler.overview(soon_s=SOON_S),
+        scheduler.workers(),
+        scheduler.throughput(DAY_MINUTES),
+    )
 
 
 def overview_json(page: OverviewPage) -> dict[str, Any]:
@@ -72,6 +93,15 @@ def overview_json(page: OverviewPage) -> dict[str, Any]:
         "workers": len(page.workers),
         "workers_alive": page.workers_alive,
         "slots": page.slots,
+        "hour": _totals(page.hour),
+        "day": _totals(page.minutes),
+    }
+
+
+def _totals(minutes: list[MinuteCount]) -> dict[str, int]:
+    return {
+        "succeeded": sum(m.succeeded for m in minutes),
+        "failed": sum(m.failed for m in minutes),
     }
 
 

@@ -5,6 +5,7 @@
 (function () {
   "use strict";
   var PERIOD_MS = 2000;
+  var drawn = new WeakMap(); // element -> the SVG source it shows
 
   function apply(root, reply) {
     var fields = reply.fields || {};
@@ -23,7 +24,11 @@
     var svgs = reply.svgs || {};
     Object.keys(svgs).forEach(function (name) {
       root.querySelectorAll('[data-svg="' + CSS.escape(name) + '"]').forEach(function (el) {
-        el.innerHTML = svgs[name];
+        // Only a changed drawing is replaced: links keep focus, nothing flickers.
+        if (drawn.get(el) !== svgs[name]) {
+          el.innerHTML = svgs[name];
+          drawn.set(el, svgs[name]);
+        }
       });
     });
   }
