@@ -384,6 +384,8 @@ def test_create_app_checks_its_arguments(scheduler: Scheduler) -> None:
         create_app(scheduler, allow_actions=True, token="short")
     with pytest.raises(InvalidArgument, match="namespace"):
         create_app(scheduler, "another")
+    with pytest.raises(InvalidArgument, match="AsyncScheduler"):
+        create_app(object())  # type: ignore[arg-type]
 
 
 def test_a_url_app_reads_its_namespace_and_answers_503_when_redis_is_down(

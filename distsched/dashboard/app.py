@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -31,6 +32,7 @@ from distsched.text import finite_or_none, iso, jsonable
 log = logging.getLogger("distsched.dashboard")
 
 HERE = Path(__file__).resolve().parent
+LOGIN_FAILURE_DELAY_S = 0.5
 T = TypeVar("T")
 
 # What an action's redirect says, by code: fixed texts, so a link cannot make the page
@@ -233,6 +235,8 @@ class Dashboard:
         target = _local_path(str(form.get("next") or "/"))
         if not isinstance(given, str) or not self.signer.token_matches(given):
             log.warning("dashboard: a login with a wrong token from %s", _peer(request))
+            # Guessing a token one request at a time is slow; a real token is long anyway.
+            await asyncio.sleep(LOGIN_FAILURE_DELAY_S)
             return self.render(request, "login.html", 403, failed=True, next=target)
         response = RedirectResponse(self.url(request, target, done="logged-in"), 303)
         response.set_cookie(
@@ -465,6 +469,10 @@ def create_app(
     owns = isinstance(scheduler, str)
     if isinstance(scheduler, str):
         scheduler = Scheduler.from_url(scheduler, namespace=namespace or "default")
+    elif not isinstance(scheduler, Scheduler):
+        raise InvalidArgument(
+            "scheduler", "must be a distsched.Scheduler (not an AsyncScheduler) or a Redis URL"
+        )
     elif namespace is not None and namespace != scheduler.namespace:
         raise InvalidArgument(
             "namespace", f"is {namespace!r} but the scheduler's is {scheduler.namespace!r}"
