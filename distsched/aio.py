@@ -282,6 +282,10 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.purge`."""
         return await self._drive(self._ops.purge(limit))
 
+    async def purge_tasks(self, task_ids: Sequence[str]) -> int:
+        """See :meth:`Scheduler.purge_tasks`."""
+        return await self._drive(self._ops.purge_tasks(task_ids))
+
     async def set_retention(self, retention_s: float) -> None:
         """See :meth:`Scheduler.set_retention`."""
         return await self._drive(self._ops.set_retention(retention_s))

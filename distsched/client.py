@@ -378,6 +378,16 @@ class Scheduler(BaseScheduler):
         """Remove up to ``limit`` terminal tasks older than the retention; return how many."""
         return self._drive(self._ops.purge(limit))
 
+    def purge_tasks(self, task_ids: Sequence[str]) -> int:
+        """Remove these terminal tasks now, whatever the retention, with everything they
+        own (as retention removes them); return how many were removed.
+
+        At most 1000 ids per call. An id that is not terminal, or still telling its
+        dependents that it ended, is left as it is; an unknown id is skipped. Dependents
+        keep their own records (a later dependency on a removed id is unknown).
+        """
+        return self._drive(self._ops.purge_tasks(task_ids))
+
     def set_retention(self, retention_s: float) -> None:
         """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
         return self._drive(self._ops.set_retention(retention_s))

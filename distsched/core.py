@@ -774,6 +774,19 @@ def purge_call(keys: Keys, limit: int = PURGE_BATCH, retention_s: object = None)
     return Call("purge", keys.for_script("purge"), [limit, retention, DEFAULT_RETENTION_MS])
 
 
+PURGE_TASKS_MAX = 1000
+
+
+def forget_call(keys: Keys, task_ids: object) -> Call:
+    """The forget script's call: remove these terminal tasks now."""
+    if isinstance(task_ids, (str, bytes)) or not isinstance(task_ids, Sequence):
+        raise InvalidArgument("task_ids", "must be a sequence of task ids")
+    if len(task_ids) > PURGE_TASKS_MAX:
+        raise InvalidArgument("task_ids", f"must hold at most {PURGE_TASKS_MAX} ids")
+    ids = [validate_task_id(task_id, "task_ids") for task_id in task_ids]
+    return Call("forget", keys.for_script("forget"), [len(ids), *ids])
+
+
 def compact_call(
     keys: Keys, budget: int = PROPAGATE_BUDGET, minimum: int = COMPACT_MINIMUM
 ) -> Call:
@@ -1670,6 +1683,12 @@ class Ops:
         if not _is_int(limit) or limit < 1:
             raise InvalidArgument("limit", "must be an int >= 1")
         return int((yield from self.run(purge_call(self.keys, limit)))[0])
+
+    def purge_tasks(self, task_ids: Sequence[str]) -> Op[int]:
+        call = forget_call(self.keys, task_ids)
+        if not task_ids:
+            return 0
+        return int((yield from self.run(call))[0])
 
     def set_retention(self, retention_s: float) -> Op[None]:
         if retention_s is None:

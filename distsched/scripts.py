@@ -39,6 +39,7 @@ SCRIPT_NAMES = (
     "retry",
     "add_deps",
     "purge",
+    "forget",
     "compact",
     "leave",
 )

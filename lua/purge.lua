@@ -1,6 +1,6 @@
 -- purge.lua: remove terminal tasks older than the namespace's retention.
 --
---- @include graph
+--- @include forget
 --- @keys tasks payloads results done finished meta
 --- @keys edges deps blocked blockedby propagating states history
 --
@@ -42,19 +42,7 @@ return run(function()
       -- Not terminal any more (a new version): it should not be listed.
       redis.call('ZREM', k.finished, id)
     elseif not redis.call('ZSCORE', k.propagating, 'p' .. id) then
-      if t then count_move(t.state, nil) end
-      clear_version(id)
-      local prefix = id_prefix(id)
-      local outgoing = redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255')
-      for i = 1, #outgoing, 500 do
-        redis.call('ZREM', k.edges, unpack(outgoing, i, math.min(i + 499, #outgoing)))
-      end
-      forget_task(id)
-      redis.call('HDEL', k.payloads, id)
-      redis.call('HDEL', k.results, id)
-      redis.call('HDEL', k.done, id)
-      redis.call('HDEL', k.history, id)
-      redis.call('ZREM', k.finished, id)
+      remove_task(id, t)
       removed = removed + 1
     end
   end

@@ -45,6 +45,7 @@ from distsched.errors import (
     UnknownDependencyError,
 )
 from tests.conftest import RedisServer
+from tests.test_listing import listing_matches
 
 IDS = ["a", "b", "c", "d", "e"]
 WORKER = "w"
@@ -540,6 +541,13 @@ class DagMachine(RuleBasedStateMachine):
                 assert info.blocked_by == expected, task_id
             else:
                 assert info.blocked_by is None, info
+
+    @invariant()
+    def each_state_lists_exactly_its_tasks(self) -> None:
+        by_state: dict[State, set[str]] = {}
+        for task_id, t in self.m.tasks.items():
+            by_state.setdefault(t.state, set()).add(task_id)
+        listing_matches(self.s, by_state)
 
     @invariant()
     def counts_match_and_nothing_is_left_to_settle(self) -> None:

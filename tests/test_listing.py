@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from distsched import Scheduler, State
+from distsched import Scheduler, State, TaskInfo
 from distsched.core import Claim
 from distsched.errors import InvalidArgument
 
@@ -32,6 +32,31 @@ def every_page(api: Scheduler, state: str, limit: int, fn: str | None = None) ->
         if cursor is None:
             return out
     raise AssertionError("the listing never ended")
+
+
+def listing_matches(s: Scheduler, expected: dict[State, set[str]]) -> None:
+    """Every state's listing, read two at a time, holds exactly the ``expected`` ids
+    (once each); pending and terminal ones newest first (ties by id), running ones by
+    lease deadline. Shared with the state machines."""
+    for state in State:
+        items: list[TaskInfo] = []
+        cursor: str | None = None
+        while True:
+            page = s.tasks(state, limit=2, cursor=cursor)
+            items += page.items
+            cursor = page.cursor
+            if cursor is None:
+                break
+        listed = [info.task_id for info in items]
+        assert len(listed) == len(set(listed)), (state, listed)
+        assert set(listed) == expected.get(state, set()), state
+        assert all(info.state is state for info in items)
+        if state not in (State.READY, State.RUNNING):
+            keys = [(-round(info.updated_at * 1000), info.task_id) for info in items]
+            assert keys == sorted(keys), state
+        if state is State.RUNNING:
+            deadlines = [info.lease_deadline or 0.0 for info in items]
+            assert deadlines == sorted(deadlines)
 
 
 def claim_all(api: Scheduler, n: int) -> list[Claim]:

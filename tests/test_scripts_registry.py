@@ -108,6 +108,7 @@ def sample_calls() -> dict[str, core.Call]:
         "retry": core.retry_call(keys, "a", True),
         "add_deps": core.add_deps_call(keys, "a", ["b"], False),
         "purge": core.purge_call(keys),
+        "forget": core.forget_call(keys, ["a"]),
         "compact": core.compact_call(keys),
         "leave": core.leave_call(keys, "w"),
     }
@@ -489,6 +490,9 @@ def lifecycle(s: Scheduler) -> None:
     assert s.compact() == 0
     s.set_retention(3600)
     assert s.purge() == 0 and s.stats()["retention_s"] == 3600
+    # Removing given tasks now: e (failed) goes, d (ready) is refused, x is unknown.
+    assert s.purge_tasks(["e", "d", "x"]) == 1
+    assert s.status("d").state is State.READY
     # A worker that stops leaves the idle set ("w" waits for d, due in an hour).
     assert s.leave("w") is False
 
@@ -596,7 +600,7 @@ class RecordingScheduler(Scheduler):
         return reply
 
 
-NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "compact", "leave"}
+NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "forget", "compact", "leave"}
 
 
 def test_every_reply_opens_with_the_number_of_propagation_jobs_left(

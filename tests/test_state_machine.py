@@ -29,6 +29,7 @@ from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
 from distsched.core import WaitReason
 from distsched.errors import ConflictError, LeaseLostError, NotFoundError
 from tests.conftest import RedisServer
+from tests.test_listing import listing_matches
 
 IDS = ["a", "b|c", "ü"]  # '|' is the record separator; ü is multi-byte
 WORKERS = ["w1", "w|2"]
@@ -407,6 +408,21 @@ class SchedulerMachine(RuleBasedStateMachine):
                 if previous[1].terminal and info.version == previous[0]:
                     assert info.state is previous[1]
             self.seen[task_id] = (info.version, info.state)
+
+    @invariant()
+    def each_state_lists_exactly_its_tasks(self) -> None:
+        by_state: dict[State, set[str]] = {}
+        for task_id, t in self.m.tasks.items():
+            by_state.setdefault(t.state, set()).add(task_id)
+        listing_matches(self.s, by_state)
+        # Ready tasks come in the order workers claim them.
+        live = sorted(
+            (run_at, -priority, version, task_id)
+            for (priority, version, task_id), run_at in self.m.queue.items()
+            if self.m.live((priority, version, task_id))
+        )
+        ready = [info.task_id for info in self.s.tasks(State.READY, limit=1000).items]
+        assert ready == [entry[3] for entry in live]
 
 
 @pytest.fixture

@@ -1,0 +1,23 @@
+-- lib/forget.lua: removing a terminal task with everything it owns.
+--
+--- @include graph
+
+-- Remove terminal task id (t: its record, or nil for one that cannot be read): the
+-- record and its index member, payload, result, applied tokens, history, dependency
+-- list, block cause and every edge to or from it. Its dependents keep their own
+-- records; a later dependency on the id is an unknown dependency.
+local function remove_task(id, t)
+  if t then count_move(t.state, nil) end
+  clear_version(id)
+  local prefix = id_prefix(id)
+  local outgoing = redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255')
+  for i = 1, #outgoing, 500 do
+    redis.call('ZREM', k.edges, unpack(outgoing, i, math.min(i + 499, #outgoing)))
+  end
+  forget_task(id)
+  redis.call('HDEL', k.payloads, id)
+  redis.call('HDEL', k.results, id)
+  redis.call('HDEL', k.done, id)
+  redis.call('HDEL', k.history, id)
+  redis.call('ZREM', k.finished, id)
+end
