@@ -1292,7 +1292,7 @@ def retry(
 @click.option(
     "--allow-actions",
     is_flag=True,
-    help="Allow cancel, retry and lease expiry to a user logged in with --token.",
+    help="Allow cancel, retry, purge and lease expiry to a user logged in with --token.",
 )
 @click.option(
     "--token",
@@ -1308,7 +1308,7 @@ def dashboard(
     """Serve a web dashboard of the namespace (needs the 'dashboard' extra).
 
     Read-only unless --allow-actions: then a user who logs in with the token may
-    cancel and retry tasks and expire leases. Serves until Ctrl-C.
+    cancel, retry and remove tasks and expire leases. Serves until Ctrl-C.
     """
     try:
         from distsched.dashboard.serve import serve

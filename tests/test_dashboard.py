@@ -368,6 +368,24 @@ def test_bulk_retry_retries_the_failed_tasks_of_one_page(
     assert with_actions.post("/actions/retry-failed", data={"fn": "flaky"}).status_code == 403
 
 
+def test_purge_removes_the_ended_tasks_of_one_page(
+    with_actions: TestClient, story: Scheduler
+) -> None:
+    csrf = login(with_actions)
+    page = with_actions.get("/tasks", params={"state": "blocked"}).text
+    assert 'id="action-purge-page"' in page and "data-confirm=" in page
+    assert 'id="action-purge-page"' not in with_actions.get("/tasks?state=ready").text
+    reply = with_actions.post(
+        "/actions/purge-page", data={"csrf": csrf, "state": "blocked"}, follow_redirects=False
+    )
+    assert reply.headers["location"] == "/tasks?state=blocked&done=purged"
+    assert story.stats()["counts"]["blocked"] == 0
+    assert story.status("extract").state is State.FAILED
+    refused = with_actions.post("/actions/purge-page", data={"csrf": csrf, "state": "ready"})
+    assert refused.status_code == 400
+    assert story.stats()["counts"]["ready"] == 1
+
+
 def test_logging_out_ends_the_session(with_actions: TestClient) -> None:
     csrf = login(with_actions)
     assert with_actions.post("/logout", data={"csrf": csrf}).status_code == 200

@@ -47,6 +47,7 @@ NOTES = {
     "logged-in": "Logged in: actions are enabled.",
     "logged-out": "Logged out.",
     "bulk-retried": "Retried the failed tasks of that page; they left this list.",
+    "purged": "Removed the tasks of that page (those that were still in this state).",
 }
 
 
@@ -281,6 +282,8 @@ class Dashboard:
         form = await request.form()
         if name == "retry-failed":
             return await self.retry_failed(request, form.get("fn"), form.get("cursor"))
+        if name == "purge-page":
+            return await self.purge_page(request, form)
         task_id = form.get("id")
         if not isinstance(task_id, str) or not task_id:
             return self.render(request, "error.html", 400, message="No task id given.")
@@ -321,6 +324,26 @@ class Dashboard:
         # What was retried left the list: its first page now shows what is still failed.
         return RedirectResponse(
             self.url(request, "/tasks", state="failed", fn=fn, done="bulk-retried"), 303
+        )
+
+    async def purge_page(self, request: Request, form: Any) -> Response:
+        """Remove now the ended tasks of one page of a terminal state's list."""
+        try:
+            state = State(str(form.get("state") or ""))
+        except ValueError:
+            state = State.PENDING
+        if not state.terminal:
+            return self.render(request, "error.html", 400, message="Only ended tasks go.")
+        fn, cursor = form.get("fn") or None, form.get("cursor") or None
+        try:
+            page = await self.read(reads.task_list, self.scheduler, state, fn, cursor)
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=str(exc))
+        ids = [t.task_id for t in page.items]
+        removed = await self.read(self.scheduler.purge_tasks, ids) if ids else 0
+        log.info("dashboard: purged %d %s tasks from %s", removed, state.value, _peer(request))
+        return RedirectResponse(
+            self.url(request, "/tasks", state=state.value, fn=fn, done="purged"), 303
         )
 
 

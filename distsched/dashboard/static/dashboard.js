@@ -64,6 +64,12 @@
     setTimeout(tick, PERIOD_MS);
   }
 
+  // A form marked data-confirm="QUESTION" is sent only once the user confirms.
+  document.addEventListener("submit", function (event) {
+    var question = event.target.getAttribute && event.target.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) event.preventDefault();
+  });
+
   document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("[data-poll]").forEach(poll);
   });
