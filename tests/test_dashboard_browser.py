@@ -153,7 +153,7 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
     with (tmp_path / "worker.err").open("w") as stderr:
         worker = subprocess.Popen(
             [*CLI_COMMAND, "--redis", redis_server.url, "--namespace", namespace, "worker",
-             "tests.worker_app:FUNCS", "--concurrency", "2", "--lease", "5s"],
+             "tests.worker_app:PIPELINE", "--concurrency", "2", "--lease", "5s"],
             cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
     server = Server(create_app(s, allow_actions=True, token=TOKEN))

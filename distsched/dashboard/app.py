@@ -86,7 +86,6 @@ class Dashboard:
         )
         self.env.filters["seconds"] = seconds
         self.env.filters["iso"] = iso
-        self.env.filters["js"] = reads.js
 
     # ------------------------------------------------------------------ helpers
 
@@ -105,7 +104,9 @@ class Dashboard:
     def here(self, request: Request) -> str:
         """This page's path and query inside the dashboard (where to come back to)."""
         path = request.url.path[len(self.base(request)) :] or "/"
-        return path + (f"?{request.url.query}" if request.url.query else "")
+        # The note of the last action is not part of where the user was.
+        kept = [(k, v) for k, v in request.query_params.multi_items() if k != "done"]
+        return path + ("?" + urlencode(kept, quote_via=quote, safe="") if kept else "")
 
     def session(self, request: Request) -> Session | None:
         if self.signer is None or not self.allow_actions:
