@@ -2196,17 +2196,27 @@ class Ops:
             else:
                 # The cursor's entry left (claimed, ended): go on from where it stood.
                 start = int(below)
-        (rows,) = yield from self.read(
-            ("ZRANGE", key, start, start + want, "WITHSCORES"), atomic=False
-        )
-        pairs = _pairs(rows)
-        exhausted = len(pairs) <= want
-        pairs = pairs[:want]
+        read = want
+        while True:
+            (rows,) = yield from self.read(
+                ("ZRANGE", key, start, start + read, "WITHSCORES"), atomic=False
+            )
+            pairs = [(_bytes(m), int(float(sc))) for m, sc in _pairs(rows)]
+            exhausted = len(pairs) <= read
+            pairs = pairs[:read]
+            if after is not None:
+                # Entries of the cursor's score that sorted before it are still there:
+                # pass them, reading twice as many each time.
+                before = sum((sc, m) <= after for m, sc in pairs)
+                if before == len(pairs) and not exhausted:
+                    start, read = start + len(pairs), read * 2
+                    continue
+                kept = [(m, sc) for m, sc in pairs if (sc, m) > after]
+                exhausted = exhausted and len(kept) <= want
+                pairs = kept[:want]
+            break
         entries = []
-        for raw_member, raw_score in pairs:
-            member, score = _bytes(raw_member), int(float(raw_score))
-            if after is not None and (score, member) <= after:
-                continue
+        for member, score in pairs:
             task_id = (member[22:] if state is State.READY else member).decode("utf-8", "replace")
             text = f"{score}:{_cursor_text(member)}"
             entries.append(_Entry(task_id, member, score, text))

@@ -11,6 +11,7 @@
 --
 -- Writes tasks, deps, edges, and when it blocks finished, meta, blocked, blockedby,
 -- propagating (then more, as propagate.lua).
+-- Also writes states (the per-state index, for the records it writes).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] task id

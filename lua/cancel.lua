@@ -14,6 +14,7 @@
 --
 -- Writes tasks, finished, meta, wake (the cancel notice), idle, and for dependents
 -- edges, blocked, blockedby, propagating, queue.
+-- Also writes states (the per-state index, for the records it writes).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] task id

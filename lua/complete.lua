@@ -17,6 +17,9 @@
 -- Writes tasks, leases, results (the result, or removes an earlier attempt's error),
 -- done, finished, meta, idle, and for dependents edges, blocked, blockedby, queue,
 -- propagating.
+-- Also writes states (the per-state index, for the records it writes),
+--   history (the attempt it ends),
+--   minutes (succeeded / failed attempts).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n; then 4 values per report: id, version, attempt, result bytes ('' for none)

@@ -11,6 +11,8 @@
 --
 -- Writes tasks, leases, done, finished, meta, idle, and for dependents edges,
 -- blocked, blockedby, propagating, queue.
+-- Also writes states (the per-state index, for the records it writes),
+--   history (the attempt it ends).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] id, ARGV[3] version, ARGV[4] attempt

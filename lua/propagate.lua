@@ -11,6 +11,7 @@
 --
 -- Reads and writes tasks, queue, finished, meta, idle, edges, blocked, blockedby,
 -- propagating; a retry's cascade also writes deps and results.
+-- Also writes states (the per-state index, for the records it writes).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 --

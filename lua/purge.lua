@@ -5,7 +5,7 @@
 --- @keys edges deps blocked blockedby propagating states history
 --
 -- succeeded / failed / cancelled / blocked, terminal for longer than the
--- retention -> (gone): the record, payload, result, applied tokens, dependency
+-- retention -> (gone): the record, payload, result, applied tokens, history, dependency
 -- list, block cause and every edge to or from the task are removed, so Redis
 -- memory does not grow with history. A task whose dependents are still being
 -- settled is kept until that ends. A later dependency on a purged id is an
@@ -13,6 +13,7 @@
 --
 -- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done,
 -- finished, meta (retention_ms, count:<state>), edges, deps, blocked, blockedby.
+-- Also removes the task's member of states (the per-state index) and its history.
 --
 -- ARGV[1] the most tasks to remove in this call (>= 1)
 -- ARGV[2] retention in ms to store first (meta field retention_ms), or '' to use the

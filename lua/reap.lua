@@ -12,6 +12,9 @@
 --
 -- Writes tasks, queue, leases, results, finished, meta, idle, and for dependents
 -- edges, blocked, blockedby, propagating.
+-- Also writes states (the per-state index, for the records it writes),
+--   history (the attempt it ends),
+--   minutes (succeeded / failed attempts).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] the longest wait between attempts in ms (>= 0; distsched sends 3600000)

@@ -12,6 +12,8 @@
 --
 -- Writes tasks, queue, leases, finished, meta, idle, and for dependents edges,
 -- blocked, blockedby, propagating.
+-- Also writes states (the per-state index, for the records it writes),
+--   history (the attempt it ends).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n; then 3 values per token: id, version, attempt

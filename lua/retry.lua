@@ -14,6 +14,7 @@
 --
 -- Writes tasks, results, queue, finished, meta, idle, edges, deps, blocked, blockedby,
 -- propagating.
+-- Also writes states (the per-state index, for the records it writes).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] task id

@@ -173,3 +173,20 @@ def test_purge_tasks_refuses_bad_ids(api: Scheduler, ids: object) -> None:
     with pytest.raises(InvalidArgument) as caught:
         api.purge_tasks(ids)  # type: ignore[arg-type]
     assert caught.value.field == "task_ids"
+
+
+def test_tasks_lists_ready_tasks_in_due_order_and_running_ones(
+    scheduler: Scheduler, redis_server: RedisServer, namespace: str
+) -> None:
+    scheduler.schedule("later", fn="f", delay=60)
+    scheduler.schedule("now", fn="g")
+    scheduler.schedule("soon", fn="f", delay=30)
+    ready = invoke(redis_server, namespace, "tasks", "--state", "ready")
+    assert [line.split()[0] for line in ready.stdout.splitlines()[1:]] == ["now", "soon", "later"]
+    scheduler.ready(1, "w")
+    running = invoke(redis_server, namespace, "tasks", "--state", "running", "--fn", "g")
+    rows = running.stdout.splitlines()[1:]
+    assert [row.split()[:4] for row in rows] == [["now", "g", "running", "1/1"]]
+    empty = invoke(redis_server, namespace, "tasks", "--state", "blocked")
+    assert empty.stdout.splitlines() == ["ID  FN  STATE  ATTEMPT  UPDATED  ERROR"]
+    assert "no blocked tasks" in empty.stderr

@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 
-from distsched import Scheduler, State, TaskInfo
+from distsched import Scheduler, State, TaskInfo, TaskSpec
 from distsched.core import Claim
 from distsched.errors import InvalidArgument
 
@@ -202,3 +203,23 @@ def test_bad_listing_arguments_are_refused_naming_the_field(
     with pytest.raises(InvalidArgument) as caught:
         api.tasks(state, **rest)  # type: ignore[arg-type]
     assert caught.value.field == field
+
+
+def test_a_ready_listing_goes_on_when_the_cursors_entry_left_the_queue(
+    scheduler: Scheduler, redis_client: redis.Redis
+) -> None:
+    # One batch: every entry has the same due time, so only the member orders them.
+    scheduler.schedule_many([TaskSpec(f"t{i:02}", "f") for i in range(40)])
+    first = scheduler.tasks("ready", limit=30)
+    assert first.cursor is not None
+    # The entry under the cursor leaves the queue (as a claim or a compaction does),
+    # while the 29 entries before it stay.
+    _, member = first.cursor.split(":", 1)
+    assert redis_client.zrem(scheduler.keys.queue, member.encode()) == 1
+    page = scheduler.tasks("ready", limit=4, cursor=first.cursor)
+    assert ids(page.items) == ["t30", "t31", "t32", "t33"]
+    rest = ids(page.items)
+    while page.cursor is not None:
+        page = scheduler.tasks("ready", limit=4, cursor=page.cursor)
+        rest += ids(page.items)
+    assert rest == [f"t{i}" for i in range(30, 40)]

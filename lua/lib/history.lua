@@ -30,8 +30,12 @@ local function error_summary(text)
     pos = nl + 1
   end
   if not last then return nil end
-  last = string.gsub(last, '\r', '')
-  last = string.match(last, '^%s*(.-)%s*$')
+  -- Leading blanks off, cut well past the limit, then trailing blanks off: linear
+  -- whatever the length of the line.
+  last = string.sub(string.gsub(string.match(last, '^%s*(.*)$'), '\r', ''), 1, SUMMARY_MAX + 64)
+  local stop = #last
+  while stop > 0 and string.find(string.sub(last, stop, stop), '%s') do stop = stop - 1 end
+  last = string.sub(last, 1, stop)
   if #last > SUMMARY_MAX then
     last = string.sub(last, 1, SUMMARY_MAX)
     local i = #last
