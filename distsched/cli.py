@@ -1311,6 +1311,7 @@ def dashboard(
     cancel, retry and remove tasks and expire leases. Serves until Ctrl-C.
     """
     try:
+        from distsched.dashboard.auth import check_token
         from distsched.dashboard.serve import serve
     except ImportError as exc:
         raise click.ClickException(
@@ -1320,6 +1321,8 @@ def dashboard(
         raise click.ClickException(
             "--allow-actions needs --token TOKEN (or DISTSCHED_DASHBOARD_TOKEN)"
         )
+    if allow_actions:
+        check_token(token)
     if token and not allow_actions:
         click.echo("note: --token is used only with --allow-actions; serving read-only", err=True)
     scheduler = _connect(ctx)

@@ -535,6 +535,13 @@ def test_the_dashboard_command_refuses_actions_without_a_token(redis_server: Red
     )  # fmt: skip
     assert done.returncode == 1
     assert "--allow-actions needs --token" in done.stderr
+    short = subprocess.run(
+        [*CLI_COMMAND, "--redis", redis_server.url, "dashboard", "--allow-actions"],
+        env=subprocess_env(DISTSCHED_DASHBOARD_TOKEN="short"), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert short.returncode == 1
+    assert "invalid --token: must be at least 12 characters" in short.stderr
 
 
 # --------------------------------------------------------------------------- demo

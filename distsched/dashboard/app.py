@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from distsched.client import Scheduler
 from distsched.core import State
 from distsched.dashboard import chart, graph, reads
-from distsched.dashboard.auth import COOKIE, MIN_TOKEN_CHARS, SESSION_S, Session, Signer
+from distsched.dashboard.auth import COOKIE, SESSION_S, Session, Signer, check_token
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.text import finite_or_none, iso, jsonable
 
@@ -502,10 +502,7 @@ def create_app(
             "namespace", f"is {namespace!r} but the scheduler's is {scheduler.namespace!r}"
         )
     if allow_actions:
-        if token is None or len(token) < MIN_TOKEN_CHARS:
-            raise InvalidArgument(
-                "token", f"must be at least {MIN_TOKEN_CHARS} characters to allow actions"
-            )
+        check_token(token)
     elif token is not None and not token:
         raise InvalidArgument("token", "must not be empty")
     d = Dashboard(scheduler, allow_actions, token, owns)

@@ -15,9 +15,20 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from distsched.errors import InvalidArgument
+
 COOKIE = "distsched_dashboard"
 SESSION_S = 12 * 3600
 MIN_TOKEN_CHARS = 12
+
+
+def check_token(token: str | None) -> str:
+    """The token, or ``InvalidArgument`` when it is missing or too short to allow actions."""
+    if token is None or len(token) < MIN_TOKEN_CHARS:
+        raise InvalidArgument(
+            "token", f"must be at least {MIN_TOKEN_CHARS} characters to allow actions"
+        )
+    return token
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ class Served:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the dashboard did not start on {bind}:{port}")
+                raise RuntimeError(f"could not listen on {bind}:{port}")
             time.sleep(0.01)
         sockets = [s for server in self.server.servers for s in server.sockets]
         self.port = int(sockets[0].getsockname()[1]) if sockets else port

@@ -530,7 +530,12 @@ def _serve_dashboard(scheduler: Scheduler, options: DashboardOptions, echo: Echo
     from distsched.dashboard import create_app
     from distsched.dashboard.serve import Served
 
-    with Served(create_app(scheduler), options.bind, options.port) as served:
+    try:
+        served = Served(create_app(scheduler), options.bind, options.port)
+    except RuntimeError as exc:  # the port is taken, the address cannot be bound
+        echo(f"The dashboard could not start: {exc} (pick another with --port).")
+        return
+    with served:
         echo("")
         echo(f"Dashboard of what the demo ran: {served.url}/")
         echo("Press Ctrl-C to stop it; the demo's namespace is deleted then.")
