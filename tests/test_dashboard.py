@@ -527,7 +527,9 @@ def test_the_dashboard_command_serves_the_namespace(
     assert f"http://127.0.0.1:{port}/ (read-only)" in out
 
 
-def test_the_dashboard_command_refuses_actions_without_a_long_enough_token(redis_server: RedisServer) -> None:
+def test_the_dashboard_command_refuses_actions_without_a_long_enough_token(
+    redis_server: RedisServer,
+) -> None:
     done = subprocess.run(
         [*CLI_COMMAND, "--redis", redis_server.url, "dashboard", "--allow-actions"],
         env=subprocess_env(DISTSCHED_DASHBOARD_TOKEN=None), capture_output=True, text=True,
