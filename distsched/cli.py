@@ -95,6 +95,7 @@ OPTION_NAMES = {
     "catchup": "--catchup",
     "catchup_window": "--catchup-window",
     "n": "-n",
+    "token": "--token",
 }
 
 
@@ -1501,6 +1502,57 @@ def retry(
 
 
 @cli.command()
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=int, default=8080, show_default=True, help="Port to listen on.")
+@click.option(
+    "--allow-actions",
+    is_flag=True,
+    help="Allow cancel, retry, purge and lease expiry to a user logged in with --token.",
+)
+@click.option(
+    "--token",
+    envvar="DISTSCHED_DASHBOARD_TOKEN",
+    default=None,
+    metavar="TOKEN",
+    help="The login token for actions (12 characters or more). Env: DISTSCHED_DASHBOARD_TOKEN.",
+)
+@click.pass_context
+def dashboard(
+    ctx: click.Context, bind: str, port: int, allow_actions: bool, token: str | None
+) -> None:
+    """Serve a web dashboard of the namespace (needs the 'dashboard' extra).
+
+    Read-only unless --allow-actions: then a user who logs in with the token may
+    cancel, retry and remove tasks and expire leases. Serves until Ctrl-C.
+    """
+    try:
+        from distsched.dashboard.auth import check_token
+        from distsched.dashboard.serve import serve
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the dashboard needs its extra: pip install 'distsched[dashboard]' ({exc})"
+        ) from None
+    if allow_actions and not token:
+        raise click.ClickException(
+            "--allow-actions needs --token TOKEN (or DISTSCHED_DASHBOARD_TOKEN)"
+        )
+    if allow_actions:
+        check_token(token)
+    if token and not allow_actions:
+        click.echo("note: --token is used only with --allow-actions; serving read-only", err=True)
+    scheduler = _connect(ctx)
+    scheduler.client.ping()
+    serve(
+        scheduler,
+        bind,
+        port,
+        allow_actions=allow_actions,
+        token=token if allow_actions else None,
+        echo=click.echo,
+    )
+
+
+@cli.command()
 @click.option(
     "--state", required=True, type=click.Choice(TERMINAL_STATES),
     help="Remove the tasks that ended in this state.",
@@ -1556,17 +1608,38 @@ def _given_url_checked(ctx: click.Context, override: str | None) -> str | None:
     default=None,
     help="Run on this Redis instead of an embedded one.",
 )
+@click.option(
+    "--dashboard",
+    "with_dashboard",
+    is_flag=True,
+    help="At the end, serve the web dashboard on what the demo ran until Ctrl-C "
+    "(needs the 'dashboard' extra).",
+)
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Dashboard address.")
+@click.option("--port", type=int, default=8080, show_default=True, help="Dashboard port.")
 @click.pass_context
-def demo(ctx: click.Context, demo_url: str | None) -> None:
+def demo(
+    ctx: click.Context, demo_url: str | None, with_dashboard: bool, bind: str, port: int
+) -> None:
     """A few-second tour: delays, priorities, replacement, cancellation, a lost worker, a pipeline.
 
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway redis-server
-    when one is on PATH, else an in-process fakeredis server.
+    when one is on PATH, else an in-process fakeredis server. With --dashboard the
+    web dashboard of the demo's namespace is served at the end, until Ctrl-C.
     """
-    from distsched.tools.demo import run_demo
+    from distsched.tools.demo import DashboardOptions, run_demo
 
+    options = None
+    if with_dashboard:
+        try:
+            import distsched.dashboard  # noqa: F401
+        except ImportError as exc:
+            raise click.ClickException(
+                f"--dashboard needs its extra: pip install 'distsched[dashboard]' ({exc})"
+            ) from None
+        options = DashboardOptions(bind, port)
     url = _given_url_checked(ctx, demo_url)
-    if not run_demo(url, click.echo):
+    if not run_demo(url, click.echo, options):
         ctx.exit(1)
 
 
@@ -1626,6 +1699,10 @@ def _bench_size_options() -> list[click.Option]:
         click.option("--wake-processes", default=",".join(str(n) for n in d.wake_processes),
                      show_default=True, callback=_parse_sizes,
                      help="(h) numbers of idle worker processes, comma-separated (1,8,32)."),
+        click.option("--dashboard-tasks", type=int, default=d.dashboard_tasks, show_default=True,
+                     help="(i) tasks in the namespace whose dashboard pages are counted."),
+        click.option("--dashboard-drain", type=int, default=d.dashboard_drain, show_default=True,
+                     help="(i) tasks drained with and without a dashboard polling."),
     ]  # fmt: skip
 
     def params(f: Callable[..., Any]) -> list[click.Option]:
@@ -1666,8 +1743,10 @@ def bench(
 
     Script-call ceiling, enqueue, end-to-end no-op tasks through worker
     processes (each checked to run exactly once), lateness of delayed tasks,
-    claim rate by queue size, dependency graphs, memory per task. Prints a
-    table with the targets next to the figures; progress goes to stderr.
+    claim rate by queue size, dependency graphs, memory per task, wake-ups,
+    and the dashboard (Redis commands per page, workers' drain rate while it is
+    polled). Prints a table with the targets next to the figures; progress goes
+    to stderr.
 
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway
     redis-server when one is on PATH, else an in-process fakeredis server.

@@ -22,7 +22,7 @@ TINY = [
     "--delayed", "40", "--delay-min", "0.1", "--delay-max", "0.4", "--slots", "10",
     "--claim-sizes", "60,120", "--claims", "20", "--chain", "30", "--fanout", "30",
     "--dependents", "1500", "--memory-tasks", "200", "--wake-tasks", "30",
-    "--wake-processes", "1,3",
+    "--wake-processes", "1,3", "--dashboard-tasks", "300", "--dashboard-drain", "200",
 ]  # fmt: skip
 
 
@@ -76,6 +76,15 @@ def check_report(report: dict[str, Any], throwaway: bool) -> None:
         assert run["tasks"] == 30 and run["exactly_once_problems"] == []
         assert run["script_calls_per_task"] > 0
         assert run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
+    dashboard = sections["dashboard"]
+    assert dashboard["tasks"] == 300
+    few, many = dashboard["commands"]["100"], dashboard["commands"]["300"]
+    if report["redis"]["backend"] == "redis-server":
+        assert few == many and all(n > 0 for n in few.values())
+    assert [run["polled"] for run in dashboard["drain"]] == [False, True]
+    for run in dashboard["drain"]:
+        assert run["tasks"] == 200 and run["exactly_once_problems"] == []
+    assert dashboard["drain"][1]["polls"] > 0 and dashboard["drain"][1]["poll_errors"] == 0
     assert {row["section"] for row in report["rows"]} == set(SECTIONS)
 
 

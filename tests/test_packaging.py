@@ -53,7 +53,11 @@ def test_installed_wheel_loads_every_script_from_the_package(tmp_path: Path) -> 
 
         names = zipfile.ZipFile(wheel).namelist()
         for module in ("distsched/tools/__init__.py", "distsched/tools/bench.py",
-                       "distsched/text.py", "distsched/views.py"):  # fmt: skip
+                       "distsched/text.py", "distsched/views.py",
+                       "distsched/dashboard/app.py",
+                       "distsched/dashboard/templates/task.html",
+                       "distsched/dashboard/static/dashboard.js",
+                       "distsched/dashboard/static/dashboard.css"):  # fmt: skip
             assert module in names
         for lua in (ROOT / "lua").rglob("*.lua"):
             assert f"distsched/lua/{lua.relative_to(ROOT / 'lua').as_posix()}" in names
@@ -94,6 +98,16 @@ LAYERS: list[set[str]] = [
         "distsched.worker",
         "distsched.text",
         "distsched.views",
+    },
+    # The dashboard reads through the scheduler and views; the tools may serve it.
+    {
+        "distsched.dashboard",
+        "distsched.dashboard.app",
+        "distsched.dashboard.auth",
+        "distsched.dashboard.chart",
+        "distsched.dashboard.graph",
+        "distsched.dashboard.reads",
+        "distsched.dashboard.serve",
     },
     {
         "distsched.tools",
@@ -179,10 +193,10 @@ def _loaded_after(statement: str) -> list[str]:
     return out.split()
 
 
-def test_importing_the_cli_loads_no_tool() -> None:
+def test_importing_the_cli_loads_no_tool_and_no_dashboard() -> None:
     loaded = _loaded_after("import distsched.cli")
     assert "distsched.cli" in loaded
-    assert [m for m in loaded if m.startswith("distsched.tools")] == []
+    assert [m for m in loaded if m.startswith(("distsched.tools", "distsched.dashboard"))] == []
 
 
 @pytest.mark.parametrize("module", sorted(set().union(*LAYERS)))

@@ -7,7 +7,8 @@ states what it prints, and the script must print exactly those lines. Every
 environment of the later ones; other commands, such as ``pip``, are left out),
 and a ```text block right after a bash block lists ``key: value`` lines that its
 last command must print. A ``worker`` command runs in the background until the
-end, and must then stop cleanly on SIGTERM. The README's Redis URL is replaced
+end, and must then stop cleanly on SIGTERM; a ``dashboard`` command serves on a free
+port until the end, and must answer its overview. The README's Redis URL is replaced
 by the test server's, so nothing here touches a Redis the test did not start.
 """
 
@@ -20,10 +21,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -35,7 +37,8 @@ TINY_BENCH = [
     "--enqueue-tasks", "300", "--batch", "100", "--tasks", "200", "--concurrency", "4",
     "--delayed", "40", "--delay-min", "100ms", "--delay-max", "400ms", "--slots", "10",
     "--claim-sizes", "60,120", "--claims", "20", "--chain", "30", "--fanout", "30",
-    "--dependents", "1500", "--memory-tasks", "200",
+    "--dependents", "1500", "--memory-tasks", "200", "--dashboard-tasks", "300",
+    "--dashboard-drain", "200",
 ]  # fmt: skip
 EXPECTED = re.compile(r"^\s*print\(.*\)\s*# -> (.*)$")
 # Output shown in a text block may appear a moment later (a worker runs in the background).
@@ -94,6 +97,7 @@ class Session:
         self.env["DISTSCHED_REDIS_URL"] = server.url
         self.env.pop("DISTSCHED_NAMESPACE", None)
         self.workers: list[subprocess.Popen[str]] = []
+        self.dashboards: list[subprocess.Popen[str]] = []
 
     def text(self, raw: str) -> str:
         text = raw.replace(README_URL, self.server.url)
@@ -123,6 +127,9 @@ class Session:
             args = [self.text(word) for word in command[1:]]
             if "worker" in args:
                 self.start_worker(args)
+                continue
+            if "dashboard" in args:
+                self.start_dashboard(args)
                 continue
             if "bench" in args:
                 args += TINY_BENCH
@@ -155,6 +162,35 @@ class Session:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.workers.append(proc)
+
+    def start_dashboard(self, args: list[str]) -> None:
+        port = str(free_port())
+        if "--port" in args:
+            args[args.index("--port") + 1] = port
+        else:
+            args += ["--port", port]
+        proc = subprocess.Popen(
+            [*DISTSCHED, *args], cwd=self.workdir, env=self.env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.dashboards.append(proc)
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as reply:
+                    assert reply.status == 200
+                    assert b'id="count-ready"' in reply.read()
+                return
+            except OSError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the README's dashboard did not start"
+                time.sleep(0.1)
+
+    def stop_dashboards(self) -> None:
+        for proc in self.dashboards:
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+            assert "Traceback" not in err, err
 
     def stop_workers(self) -> list[tuple[int | None, str]]:
         results = []
@@ -197,6 +233,7 @@ def test_every_example_of_the_readme_runs_as_written_and_prints_what_it_says(
                 session.shell(block, shown)
                 ran += 1
     finally:
+        session.stop_dashboards()
         stopped = session.stop_workers()
     assert ran >= 8
     assert stopped, "the README starts a worker"

@@ -16,7 +16,10 @@ Sections (each on fresh namespaces):
 - ``wake``: a trickle of tasks (each scheduled once the one before has finished)
   with 1, 8 (and 32, ``--wake-processes``) idle worker processes: script calls and
   Redis CPU per task, which must not grow with the number of idle workers, and the
-  wake-up latency (task start - run_at on the Redis clock).
+  wake-up latency (task start - run_at on the Redis clock);
+- ``dashboard``: Redis commands each dashboard page sends with a few tasks and with
+  many (they must be equal), and the drain rate of a worker process with and without
+  a dashboard client polling the overview every second (needs the dashboard extra).
 
 Worker processes run ``python -m distsched.tools.bench worker URL NAMESPACE``: a
 ``Worker`` whose no-op records each run (task id, version, attempt, start time,
@@ -38,7 +41,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -57,7 +62,17 @@ from distsched.text import clock_offset, finite_or_none, redact, table
 
 Echo = Callable[[str], None]
 
-SECTIONS = ("ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake")
+SECTIONS = (
+    "ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake", "dashboard",
+)  # fmt: skip
+# The dashboard pages the bench counts Redis commands for.
+DASHBOARD_PAGES = (
+    "/", "/api/overview", "/tasks?state=ready", "/tasks?state=failed", "/task?id=extract",
+    "/leases", "/workers",
+)  # fmt: skip
+# Tasks of the small namespace the dashboard's costs are compared with.
+DASHBOARD_FEW = 100
+DASHBOARD_POLL_S = 1.0
 NOOP = "noop"
 # A no-op that also pushes its task id to the list named by its argument, so that the
 # wake section learns of each end with one BLPOP instead of polling (whose cost would
@@ -105,6 +120,8 @@ class BenchConfig:
     memory_tasks: int = 100_000
     wake_tasks: int = 200
     wake_processes: tuple[int, ...] = (1, 8)
+    dashboard_tasks: int = 100_000
+    dashboard_drain: int = 20_000
 
     def validate(self) -> None:
         for name in (
@@ -123,6 +140,8 @@ class BenchConfig:
             "dependents",
             "memory_tasks",
             "wake_tasks",
+            "dashboard_tasks",
+            "dashboard_drain",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -1380,6 +1399,112 @@ class Bench:
 
     # -- everything
 
+    # -- (i) dashboard
+
+    def dashboard(self) -> None:
+        cfg = self.config
+        self._phase(
+            9,
+            f"dashboard: Redis commands per page with {DASHBOARD_FEW:,} and "
+            f"{cfg.dashboard_tasks:,} tasks; {cfg.dashboard_drain:,} tasks drained while polled",
+        )
+        try:
+            from distsched.dashboard import create_app
+            from distsched.dashboard.serve import Served
+        except ImportError as exc:
+            self._step(f"skipped: pip install 'distsched[dashboard]' ({exc})")
+            self.sections["dashboard"] = {"skipped": str(exc)}
+            self._row("dashboard", "skipped: the dashboard extra is not installed", None, "")
+            return
+        costs: dict[int, dict[str, int | None]] = {}
+        for size in (DASHBOARD_FEW, cfg.dashboard_tasks):
+            namespace = self._namespace(f"dash{size}")
+            with self._scheduler(namespace) as s, Served(create_app(s)) as served:
+                self._dashboard_story(s, size)
+                costs[size] = {page: self._page_cost(served.url + page) for page in DASHBOARD_PAGES}
+            self._clean(namespace)
+            self._step(f"{size:,} tasks: {costs[size]}")
+        few, many = costs[DASHBOARD_FEW], costs[cfg.dashboard_tasks]
+        for page in DASHBOARD_PAGES:
+            value, base = many[page], few[page]
+            self._row(
+                "dashboard",
+                f"Redis commands for {page} with {cfg.dashboard_tasks:,} tasks",
+                value,
+                "commands",
+                ratio=None if value is None or not base else value / base,
+                ratio_to=f"at {DASHBOARD_FEW:,}",
+                target=f"= at {DASHBOARD_FEW:,} tasks",
+                met=None if value is None else value == base,
+            )
+        runs = []
+        for polled in (False, True):
+            namespace = self._namespace("dashdrain" + ("-polled" if polled else ""))
+            with self._scheduler(namespace) as s:
+                self._fill(s, "t", cfg.dashboard_drain)
+                ids = [f"t{i}" for i in range(cfg.dashboard_drain)]
+                if polled:
+                    with Served(create_app(s)) as served, _Poller(served.url) as poller:
+                        result = self._drain("dashboard", namespace, s, ids, 1)
+                    result["polls"] = poller.polls
+                    result["poll_errors"] = poller.errors
+                else:
+                    result = self._drain("dashboard", namespace, s, ids, 1)
+            result["polled"] = polled
+            self._clean(namespace)
+            runs.append(result)
+            self._step(
+                f"{'polled' if polled else 'alone'}: {result['tasks_per_s'] or 0:,.0f} tasks/s"
+            )
+        alone, polled_rate = runs[0]["tasks_per_s"], runs[1]["tasks_per_s"]
+        ratio = polled_rate / alone if alone and polled_rate else None
+        self._row("dashboard", "drain, 1 worker process, no dashboard", alone, "tasks/s")
+        self._row(
+            "dashboard",
+            f"drain, 1 worker process, overview polled every {DASHBOARD_POLL_S:g} s",
+            polled_rate,
+            "tasks/s",
+            ratio=ratio,
+            ratio_to="no dashboard",
+            target=">= 0.9x no dashboard",
+            met=None if ratio is None else ratio >= 0.9,
+        )
+        self.sections["dashboard"] = {
+            "tasks": cfg.dashboard_tasks,
+            "few": DASHBOARD_FEW,
+            "commands": {str(size): pages for size, pages in costs.items()},
+            "drain": runs,
+        }
+
+    def _dashboard_story(self, s: Scheduler, size: int) -> None:
+        """``size`` tasks queued for later, a failed task with a dependent, three leases."""
+        self._fill(s, "t", size, delay=3600)
+        s.submit_graph([TaskSpec("extract", NOOP), TaskSpec("load", NOOP, deps=["extract"])])
+        claim = s.next("bench-dashboard")
+        if not isinstance(claim, core.Claim) or claim.task_id != "extract":
+            raise BenchError(f"the dashboard's failed task was not claimed first: {claim}")
+        s.fail(claim, "RuntimeError: the bench's failed task")
+        for i in range(3):
+            s.schedule(f"running{i}", fn=NOOP)
+        s.ready(3, "bench-dashboard")
+
+    def _commands_sent(self) -> int | None:
+        try:
+            stats = self.client.info("commandstats")
+        except redis.ResponseError:
+            return None
+        if not stats:
+            return None
+        return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+    def _page_cost(self, url: str) -> int | None:
+        """Redis commands one GET of ``url`` sends (after a first GET that warms up)."""
+        _get(url)
+        before = self._commands_sent()
+        _get(url)
+        after = self._commands_sent()
+        return None if before is None or after is None else after - before
+
     def run(self) -> dict[str, Any]:
         started = time.time()
         t0 = time.perf_counter()
@@ -1404,6 +1529,41 @@ class Bench:
             "rows": [asdict(row) for row in self.rows],
             "problems": self.problems,
         }
+
+
+def _get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        body: bytes = reply.read()
+        return body
+
+
+class _Poller:
+    """A dashboard left open: the overview and its JSON fetched every second."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.polls = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-dashboard-poller")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for page in ("/", "/api/overview"):
+                try:
+                    _get(self.base + page)
+                    self.polls += 1
+                except OSError:
+                    self.errors += 1
+            self._stop.wait(DASHBOARD_POLL_S)
+
+    def __enter__(self) -> _Poller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
 
 
 def _command_name(command: Any) -> bytes:

@@ -568,8 +568,42 @@ def _cleanup(scheduler: Scheduler) -> None:
     scheduler.clear()
 
 
-def run_demo(url: str | None, echo: Echo) -> bool:
-    """Run the story on ``url`` (None: an embedded Redis); True when it went as told."""
+@dataclass(frozen=True)
+class DashboardOptions:
+    """``distsched demo --dashboard``: serve the dashboard on what the demo ran, on
+    ``bind``:``port``, until ``until(url)`` returns (by default: until Ctrl-C)."""
+
+    bind: str = "127.0.0.1"
+    port: int = 8080
+    until: Callable[[str], None] | None = None
+
+
+def _until_interrupted(url: str) -> None:
+    with contextlib.suppress(KeyboardInterrupt):
+        threading.Event().wait()
+
+
+def _serve_dashboard(scheduler: Scheduler, options: DashboardOptions, echo: Echo) -> None:
+    from distsched.dashboard import create_app
+    from distsched.dashboard.serve import Served
+
+    try:
+        served = Served(create_app(scheduler), options.bind, options.port)
+    except RuntimeError as exc:  # the port is taken, the address cannot be bound
+        echo(f"The dashboard could not start: {exc} (pick another with --port).")
+        return
+    with served:
+        echo("")
+        echo(f"Dashboard of what the demo ran: {served.url}/")
+        echo("Press Ctrl-C to stop it; the demo's namespace is deleted then.")
+        (options.until or _until_interrupted)(served.url)
+
+
+def run_demo(url: str | None, echo: Echo, dashboard: DashboardOptions | None = None) -> bool:
+    """Run the story on ``url`` (None: an embedded Redis); True when it went as told.
+
+    With ``dashboard`` the dashboard of the demo's namespace is served at the end,
+    until ``dashboard.until`` returns; the namespace is deleted after that."""
     with _redis_url(url) as (redis_url, started):
         namespace = f"demo-{uuid.uuid4().hex[:8]}"
         echo(
@@ -585,7 +619,16 @@ def run_demo(url: str | None, echo: Echo) -> bool:
             )
         scheduler = Scheduler.from_url(redis_url, namespace=namespace, lease_s=LEASE_S)
         try:
-            return _run_story(scheduler, echo, namespace)
+            ok = _run_story(scheduler, echo, namespace)
+            if dashboard is not None:
+                _serve_dashboard(scheduler, dashboard, echo)
+            else:
+                echo(
+                    "To look around what the demo ran in the web dashboard, run "
+                    "`distsched demo --dashboard` (pip install 'distsched[dashboard]'): it "
+                    "serves http://127.0.0.1:8080/ until Ctrl-C."
+                )
+            return ok
         finally:
             # When Redis itself is the problem, the error that stopped the story is the
             # one to report, not a second one from the cleanup.

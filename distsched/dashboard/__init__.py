@@ -1,0 +1,13 @@
+"""A web dashboard for one namespace: ``distsched dashboard``, or :func:`create_app`.
+
+Needs the ``dashboard`` extra (``pip install 'distsched[dashboard]'``). Pages are
+rendered on the server and refreshed by a little plain JavaScript polling a JSON
+endpoint; every page costs a bounded number of Redis commands however many tasks
+the namespace holds.
+"""
+
+from __future__ import annotations
+
+from distsched.dashboard.app import create_app
+
+__all__ = ["create_app"]

@@ -1,0 +1,540 @@
+"""The dashboard's ASGI application (:func:`create_app`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import quote, urlencode
+
+import jinja2
+import redis
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from distsched.client import Scheduler
+from distsched.core import State
+from distsched.dashboard import chart, graph, reads
+from distsched.dashboard.auth import COOKIE, SESSION_S, Session, Signer, check_token
+from distsched.errors import ConflictError, InvalidArgument, NotFoundError
+from distsched.text import finite_or_none, iso, jsonable
+
+log = logging.getLogger("distsched.dashboard")
+
+HERE = Path(__file__).resolve().parent
+LOGIN_FAILURE_DELAY_S = 0.5
+T = TypeVar("T")
+
+# What an action's redirect says, by code: fixed texts, so a link cannot make the page
+# say anything else.
+NOTES = {
+    "cancelled": "Cancelled.",
+    "cancel-requested": "Cancellation requested: the function is asked to stop.",
+    "retried": "Retried as a new version.",
+    "expired": "Lease expired: the task runs again as a new attempt, or fails.",
+    "not-running": "The task holds no lease (it is not running).",
+    "conflict": "Not possible in the task's current state.",
+    "logged-in": "Logged in: actions are enabled.",
+    "logged-out": "Logged out.",
+    "bulk-retried": "Retried the failed tasks of that page; they left this list.",
+    "purged": "Removed the tasks of that page (those that were still in this state).",
+}
+
+
+def seconds(value: float | None) -> str:
+    """A span of seconds for people: ``850 ms``, ``4.2 s``, ``3 min 5 s``, ``2 h 10 min``."""
+    if value is None or not math.isfinite(value):
+        return "-"
+    sign = "-" if value < 0 else ""
+    v = abs(value)
+    if v < 1:
+        return f"{sign}{v * 1000:.0f} ms"
+    if v < 60:
+        return f"{sign}{v:.1f} s"
+    if v < 3600:
+        return f"{sign}{int(v // 60)} min {int(v % 60)} s"
+    if v < 86400:
+        return f"{sign}{int(v // 3600)} h {int(v % 3600 // 60)} min"
+    return f"{sign}{int(v // 86400)} d {int(v % 86400 // 3600)} h"
+
+
+class Dashboard:
+    """The routes' shared state: the scheduler, the templates and the session signer."""
+
+    def __init__(
+        self, scheduler: Scheduler, allow_actions: bool, token: str | None, owns: bool
+    ) -> None:
+        self.scheduler = scheduler
+        self.namespace = scheduler.namespace
+        self.allow_actions = allow_actions
+        self.owns = owns
+        self.signer = Signer(token, scheduler.namespace) if token is not None else None
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        self.env.filters["seconds"] = seconds
+        self.env.filters["iso"] = iso
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def base(request: Request) -> str:
+        """The path the app is mounted at ('' at the root)."""
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    def url(self, request: Request, path: str, **query: Any) -> str:
+        """A link inside the dashboard; every query value percent-encoded."""
+        kept = {k: v for k, v in query.items() if v is not None and v != ""}
+        join = "&" if "?" in path else "?"
+        tail = join + urlencode(kept, quote_via=quote, safe="") if kept else ""
+        return f"{self.base(request)}{path}{tail}"
+
+    def here(self, request: Request) -> str:
+        """This page's path and query inside the dashboard (where to come back to)."""
+        path = request.url.path[len(self.base(request)) :] or "/"
+        # The note of the last action is not part of where the user was.
+        kept = [(k, v) for k, v in request.query_params.multi_items() if k != "done"]
+        return path + ("?" + urlencode(kept, quote_via=quote, safe="") if kept else "")
+
+    def session(self, request: Request) -> Session | None:
+        if self.signer is None or not self.allow_actions:
+            return None
+        return self.signer.session(request.cookies.get(COOKIE))
+
+    def render(
+        self, request: Request, template: str, status_code: int = 200, **context: Any
+    ) -> HTMLResponse:
+        session = self.session(request)
+        note = request.query_params.get("done")
+        page = self.env.get_template(template).render(
+            request=request,
+            namespace=self.namespace,
+            url=lambda path, **q: self.url(request, path, **q),
+            actions=self.allow_actions,
+            session=session,
+            note=NOTES.get(note or ""),
+            here=self.here(request),
+            **context,
+        )
+        response = HTMLResponse(page, status_code=status_code)
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a blocking read of the sync scheduler on Starlette's thread pool."""
+        return await run_in_threadpool(fn, *args)
+
+    def task_link(self, request: Request) -> Callable[[str], str]:
+        return lambda task_id: self.url(request, "/task", id=task_id)
+
+    # ------------------------------------------------------------------ pages
+
+    async def overview(self, request: Request) -> Response:
+        page = await self.read(reads.overview, self.scheduler)
+        data = reads.overview_json(page)
+        return self.render(
+            request, "overview.html", page=page, data=data, fields=overview_fields(data),
+            states=list(State), svgs=charts(page),
+        )  # fmt: skip
+
+    async def overview_api(self, request: Request) -> Response:
+        page = await self.read(reads.overview, self.scheduler)
+        data = reads.overview_json(page)
+        fields = overview_fields(data)
+        return json_response({"data": data, "fields": fields, "svgs": charts(page)})
+
+    async def task(self, request: Request) -> Response:
+        task_id = request.query_params.get("id", "")
+        if not task_id:
+            return self.render(request, "error.html", 400, message="No task id given.")
+        try:
+            page = await self.read(reads.task, self.scheduler, task_id)
+        except NotFoundError:
+            return self.render(
+                request, "error.html", 404, message=f"No task {task_id!r} in this namespace."
+            )
+        svg = graph.render(page.hood, self.task_link(request))
+        return self.render(request, "task.html", page=page, info=page.info, svg=svg, reads=reads)
+
+    async def task_api(self, request: Request) -> Response:
+        task_id = request.query_params.get("id", "")
+        try:
+            page = await self.read(reads.task, self.scheduler, task_id)
+        except NotFoundError:
+            return json_response({"error": "not found"}, 404)
+        info = page.info
+        fields = {
+            "state": info.state.value,
+            "version": str(info.version),
+            "attempt": f"{info.attempt} of {info.max_attempts}",
+            "worker": info.worker or "-",
+            "lease_left": seconds(page.lease_left),
+            "reasons": ", ".join(r.value for r in page.explanation.reasons),
+            "updated_at": iso(info.updated_at),
+        }
+        return json_response(
+            {
+                "task_id": info.task_id,
+                "state": info.state.value,
+                "fields": fields,
+                "svgs": {"graph": graph.render(page.hood, self.task_link(request))},
+            }
+        )
+
+    async def tasks(self, request: Request) -> Response:
+        q = request.query_params
+        try:
+            state = State(q.get("state") or "failed")
+        except ValueError:
+            return self.render(request, "error.html", 400, message="No such state.")
+        fn = q.get("fn") or None
+        cursor = q.get("cursor") or None
+        try:
+            page = await self.read(reads.task_list, self.scheduler, state, fn, cursor)
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=str(exc))
+        return self.render(
+            request, "tasks.html", state=state, states=list(State), fn=fn or "",
+            cursor=cursor, page=page, reads=reads,
+        )  # fmt: skip
+
+    async def leases(self, request: Request) -> Response:
+        cursor = request.query_params.get("cursor") or None
+        try:
+            page = await self.read(reads.leases, self.scheduler, cursor)
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=str(exc))
+        return self.render(request, "leases.html", leases=page, cursor=cursor)
+
+    async def workers(self, request: Request) -> Response:
+        rows = await self.read(self.scheduler.workers)
+        return self.render(request, "workers.html", rows=rows)
+
+    # ------------------------------------------------------------------ login
+
+    async def login_form(self, request: Request) -> Response:
+        if not self.allow_actions:
+            return self.render(request, "error.html", 404, message="Actions are disabled.")
+        return self.render(request, "login.html", failed=False, next=_local(request, "next"))
+
+    async def login(self, request: Request) -> Response:
+        if not self.allow_actions or self.signer is None:
+            return self.render(request, "error.html", 403, message="Actions are disabled.")
+        form = await request.form()
+        given = form.get("token")
+        target = _local_path(str(form.get("next") or "/"))
+        if not isinstance(given, str) or not self.signer.token_matches(given):
+            log.warning("dashboard: a login with a wrong token from %s", _peer(request))
+            # Guessing a token one request at a time is slow; a real token is long anyway.
+            await asyncio.sleep(LOGIN_FAILURE_DELAY_S)
+            return self.render(request, "login.html", 403, failed=True, next=target)
+        response = RedirectResponse(self.url(request, target, done="logged-in"), 303)
+        response.set_cookie(
+            COOKIE,
+            self.signer.issue(),
+            max_age=SESSION_S,
+            path=(self.base(request) or "") + "/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        refused = await self.refuse(request)
+        if refused is not None:
+            return refused
+        response = RedirectResponse(self.url(request, "/", done="logged-out"), 303)
+        response.delete_cookie(COOKIE, path=(self.base(request) or "") + "/")
+        return response
+
+    # ------------------------------------------------------------------ actions
+
+    async def refuse(self, request: Request) -> Response | None:
+        """The 403 answer to a POST without actions enabled, a session or its CSRF token."""
+        if not self.allow_actions:
+            return self.render(request, "error.html", 403, message="Actions are disabled.")
+        session = self.session(request)
+        if session is None:
+            return self.render(request, "error.html", 403, message="Log in with the token first.")
+        form = await request.form()
+        given = form.get("csrf")
+        if not isinstance(given, str) or not Signer.csrf_matches(session, given):
+            return self.render(request, "error.html", 403, message="Missing or wrong CSRF token.")
+        return None
+
+    async def action(self, request: Request) -> Response:
+        refused = await self.refuse(request)
+        if refused is not None:
+            return refused
+        name = request.path_params["name"]
+        form = await request.form()
+        if name == "retry-failed":
+            return await self.retry_failed(request, form.get("fn"), form.get("cursor"))
+        if name == "purge-page":
+            return await self.purge_page(request, form)
+        task_id = form.get("id")
+        if not isinstance(task_id, str) or not task_id:
+            return self.render(request, "error.html", 400, message="No task id given.")
+        s = self.scheduler
+        try:
+            if name == "cancel":
+                state = await self.read(s.cancel, task_id)
+                done = "cancel-requested" if state is State.RUNNING else "cancelled"
+                if state.terminal and state is not State.CANCELLED:
+                    done = "conflict"
+            elif name == "retry":
+                await self.read(s.retry, task_id)
+                done = "retried"
+            elif name == "expire":
+                expired = await self.read(s.expire_lease, task_id)
+                done = "expired" if expired else "not-running"
+            else:
+                return self.render(request, "error.html", 404, message="No such action.")
+        except NotFoundError:
+            return self.render(
+                request, "error.html", 404, message=f"No task {task_id!r} in this namespace."
+            )
+        except (ConflictError, InvalidArgument):
+            done = "conflict"
+        log.info("dashboard: %s %r from %s: %s", name, task_id, _peer(request), done)
+        return RedirectResponse(self.url(request, "/task", id=task_id, done=done), 303)
+
+    async def retry_failed(self, request: Request, fn: Any, cursor: Any) -> Response:
+        """Retry the failed tasks of one page of the failed list (with its filter)."""
+        fn = fn if isinstance(fn, str) and fn else None
+        cursor = cursor if isinstance(cursor, str) and cursor else None
+        try:
+            page = await self.read(reads.task_list, self.scheduler, State.FAILED, fn, cursor)
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=str(exc))
+        retried = await self.read(_retry_each, self.scheduler, [t.task_id for t in page.items])
+        log.info("dashboard: retried %d failed tasks from %s", retried, _peer(request))
+        # What was retried left the list: its first page now shows what is still failed.
+        return RedirectResponse(
+            self.url(request, "/tasks", state="failed", fn=fn, done="bulk-retried"), 303
+        )
+
+    async def purge_page(self, request: Request, form: Any) -> Response:
+        """Remove now the ended tasks of one page of a terminal state's list."""
+        try:
+            state = State(str(form.get("state") or ""))
+        except ValueError:
+            state = State.PENDING
+        if not state.terminal:
+            return self.render(request, "error.html", 400, message="Only ended tasks go.")
+        fn, cursor = form.get("fn") or None, form.get("cursor") or None
+        try:
+            page = await self.read(reads.task_list, self.scheduler, state, fn, cursor)
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=str(exc))
+        ids = [t.task_id for t in page.items]
+        removed = await self.read(self.scheduler.purge_tasks, ids) if ids else 0
+        log.info("dashboard: purged %d %s tasks from %s", removed, state.value, _peer(request))
+        return RedirectResponse(
+            self.url(request, "/tasks", state=state.value, fn=fn, done="purged"), 303
+        )
+
+
+def _retry_each(scheduler: Scheduler, task_ids: list[str]) -> int:
+    """Retry each task that is still failed; those that moved on are left alone."""
+    done = 0
+    for task_id in task_ids:
+        try:
+            scheduler.retry(task_id)
+        except (ConflictError, NotFoundError):
+            continue
+        done += 1
+    return done
+
+
+def charts(page: reads.OverviewPage) -> dict[str, str]:
+    """The overview's throughput charts as SVG markup (every text escaped)."""
+    return {
+        "hour": chart.render(chart.buckets(page.hour, 1), "last hour", "per minute"),
+        "day": chart.render(
+            chart.buckets(page.minutes, reads.DAY_BUCKET),
+            "last day",
+            f"per {reads.DAY_BUCKET} minutes",
+        ),
+    }
+
+
+def overview_fields(data: Mapping[str, Any]) -> dict[str, str]:
+    """The overview's numbers as shown, by the name of their place on the page."""
+    fields = {f"count-{state}": f"{n:,}" for state, n in data["counts"].items()}
+    limit = data["max_running"]
+    fields.update(
+        {
+            "running": f"{data['running']:,}" + (f" of {limit:,}" if limit is not None else ""),
+            "queue": f"{data['queue_entries']:,}",
+            "live": f"{data['live_entries']:,}",
+            "stale": f"{data['stale_entries']:,} ({data['stale_ratio']:.0%})",
+            "oldest": seconds(data["oldest_ready_age"]) if data["oldest_ready_age"] else "-",
+            "leases": f"{data['leases']:,}",
+            "expiring": f"{data['leases_expiring']:,}",
+            "expired": f"{data['leases_expired']:,}",
+            "workers": f"{data['workers_alive']} alive of {data['workers']}",
+            "slots": f"{data['slots']:,}",
+            "server_time": iso(data["server_time"]),
+            "hour-succeeded": f"{data['hour']['succeeded']:,}",
+            "hour-failed": f"{data['hour']['failed']:,}",
+            "day-succeeded": f"{data['day']['succeeded']:,}",
+            "day-failed": f"{data['day']['failed']:,}",
+        }
+    )
+    return fields
+
+
+def json_response(data: Any, status_code: int = 200) -> JSONResponse:
+    response = JSONResponse(finite_or_none(jsonable(data)), status_code=status_code)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def _local_path(path: str) -> str:
+    """A path inside the dashboard to go to after logging in (never another site)."""
+    if not path.startswith("/") or path.startswith("//") or "\\" in path:
+        return "/"
+    return path
+
+
+def _local(request: Request, name: str) -> str:
+    return _local_path(request.query_params.get(name) or "/")
+
+
+def _peer(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
+def _guard(
+    handler: Callable[[Request], Awaitable[Response]], dashboard: Dashboard
+) -> Callable[[Request], Awaitable[Response]]:
+    """Redis trouble is a 503 page, not a crash."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except redis.RedisError as exc:
+            log.warning("dashboard: Redis error on %s: %s", request.url.path, exc)
+            if request.url.path.startswith(f"{dashboard.base(request)}/api/"):
+                return json_response({"error": "Redis is unavailable"}, 503)
+            return dashboard.render(
+                request, "error.html", 503, message="Redis is unavailable; retry in a moment."
+            )
+
+    return guarded
+
+
+# Scripts and styles come from the dashboard's own static files only (no inline script
+# runs, so injected markup could not run any); no other site may frame its pages.
+SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"same-origin"),
+]
+
+
+class SecurityHeaders:
+    """Adds :data:`SECURITY_HEADERS` to every response of the wrapped app."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message)
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def create_app(
+    scheduler: Scheduler | str,
+    namespace: str | None = None,
+    *,
+    allow_actions: bool = False,
+    token: str | None = None,
+) -> Starlette:
+    """The dashboard as an ASGI application, to serve or to mount in another app.
+
+    ``scheduler`` is a :class:`~distsched.client.Scheduler` (``namespace``, when given,
+    must be its namespace) or a Redis URL (then ``namespace`` defaults to
+    ``"default"``, and the app closes the connection at shutdown). Read-only unless
+    ``allow_actions``, which needs a ``token`` of at least 12 characters: a user logs in
+    with it once, then may cancel, retry and expire leases.
+
+    Mount it with ``Mount("/tasks", app=create_app(...))`` in Starlette or
+    ``app.mount("/tasks", create_app(...))`` in FastAPI: every link follows the prefix.
+    """
+    owns = isinstance(scheduler, str)
+    if isinstance(scheduler, str):
+        scheduler = Scheduler.from_url(scheduler, namespace=namespace or "default")
+    elif not isinstance(scheduler, Scheduler):
+        raise InvalidArgument(
+            "scheduler", "must be a distsched.Scheduler (not an AsyncScheduler) or a Redis URL"
+        )
+    elif namespace is not None and namespace != scheduler.namespace:
+        raise InvalidArgument(
+            "namespace", f"is {namespace!r} but the scheduler's is {scheduler.namespace!r}"
+        )
+    if allow_actions:
+        check_token(token)
+    elif token is not None and not token:
+        raise InvalidArgument("token", "must not be empty")
+    d = Dashboard(scheduler, allow_actions, token, owns)
+    get = [
+        ("/", d.overview, "overview"),
+        ("/api/overview", d.overview_api, "overview_api"),
+        ("/tasks", d.tasks, "tasks"),
+        ("/task", d.task, "task"),
+        ("/api/task", d.task_api, "task_api"),
+        ("/leases", d.leases, "leases"),
+        ("/workers", d.workers, "workers"),
+        ("/login", d.login_form, "login_form"),
+    ]
+    post = [
+        ("/login", d.login, "login"),
+        ("/logout", d.logout, "logout"),
+        ("/actions/{name}", d.action, "action"),
+    ]
+    routes: list[Route | Mount] = [
+        Route(path, _guard(fn, d), methods=["GET"], name=name) for path, fn, name in get
+    ]
+    routes += [Route(path, _guard(fn, d), methods=["POST"], name=name) for path, fn, name in post]
+    routes.append(Mount("/static", StaticFiles(directory=HERE / "static"), name="static"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if d.owns:
+                d.scheduler.close()
+
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders)])
+    app.state.dashboard = d
+    return app

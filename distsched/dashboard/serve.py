@@ -1,0 +1,68 @@
+"""Serving the dashboard with uvicorn (``distsched dashboard``, ``distsched demo --dashboard``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import uvicorn
+
+from distsched.client import Scheduler
+from distsched.dashboard.app import create_app
+
+log = logging.getLogger("distsched.dashboard")
+
+START_TIMEOUT_S = 30.0
+
+
+def serve(
+    scheduler: Scheduler,
+    bind: str,
+    port: int,
+    *,
+    allow_actions: bool = False,
+    token: str | None = None,
+    echo: Callable[[str], Any] = log.info,
+) -> None:
+    """Serve the dashboard of ``scheduler``'s namespace until interrupted (Ctrl-C, SIGTERM)."""
+    app = create_app(scheduler, allow_actions=allow_actions, token=token)
+    host = f"[{bind}]" if ":" in bind else bind
+    mode = "actions allowed after login" if allow_actions else "read-only"
+    echo(f"dashboard of namespace '{scheduler.namespace}' on http://{host}:{port}/ ({mode})")
+    config = uvicorn.Config(app, host=bind, port=port, log_level="warning", access_log=False)
+    uvicorn.Server(config).run()
+
+
+class Served:
+    """The dashboard served by uvicorn on a thread of this process, until :meth:`close`
+    (the demo and the bench use it). ``port`` 0 picks a free port; :attr:`url` says which."""
+
+    def __init__(self, app: Any, bind: str = "127.0.0.1", port: int = 0) -> None:
+        config = uvicorn.Config(app, host=bind, port=port, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(config)
+        # uvicorn installs signal handlers only on the main thread; here it runs on another.
+        self.thread = threading.Thread(target=self.server.run, name="distsched-dashboard")
+        self.thread.daemon = True
+        self.thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"could not listen on {bind}:{port}")
+            time.sleep(0.01)
+        sockets = [s for server in self.server.servers for s in server.sockets]
+        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        host = f"[{bind}]" if ":" in bind else bind
+        self.url = f"http://{host}:{self.port}"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(START_TIMEOUT_S)
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
