@@ -33,6 +33,7 @@ from distsched.core import (
     Wait,
 )
 from distsched.scripts import Registry
+from distsched.subscription import AsyncWaitHub
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -62,6 +63,7 @@ class AsyncScheduler(BaseScheduler):
         self._owns_client = False
         self._scripts = Registry(client)
         self._setup: core.Op[None] | None = None
+        self._waits = AsyncWaitHub(client, self.keys.ended, self.uses_sharded_pubsub)
         if limit is not None:
             self._setup = self._ops.set_max_running(limit)
 
@@ -94,25 +96,32 @@ class AsyncScheduler(BaseScheduler):
 
     # ------------------------------------------------------------------ I/O
 
-    async def _drive(self, op: core.Op[T]) -> T:
+    async def _drive(self, op: core.Op[T], gate: asyncio.Semaphore | None = None) -> T:
         self._check_open()
         if self._setup is not None:
             setup, self._setup = self._setup, None
             await self._drive(setup)
         step = core.advance(op, None)
         while not isinstance(step, core.Done):
-            step = core.advance(op, await self._send(step))
+            step = core.advance(op, await self._send(step, gate))
         return step.value
 
-    async def _send(self, request: core.Request) -> Any:
+    async def _send(self, request: core.Request, gate: asyncio.Semaphore | None = None) -> Any:
         try:
-            return await self._request(request)
+            if gate is None or isinstance(request, core.Listen):
+                return await self._request(request)
+            async with gate:
+                return await self._request(request)
         except (RedisError, RedisClusterException) as exc:
             return core.failure(exc)
 
     async def _request(self, request: core.Request) -> Any:
         if isinstance(request, core.Sleep):
             return await asyncio.sleep(request.seconds)
+        if isinstance(request, core.Listen):
+            fired = await request.handle.wait(request.seconds)
+            self._check_open()
+            return fired
         if isinstance(request, core.Call):
             return await self._scripts[request.script](keys=request.keys, args=request.args)
         # redis-py's asyncio cluster client is left unable to load scripts after a
@@ -158,6 +167,19 @@ class AsyncScheduler(BaseScheduler):
     async def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
         """See :meth:`Scheduler.settle`."""
         return await self._drive(self._ops.settle(budget))
+
+    async def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+        """See :meth:`Scheduler.wait` (one subscription per scheduler, a task of the loop
+        of its first wait). At most ``subscription.WAIT_IO_CONCURRENCY`` waits of a
+        scheduler talk to Redis at once, so that thousands gathered stay within
+        redis.asyncio's connection pool."""
+        async with self._waits.watch(task_id) as waiter:
+            return await self._drive(self._ops.wait(task_id, timeout, waiter), self._waits.gate)
+
+    async def result(self, task_id: str, timeout: float | None = None) -> Any:
+        """See :meth:`Scheduler.result`."""
+        async with self._waits.watch(task_id) as waiter:
+            return await self._drive(self._ops.result(task_id, timeout, waiter), self._waits.gate)
 
     # ------------------------------------------------------------------ workers
 
@@ -340,5 +362,6 @@ class AsyncScheduler(BaseScheduler):
         if self._closed:
             return
         self._closed = True
+        await self._waits.close()
         if self._owns_client:
             await self.client.aclose()

@@ -3,6 +3,8 @@
 Each command parses its options and calls one function. Errors a user can fix
 (bad arguments, unknown ids, conflicts, an unreachable Redis) are printed as one
 line on stderr with exit code 1; click's usage errors exit with 2.
+``status --wait`` exits 1 for a task that did not succeed and 3 (``EXIT_TIMEOUT``)
+when its ``--timeout`` passed.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from distsched.errors import (
     DistschedError,
     InvalidArgument,
     NotFoundError,
+    Timeout,
     UnknownDependencyError,
 )
 from distsched.text import (
+    DURATION_HINT,
     duration,
     error_summary,
     iso,
@@ -291,6 +295,9 @@ def info_dict(info: TaskInfo) -> dict[str, Any]:
 
 
 PREVIEW_CHARS = 200
+# The exit code of `status --wait` whose --timeout passed (1 is a task that did not
+# succeed, or any error; 2 is click's usage error).
+EXIT_TIMEOUT = 3
 
 
 def _status_lines(
@@ -646,24 +653,55 @@ def cancel(ctx: click.Context, task_id: str) -> None:
     "--preview", "preview_chars", type=click.IntRange(min=1), default=PREVIEW_CHARS,
     show_default=True, help="Characters shown of args, kwargs, result and error.",
 )  # fmt: skip
+@click.option(
+    "--wait",
+    "wait",
+    is_flag=True,
+    help="Wait until the task has ended, then show it; exit 0 when it succeeded, 1 when "
+    f"it failed, was cancelled or is blocked, {EXIT_TIMEOUT} on --timeout.",
+)
+@click.option(
+    "--timeout", type=Duration("timeout"), default=None,
+    help=f"With --wait: give up after this long ({DURATION_HINT}); default: no limit.",
+)  # fmt: skip
 @click.pass_context
-def status(ctx: click.Context, task_id: str, as_json: bool, full: bool, preview_chars: int) -> None:
+def status(
+    ctx: click.Context,
+    task_id: str,
+    as_json: bool,
+    full: bool,
+    preview_chars: int,
+    wait: bool,
+    timeout: float | None,
+) -> None:
     """Show task ID (key: value lines, or --json).
 
     Large args, kwargs, results and errors are cut to a preview that gives
-    their size; --full prints them whole.
+    their size; --full prints them whole. With --wait, first wait (without
+    polling) until the task has ended; the exit code then tells how it ended.
     """
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout goes with --wait")
     scheduler = _connect(ctx)
     with _task(ctx, task_id):
-        info = scheduler.status(task_id)
+        if not wait:
+            info = scheduler.status(task_id)
+        else:
+            try:
+                info = scheduler.wait(task_id, timeout)
+            except Timeout:
+                click.echo(f"task {task_id!r} did not end within {timeout:g}s", err=True)
+                ctx.exit(EXIT_TIMEOUT)
     if as_json:
         click.echo(json.dumps(info_dict(info), ensure_ascii=False))
-        return
-    limit = None if full else preview_chars
-    lines = _status_lines(info, scheduler.server_time(), limit)
-    width = max(len(key) for key, _ in lines)
-    for key, value in lines:
-        click.echo(f"{key + ':':<{width + 1}} {value}")
+    else:
+        limit = None if full else preview_chars
+        lines = _status_lines(info, scheduler.server_time(), limit)
+        width = max(len(key) for key, _ in lines)
+        for key, value in lines:
+            click.echo(f"{key + ':':<{width + 1}} {value}")
+    if wait and info.state is not State.SUCCEEDED:
+        ctx.exit(1)
 
 
 def _count(n: int, one: str, many: str) -> str:

@@ -36,6 +36,7 @@ from distsched.core import (
 from distsched.errors import ClosedError, InvalidArgument
 from distsched.keys import Keys
 from distsched.scripts import Registry
+from distsched.subscription import WaitHub
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -98,6 +99,7 @@ class Scheduler(BaseScheduler):
         self._owns_client = False
         self._scripts = Registry(client)
         self._lock = threading.Lock()
+        self._waits = WaitHub(client, self.keys.ended, self.uses_sharded_pubsub)
         if limit is not None:
             self.set_max_running(limit)
 
@@ -154,6 +156,10 @@ class Scheduler(BaseScheduler):
     def _request(self, request: core.Request) -> Any:
         if isinstance(request, core.Sleep):
             return time.sleep(request.seconds)
+        if isinstance(request, core.Listen):
+            fired = request.handle.wait(request.seconds)
+            self._check_open()
+            return fired
         if isinstance(request, core.Call):
             return self._scripts[request.script](keys=request.keys, args=request.args)
         pipe = self.client.pipeline(transaction=request.atomic)
@@ -217,6 +223,29 @@ class Scheduler(BaseScheduler):
         Every operation already does this for what it changed.
         """
         return self._drive(self._ops.settle(budget))
+
+    def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+        """Block until ``task_id`` has ended (succeeded, failed, cancelled or blocked);
+        return its final ``TaskInfo``.
+
+        Raises ``Timeout`` when ``timeout`` seconds (None: no limit) pass first, and
+        ``NotFoundError`` for an unknown id. No polling: the script that ends the task
+        publishes a notice, which one subscription per scheduler, shared by all its
+        waiting threads, receives. A task that is replaced by a new version while
+        waited for is waited for in its new version.
+        """
+        with self._waits.watch(task_id) as waiter:
+            return self._drive(self._ops.wait(task_id, timeout, waiter))
+
+    def result(self, task_id: str, timeout: float | None = None) -> Any:
+        """``wait``, then the task's result: its stored result when it succeeded.
+
+        Otherwise raises ``TaskFailed`` (``.traceback``: the remote error text with its
+        traceback), ``TaskCancelled`` or ``TaskBlocked`` (``.root``, ``.path``); and
+        ``Timeout``/``NotFoundError`` as ``wait`` does.
+        """
+        with self._waits.watch(task_id) as waiter:
+            return self._drive(self._ops.result(task_id, timeout, waiter))
 
     # ------------------------------------------------------------------ workers
 
@@ -456,6 +485,7 @@ class Scheduler(BaseScheduler):
             if self._closed:
                 return
             self._closed = True
+        self._waits.close()
         if not self._owns_client:
             return
         if isinstance(self.client, RedisCluster):

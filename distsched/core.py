@@ -28,6 +28,10 @@ from distsched.errors import (
     NotFoundError,
     PayloadTooLarge,
     ScriptError,
+    TaskBlocked,
+    TaskCancelled,
+    TaskFailed,
+    Timeout,
     Unavailable,
     UnknownDependencyError,
 )
@@ -63,6 +67,12 @@ IDLE_MS = int(IDLE_RECHECK_S * 3 * 1000)
 # The longest single wait on a timer (threading's own limit is far above any real delay).
 MAX_WAIT_S = 3600.0
 REAP_BATCH = 1000
+# A client waiting for an outcome (``Scheduler.wait``) registers again and re-reads the
+# task at least this often: a notice lost with its connection costs at most this long.
+WAIT_REFRESH_S = 60.0
+# How long a registration outlives the wait it was made for: room for the client to
+# come round and register again before housekeeping (reap.lua) drops the entry.
+WAIT_MARGIN_MS = 10_000
 
 
 class State(str, enum.Enum):
@@ -1271,6 +1281,43 @@ def translate_error(message: str) -> Exception:
     return ScriptError(message)
 
 
+def validate_wait_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    seconds = _finite(timeout)
+    if seconds is None or seconds < 0:
+        raise InvalidArgument("timeout", "must be None or a finite number of seconds >= 0")
+    return seconds
+
+
+def task_result(info: TaskInfo) -> Any:
+    """The result of a task that ended: its stored result when it succeeded, else the
+    error that says how it ended (``TaskFailed``, ``TaskCancelled``, ``TaskBlocked``)."""
+    if info.state is State.SUCCEEDED:
+        return info.result
+    if info.state is State.FAILED:
+        raise TaskFailed(info.task_id, info.error, info)
+    if info.state is State.CANCELLED:
+        raise TaskCancelled(info.task_id, info)
+    if info.state is State.BLOCKED:
+        cause = info.blocked_by
+        root = cause.root if cause else None
+        raise TaskBlocked(info.task_id, root, cause.path if cause else None, info)
+    raise InvalidArgument("info", f"task {info.task_id!r} has not ended ({info.state})")
+
+
+def decode_ended(data: bytes | str) -> str | None:
+    """The task id of a notice on the ``ended`` channel (``<state> <id>``), or None."""
+    raw = _bytes(data)
+    _, sep, task_id = raw.partition(b" ")
+    if not sep:
+        return None
+    try:
+        return task_id.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 # --------------------------------------------------------------------------- operations
 #
 # Every public operation of the schedulers is a generator here: it yields the
@@ -1297,7 +1344,20 @@ class Sleep:
     seconds: float
 
 
-Request = Call | Commands | Sleep
+@dataclass(frozen=True)
+class Listen:
+    """Wait up to ``seconds`` for a notice that the task watched by ``handle`` ended.
+
+    ``handle`` is what the shell made for this wait in its one shared subscription to
+    the ``ended`` channel; the reply is True when a notice (or a reconnection, after
+    which notices may have been lost) came, False when the time ran out.
+    """
+
+    handle: Any
+    seconds: float
+
+
+Request = Call | Commands | Sleep | Listen
 Op = Generator[Request, Any, T]
 
 # Pauses between tries of a read while Redis is briefly unavailable (a failover or a
@@ -1712,6 +1772,47 @@ class Ops:
             task_id, record, payload, result, lease, deps,
             decode_dependents(task_id, edges), blocked_by,
         )  # fmt: skip
+
+    def wait(self, task_id: str, timeout: float | None, handle: Any) -> Op[TaskInfo]:
+        """The task's ``TaskInfo`` once it is terminal; ``Timeout`` after ``timeout``
+        seconds (server clock); ``NotFoundError`` for an unknown id.
+
+        A terminal task is answered from one read, writing nothing. Otherwise the id is
+        registered in ``waits`` (``ZADD GT``: until when someone waits) *before* the
+        state is read again, so a task that ends in between still finds the entry and
+        is announced on ``ended``; then the op listens (``Listen``), reads again on
+        each notice, and registers and reads again at the latest every ``WAIT_REFRESH_S``.
+        """
+        validate_task_id(task_id)
+        limit = validate_wait_timeout(timeout)
+        info = yield from self.status(task_id)
+        if info.state.terminal:
+            return info
+        deadline: float | None = None
+        while True:
+            now = yield from self.server_time()
+            if limit is not None and deadline is None:
+                deadline = now + limit
+            left = None if deadline is None else max(0.0, deadline - now)
+            span = WAIT_REFRESH_S if left is None else min(left, WAIT_REFRESH_S)
+            until_ms = int(now * 1000) + math.ceil(span * 1000) + WAIT_MARGIN_MS
+            yield _one(("ZADD", self.keys.waits, "GT", until_ms, task_id))
+            info = yield from self.status(task_id)
+            if info.state.terminal:
+                return info
+            if left is not None and left <= 0:
+                raise Timeout(task_id, float(limit or 0.0))
+            if (yield Listen(handle, span)):
+                # Told: the script that ended it removed the entry; read before adding
+                # one again, which would then only expire.
+                info = yield from self.status(task_id)
+                if info.state.terminal:
+                    return info
+
+    def result(self, task_id: str, timeout: float | None, handle: Any) -> Op[Any]:
+        """``wait``, then the result of a succeeded task or the error of any other end."""
+        info = yield from self.wait(task_id, timeout, handle)
+        return task_result(info)
 
     def stats(self) -> Op[Stats]:
         k = self.keys

@@ -4,6 +4,7 @@
 --- @include tokens
 --- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating
+--- @keys waits ended
 --
 -- running -> succeeded, fenced by the token (id, version, attempt): only the
 -- current running attempt is applied. A token already applied before gets
@@ -16,6 +17,9 @@
 -- Writes tasks, leases, results (the result, or removes an earlier attempt's error),
 -- done, finished, meta, idle, and for dependents edges, blocked, blockedby, queue,
 -- propagating.
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n; then 4 values per report: id, version, attempt, result bytes ('' for none)

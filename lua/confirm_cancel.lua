@@ -4,12 +4,16 @@
 --- @include tokens
 --- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating
+--- @keys waits ended
 --
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.
 --
 -- Writes tasks, leases, done, finished, meta, idle, and for dependents edges,
 -- blocked, blockedby, propagating, queue.
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] id, ARGV[3] version, ARGV[4] attempt

@@ -85,6 +85,7 @@ LAYERS: list[set[str]] = [
         "distsched.aio",
         "distsched.context",
         "distsched.metrics",
+        "distsched.subscription",
         "distsched.worker",
         "distsched.text",
         "distsched.views",
