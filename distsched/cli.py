@@ -36,6 +36,7 @@ from distsched.errors import (
     Timeout,
     UnknownDependencyError,
 )
+from distsched.hooks import validate_hooks
 from distsched.text import (
     DURATION_HINT,
     duration,
@@ -243,11 +244,11 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic in click >
         return parse_duration(text, self.field)
 
 
-def load_app(spec: str) -> dict[str, Callable[..., Any]]:
-    """Import ``module:attribute``: a mapping name -> callable, or a list of callables."""
+def import_object(spec: str, field: str) -> Any:
+    """The object ``module:attribute`` names (``attribute`` may be dotted)."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise InvalidArgument("app", f"must be 'module:attribute', got {spec!r}")
+        raise InvalidArgument(field, f"must be 'module:attribute', got {spec!r}")
     # Like other task runners: modules next to where the worker is started are importable.
     cwd = os.getcwd()
     if cwd not in sys.path:
@@ -258,7 +259,7 @@ def load_app(spec: str) -> dict[str, Callable[..., Any]]:
         if exc.name is not None and (
             module_name == exc.name or module_name.startswith(exc.name + ".")
         ):
-            raise InvalidArgument("app", f"cannot import module {module_name!r}") from None
+            raise InvalidArgument(field, f"cannot import module {module_name!r}") from None
         raise
     target: Any = module
     for part in attribute.split("."):
@@ -266,8 +267,22 @@ def load_app(spec: str) -> dict[str, Callable[..., Any]]:
             target = getattr(target, part)
         except AttributeError:
             raise InvalidArgument(
-                "app", f"module {module_name!r} has no attribute {attribute!r}"
+                field, f"module {module_name!r} has no attribute {attribute!r}"
             ) from None
+    return target
+
+
+def load_hooks(spec: str) -> list[Any]:
+    """Import ``module:attribute``: a hook object, a class (made with no arguments), or
+    a list of either (see :mod:`distsched.hooks`)."""
+    target = import_object(spec, "hooks")
+    items = list(target) if isinstance(target, (list, tuple)) else [target]
+    return validate_hooks([item() if isinstance(item, type) else item for item in items])
+
+
+def load_app(spec: str) -> dict[str, Callable[..., Any]]:
+    """Import ``module:attribute``: a mapping name -> callable, or a list of callables."""
+    target = import_object(spec, "app")
     if isinstance(target, Mapping):
         functions = dict(target)
     elif isinstance(target, (list, tuple)):
@@ -455,11 +470,24 @@ def cli(ctx: click.Context, url: str, namespace: str, cluster: bool) -> None:
     help="text for people; json: one JSON object per line (time, level, logger, message, "
     "task_id, fn, version, attempt, duration, outcome, error, traceback).",
 )
+@click.option(
+    "--hooks",
+    "hook_specs",
+    multiple=True,
+    metavar="MODULE:OBJECT",
+    help="Worker hooks (before_task, after_task, on_failure; see distsched.hooks): an "
+    "object, a class made with no arguments, or a list of them. Repeatable.",
+)
+@click.option(
+    "--otel", is_flag=True,
+    help="Trace every run as an OpenTelemetry span (distsched.otel.TracingHooks), linked to "
+    "the producer's trace; needs the otel extra and a configured tracer provider.",
+)  # fmt: skip
 @click.pass_context
 def worker(
     ctx: click.Context, app: str, concurrency: int, lease_s: float, grace: float,
     worker_id: str | None, metrics_port: int | None, metrics_addr: str, log_level: str,
-    log_format: str,
+    log_format: str, hook_specs: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
@@ -472,12 +500,17 @@ def worker(
     if not math.isfinite(grace) or grace < 0:
         raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
     functions = load_app(app)
+    hooks = [hook for spec in hook_specs for hook in load_hooks(spec)]
+    if otel:
+        from distsched.otel import TracingHooks
+
+        hooks.append(TracingHooks())
     scheduler = _connect(ctx, lease_s=lease_s)
     scheduler.client.ping()  # an unreachable Redis is an error now, not endless retries
     metrics = _serve_metrics(ctx, metrics_port, metrics_addr)
     pool = Worker(
         scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
-        metrics=metrics,
+        metrics=metrics, hooks=hooks,
     )  # fmt: skip
     # Last, once nothing can fail with a one-line error any more.
     configure(log_level.upper(), log_format)

@@ -19,7 +19,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from distsched import core
+from distsched import core, otel
 from distsched.core import (
     Chores,
     Claim,
@@ -58,7 +58,10 @@ class BaseScheduler:
         self.lease_ms = core.validate_lease(lease_s)
         self.lease_s = float(lease_s)
         self.max_payload_bytes = core.validate_max_payload_bytes(max_payload_bytes)
-        self._ops = core.Ops(self.keys, self.lease_ms, self.max_payload_bytes)
+        # The producer's active span travels with its tasks (distsched.otel).
+        self._ops = core.Ops(
+            self.keys, self.lease_ms, self.max_payload_bytes, trace_context=otel.current_trace
+        )
         self._closed = False
 
     def _check_open(self) -> None:

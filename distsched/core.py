@@ -12,7 +12,7 @@ import enum
 import math
 import re
 import traceback
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
@@ -125,6 +125,9 @@ class Claim:
     priority: int
     run_at: float
     payload_error: str | None = None
+    trace: Mapping[str, str] | None = None
+    """The producer's W3C trace context (``traceparent``, maybe ``tracestate``), when
+    the payload carries one (see ``lua/README.md``, Payload)."""
 
     @property
     def token(self) -> tuple[str, int, int]:
@@ -399,9 +402,14 @@ def time_argument(run_at: object, delay: object) -> tuple[str, int]:
 
 
 def encode_payload(
-    fn: object, args: object, kwargs: object, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    fn: object,
+    args: object,
+    kwargs: object,
+    max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    trace: Mapping[str, str] | None = None,
 ) -> bytes:
-    """Encode the payload map ``{"fn", "args", "kwargs"}`` with msgpack."""
+    """Encode the payload map ``{"fn", "args", "kwargs"}`` with msgpack, and ``trace``
+    (the producer's W3C trace context headers) when given."""
     if not isinstance(fn, str) or not fn:
         raise InvalidArgument("fn", "must be a non-empty str naming a registered function")
     try:
@@ -422,6 +430,8 @@ def encode_payload(
         payload["args"] = list(args)
     if kwargs:
         payload["kwargs"] = dict(kwargs)
+    if trace:
+        payload["trace"] = dict(trace)
     try:
         data: bytes = msgpack.packb(payload, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -445,7 +455,9 @@ def encode_payload(
     return data
 
 
-def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
+def schedule_values(
+    spec: TaskSpec, max_payload_bytes: int, trace: Mapping[str, str] | None = None
+) -> list[Any]:
     """Validate one task and return its schedule-script values (see lua/schedule.lua)."""
     task_id = validate_task_id(spec.task_id)
     mode, ms = time_argument(spec.run_at, spec.delay)
@@ -463,7 +475,7 @@ def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
         raise InvalidArgument("optional_deps", f"{sorted(both)[0]!r} is also a required dependency")
     if not isinstance(spec.allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
-    payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes)
+    payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes, trace)
     # The fixed fields travel as one argument: fewer arguments to encode per task.
     fields = (
         f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
@@ -492,7 +504,12 @@ def validate_deps(value: object, field_name: str, task_id: str) -> list[str]:
 # --------------------------------------------------------------------------- calls
 
 
-def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int) -> Call:
+def schedule_call(
+    keys: Keys,
+    specs: Sequence[TaskSpec],
+    max_payload_bytes: int,
+    trace: Mapping[str, str] | None = None,
+) -> Call:
     if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
         raise InvalidArgument("specs", "must be a sequence of TaskSpec")
     args: list[Any] = [PROPAGATE_BUDGET, len(specs)]
@@ -500,7 +517,7 @@ def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int)
     for spec in specs:
         if not isinstance(spec, TaskSpec):
             raise InvalidArgument("specs", f"must hold TaskSpec values, got {type(spec).__name__}")
-        values = schedule_values(spec, max_payload_bytes)
+        values = schedule_values(spec, max_payload_bytes, trace)
         if values[0] in seen:
             raise InvalidArgument("task_id", f"{values[0]!r} appears twice in one batch")
         seen.add(values[0])
@@ -774,7 +791,18 @@ def _text(value: Any) -> str:
 
 
 def decode_payload(raw: bytes | None) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """Decode a stored payload: ``(fn, args, kwargs)``; see :func:`decode_payload_trace`."""
+    fn, args, kwargs, _ = decode_payload_trace(raw)
+    return fn, args, kwargs
+
+
+def decode_payload_trace(
+    raw: bytes | None,
+) -> tuple[str, tuple[Any, ...], dict[str, Any], dict[str, str] | None]:
     """Decode a stored payload; raises ``ValueError`` describing what is wrong.
+
+    The fourth value is the producer's trace context, or None when the payload has
+    none (a ``trace`` that is not a map of strings is ignored, as any unknown key is).
 
     A nil ``args`` or ``kwargs`` (how JavaScript encoders send ``undefined``) is empty.
     A payload that is a msgpack string is the claim script's reason why the task
@@ -799,7 +827,12 @@ def decode_payload(raw: bytes | None) -> tuple[str, tuple[Any, ...], dict[str, A
         raise ValueError("payload field 'args' must be an array")
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise ValueError("payload field 'kwargs' must be a map with string keys")
-    return fn, tuple(args), kwargs
+    trace = data.get("trace")
+    if not isinstance(trace, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in trace.items()
+    ):
+        trace = None
+    return fn, tuple(args), kwargs, trace
 
 
 CLAIM_FIELDS = 6
@@ -820,8 +853,9 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
                 # it: it is left to its lease, and never stops the other claims.
                 continue
         error: str | None = None
+        trace: dict[str, str] | None = None
         try:
-            fn, args, kwargs = decode_payload(raw)
+            fn, args, kwargs, trace = decode_payload_trace(raw)
         except ValueError as exc:
             fn, args, kwargs, error = "", (), {}, str(exc)
         claims.append(
@@ -835,6 +869,7 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
                 priority=int(priority),
                 run_at=int(run_at) / 1000.0,
                 payload_error=error,
+                trace=trace,
             )
         )
     wait = None
@@ -1472,6 +1507,9 @@ class Ops:
     keys: Keys
     lease_ms: int
     max_payload_bytes: int
+    # The caller's current trace context (W3C headers), sent along with the tasks it
+    # schedules; None: none active (distsched.otel.current_trace when tracing is on).
+    trace_context: Callable[[], Mapping[str, str] | None] | None = None
 
     # -------------------------------------------------------------- plumbing
 
@@ -1527,7 +1565,9 @@ class Ops:
     # -------------------------------------------------------------- producers
 
     def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
-        call = schedule_call(self.keys, specs, self.max_payload_bytes)
+        # Read here, where the operation starts: in the caller's thread or asyncio task.
+        trace = self.trace_context() if self.trace_context is not None else None
+        call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
         if not specs:
             return []
         return [int(v) for v in (yield from self.run(call))]

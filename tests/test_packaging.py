@@ -85,6 +85,8 @@ LAYERS: list[set[str]] = [
         "distsched.aio",
         "distsched.context",
         "distsched.metrics",
+        "distsched.hooks",
+        "distsched.otel",
         "distsched.subscription",
         "distsched.worker",
         "distsched.text",
