@@ -45,3 +45,27 @@ class MarkHooks(WorkerHooks):
     def after_task(self, ctx: TaskContext, outcome: RunOutcome, result_or_error: Any) -> None:
         request_id.reset(self.tokens.pop(ctx.task_id))
         self._write(f"after {ctx.task_id} {outcome} {result_or_error}")
+
+
+class ExportSpansToFile:
+    """Sets the global OpenTelemetry tracer provider up to write each span's name and
+    parent to the file named by ``DISTSCHED_TEST_SPANS_FILE`` (for ``--otel``)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+        def line(span: ReadableSpan) -> str:
+            parent = f"{span.parent.span_id:016x}" if span.parent else "-"
+            return f"{span.name} {parent}\n"
+
+        out = open(os.environ["DISTSCHED_TEST_SPANS_FILE"], "a", encoding="utf-8")  # noqa: SIM115
+        provider = TracerProvider()
+        provider.add_span_processor(
+            SimpleSpanProcessor(ConsoleSpanExporter(out=out, formatter=line))
+        )
+        trace.set_tracer_provider(provider)
+
+    def before_task(self, ctx: TaskContext) -> None:
+        """Nothing per run: the set-up is all."""
