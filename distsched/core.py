@@ -1836,7 +1836,8 @@ class Ops:
             left = None if deadline is None else max(0.0, deadline - now)
             span = WAIT_REFRESH_S if left is None else min(left, WAIT_REFRESH_S)
             until_ms = int(now * 1000) + math.ceil(span * 1000) + WAIT_MARGIN_MS
-            yield _one(("ZADD", self.keys.waits, "GT", until_ms, task_id))
+            # Idempotent, so sent again like a read while Redis is briefly unavailable.
+            yield from self.read(("ZADD", self.keys.waits, "GT", until_ms, task_id), atomic=False)
             info = yield from self.status(task_id)
             if info.state.terminal:
                 return info

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
 from distsched import Scheduler, State, TaskInfo, TaskSpec, core
 from distsched.aio import AsyncScheduler
@@ -31,6 +32,7 @@ from distsched.errors import (
     Timeout,
 )
 from tests.conftest import RedisServer
+from tests.test_cluster import cluster  # noqa: F401  (the fixture)
 
 # Far below core.WAIT_REFRESH_S: a waiter that wakes within this was told, not re-checking.
 TOLD_WITHIN_S = 15.0
@@ -634,3 +636,42 @@ def test_a_task_nobody_waits_for_publishes_nothing(
         assert pubsub.get_sharded_message(timeout=0.5) is None
     finally:
         pubsub.close()
+
+
+# --------------------------------------------------------------------------- Redis Cluster
+
+
+def test_waits_are_told_on_a_cluster_through_the_namespaces_shard_from_both_shells(
+    cluster: RedisCluster,  # noqa: F811  (the fixture)
+) -> None:
+    seed = cluster.get_nodes()[-1]  # type: ignore[no-untyped-call]
+    url = f"redis+cluster://{seed.host}:{seed.port}"
+    ender = Scheduler(cluster, namespace="cluster-wait")
+    owner = cluster.get_node_from_key(ender.keys.ended)  # type: ignore[no-untyped-call]
+    node = redis.Redis(host=owner.host, port=owner.port)
+
+    def subscribers() -> int:
+        return ended_subscribers(node, ender.keys.ended)
+
+    ender.schedule_many([TaskSpec(f"t{i}", "f") for i in range(20)])
+    claims = {claim.task_id: claim for claim in ender.ready(20, "w")}
+    try:
+        with Scheduler.from_url(url, namespace="cluster-wait") as s:
+            calls = [Background(functools.partial(s.result, f"t{i}", 30)) for i in range(10)]
+            wait_until(lambda: node.zcard(s.keys.waits) == 10, 20, "registered")
+            wait_until(lambda: subscribers() == 1, 10, "subscribed on the owner")
+            ender.complete_many([(claims[f"t{i}"], i) for i in range(10)])
+            assert [call.outcome() for call in calls] == list(range(10))
+
+        async def story() -> list[Any]:
+            async with AsyncScheduler.from_url(url, namespace="cluster-wait") as a:
+                results = asyncio.gather(*(a.result(f"t{i}", 30) for i in range(10, 20)))
+                while node.zcard(a.keys.waits) < 10 or subscribers() != 1:
+                    await asyncio.sleep(0.05)
+                reports = [(claims[f"t{i}"], i) for i in range(10, 20)]
+                await asyncio.to_thread(ender.complete_many, reports)
+                return await asyncio.wait_for(results, TOLD_WITHIN_S)
+
+        assert asyncio.run(story()) == list(range(10, 20))
+    finally:
+        node.close()
