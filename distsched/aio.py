@@ -173,11 +173,17 @@ class AsyncScheduler(BaseScheduler):
         of its first wait). At most ``subscription.WAIT_IO_CONCURRENCY`` waits of a
         scheduler talk to Redis at once, so that thousands gathered stay within
         redis.asyncio's connection pool."""
+        # Checked before the shared subscription is started for nothing.
+        core.validate_task_id(task_id)
+        core.validate_wait_timeout(timeout)
         async with self._waits.watch(task_id) as waiter:
             return await self._drive(self._ops.wait(task_id, timeout, waiter), self._waits.gate)
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """See :meth:`Scheduler.result`."""
+        # Checked before the shared subscription is started for nothing.
+        core.validate_task_id(task_id)
+        core.validate_wait_timeout(timeout)
         async with self._waits.watch(task_id) as waiter:
             return await self._drive(self._ops.result(task_id, timeout, waiter), self._waits.gate)
 

@@ -237,6 +237,9 @@ class Scheduler(BaseScheduler):
         waiting threads, receives. A task that is replaced by a new version while
         waited for is waited for in its new version.
         """
+        # Checked before the shared subscription is started for nothing.
+        core.validate_task_id(task_id)
+        core.validate_wait_timeout(timeout)
         with self._waits.watch(task_id) as waiter:
             return self._drive(self._ops.wait(task_id, timeout, waiter))
 
@@ -247,6 +250,9 @@ class Scheduler(BaseScheduler):
         traceback), ``TaskCancelled`` or ``TaskBlocked`` (``.root``, ``.path``); and
         ``Timeout``/``NotFoundError`` as ``wait`` does.
         """
+        # Checked before the shared subscription is started for nothing.
+        core.validate_task_id(task_id)
+        core.validate_wait_timeout(timeout)
         with self._waits.watch(task_id) as waiter:
             return self._drive(self._ops.result(task_id, timeout, waiter))
 

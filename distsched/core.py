@@ -1329,6 +1329,9 @@ def task_result(info: TaskInfo) -> Any:
     """The result of a task that ended: its stored result when it succeeded, else the
     error that says how it ended (``TaskFailed``, ``TaskCancelled``, ``TaskBlocked``)."""
     if info.state is State.SUCCEEDED:
+        if info.error is not None:
+            # decode_status says why the stored result cannot be read.
+            raise ScriptError(f"task {info.task_id!r} succeeded, but {info.error}")
         return info.result
     if info.state is State.FAILED:
         raise TaskFailed(info.task_id, info.error, info)

@@ -26,6 +26,7 @@ from distsched.errors import (
     ClosedError,
     InvalidArgument,
     NotFoundError,
+    ScriptError,
     TaskBlocked,
     TaskCancelled,
     TaskFailed,
@@ -675,3 +676,25 @@ def test_waits_are_told_on_a_cluster_through_the_namespaces_shard_from_both_shel
         assert asyncio.run(story()) == list(range(10, 20))
     finally:
         node.close()
+
+
+def test_a_bad_id_is_refused_before_any_subscription_is_made(
+    api: Scheduler, redis_client: redis.Redis
+) -> None:
+    for bad in ("", 5, "x" * 600):
+        with pytest.raises(InvalidArgument) as caught:
+            api.wait(bad)  # type: ignore[arg-type]
+        assert caught.value.field == "task_id"
+    time.sleep(0.2)
+    assert ended_subscribers(redis_client, api.keys.ended) == 0
+
+
+def test_result_of_a_stored_result_that_cannot_be_read_raises_script_error(
+    api: Scheduler, sync_scheduler: Scheduler, redis_client: redis.Redis
+) -> None:
+    api.schedule("a", fn="f")
+    sync_scheduler.complete(claim_one(sync_scheduler, "a"), 1)
+    redis_client.hset(api.keys.results, "a", b"R\xc1")  # 0xc1: never valid msgpack
+    assert api.wait("a").state is State.SUCCEEDED
+    with pytest.raises(ScriptError, match="succeeded, but stored result does not decode"):
+        api.result("a")
