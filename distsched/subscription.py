@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from redis.asyncio.cluster import ClusterPubSub as AsyncClusterPubSub
@@ -105,16 +105,8 @@ class Subscriber:
                         msg = pubsub.get_sharded_message(timeout=STOP_CHECK_S)  # type: ignore[no-untyped-call]
                     else:
                         msg = pubsub.get_message(timeout=STOP_CHECK_S)
-                    if msg is None:
-                        continue
-                    kind = msg["type"]
-                    if kind in ("subscribe", "ssubscribe"):
+                    if msg is not None and dispatch(msg, self._on_message, self._on_subscribed):
                         retry = backoff()
-                        self._on_subscribed()
-                    elif kind in ("message", "smessage"):
-                        self._on_message(msg["data"])
-                    elif kind in ("unsubscribe", "sunsubscribe"):
-                        raise SubscriptionLost(f"{kind} {msg['channel']!r}")
             except ClosedError:
                 return
             except Exception as exc:
@@ -129,6 +121,27 @@ class Subscriber:
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         pubsub.close()
+
+
+def dispatch(
+    msg: Mapping[str, Any],
+    on_message: Callable[[bytes], None],
+    on_subscribed: Callable[[], None],
+) -> bool:
+    """Hand one pub/sub event to its callback; True when it confirms a subscription.
+
+    Raises ``SubscriptionLost`` when the server ended the subscription (after a slot
+    moved in a cluster): the caller subscribes again.
+    """
+    kind = msg["type"]
+    if kind in ("subscribe", "ssubscribe"):
+        on_subscribed()
+        return True
+    if kind in ("message", "smessage"):
+        on_message(msg["data"])
+    elif kind in ("unsubscribe", "sunsubscribe"):
+        raise SubscriptionLost(f"{kind} {msg['channel']!r}")
+    return False
 
 
 def refresh_slots(client: Any) -> None:
@@ -188,16 +201,8 @@ class AsyncSubscriber:
                         msg = await pubsub.get_sharded_message(timeout=STOP_CHECK_S)
                     else:
                         msg = await pubsub.get_message(timeout=STOP_CHECK_S)
-                    if msg is None:
-                        continue
-                    kind = msg["type"]
-                    if kind in ("subscribe", "ssubscribe"):
+                    if msg is not None and dispatch(msg, self._on_message, self._on_subscribed):
                         retry = backoff()
-                        self._on_subscribed()
-                    elif kind in ("message", "smessage"):
-                        self._on_message(msg["data"])
-                    elif kind in ("unsubscribe", "sunsubscribe"):
-                        raise SubscriptionLost(f"{kind} {msg['channel']!r}")
             except ClosedError:
                 return
             except Exception as exc:

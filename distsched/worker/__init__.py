@@ -8,8 +8,9 @@ A :class:`Worker` is made of small parts, one job each, most on a thread of its 
 - :class:`~distsched.worker.execution.ThreadPool` (``concurrency`` threads, ``def``
   functions) and :class:`~distsched.worker.execution.LoopPool` (one event loop,
   ``async def`` functions), both through one
-  :class:`~distsched.worker.execution.Runner`, which turns the end of any run into
-  its report;
+  :class:`~distsched.worker.execution.Runner`, which calls the worker's hooks
+  (:mod:`distsched.hooks`) around each run and turns the end of any run into its
+  report;
 - :class:`~distsched.worker.reports.Reporter`: sends outcomes in batches;
 - :class:`~distsched.worker.listener.Listener`: the wake-up subscription, and cancel
   requests delivered at once;
