@@ -24,6 +24,7 @@ other events), and :class:`distsched.otel.TracingHooks` opens a span per run.
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -75,11 +76,15 @@ def validate_hooks(hooks: object) -> list[Any]:
     if isinstance(hooks, (str, bytes)) or not isinstance(hooks, Sequence):
         raise InvalidArgument("hooks", "must be a list of hook objects (see WorkerHooks)")
     for hook in hooks:
-        if not any(callable(getattr(hook, name, None)) for name in HOOK_METHODS):
+        methods = [getattr(hook, name, None) for name in HOOK_METHODS]
+        if not any(callable(method) for method in methods):
             raise InvalidArgument(
                 "hooks",
                 f"{hook!r} has none of the hook methods {', '.join(HOOK_METHODS)}",
             )
+        if any(inspect.iscoroutinefunction(method) for method in methods):
+            # Nothing would await it: the hook would silently never run.
+            raise InvalidArgument("hooks", f"{hook!r}: hook methods must be plain functions")
     return list(hooks)
 
 

@@ -294,3 +294,27 @@ def wait_for(predicate: Any, timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_async_hook_methods_are_refused(scheduler: Scheduler) -> None:
+    class AsyncHooks:
+        async def before_task(self, ctx: TaskContext) -> None:
+            """Never awaited by the worker."""
+
+    with pytest.raises(InvalidArgument, match="plain functions"):
+        Worker(scheduler, FUNCS, hooks=[AsyncHooks()])
+
+
+def test_a_result_that_cannot_be_stored_is_told_as_the_failure_it_becomes(
+    scheduler: Scheduler,
+) -> None:
+    rec = Recorder()
+    scheduler.schedule("a", fn="unstorable")
+    functions = {**FUNCS, "unstorable": lambda: object()}
+    with running(Worker(scheduler, functions, hooks=[rec])), pytest.raises(TaskFailed):
+        scheduler.result("a", timeout=10)
+    wait_for(lambda: len(rec.of("a")) == 3)
+    _, failure, after = rec.of("a")
+    assert isinstance(failure[3], InvalidArgument)
+    assert after[3] is RunOutcome.FAILED
+    assert "result not storable" in (scheduler.status("a").error or "")

@@ -9,9 +9,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from distsched import core
 from distsched.context import _reset_current, _set_current
+from distsched.errors import InvalidArgument
 from distsched.hooks import HookChain, RunOutcome
 from distsched.metrics import WorkerMetrics
 from distsched.worker.jobs import Job, Slots
@@ -27,6 +29,13 @@ _RUN_OUTCOME = {
     ReportKind.CONFIRM_CANCEL: RunOutcome.CANCELLED,
     ReportKind.RELEASE: RunOutcome.RELEASED,
 }
+
+
+class _Ended(NamedTuple):
+    kind: ReportKind
+    value: object
+    duration: float
+    encoded: bool
 
 
 class Runner:
@@ -96,26 +105,31 @@ class Runner:
         self.hooks.before(job.ctx)
         return time.monotonic()
 
-    def _ended(
-        self, job: Job, started: float, result: Returned | Raised
-    ) -> tuple[ReportKind, object, float]:
+    def _ended(self, job: Job, started: float, result: Returned | Raised) -> _Ended:
         """The run's report, its duration, and the hooks told; still where it ran."""
         duration = time.monotonic() - started
         kind, value = outcome_of(job.ctx, result)
         told = result.value if isinstance(result, Returned) else result.error
+        encoded = False
+        if kind is ReportKind.COMPLETE:
+            # Encoded here, so that the hooks hear of a result that cannot be stored as
+            # the failure it becomes.
+            try:
+                value, encoded = core.encode_result(value), True
+            except InvalidArgument as exc:
+                kind, value, told = ReportKind.FAIL, f"result not storable: {exc}", exc
         self.hooks.after(job.ctx, _RUN_OUTCOME[kind], told)
-        return kind, value, duration
+        return _Ended(kind, value, duration, encoded)
 
-    def _report(self, job: Job, ended: tuple[ReportKind, object, float]) -> None:
+    def _report(self, job: Job, ended: _Ended) -> None:
         # The slot is free first: the report may land (and the job be let go) at once.
         # The job is held, and heartbeated, until then.
-        kind, value, duration = ended
         self.slots.end(job)
         try:
-            self.metrics.on_finished(job.claim, duration)
+            self.metrics.on_finished(job.claim, ended.duration)
         except Exception:
             log.exception("metrics hook on_finished failed")
-        self.reporter.put(job, kind, value, duration)
+        self.reporter.put(job, ended.kind, ended.value, ended.duration, ended.encoded)
 
 
 class ThreadPool:
