@@ -4,6 +4,7 @@ exporter, against real workers)."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,8 @@ import msgpack
 import pytest
 import redis
 
-from distsched import Scheduler, Worker, core
+from distsched import Scheduler, TaskSpec, Worker, core
+from distsched.aio import AsyncScheduler
 from distsched.errors import TaskFailed
 from distsched.otel import TracingHooks, current_trace
 from tests.conftest import CLI_COMMAND, require_extra, running, subprocess_env
@@ -198,3 +200,21 @@ def test_distsched_worker_otel_traces_runs_to_the_configured_provider(
     assert spans.read_text().splitlines() == [
         f"distsched.run seen {producer.get_span_context().span_id:016x}"
     ]
+
+
+def test_an_asyncio_producer_sends_the_span_of_its_own_task(
+    redis_server: Any, namespace: str, redis_client: redis.Redis, provider: TracerProvider
+) -> None:
+    async def story() -> tuple[int, int]:
+        async with AsyncScheduler.from_url(redis_server.url, namespace=namespace) as a:
+            with provider.get_tracer("producer").start_as_current_span("enqueue") as span:
+                await a.submit_graph([TaskSpec("a", "f"), TaskSpec("b", "f", deps=["a"])])
+            await a.schedule("untraced", fn="f")
+            return span.get_span_context().span_id, span.get_span_context().trace_id
+
+    span_id, trace_id = asyncio.run(story())
+    s = Scheduler(redis_client, namespace=namespace)
+    for task_id in ("a", "b"):
+        parent = stored_payload(redis_client, s, task_id)["trace"]["traceparent"]
+        assert parent.split("-")[1:3] == [f"{trace_id:032x}", f"{span_id:016x}"]
+    assert "trace" not in stored_payload(redis_client, s, "untraced")
