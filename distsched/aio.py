@@ -36,6 +36,7 @@ from distsched.core import (
 )
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
+from distsched.subscription import AsyncWaitHub
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -65,6 +66,7 @@ class AsyncScheduler(BaseScheduler):
         self._owns_client = False
         self._scripts = Registry(client)
         self._setup: core.Op[None] | None = None
+        self._waits = AsyncWaitHub(client, self.keys.ended, self.uses_sharded_pubsub)
         if limit is not None:
             self._setup = self._ops.set_max_running(limit)
 
@@ -97,25 +99,32 @@ class AsyncScheduler(BaseScheduler):
 
     # ------------------------------------------------------------------ I/O
 
-    async def _drive(self, op: core.Op[T]) -> T:
+    async def _drive(self, op: core.Op[T], gate: asyncio.Semaphore | None = None) -> T:
         self._check_open()
         if self._setup is not None:
             setup, self._setup = self._setup, None
             await self._drive(setup)
         step = core.advance(op, None)
         while not isinstance(step, core.Done):
-            step = core.advance(op, await self._send(step))
+            step = core.advance(op, await self._send(step, gate))
         return step.value
 
-    async def _send(self, request: core.Request) -> Any:
+    async def _send(self, request: core.Request, gate: asyncio.Semaphore | None = None) -> Any:
         try:
-            return await self._request(request)
+            if gate is None or isinstance(request, core.Listen):
+                return await self._request(request)
+            async with gate:
+                return await self._request(request)
         except (RedisError, RedisClusterException) as exc:
             return core.failure(exc)
 
     async def _request(self, request: core.Request) -> Any:
         if isinstance(request, core.Sleep):
             return await asyncio.sleep(request.seconds)
+        if isinstance(request, core.Listen):
+            fired = await request.handle.wait(request.seconds)
+            self._check_open()
+            return fired
         if isinstance(request, core.Call):
             return await self._scripts[request.script](keys=request.keys, args=request.args)
         # redis-py's asyncio cluster client is left unable to load scripts after a
@@ -218,6 +227,25 @@ class AsyncScheduler(BaseScheduler):
     async def fire_due(self, limit: int = core.FIRE_HEADS) -> int:
         """See :meth:`Scheduler.fire_due`."""
         return await self._drive(self._ops.fire_due(limit))
+
+    async def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+        """See :meth:`Scheduler.wait` (one subscription per scheduler, a task of the loop
+        of its first wait). At most ``subscription.WAIT_IO_CONCURRENCY`` waits of a
+        scheduler talk to Redis at once, so that thousands gathered stay within
+        redis.asyncio's connection pool."""
+        # Checked before the shared subscription is started for nothing.
+        core.validate_task_id(task_id)
+        core.validate_wait_timeout(timeout)
+        async with self._waits.watch(task_id) as waiter:
+            return await self._drive(self._ops.wait(task_id, timeout, waiter), self._waits.gate)
+
+    async def result(self, task_id: str, timeout: float | None = None) -> Any:
+        """See :meth:`Scheduler.result`."""
+        # Checked before the shared subscription is started for nothing.
+        core.validate_task_id(task_id)
+        core.validate_wait_timeout(timeout)
+        async with self._waits.watch(task_id) as waiter:
+            return await self._drive(self._ops.result(task_id, timeout, waiter), self._waits.gate)
 
     # ------------------------------------------------------------------ workers
 
@@ -419,5 +447,6 @@ class AsyncScheduler(BaseScheduler):
         if self._closed:
             return
         self._closed = True
+        await self._waits.close()
         if self._owns_client:
             await self.client.aclose()

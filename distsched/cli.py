@@ -3,6 +3,8 @@
 Each command parses its options and calls one function. Errors a user can fix
 (bad arguments, unknown ids, conflicts, an unreachable Redis) are printed as one
 line on stderr with exit code 1; click's usage errors exit with 2.
+``status --wait`` exits 1 for a task that did not succeed and 3 (``EXIT_TIMEOUT``)
+when its ``--timeout`` passed.
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ from distsched.errors import (
     DistschedError,
     InvalidArgument,
     NotFoundError,
+    Timeout,
     UnknownDependencyError,
 )
+from distsched.hooks import validate_hooks
 from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
 from distsched.text import (
+    DURATION_HINT,
     duration,
     error_summary,
     iso,
@@ -260,11 +265,11 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic in click >
         return parse_duration(text, self.field)
 
 
-def load_app(spec: str) -> dict[str, Callable[..., Any]]:
-    """Import ``module:attribute``: a mapping name -> callable, or a list of callables."""
+def import_object(spec: str, field: str) -> Any:
+    """The object ``module:attribute`` names (``attribute`` may be dotted)."""
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise InvalidArgument("app", f"must be 'module:attribute', got {spec!r}")
+        raise InvalidArgument(field, f"must be 'module:attribute', got {spec!r}")
     # Like other task runners: modules next to where the worker is started are importable.
     cwd = os.getcwd()
     if cwd not in sys.path:
@@ -275,7 +280,7 @@ def load_app(spec: str) -> dict[str, Callable[..., Any]]:
         if exc.name is not None and (
             module_name == exc.name or module_name.startswith(exc.name + ".")
         ):
-            raise InvalidArgument("app", f"cannot import module {module_name!r}") from None
+            raise InvalidArgument(field, f"cannot import module {module_name!r}") from None
         raise
     target: Any = module
     for part in attribute.split("."):
@@ -283,8 +288,22 @@ def load_app(spec: str) -> dict[str, Callable[..., Any]]:
             target = getattr(target, part)
         except AttributeError:
             raise InvalidArgument(
-                "app", f"module {module_name!r} has no attribute {attribute!r}"
+                field, f"module {module_name!r} has no attribute {attribute!r}"
             ) from None
+    return target
+
+
+def load_hooks(spec: str) -> list[Any]:
+    """Import ``module:attribute``: a hook object, a class (made with no arguments), or
+    a list of either (see :mod:`distsched.hooks`)."""
+    target = import_object(spec, "hooks")
+    items = list(target) if isinstance(target, (list, tuple)) else [target]
+    return validate_hooks([item() if isinstance(item, type) else item for item in items])
+
+
+def load_app(spec: str) -> dict[str, Callable[..., Any]]:
+    """Import ``module:attribute``: a mapping name -> callable, or a list of callables."""
+    target = import_object(spec, "app")
     if isinstance(target, Mapping):
         functions = dict(target)
     elif isinstance(target, (list, tuple)):
@@ -312,6 +331,9 @@ def info_dict(info: TaskInfo) -> dict[str, Any]:
 
 
 PREVIEW_CHARS = 200
+# The exit code of `status --wait` whose --timeout passed (1 is a task that did not
+# succeed, or any error; 2 is click's usage error).
+EXIT_TIMEOUT = 3
 
 
 def _status_lines(
@@ -491,11 +513,24 @@ def cli(ctx: click.Context, url: str, namespace: str, cluster: bool) -> None:
     help="text for people; json: one JSON object per line (time, level, logger, message, "
     "task_id, fn, version, attempt, duration, outcome, error, traceback).",
 )
+@click.option(
+    "--hooks",
+    "hook_specs",
+    multiple=True,
+    metavar="MODULE:OBJECT",
+    help="Worker hooks (before_task, after_task, on_failure; see distsched.hooks): an "
+    "object, a class made with no arguments, or a list of them. Repeatable.",
+)
+@click.option(
+    "--otel", is_flag=True,
+    help="Trace every run as an OpenTelemetry span (distsched.otel.TracingHooks), linked to "
+    "the producer's trace; needs the otel extra and a configured tracer provider.",
+)  # fmt: skip
 @click.pass_context
 def worker(
     ctx: click.Context, app: str, concurrency: int, lease_s: float, grace: float,
     worker_id: str | None, metrics_port: int | None, metrics_addr: str, log_level: str,
-    log_format: str,
+    log_format: str, hook_specs: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
@@ -508,12 +543,17 @@ def worker(
     if not math.isfinite(grace) or grace < 0:
         raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
     functions = load_app(app)
+    hooks = [hook for spec in hook_specs for hook in load_hooks(spec)]
+    if otel:
+        from distsched.otel import TracingHooks
+
+        hooks.append(TracingHooks())
     scheduler = _connect(ctx, lease_s=lease_s)
     scheduler.client.ping()  # an unreachable Redis is an error now, not endless retries
     metrics = _serve_metrics(ctx, metrics_port, metrics_addr)
     pool = Worker(
         scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
-        metrics=metrics,
+        metrics=metrics, hooks=hooks,
     )  # fmt: skip
     # Last, once nothing can fail with a one-line error any more.
     configure(log_level.upper(), log_format)
@@ -689,24 +729,55 @@ def cancel(ctx: click.Context, task_id: str) -> None:
     "--preview", "preview_chars", type=click.IntRange(min=1), default=PREVIEW_CHARS,
     show_default=True, help="Characters shown of args, kwargs, result and error.",
 )  # fmt: skip
+@click.option(
+    "--wait",
+    "wait",
+    is_flag=True,
+    help="Wait until the task has ended, then show it; exit 0 when it succeeded, 1 when "
+    f"it failed, was cancelled or is blocked, {EXIT_TIMEOUT} on --timeout.",
+)
+@click.option(
+    "--timeout", type=Duration("timeout"), default=None,
+    help=f"With --wait: give up after this long ({DURATION_HINT}); default: no limit.",
+)  # fmt: skip
 @click.pass_context
-def status(ctx: click.Context, task_id: str, as_json: bool, full: bool, preview_chars: int) -> None:
+def status(
+    ctx: click.Context,
+    task_id: str,
+    as_json: bool,
+    full: bool,
+    preview_chars: int,
+    wait: bool,
+    timeout: float | None,
+) -> None:
     """Show task ID (key: value lines, or --json).
 
     Large args, kwargs, results and errors are cut to a preview that gives
-    their size; --full prints them whole.
+    their size; --full prints them whole. With --wait, first wait (without
+    polling) until the task has ended; the exit code then tells how it ended.
     """
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout goes with --wait")
     scheduler = _connect(ctx)
     with _task(ctx, task_id):
-        info = scheduler.status(task_id)
+        if not wait:
+            info = scheduler.status(task_id)
+        else:
+            try:
+                info = scheduler.wait(task_id, timeout)
+            except Timeout:
+                click.echo(f"task {task_id!r} did not end within {timeout:g}s", err=True)
+                ctx.exit(EXIT_TIMEOUT)
     if as_json:
         click.echo(json.dumps(info_dict(info), ensure_ascii=False))
-        return
-    limit = None if full else preview_chars
-    lines = _status_lines(info, scheduler.server_time(), limit)
-    width = max(len(key) for key, _ in lines)
-    for key, value in lines:
-        click.echo(f"{key + ':' if key else '':<{width + 1}} {value}")
+    else:
+        limit = None if full else preview_chars
+        lines = _status_lines(info, scheduler.server_time(), limit)
+        width = max(len(key) for key, _ in lines)
+        for key, value in lines:
+            click.echo(f"{key + ':' if key else '':<{width + 1}} {value}")
+    if wait and info.state is not State.SUCCEEDED:
+        ctx.exit(1)
 
 
 def _count(n: int, one: str, many: str) -> str:

@@ -20,7 +20,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from distsched import core
+from distsched import core, otel
 from distsched.core import (
     Chores,
     Claim,
@@ -39,6 +39,7 @@ from distsched.errors import ClosedError, InvalidArgument
 from distsched.keys import Keys
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
+from distsched.subscription import WaitHub
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -60,7 +61,10 @@ class BaseScheduler:
         self.lease_ms = core.validate_lease(lease_s)
         self.lease_s = float(lease_s)
         self.max_payload_bytes = core.validate_max_payload_bytes(max_payload_bytes)
-        self._ops = core.Ops(self.keys, self.lease_ms, self.max_payload_bytes)
+        # The producer's active span travels with its tasks (distsched.otel).
+        self._ops = core.Ops(
+            self.keys, self.lease_ms, self.max_payload_bytes, trace_context=otel.current_trace
+        )
         self._closed = False
 
     def _check_open(self) -> None:
@@ -101,6 +105,7 @@ class Scheduler(BaseScheduler):
         self._owns_client = False
         self._scripts = Registry(client)
         self._lock = threading.Lock()
+        self._waits = WaitHub(client, self.keys.ended, self.uses_sharded_pubsub)
         if limit is not None:
             self.set_max_running(limit)
 
@@ -157,6 +162,10 @@ class Scheduler(BaseScheduler):
     def _request(self, request: core.Request) -> Any:
         if isinstance(request, core.Sleep):
             return time.sleep(request.seconds)
+        if isinstance(request, core.Listen):
+            fired = request.handle.wait(request.seconds)
+            self._check_open()
+            return fired
         if isinstance(request, core.Call):
             return self._scripts[request.script](keys=request.keys, args=request.args)
         pipe = self.client.pipeline(transaction=request.atomic)
@@ -282,6 +291,35 @@ class Scheduler(BaseScheduler):
         created. Workers call it when a claim says a slot is due; racing callers are
         safe (each slot fires once)."""
         return self._drive(self._ops.fire_due(limit))
+
+    def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+        """Block until ``task_id`` has ended (succeeded, failed, cancelled or blocked);
+        return its final ``TaskInfo``.
+
+        Raises ``Timeout`` when ``timeout`` seconds (None: no limit) pass first, and
+        ``NotFoundError`` for an unknown id. No polling: the script that ends the task
+        publishes a notice, which one subscription per scheduler, shared by all its
+        waiting threads, receives. A task that is replaced by a new version while
+        waited for is waited for in its new version.
+        """
+        # Checked before the shared subscription is started for nothing.
+        core.validate_task_id(task_id)
+        core.validate_wait_timeout(timeout)
+        with self._waits.watch(task_id) as waiter:
+            return self._drive(self._ops.wait(task_id, timeout, waiter))
+
+    def result(self, task_id: str, timeout: float | None = None) -> Any:
+        """``wait``, then the task's result: its stored result when it succeeded.
+
+        Otherwise raises ``TaskFailed`` (``.traceback``: the remote error text with its
+        traceback), ``TaskCancelled`` or ``TaskBlocked`` (``.root``, ``.path``); and
+        ``Timeout``/``NotFoundError`` as ``wait`` does.
+        """
+        # Checked before the shared subscription is started for nothing.
+        core.validate_task_id(task_id)
+        core.validate_wait_timeout(timeout)
+        with self._waits.watch(task_id) as waiter:
+            return self._drive(self._ops.result(task_id, timeout, waiter))
 
     # ------------------------------------------------------------------ workers
 
@@ -562,6 +600,7 @@ class Scheduler(BaseScheduler):
             if self._closed:
                 return
             self._closed = True
+        self._waits.close()
         if not self._owns_client:
             return
         if isinstance(self.client, RedisCluster):

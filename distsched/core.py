@@ -13,7 +13,7 @@ import math
 import re
 import traceback
 import uuid
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
@@ -29,6 +29,10 @@ from distsched.errors import (
     NotFoundError,
     PayloadTooLarge,
     ScriptError,
+    TaskBlocked,
+    TaskCancelled,
+    TaskFailed,
+    Timeout,
     Unavailable,
     UnknownDependencyError,
 )
@@ -75,6 +79,12 @@ IDLE_MS = int(IDLE_RECHECK_S * 3 * 1000)
 # The longest single wait on a timer (threading's own limit is far above any real delay).
 MAX_WAIT_S = 3600.0
 REAP_BATCH = 1000
+# A client waiting for an outcome (``Scheduler.wait``) registers again and re-reads the
+# task at least this often: a notice lost with its connection costs at most this long.
+WAIT_REFRESH_S = 60.0
+# How long a registration outlives the wait it was made for: room for the client to
+# come round and register again before housekeeping (reap.lua) drops the entry.
+WAIT_MARGIN_MS = 10_000
 
 
 class State(str, enum.Enum):
@@ -127,6 +137,9 @@ class Claim:
     priority: int
     run_at: float
     payload_error: str | None = None
+    trace: Mapping[str, str] | None = None
+    """The producer's W3C trace context (``traceparent``, maybe ``tracestate``), when
+    the payload carries one (see ``lua/README.md``, Payload)."""
 
     @property
     def token(self) -> tuple[str, int, int]:
@@ -443,9 +456,14 @@ def time_argument(run_at: object, delay: object) -> tuple[str, int]:
 
 
 def encode_payload(
-    fn: object, args: object, kwargs: object, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    fn: object,
+    args: object,
+    kwargs: object,
+    max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    trace: Mapping[str, str] | None = None,
 ) -> bytes:
-    """Encode the payload map ``{"fn", "args", "kwargs"}`` with msgpack."""
+    """Encode the payload map ``{"fn", "args", "kwargs"}`` with msgpack, and ``trace``
+    (the producer's W3C trace context headers) when given."""
     if not isinstance(fn, str) or not fn:
         raise InvalidArgument("fn", "must be a non-empty str naming a registered function")
     try:
@@ -466,6 +484,8 @@ def encode_payload(
         payload["args"] = list(args)
     if kwargs:
         payload["kwargs"] = dict(kwargs)
+    if trace:
+        payload["trace"] = dict(trace)
     try:
         data: bytes = msgpack.packb(payload, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -489,7 +509,9 @@ def encode_payload(
     return data
 
 
-def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
+def schedule_values(
+    spec: TaskSpec, max_payload_bytes: int, trace: Mapping[str, str] | None = None
+) -> list[Any]:
     """Validate one task and return its schedule-script values (see lua/schedule.lua)."""
     task_id = validate_task_id(spec.task_id)
     mode, ms = time_argument(spec.run_at, spec.delay)
@@ -507,7 +529,7 @@ def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
         raise InvalidArgument("optional_deps", f"{sorted(both)[0]!r} is also a required dependency")
     if not isinstance(spec.allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
-    payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes)
+    payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes, trace)
     # The fixed fields travel as one argument: fewer arguments to encode per task.
     fields = (
         f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
@@ -536,7 +558,12 @@ def validate_deps(value: object, field_name: str, task_id: str) -> list[str]:
 # --------------------------------------------------------------------------- calls
 
 
-def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int) -> Call:
+def schedule_call(
+    keys: Keys,
+    specs: Sequence[TaskSpec],
+    max_payload_bytes: int,
+    trace: Mapping[str, str] | None = None,
+) -> Call:
     if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
         raise InvalidArgument("specs", "must be a sequence of TaskSpec")
     args: list[Any] = [PROPAGATE_BUDGET, len(specs)]
@@ -544,7 +571,7 @@ def schedule_call(keys: Keys, specs: Sequence[TaskSpec], max_payload_bytes: int)
     for spec in specs:
         if not isinstance(spec, TaskSpec):
             raise InvalidArgument("specs", f"must hold TaskSpec values, got {type(spec).__name__}")
-        values = schedule_values(spec, max_payload_bytes)
+        values = schedule_values(spec, max_payload_bytes, trace)
         if values[0] in seen:
             raise InvalidArgument("task_id", f"{values[0]!r} appears twice in one batch")
         seen.add(values[0])
@@ -839,7 +866,18 @@ def _text(value: Any) -> str:
 
 
 def decode_payload(raw: bytes | None) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """Decode a stored payload: ``(fn, args, kwargs)``; see :func:`decode_payload_trace`."""
+    fn, args, kwargs, _ = decode_payload_trace(raw)
+    return fn, args, kwargs
+
+
+def decode_payload_trace(
+    raw: bytes | None,
+) -> tuple[str, tuple[Any, ...], dict[str, Any], dict[str, str] | None]:
     """Decode a stored payload; raises ``ValueError`` describing what is wrong.
+
+    The fourth value is the producer's trace context, or None when the payload has
+    none (a ``trace`` that is not a map of strings is ignored, as any unknown key is).
 
     A nil ``args`` or ``kwargs`` (how JavaScript encoders send ``undefined``) is empty.
     A payload that is a msgpack string is the claim script's reason why the task
@@ -864,7 +902,12 @@ def decode_payload(raw: bytes | None) -> tuple[str, tuple[Any, ...], dict[str, A
         raise ValueError("payload field 'args' must be an array")
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
         raise ValueError("payload field 'kwargs' must be a map with string keys")
-    return fn, tuple(args), kwargs
+    trace = data.get("trace")
+    if not isinstance(trace, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in trace.items()
+    ):
+        trace = None
+    return fn, tuple(args), kwargs, trace
 
 
 CLAIM_FIELDS = 6
@@ -885,8 +928,9 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
                 # it: it is left to its lease, and never stops the other claims.
                 continue
         error: str | None = None
+        trace: dict[str, str] | None = None
         try:
-            fn, args, kwargs = decode_payload(raw)
+            fn, args, kwargs, trace = decode_payload_trace(raw)
         except ValueError as exc:
             fn, args, kwargs, error = "", (), {}, str(exc)
         claims.append(
@@ -900,6 +944,7 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
                 priority=int(priority),
                 run_at=int(run_at) / 1000.0,
                 payload_error=error,
+                trace=trace,
             )
         )
     wait = None
@@ -1449,6 +1494,46 @@ def decode_fired(values: Sequence[Any]) -> Fired:
     return Fired(_text(outcome) == "moved", int(created), int(skipped), _text(last) or None)
 
 
+def validate_wait_timeout(timeout: object) -> float | None:
+    if timeout is None:
+        return None
+    seconds = _finite(timeout)
+    if seconds is None or seconds < 0:
+        raise InvalidArgument("timeout", "must be None or a finite number of seconds >= 0")
+    return seconds
+
+
+def task_result(info: TaskInfo) -> Any:
+    """The result of a task that ended: its stored result when it succeeded, else the
+    error that says how it ended (``TaskFailed``, ``TaskCancelled``, ``TaskBlocked``)."""
+    if info.state is State.SUCCEEDED:
+        if info.error is not None:
+            # decode_status says why the stored result cannot be read.
+            raise ScriptError(f"task {info.task_id!r} succeeded, but {info.error}")
+        return info.result
+    if info.state is State.FAILED:
+        raise TaskFailed(info.task_id, info.error, info)
+    if info.state is State.CANCELLED:
+        raise TaskCancelled(info.task_id, info)
+    if info.state is State.BLOCKED:
+        cause = info.blocked_by
+        root = cause.root if cause else None
+        raise TaskBlocked(info.task_id, root, cause.path if cause else None, info)
+    raise InvalidArgument("info", f"task {info.task_id!r} has not ended ({info.state})")
+
+
+def decode_ended(data: bytes | str) -> str | None:
+    """The task id of a notice on the ``ended`` channel (``<state> <id>``), or None."""
+    raw = _bytes(data)
+    _, sep, task_id = raw.partition(b" ")
+    if not sep:
+        return None
+    try:
+        return task_id.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 # --------------------------------------------------------------------------- operations
 #
 # Every public operation of the schedulers is a generator here: it yields the
@@ -1475,7 +1560,20 @@ class Sleep:
     seconds: float
 
 
-Request = Call | Commands | Sleep
+@dataclass(frozen=True)
+class Listen:
+    """Wait up to ``seconds`` for a notice that the task watched by ``handle`` ended.
+
+    ``handle`` is what the shell made for this wait in its one shared subscription to
+    the ``ended`` channel; the reply is True when a notice (or a reconnection, after
+    which notices may have been lost) came, False when the time ran out.
+    """
+
+    handle: Any
+    seconds: float
+
+
+Request = Call | Commands | Sleep | Listen
 Op = Generator[Request, Any, T]
 
 # Pauses between tries of a read while Redis is briefly unavailable (a failover or a
@@ -1590,6 +1688,9 @@ class Ops:
     keys: Keys
     lease_ms: int
     max_payload_bytes: int
+    # The caller's current trace context (W3C headers), sent along with the tasks it
+    # schedules; None: none active (distsched.otel.current_trace when tracing is on).
+    trace_context: Callable[[], Mapping[str, str] | None] | None = None
 
     # -------------------------------------------------------------- plumbing
 
@@ -1645,7 +1746,9 @@ class Ops:
     # -------------------------------------------------------------- producers
 
     def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
-        call = schedule_call(self.keys, specs, self.max_payload_bytes)
+        # Read here, where the operation starts: in the caller's thread or asyncio task.
+        trace = self.trace_context() if self.trace_context is not None else None
+        call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
         if not specs:
             return []
         return [int(v) for v in (yield from self.run(call))]
@@ -1954,6 +2057,48 @@ class Ops:
             task_id, record, payload, result, lease, deps,
             decode_dependents(task_id, edges), blocked_by, history,
         )  # fmt: skip
+
+    def wait(self, task_id: str, timeout: float | None, handle: Any) -> Op[TaskInfo]:
+        """The task's ``TaskInfo`` once it is terminal; ``Timeout`` after ``timeout``
+        seconds (server clock); ``NotFoundError`` for an unknown id.
+
+        A terminal task is answered from one read, writing nothing. Otherwise the id is
+        registered in ``waits`` (``ZADD GT``: until when someone waits) *before* the
+        state is read again, so a task that ends in between still finds the entry and
+        is announced on ``ended``; then the op listens (``Listen``), reads again on
+        each notice, and registers and reads again at the latest every ``WAIT_REFRESH_S``.
+        """
+        validate_task_id(task_id)
+        limit = validate_wait_timeout(timeout)
+        info = yield from self.status(task_id)
+        if info.state.terminal:
+            return info
+        deadline: float | None = None
+        while True:
+            now = yield from self.server_time()
+            if limit is not None and deadline is None:
+                deadline = now + limit
+            left = None if deadline is None else max(0.0, deadline - now)
+            span = WAIT_REFRESH_S if left is None else min(left, WAIT_REFRESH_S)
+            until_ms = int(now * 1000) + math.ceil(span * 1000) + WAIT_MARGIN_MS
+            # Idempotent, so sent again like a read while Redis is briefly unavailable.
+            yield from self.read(("ZADD", self.keys.waits, "GT", until_ms, task_id), atomic=False)
+            info = yield from self.status(task_id)
+            if info.state.terminal:
+                return info
+            if left is not None and left <= 0:
+                raise Timeout(task_id, float(limit or 0.0))
+            if (yield Listen(handle, span)):
+                # Told: the script that ended it removed the entry; read before adding
+                # one again, which would then only expire.
+                info = yield from self.status(task_id)
+                if info.state.terminal:
+                    return info
+
+    def result(self, task_id: str, timeout: float | None, handle: Any) -> Op[Any]:
+        """``wait``, then the result of a succeeded task or the error of any other end."""
+        info = yield from self.wait(task_id, timeout, handle)
+        return task_result(info)
 
     def stats(self) -> Op[Stats]:
         k = self.keys

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 
@@ -85,3 +87,73 @@ class LeaseLost(Cancelled):
 
 class MissingExtraError(DistschedError, ImportError):
     """An optional extra that a feature needs is not installed (the message names it)."""
+
+
+class Timeout(DistschedError, TimeoutError):
+    """``Scheduler.wait``/``result`` gave up: the task had not ended within ``timeout``.
+
+    The task is untouched and may still end later; ``task_id`` names it.
+    """
+
+    def __init__(self, task_id: str, timeout: float) -> None:
+        super().__init__(f"task {task_id!r} did not end within {timeout:g}s")
+        self.task_id = task_id
+        self.timeout = timeout
+
+
+class TaskError(DistschedError):
+    """Base of the errors ``Scheduler.result`` raises for a task that did not succeed.
+
+    ``task_id`` names the task and ``info`` is its final ``TaskInfo``.
+    """
+
+    def __init__(self, message: str, task_id: str, info: Any = None) -> None:
+        super().__init__(message)
+        self.task_id = task_id
+        self.info = info
+
+
+class TaskFailed(TaskError):
+    """The task failed.
+
+    ``traceback`` is the error text its last attempt stored (the remote traceback,
+    ending with its ``Type: message`` line), ``error`` that last line; the message
+    holds the whole text.
+    """
+
+    def __init__(self, task_id: str, traceback: str | None, info: Any = None) -> None:
+        text = traceback or "(no error text stored)"
+        super().__init__(f"task {task_id!r} failed:\n{text}", task_id, info)
+        self.traceback = text
+        lines = [line for line in text.splitlines() if line.strip()]
+        self.error = lines[-1] if lines else text
+
+
+class TaskCancelled(TaskError):
+    """The task was cancelled before it ended any other way."""
+
+    def __init__(self, task_id: str, info: Any = None) -> None:
+        super().__init__(f"task {task_id!r} was cancelled", task_id, info)
+
+
+class TaskBlocked(TaskError):
+    """The task can never run: a required dependency failed, was cancelled or blocked.
+
+    ``root`` is the task that failed or was cancelled, ``path`` the ids from it to this
+    task (each a required dependency of the next); both are None when unknown.
+    """
+
+    def __init__(
+        self,
+        task_id: str,
+        root: str | None,
+        path: tuple[str, ...] | None,
+        info: Any = None,
+    ) -> None:
+        if root is None:
+            because = "a dependency did not succeed"
+        else:
+            because = f"{root!r} did not succeed (path: {' -> '.join(path or (root,))})"
+        super().__init__(f"task {task_id!r} is blocked: {because}", task_id, info)
+        self.root = root
+        self.path = path

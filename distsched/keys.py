@@ -40,6 +40,8 @@ KEY_NAMES = (
     "schedules",
     "fires",
     "firing",
+    "waits",
+    "ended",
 )
 
 
@@ -193,6 +195,18 @@ class Keys:
         return self.prefix + "firing"
 
     @property
+    def waits(self) -> str:
+        """Sorted set: task id -> the time (ms, server clock) until which a client waits
+        for it to end (``Scheduler.wait``)."""
+        return self.prefix + "waits"
+
+    @property
+    def ended(self) -> str:
+        """Pub/sub channel (sharded where the server has it): ``<state> <id>`` when a
+        task that someone waits for ends."""
+        return self.prefix + "ended"
+
+    @property
     def served(self) -> str:
         """Hash: function name -> last time (ms, server clock) a live worker said it serves it."""
         return self.prefix + "served"
@@ -203,7 +217,7 @@ class Keys:
         return self.prefix + "workers"
 
     def script_keys(self) -> list[str]:
-        """Every key of the namespace and its wake channel, in ``KEY_NAMES`` order."""
+        """Every key of the namespace and its channels, in ``KEY_NAMES`` order."""
         return [getattr(self, name) for name in KEY_NAMES]
 
     def for_script(self, script: str) -> list[str]:
@@ -223,8 +237,9 @@ class Keys:
         }
 
     def all_keys(self) -> list[str]:
-        """Every data key of the namespace (not the channel)."""
-        return [key for key in self.script_keys() if key != self.wake] + [
+        """Every data key of the namespace (not the channels)."""
+        channels = (self.wake, self.ended)
+        return [key for key in self.script_keys() if key not in channels] + [
             self.served,
             self.workers,
         ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from distsched.core import Claim, Outcome, State
 from distsched.errors import DistschedError
+from distsched.hooks import WorkerHooks
 
 INSTALL_HINT = "pip install 'distsched[metrics]'"
 
@@ -42,8 +43,12 @@ def _prometheus() -> Any:
     return prometheus_client
 
 
-class WorkerMetrics:
+class WorkerMetrics(WorkerHooks):
     """The hooks a worker calls; every one is a no-op here.
+
+    It is a :class:`~distsched.hooks.WorkerHooks` too: a subclass may also implement
+    ``before_task``, ``after_task`` and ``on_failure``, which the worker calls around
+    each run like those of its other hooks.
 
     Hooks run on the worker's own threads (claim loop, pool threads, reporter,
     heartbeat thread), so they must be quick, thread-safe and must not raise.

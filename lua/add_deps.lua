@@ -3,6 +3,7 @@
 --- @include settle
 --- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states
+--- @keys waits ended
 --
 -- pending -> pending (more awaited), or pending -> blocked when a new dependency
 -- already failed, was cancelled or is blocked. Only a pending task takes new
@@ -12,6 +13,9 @@
 -- Writes tasks, deps, edges, and when it blocks finished, meta, blocked, blockedby,
 -- propagating (then more, as propagate.lua).
 -- Also writes states (the per-state index, for the records it writes).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] task id

@@ -3,6 +3,7 @@
 --- @include settle
 --- @keys tasks results queue finished meta wake idle
 --- @keys edges deps blocked blockedby propagating states
+--- @keys waits ended
 --
 -- pending / ready -> cancelled, atomically: a claim racing with it either ran
 -- first (the task is running) or will find it cancelled and drop its entry.
@@ -15,6 +16,9 @@
 -- Writes tasks, finished, meta, wake (the cancel notice), idle, and for dependents
 -- edges, blocked, blockedby, propagating, queue.
 -- Also writes states (the per-state index, for the records it writes).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] task id

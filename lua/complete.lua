@@ -5,6 +5,7 @@
 --- @include history
 --- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes
+--- @keys waits ended
 --
 -- running -> succeeded, fenced by the token (id, version, attempt): only the
 -- current running attempt is applied. A token already applied before gets
@@ -20,6 +21,9 @@
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends),
 --   minutes (succeeded / failed attempts).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n; then 4 values per report: id, version, attempt, result bytes ('' for none)

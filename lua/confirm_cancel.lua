@@ -5,6 +5,7 @@
 --- @include history
 --- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history
+--- @keys waits ended
 --
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.
@@ -13,6 +14,9 @@
 -- blocked, blockedby, propagating, queue.
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] id, ARGV[3] version, ARGV[4] attempt

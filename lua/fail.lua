@@ -5,6 +5,7 @@
 --- @include attempt
 --- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes
+--- @keys waits ended
 --
 -- running -> ready (a new attempt, due after backoff * 2^(attempt-1), capped
 -- at ARGV[2]) while attempts remain and no cancellation was requested;
@@ -17,6 +18,9 @@
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends),
 --   minutes (succeeded / failed attempts).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] the longest wait between attempts in ms (>= 0; distsched sends 3600000)

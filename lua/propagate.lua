@@ -3,6 +3,7 @@
 --- @include settle
 --- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states
+--- @keys waits ended
 --
 -- pending -> ready (last awaited dependency settled) or pending -> blocked (a
 -- required dependency failed, was cancelled or blocked), for the waiting edges of
@@ -12,6 +13,9 @@
 -- Reads and writes tasks, queue, finished, meta, idle, edges, blocked, blockedby,
 -- propagating; a retry's cascade also writes deps and results.
 -- Also writes states (the per-state index, for the records it writes).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 --

@@ -4,6 +4,7 @@
 --- @include attempt
 --- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes
+--- @keys waits ended
 --
 -- running -> ready (a new attempt after backoff) while attempts remain and no
 -- cancellation was requested, running -> failed with reason 'lease expired'
@@ -15,6 +16,11 @@
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends),
 --   minutes (succeeded / failed attempts).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Also drops up to ARGV[3] waits entries whose time has passed (their client gave
+-- up), when it handles every expired lease (ARGV[4] empty).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] the longest wait between attempts in ms (>= 0; distsched sends 3600000)
@@ -37,6 +43,10 @@ return run(function()
     if redis.call('ZSCORE', k.leases, ARGV[4]) then ids[1] = ARGV[4] end
   else
     ids = redis.call('ZRANGEBYSCORE', k.leases, '-inf', now, 'LIMIT', 0, limit)
+  end
+  if not (ARGV[4] and ARGV[4] ~= '') then
+    local gone = redis.call('ZRANGE', k.waits, '-inf', '(' .. now, 'BYSCORE', 'LIMIT', 0, limit)
+    if #gone > 0 then redis.call('ZREM', k.waits, unpack(gone)) end
   end
   local handled, ended = 0, {}
   for _, id in ipairs(ids) do

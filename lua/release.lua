@@ -4,6 +4,7 @@
 --- @include history
 --- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history
+--- @keys waits ended
 --
 -- running -> ready with the attempt given back (no attempt spent), at its own
 -- run_at and priority; running -> cancelled instead when cancellation was
@@ -14,6 +15,9 @@
 -- blocked, blockedby, propagating.
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n; then 3 values per token: id, version, attempt

@@ -3,6 +3,7 @@
 --- @include settle
 --- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states
+--- @keys waits ended
 --
 -- failed / cancelled / blocked -> ready, pending or blocked (as schedule.lua
 -- decides from its dependencies), with attempt 0 and the same payload, run_at,
@@ -15,6 +16,9 @@
 -- Writes tasks, results, queue, finished, meta, idle, edges, deps, blocked, blockedby,
 -- propagating.
 -- Also writes states (the per-state index, for the records it writes).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] task id

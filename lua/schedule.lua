@@ -4,6 +4,7 @@
 --- @include settle
 --- @keys tasks payloads results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states
+--- @keys waits ended
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency
@@ -19,6 +20,9 @@
 -- Writes tasks, payloads, results, queue, finished, meta, idle, edges, deps, blocked,
 -- blockedby, propagating.
 -- Also writes states (the per-state index, for the records it writes).
+--
+-- waits, ended: each task it ends that a client waits for loses its waits entry and
+-- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n, the number of tasks; then for each task, in order:

@@ -302,10 +302,8 @@ def test_script_errors_arrive_on_the_wire_as_the_document_says(own_redis: RedisS
         assert raw_reply(sock, "SCRIPT", "LOAD", schedule.text) == b"$40\r\n"
         assert raw_reply(sock, "SCRIPT", "LOAD", cancel.text) == b"$40\r\n"
         names = " ".join(schedule.key_names).encode()
-        assert (
-            evalsha(schedule, BUDGET, 0, keys=3)
-            == b"-BADARG KEYS expected %d: " % len(schedule.key_names) + names + b"\r\n"
-        )
+        expected = f"-BADARG KEYS expected {len(schedule.keys)}: ".encode() + names + b"\r\n"
+        assert evalsha(schedule, BUDGET, 0, keys=3) == expected
         bad = spec(priority=2**31)
         assert evalsha(schedule, BUDGET, 1, "t", bad, payload("f")) == (
             b"-BADARG priority out of range\r\n"

@@ -8,8 +8,9 @@ A :class:`Worker` is made of small parts, one job each, most on a thread of its 
 - :class:`~distsched.worker.execution.ThreadPool` (``concurrency`` threads, ``def``
   functions) and :class:`~distsched.worker.execution.LoopPool` (one event loop,
   ``async def`` functions), both through one
-  :class:`~distsched.worker.execution.Runner`, which turns the end of any run into
-  its report;
+  :class:`~distsched.worker.execution.Runner`, which calls the worker's hooks
+  (:mod:`distsched.hooks`) around each run and turns the end of any run into its
+  report;
 - :class:`~distsched.worker.reports.Reporter`: sends outcomes in batches;
 - :class:`~distsched.worker.listener.Listener`: the wake-up subscription, and cancel
   requests delivered at once;
@@ -29,13 +30,14 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from distsched import core
 from distsched.client import Scheduler
 from distsched.context import StopReason
 from distsched.errors import ClosedError, InvalidArgument
+from distsched.hooks import HookChain, validate_hooks
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import TRANSIENT
 from distsched.worker.consumer import Consumer
@@ -107,6 +109,10 @@ class Worker:
     namespace announced that function meanwhile.
 
     ``metrics`` receives the hooks of :class:`distsched.metrics.WorkerMetrics`.
+    ``hooks`` are objects with some of the methods of
+    :class:`distsched.hooks.WorkerHooks` (``before_task``, ``after_task``,
+    ``on_failure``), called around every run where the function runs; one that
+    raises is logged and changes nothing.
     The worker logs on ``distsched.worker`` (a start-up line and a shutdown
     summary at INFO) and one line per task event on ``distsched.worker.tasks``,
     with structured fields (see :mod:`distsched.worker.logs`).
@@ -127,6 +133,7 @@ class Worker:
         cancel_wait: float = 10.0,
         metrics: WorkerMetrics | None = None,
         unserved_timeout: float = DEFAULT_UNSERVED_TIMEOUT_S,
+        hooks: Sequence[Any] | None = None,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
@@ -157,6 +164,7 @@ class Worker:
         self.unserved_timeout = _seconds(unserved_timeout, "unserved_timeout", positive=False)
         # With none given the hooks are no-ops and the heartbeat reads no namespace stats.
         self.metrics = metrics if metrics is not None else WorkerMetrics()
+        self.hooks = validate_hooks(hooks)
 
         self._ran = False
         self._stopping = threading.Event()
@@ -175,7 +183,7 @@ class Worker:
         )  # fmt: skip
         runner = Runner(
             self.functions, self._slots, self._reporter, self.metrics,
-            lambda: self._heartbeat.clock_offset,
+            lambda: self._heartbeat.clock_offset, HookChain([self.metrics, *self.hooks]),
         )  # fmt: skip
         self._threads = self.thread_pool_class(runner, concurrency)
         has_async = any(inspect.iscoroutinefunction(f) for f in self.functions.values())

@@ -9,19 +9,38 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from distsched import core
 from distsched.context import _reset_current, _set_current
+from distsched.errors import InvalidArgument
+from distsched.hooks import HookChain, RunOutcome
 from distsched.metrics import WorkerMetrics
 from distsched.worker.jobs import Job, Slots
-from distsched.worker.reports import Raised, Reporter, Returned, outcome_of
+from distsched.worker.reports import Raised, Reporter, ReportKind, Returned, outcome_of
 
 log = logging.getLogger("distsched.worker")
 
 
+# The outcome of a run as the hooks are told, by the report it makes.
+_RUN_OUTCOME = {
+    ReportKind.COMPLETE: RunOutcome.SUCCEEDED,
+    ReportKind.FAIL: RunOutcome.FAILED,
+    ReportKind.CONFIRM_CANCEL: RunOutcome.CANCELLED,
+    ReportKind.RELEASE: RunOutcome.RELEASED,
+}
+
+
+class _Ended(NamedTuple):
+    kind: ReportKind
+    value: object
+    duration: float
+    encoded: bool
+
+
 class Runner:
     """What every run goes through, whichever executor runs it: the slot, the task
-    context, the metrics, and the one rule that turns its end into a report."""
+    context, the metrics and hooks, and the one rule that turns its end into a report."""
 
     def __init__(
         self,
@@ -30,11 +49,13 @@ class Runner:
         reporter: Reporter,
         metrics: WorkerMetrics,
         clock_offset: Callable[[], float],
+        hooks: HookChain | None = None,
     ) -> None:
         self.functions = functions
         self.slots = slots
         self.reporter = reporter
         self.metrics = metrics
+        self.hooks = hooks if hooks is not None else HookChain([])
         self._clock_offset = clock_offset
 
     def run_sync(self, job: Job) -> None:
@@ -43,18 +64,20 @@ class Runner:
             return
         fn = self.functions[job.claim.fn]
         token = _set_current(job.ctx)
-        started = self._started(job)
         try:
-            value = fn(*job.claim.args, **job.claim.kwargs)
-            if inspect.isawaitable(value):
-                # An async callable not detected as such (e.g. a partial).
-                value = asyncio.run(_await(value))
-            result: Returned | Raised = Returned(value)
-        except BaseException as exc:  # any failure of user code is reported
-            result = Raised(exc)
+            started = self._started(job)
+            try:
+                value = fn(*job.claim.args, **job.claim.kwargs)
+                if inspect.isawaitable(value):
+                    # An async callable not detected as such (e.g. a partial).
+                    value = asyncio.run(_await(value))
+                result: Returned | Raised = Returned(value)
+            except BaseException as exc:  # any failure of user code is reported
+                result = Raised(exc)
+            ended = self._ended(job, started, result)
         finally:
             _reset_current(token)
-        self._ended(job, started, result)
+        self._report(job, ended)
 
     async def run_async(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
         """Run an ``async def`` function as a task of the worker's event loop."""
@@ -70,7 +93,7 @@ class Runner:
             # CancelledError included: left unreported, the task would sit until its lease
             # lapsed and then be retried as if the worker had vanished.
             result = Raised(exc)
-        self._ended(job, started, result)
+        self._report(job, self._ended(job, started, result))
 
     def _started(self, job: Job) -> float:
         wait = time.time() + self._clock_offset() - job.claim.run_at
@@ -79,19 +102,34 @@ class Runner:
         except Exception:
             # A hook that fails on one task's data must not take the pool thread with it.
             log.exception("metrics hook on_started failed")
+        self.hooks.before(job.ctx)
         return time.monotonic()
 
-    def _ended(self, job: Job, started: float, result: Returned | Raised) -> None:
+    def _ended(self, job: Job, started: float, result: Returned | Raised) -> _Ended:
+        """The run's report, its duration, and the hooks told; still where it ran."""
+        duration = time.monotonic() - started
+        kind, value = outcome_of(job.ctx, result)
+        told = result.value if isinstance(result, Returned) else result.error
+        encoded = False
+        if kind is ReportKind.COMPLETE:
+            # Encoded here, so that the hooks hear of a result that cannot be stored as
+            # the failure it becomes.
+            try:
+                value, encoded = core.encode_result(value), True
+            except InvalidArgument as exc:
+                kind, value, told = ReportKind.FAIL, f"result not storable: {exc}", exc
+        self.hooks.after(job.ctx, _RUN_OUTCOME[kind], told)
+        return _Ended(kind, value, duration, encoded)
+
+    def _report(self, job: Job, ended: _Ended) -> None:
         # The slot is free first: the report may land (and the job be let go) at once.
         # The job is held, and heartbeated, until then.
         self.slots.end(job)
-        duration = time.monotonic() - started
         try:
-            self.metrics.on_finished(job.claim, duration)
+            self.metrics.on_finished(job.claim, ended.duration)
         except Exception:
             log.exception("metrics hook on_finished failed")
-        kind, value = outcome_of(job.ctx, result)
-        self.reporter.put(job, kind, value, duration)
+        self.reporter.put(job, ended.kind, ended.value, ended.duration, ended.encoded)
 
 
 class ThreadPool:

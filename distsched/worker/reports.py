@@ -152,11 +152,19 @@ class Reporter:
         self._queue.put(_Stop(time.monotonic() + timeout))
         self._thread.join(timeout + STOP_MARGIN_S)
 
-    def put(self, job: Job, kind: ReportKind, value: object, duration: float | None = None) -> None:
-        """Queue an outcome; the value is encoded here, on the caller's thread.
+    def put(
+        self,
+        job: Job,
+        kind: ReportKind,
+        value: object,
+        duration: float | None = None,
+        encoded: bool = False,
+    ) -> None:
+        """Queue an outcome; the value is encoded here, on the caller's thread, unless
+        ``encoded`` (a result already encoded by ``core.encode_result``).
         ``duration`` is how long the function ran (for the log)."""
         error = value if isinstance(value, BaseException) else None
-        if kind is ReportKind.COMPLETE:
+        if kind is ReportKind.COMPLETE and not encoded:
             try:
                 value = core.encode_result(value)
             except InvalidArgument as exc:

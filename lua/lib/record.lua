@@ -174,6 +174,11 @@ local function encode_task(t)
     t.cancel, t.updated - t.run_at, t.remaining, t.optional, t.worker)
 end
 
+-- Set by lib/ended.lua in every script that can end a task, and called with each
+-- record saved in a terminal state: clients waiting for an outcome hear of it whichever
+-- script ended the task.
+local on_terminal_save = nil
+
 local function save_task(id, t)
   redis.call('HSET', k.tasks, id, encode_task(t))
   local old, member = indexed[id] or false, index_member(t, id)
@@ -182,6 +187,7 @@ local function save_task(id, t)
     if member then redis.call('ZADD', k.states, 0, member) end
     indexed[id] = member
   end
+  if on_terminal_save and TERMINAL[t.state] then on_terminal_save(id, t.state) end
 end
 
 -- Remove the record of id (read before in this script) and its index member.

@@ -2,6 +2,7 @@
 --
 --- @include graph
 --- @include queue
+--- @include ended
 --
 -- Propagation. When a task becomes terminal, its waiting edges must be settled:
 -- success releases dependents (remaining - 1; ready at 0), any terminal state
