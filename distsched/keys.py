@@ -40,6 +40,7 @@ KEY_NAMES = (
     "schedules",
     "fires",
     "firing",
+    "ranked",
 )
 
 
@@ -191,6 +192,12 @@ class Keys:
     def firing(self) -> str:
         """Hash: schedule name -> its firing state ``rev|fired|skipped|missed|last task id``."""
         return self.prefix + "firing"
+
+    @property
+    def ranked(self) -> str:
+        """Sorted set: the due tasks of a namespace of the priority order, by rank
+        (``due ms - priority * aging_ms``; members as in ``queue``, ``lua/lib/ranked.lua``)."""
+        return self.prefix + "ranked"
 
     @property
     def served(self) -> str:

@@ -2,7 +2,7 @@
 --
 --- @include settle
 --- @keys tasks results queue finished meta wake idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states ranked
 --
 -- pending / ready -> cancelled, atomically: a claim racing with it either ran
 -- first (the task is running) or will find it cancelled and drop its entry.

@@ -2,7 +2,7 @@
 --
 --- @include settle
 --- @keys tasks results queue finished meta idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states ranked
 --
 -- pending -> ready (last awaited dependency settled) or pending -> blocked (a
 -- required dependency failed, was cancelled or blocked), for the waiting edges of

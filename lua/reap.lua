@@ -3,7 +3,7 @@
 --- @include settle
 --- @include attempt
 --- @keys tasks results queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states history minutes
+--- @keys edges deps blocked blockedby propagating states history minutes ranked
 --
 -- running -> ready (a new attempt after backoff) while attempts remain and no
 -- cancellation was requested, running -> failed with reason 'lease expired'
