@@ -482,7 +482,8 @@ def decode_order(raw_order: Any, raw_aging: Any) -> OrderSetting:
     return OrderSetting(Order.PRIORITY, (aging or 0) / 1000.0)
 
 
-PRIORITY_BUCKETS = tuple(str(p) for p in range(10))
+PRIORITY_LABELS = ("<0", *(str(p) for p in range(10)), "10-99", "100-999", ">=1000")
+"""Every label :func:`priority_bucket` gives, lowest priorities first."""
 
 
 def priority_bucket(priority: int) -> str:
