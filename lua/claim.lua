@@ -45,6 +45,8 @@
 --   reason  '' when n were claimed; else why not more:
 --           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
 --           when the stale-drop bound was reached), 'capacity' (max_running reached);
+--           in the priority order, 'not_due' when ranked has no live entry and queue has
+--           one (delay_us until the head of queue, 0 when due entries are left to move);
 --           'fire' (whatever was claimed): a schedule's slot is due (the head of fires),
 --           run fire.lua, then claim again; delay_us is then 0
 --   delay_us microseconds (from the server clock's microseconds, so a waiting worker does
