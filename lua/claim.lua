@@ -81,11 +81,7 @@ return run(function()
   local settings = redis.call('HMGET', k.meta, 'max_running', 'order', 'aging_ms')
   local limit = tonumber(settings[1])
   if limit and (limit < 0 or limit ~= math.floor(limit)) then limit = nil end
-  local aging = nil
-  if settings[2] == 'priority' then
-    aging = tonumber(settings[3])
-    if not aging or aging < 0 or aging ~= math.floor(aging) then aging = 0 end
-  end
+  local aging = aging_of(settings[2], settings[3])
   -- The priority order: the entries due by now join the ready set first. Moving changes
   -- no task, so it may come before the reads below.
   if aging then move_due(now, aging) end

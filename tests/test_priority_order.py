@@ -388,3 +388,31 @@ def test_priorities_are_reported_in_a_few_buckets() -> None:
     labels = {priority_bucket(p) for p in range(-(2**31), 2**31, 2**20)}
     labels |= {priority_bucket(p) for p in range(-20, 2000)}
     assert labels == {"<0", *map(str, range(10)), "10-99", "100-999", ">=1000"}
+
+
+def test_a_claim_moves_at_most_1000_due_entries_and_the_next_claims_move_the_rest(
+    sync_scheduler: Scheduler,
+) -> None:
+    s = sync_scheduler
+    now = s.server_time()
+    specs = [TaskSpec(f"t{i}", "f", run_at=now - 10 + i / 1000) for i in range(1499)]
+    specs.append(TaskSpec("top", "f", run_at=now - 10 + 1.499, priority=9))
+    s.schedule_many(specs)  # in the default order: all in the queue
+    s.set_order("priority", aging=1.0)
+    [first] = s.ready(1, "w")
+    assert first.task_id == "t0"  # the best of the 1,000 earliest due
+    assert s.stats()["ranked_entries"] == 999
+    [second] = s.ready(1, "w")
+    assert second.task_id == "top"  # moved by this call, and ranked first
+    assert s.stats()["ranked_entries"] == 1498
+
+
+def test_a_junk_aging_counts_as_no_credit(sync_scheduler: Scheduler) -> None:
+    s = sync_scheduler
+    s.set_order("priority", aging=1.0)
+    s.client.hset(s.keys.meta, "aging_ms", "soon")  # written by hand
+    assert s.order() == OrderSetting(Order.PRIORITY, 0.0)
+    now = s.server_time()
+    s.schedule("old", fn="f", run_at=now - 1)
+    s.schedule("high", fn="f", priority=1000)
+    assert [c.task_id for c in s.claim(2, "w")[0]] == ["old", "high"]

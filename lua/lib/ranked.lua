@@ -15,18 +15,21 @@
 
 local MOVE_MAX = 1000
 
--- nil in the default order, else aging_ms (a number >= 0); read once per call.
+-- The meta fields order and aging_ms as read: nil in the default order, else aging_ms
+-- (a number >= 0; junk, never written by order.lua, counts as no credit).
+local function aging_of(order, aging_ms)
+  if order ~= 'priority' then return nil end
+  local aging = tonumber(aging_ms)
+  if not aging or aging < 0 or aging ~= math.floor(aging) then aging = 0 end
+  return aging
+end
+
+-- aging_of the namespace's meta fields, read once per call.
 local cached_aging = false
 local function order_aging()
   if cached_aging == false then
     local fields = redis.call('HMGET', k.meta, 'order', 'aging_ms')
-    cached_aging = nil
-    if fields[1] == 'priority' then
-      local aging = tonumber(fields[2])
-      -- Junk (never written by order.lua) counts as no credit: ranks are due times.
-      if not aging or aging < 0 or aging ~= math.floor(aging) then aging = 0 end
-      cached_aging = aging
-    end
+    cached_aging = aging_of(fields[1], fields[2])
   end
   return cached_aging
 end
