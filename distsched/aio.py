@@ -24,6 +24,8 @@ from distsched.core import (
     Chores,
     Claim,
     Explanation,
+    Order,
+    OrderSetting,
     Outcome,
     Overview,
     State,
@@ -388,6 +390,16 @@ class AsyncScheduler(BaseScheduler):
     async def set_max_running(self, max_running: int | None) -> None:
         """See :meth:`Scheduler.set_max_running`."""
         return await self._drive(self._ops.set_max_running(max_running))
+
+    async def set_order(
+        self, order: Order | str = Order.PRIORITY, aging: float = 60.0
+    ) -> OrderSetting:
+        """See :meth:`Scheduler.set_order`."""
+        return await self._drive(self._ops.set_order(order, aging))
+
+    async def order(self) -> OrderSetting:
+        """See :meth:`Scheduler.order`."""
+        return await self._drive(self._ops.order())
 
     # ------------------------------------------------------------------ inspection
 

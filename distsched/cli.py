@@ -29,8 +29,11 @@ from distsched import __version__, views
 from distsched.client import Scheduler
 from distsched.core import (
     CLUSTER_SCHEMES,
+    PRIORITY_LABELS,
     AttemptInfo,
     Explanation,
+    Order,
+    OrderSetting,
     Reason,
     State,
     TaskInfo,
@@ -905,6 +908,12 @@ def _require_namespace(ctx: click.Context, scheduler: Scheduler) -> None:
         )
 
 
+def _by_priority(ages: Mapping[str, float]) -> list[tuple[str, float]]:
+    """The per-priority oldest waits, highest priority bucket first."""
+    order = {label: i for i, label in enumerate(reversed(PRIORITY_LABELS))}
+    return sorted(ages.items(), key=lambda item: order.get(item[0], len(order)))
+
+
 def _stats_lines(data: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, ...]] = [("state", "tasks")]
     rows += [(state, str(count)) for state, count in data["counts"].items()]
@@ -916,6 +925,10 @@ def _stats_lines(data: Mapping[str, Any]) -> list[str]:
                           f"{data['stale_entries']} stale)"),
         ("stale ratio", f"{100 * data['stale_ratio']:.1f}%"),
         ("oldest due", "-" if oldest is None else f"{oldest:.3f} s waiting to start"),
+        *[(f"  priority {bucket}", f"{age:.3f} s")
+          for bucket, age in _by_priority(data["oldest_ready_age_by_priority"])],
+        ("order", data["order"] if data["order"] == "default"
+                  else f"priority (aging {data['aging_s']:g} s per point)"),
         ("running", f"{data['running']} (max_running: "
                     f"{'unlimited' if limit is None else limit})"),
         ("leases", f"{data['leases']} ({data['leases_expired']} expired, "
@@ -1041,6 +1054,37 @@ def max_running(ctx: click.Context, limit: str | None) -> None:
     scheduler.set_max_running(value)
     current = scheduler.stats()["max_running"]
     click.echo(f"max_running of namespace {namespace!r} set to {shown(current)}")
+
+
+@cli.command()
+@click.argument("order", required=False, type=click.Choice(["default", "priority"]))
+@click.option(
+    "--aging", "aging_s", type=Duration("aging"), default="60s", show_default=True,
+    help="With priority: the wait one point of priority is worth (seconds, or 500ms, 1m).",
+)  # fmt: skip
+@click.pass_context
+def order(ctx: click.Context, order: str | None, aging_s: float) -> None:
+    """Show, or set, the order in which workers take the namespace's due tasks.
+
+    default: first due, first served (ties by priority, then submission).
+    priority: the highest priority first, each point of priority worth --aging of
+    waiting, so a task waits at most (highest priority - its priority) x aging
+    behind tasks that became due after it. Queued tasks follow the new order.
+    """
+    scheduler = _connect(ctx)
+    namespace = _settings(ctx).namespace
+
+    def shown(setting: OrderSetting) -> str:
+        if setting.order is Order.DEFAULT:
+            return "default"
+        return f"priority, aging {setting.aging_s:g} s per point"
+
+    if order is None:
+        _require_namespace(ctx, scheduler)
+        click.echo(f"order of namespace {namespace!r}: {shown(scheduler.order())}")
+        return
+    setting = scheduler.set_order(order, aging=aging_s)
+    click.echo(f"order of namespace {namespace!r} set to {shown(setting)}")
 
 
 @cli.command()

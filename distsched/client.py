@@ -25,6 +25,8 @@ from distsched.core import (
     Chores,
     Claim,
     Explanation,
+    Order,
+    OrderSetting,
     Outcome,
     Overview,
     State,
@@ -512,6 +514,28 @@ class Scheduler(BaseScheduler):
     def set_max_running(self, max_running: int | None) -> None:
         """Set the fleet-wide bound on running tasks (None removes it). Last writer wins."""
         return self._drive(self._ops.set_max_running(max_running))
+
+    def set_order(self, order: Order | str = Order.PRIORITY, aging: float = 60.0) -> OrderSetting:
+        """Choose the order in which claims take the namespace's due tasks.
+
+        ``"default"``: (due time, -priority, sequence), first due, first served.
+        ``"priority"``: among due tasks, the lowest ``due time - priority * aging`` first
+        (then the higher priority, then the earlier submitted): the highest priority goes
+        first, and each second a task waits counts as ``1 / aging`` points of priority,
+        so none waits more than ``(p_max - p) * aging`` seconds behind tasks of higher
+        priority that became due after it (README, "Ordering"). ``aging`` is in seconds
+        per priority point (0 to 1,000,000, kept to the ms).
+
+        The order may change while tasks are queued: switching to ``"priority"`` ranks the
+        queued tasks as claims reach them; switching back, or a new ``aging``, rewrites the
+        ready set in the same call, and is refused (``ConflictError``) while it holds more
+        than 100,000 entries. Last writer wins.
+        """
+        return self._drive(self._ops.set_order(order, aging))
+
+    def order(self) -> OrderSetting:
+        """The namespace's claim order and aging (``set_order``)."""
+        return self._drive(self._ops.order())
 
     # ------------------------------------------------------------------ inspection
 

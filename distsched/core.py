@@ -438,6 +438,82 @@ def validate_max_running(max_running: object) -> int | None:
     return max_running
 
 
+class Order(str, enum.Enum):
+    """The order in which claims take a namespace's due tasks (``Scheduler.set_order``)."""
+
+    DEFAULT = "default"
+    """(due time, -priority, sequence): first due, first served."""
+    PRIORITY = "priority"
+    """(due time - priority * aging, -priority, sequence) among due tasks: the highest
+    priority first, each point of priority worth ``aging`` seconds of waiting."""
+
+
+@dataclass(frozen=True)
+class OrderSetting:
+    """A namespace's claim order, and the seconds of waiting one point of priority is worth
+    (0.0 in the default order)."""
+
+    order: Order
+    aging_s: float
+
+
+ORDER_AGING_MAX_MS = 1_000_000_000
+"""The largest aging accepted (``MAX_AGING_MS`` in ``lua/order.lua``), in ms."""
+ORDER_REWRITE_MAX = 100_000
+"""The most ready-set entries a change of order or aging rewrites in its one call."""
+
+
+def validate_order(order: object, aging: object) -> tuple[Order, int]:
+    """(order, aging in ms) of ``set_order``."""
+    if isinstance(order, Order):
+        chosen = order
+    else:
+        try:
+            chosen = Order(order)
+        except ValueError:
+            raise InvalidArgument("order", "must be 'default' or 'priority'") from None
+    if chosen is Order.DEFAULT:
+        return chosen, 0
+    seconds = _finite(aging)
+    if seconds is None or seconds < 0 or round(seconds * 1000) > ORDER_AGING_MAX_MS:
+        raise InvalidArgument(
+            "aging", f"must be a number of seconds in [0, {ORDER_AGING_MAX_MS // 1000}]"
+        )
+    return chosen, round(seconds * 1000)
+
+
+def order_call(keys: Keys, order: Order, aging_ms: int, most: int = ORDER_REWRITE_MAX) -> Call:
+    """The order script's call: ``order`` with ``aging_ms`` ms of credit per priority point."""
+    return Call("order", keys.for_script("order"), [order.value, aging_ms, most])
+
+
+def decode_order(raw_order: Any, raw_aging: Any) -> OrderSetting:
+    """The order stored in meta (``order``, ``aging_ms``), read as ``lua/lib/ranked.lua`` does."""
+    if raw_order is None or _bytes(raw_order) != b"priority":
+        return OrderSetting(Order.DEFAULT, 0.0)
+    aging = _count_or_none(raw_aging)
+    return OrderSetting(Order.PRIORITY, (aging or 0) / 1000.0)
+
+
+PRIORITY_LABELS = ("<0", *(str(p) for p in range(10)), "10-99", "100-999", ">=1000")
+"""Every label :func:`priority_bucket` gives, lowest priorities first."""
+
+
+def priority_bucket(priority: int) -> str:
+    """The label a priority is reported under (ready-wait metrics, ``overview``): the
+    priority itself for 0 to 9, else one of ``<0``, ``10-99``, ``100-999``, ``>=1000``, so
+    that a label set stays small whatever priorities producers use."""
+    if priority < 0:
+        return "<0"
+    if priority < 10:
+        return str(priority)
+    if priority < 100:
+        return "10-99"
+    if priority < 1000:
+        return "100-999"
+    return ">=1000"
+
+
 def time_argument(run_at: object, delay: object) -> tuple[str, int]:
     """Return the (mode, ms) pair of the schedule script for ``run_at``/``delay``."""
     if run_at is not None and delay is not None:
@@ -1088,6 +1164,15 @@ def decode_history(raw: Any) -> tuple[AttemptInfo, ...]:
     return tuple(out)
 
 
+def member_priority(member: bytes) -> int:
+    """The priority a queue entry carries (``member_priority`` in ``lua/lib/ranked.lua``)."""
+    head = _bytes(member)[:8]
+    try:
+        return 0x7FFFFFFF - int(head, 16) if len(head) == 8 else 0
+    except ValueError:
+        return 0
+
+
 def parse_queue_member(member: bytes) -> tuple[int, str]:
     """(version, task id) of a queue entry: ``hex8(2^31-1-priority) hex14(version) id``
     (``queue_member`` in ``lua/lib/record.lua``)."""
@@ -1210,7 +1295,10 @@ class Stats(TypedDict):
     counts: dict[str, int]
     """Tasks per state (every :class:`State` value is present)."""
     queue_entries: int
-    """Entries in the time queue, live and stale."""
+    """Entries in the queue, live and stale (in the priority order: the delayed set and the
+    ready set together)."""
+    ranked_entries: int
+    """Of them, entries in the ready set of the priority order (0 in the default order)."""
     live_entries: int
     """Queue entries that are a ready task's current version."""
     stale_entries: int
@@ -1220,6 +1308,10 @@ class Stats(TypedDict):
     max_running: int | None
     retention_s: float
     sequence: int
+    order: str
+    """The claim order, ``default`` or ``priority`` (:class:`Order`)."""
+    aging_s: float
+    """Seconds of waiting one point of priority is worth in the priority order, else 0."""
 
 
 class Overview(Stats):
@@ -1236,6 +1328,9 @@ class Overview(Stats):
     oldest_ready_age: float | None
     """Seconds since the earliest due, live task became due (how far behind the fleet is);
     None when nothing is due."""
+    oldest_ready_age_by_priority: dict[str, float]
+    """The same per priority bucket (:func:`priority_bucket`), among the entries read;
+    buckets with no due live task read are left out."""
 
 
 class Chores(TypedDict):
@@ -1346,9 +1441,13 @@ def decode_worker(worker_id: bytes | str, raw: bytes | str, now: float) -> Worke
         return None
 
 
-def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> Stats:
+def decode_stats(
+    meta: Mapping[Any, Any], queue_entries: int, leases: int, ranked_entries: int = 0
+) -> Stats:
     counts = {state.value: 0 for state in State}
     settings: dict[str, int] = {}
+    fields = {_bytes(key): value for key, value in meta.items()}
+    order = decode_order(fields.get(b"order"), fields.get(b"aging_ms"))
     for raw_key, raw_value in meta.items():
         key = raw_key.decode("utf-8", "replace") if isinstance(raw_key, bytes) else raw_key
         try:
@@ -1360,16 +1459,20 @@ def decode_stats(meta: Mapping[Any, Any], queue_entries: int, leases: int) -> St
         elif key in ("max_running", "retention_ms", "seq"):
             settings[key] = value
     ready = counts.get(State.READY.value, 0)
+    total = queue_entries + ranked_entries
     return Stats(
         counts=counts,
-        queue_entries=queue_entries,
+        queue_entries=total,
+        ranked_entries=ranked_entries,
         live_entries=ready,
-        stale_entries=queue_entries - ready,
+        stale_entries=total - ready,
         leases=leases,
         running=counts.get(State.RUNNING.value, 0),
         max_running=settings.get("max_running"),
         retention_s=settings.get("retention_ms", int(DEFAULT_RETENTION_S * 1000)) / 1000.0,
         sequence=settings.get("seq", 0),
+        order=order.order.value,
+        aging_s=order.aging_s,
     )
 
 
@@ -1411,6 +1514,11 @@ def translate_error(message: str) -> Exception:
             return ConflictError(f"task {detail!r} is running; it cannot be replaced")
         if what == "not_requested":
             return ConflictError(f"task {detail!r} has no cancellation request")
+        if what == "queued":
+            return ConflictError(
+                f"the ready set holds {detail} entries, more than a change of order rewrites "
+                "at once; let the workers drain it first"
+            )
         if what == "state":
             state, _, task_id = detail.partition(" ")
             return ConflictError(f"task {task_id!r} is {state}")
@@ -1956,6 +2064,15 @@ class Ops:
             sharded = yield from self.uses_sharded_pubsub()
             yield _one(("SPUBLISH" if sharded else "PUBLISH", self.keys.wake, "capacity"))
 
+    def order(self) -> Op[OrderSetting]:
+        (fields,) = yield from self.read(("HMGET", self.keys.meta, "order", "aging_ms"))
+        return decode_order(fields[0], fields[1])
+
+    def set_order(self, order: object, aging: object) -> Op[OrderSetting]:
+        chosen, aging_ms = validate_order(order, aging)
+        yield from self.run(order_call(self.keys, chosen, aging_ms))
+        return OrderSetting(chosen, aging_ms / 1000.0)
+
     def uses_sharded_pubsub(self) -> Op[bool]:
         """Whether wake-ups travel on sharded channels: the server has SPUBLISH (Redis 7)."""
         try:
@@ -2102,10 +2219,10 @@ class Ops:
 
     def stats(self) -> Op[Stats]:
         k = self.keys
-        meta, entries, leases = yield from self.read(
-            ("HGETALL", k.meta), ("ZCARD", k.queue), ("ZCARD", k.leases)
+        meta, entries, leases, ranked = yield from self.read(
+            ("HGETALL", k.meta), ("ZCARD", k.queue), ("ZCARD", k.leases), ("ZCARD", k.ranked)
         )
-        return decode_stats(_mapping(meta), int(entries), int(leases))
+        return decode_stats(_mapping(meta), int(entries), int(leases), int(ranked))
 
     def server_time(self) -> Op[float]:
         # A plain TIME goes to whichever node the client picks; the one clock that
@@ -2125,18 +2242,31 @@ class Ops:
         now = yield from self.server_time()
         now_ms = int(now * 1000)
         k = self.keys
-        expired, expiring, due = yield from self.read(
+        aging_ms = round(data["aging_s"] * 1000)
+        expired, expiring, due, ranked = yield from self.read(
             ("ZCOUNT", k.leases, "-inf", f"({now_ms}"),
             ("ZCOUNT", k.leases, now_ms, now_ms + int(soon * 1000)),
             ("ZRANGEBYSCORE", k.queue, "-inf", now_ms, "WITHSCORES", "LIMIT", 0, scan),
+            ("ZRANGE", k.ranked, 0, scan - 1, "WITHSCORES"),
         )
+        # (version, id, priority, due ms) of the first due entries of each set: in the
+        # ready set of the priority order the due time is rank + priority * aging.
+        entries = [
+            (*parse_queue_member(member), member_priority(member), float(score))
+            for member, score in _pairs(due)
+        ]
+        for member, score in _pairs(ranked):
+            priority = member_priority(member)
+            entries.append(
+                (*parse_queue_member(member), priority, float(score) + priority * aging_ms)
+            )
         oldest: float | None = None
-        entries = [(parse_queue_member(member), score) for member, score in _pairs(due)]
+        by_priority: dict[str, float] = {}
         if entries:
             (records,) = yield from self.read(
-                ("HMGET", k.tasks, *[task_id for (_, task_id), _ in entries])
+                ("HMGET", k.tasks, *[task_id for _, task_id, _, _ in entries])
             )
-            for ((version, _), score), raw in zip(entries, records, strict=True):
+            for (version, _, priority, due_ms), raw in zip(entries, records, strict=True):
                 if raw is None:
                     continue
                 try:
@@ -2144,8 +2274,10 @@ class Ops:
                 except ScriptError:  # a corrupt record: claim.lua fails it
                     continue
                 if record.state is State.READY and record.version == version:
-                    oldest = max(0.0, now - float(score) / 1000.0)
-                    break
+                    age = max(0.0, now - due_ms / 1000.0)
+                    oldest = age if oldest is None else max(oldest, age)
+                    bucket = priority_bucket(priority)
+                    by_priority[bucket] = max(by_priority.get(bucket, 0.0), age)
         total = data["queue_entries"]
         return Overview(
             **data,
@@ -2155,6 +2287,7 @@ class Ops:
             leases_expiring=int(expiring),
             leases_soon_s=soon,
             oldest_ready_age=oldest,
+            oldest_ready_age_by_priority=by_priority,
         )
 
     def explain(self, task_id: str) -> Op[Explanation]:
@@ -2170,10 +2303,12 @@ class Ops:
             ("HGET", k.deps, task_id),
             ("HGET", k.blocked, task_id),
             ("ZSCORE", k.leases, task_id),
-            ("HMGET", k.meta, "max_running", "count:running"),
+            ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms"),
         )
         if record_raw is None:
             raise NotFoundError(task_id)
+        order = decode_order(meta[2], meta[3])
+        meta = meta[:2]
         rec = decode_record(record_raw, task_id)
         try:
             fn: str | None = decode_payload(payload)[0]
@@ -2196,6 +2331,7 @@ class Ops:
             reads.append(("HGET", k.results, task_id))
         if queued:
             reads += [("ZSCORE", k.queue, member), ("ZRANK", k.queue, member)]
+            reads += [("ZSCORE", k.ranked, member), ("ZRANK", k.ranked, member)]
         if served:
             reads.append(("HGET", k.served, fn))
         if shown:
@@ -2209,7 +2345,20 @@ class Ops:
         due_at = ahead = None
         if queued:
             score, rank = replies.pop(0), replies.pop(0)
-            if score is not None:
+            ranked_score, ranked_rank = replies.pop(0), replies.pop(0)
+            aging_ms = round(order.aging_s * 1000)
+            if ranked_score is not None:
+                # In the ready set of the priority order: due, behind the entries ranked
+                # before it.
+                due_ms = float(ranked_score) + rec.priority * aging_ms
+                due_at, ahead = due_ms / 1000.0, int(ranked_rank)
+            elif score is not None and order.order is Order.PRIORITY and float(score) <= now_ms:
+                # Due, not moved into the ready set yet (the next claim moves it): behind
+                # the ready-set entries that rank before it.
+                rank_ms = float(score) - rec.priority * aging_ms
+                (before,) = yield from self.read(("ZCOUNT", k.ranked, "-inf", f"({rank_ms}"))
+                due_at, ahead = float(score) / 1000.0, int(before)
+            elif score is not None:
                 due_at, ahead = float(score) / 1000.0, int(rank)
         served_at = None
         if served:
@@ -2396,7 +2545,32 @@ class Ops:
                 for m in members[:want]
             ]  # fmt: skip
             return entries, len(members) <= want
-        key = k.queue if state is State.READY else k.leases
+        if state is State.READY:
+            # The ready set of the priority order first (claim order; empty in the default
+            # order), then the queue; a cursor into the ready set starts with RANKED_MARK.
+            in_ranked = not position or position.startswith(RANKED_MARK)
+            if in_ranked:
+                after_ranked = position[len(RANKED_MARK) :] if position else None
+                entries, done = yield from self._list_sorted(
+                    k.ranked, state, after_ranked, want, RANKED_MARK
+                )
+                if not done:
+                    return entries, False
+                if len(entries) >= want:
+                    # The queue may hold more: the next page goes on from there.
+                    return entries, False
+                rest, done = yield from self._list_sorted(
+                    k.queue, state, None, want - len(entries), ""
+                )
+                return entries + rest, done
+            return (yield from self._list_sorted(k.queue, state, position, want, ""))
+        return (yield from self._list_sorted(k.leases, state, position, want, ""))
+
+    def _list_sorted(
+        self, key: str, state: State, position: str | None, want: int, mark: str
+    ) -> Op[tuple[list[_Entry], bool]]:
+        """``_list_entries`` of one sorted set (queue, ready set or leases); cursors get
+        ``mark`` in front."""
         start, after = 0, None
         if position:
             after = _parse_list_cursor(state, position)
@@ -2433,7 +2607,7 @@ class Ops:
         entries = []
         for member, score in pairs:
             task_id = (member[22:] if state is State.READY else member).decode("utf-8", "replace")
-            text = f"{score}:{_cursor_text(member)}"
+            text = f"{mark}{score}:{_cursor_text(member)}"
             entries.append(_Entry(task_id, member, score, text))
         return entries, exhausted
 
@@ -2642,7 +2816,9 @@ _INDEX_CODE = {
     State.BLOCKED: "b",
 }
 _INDEX_CURSOR = re.compile(r"[psfcb][0-9a-f]{14}.+", re.S)
-_RANK_CURSOR = re.compile(r"(-?[0-9]{1,17}):(.+)", re.S)
+_RANK_CURSOR = re.compile(r"(-?[0-9]{1,20}):(.+)", re.S)
+# A ready listing's cursor into the ready set of the priority order starts with this.
+RANKED_MARK = "~"
 
 
 def list_state(state: object) -> State:
@@ -2848,6 +3024,8 @@ def _parse_list_cursor(state: State, cursor: str) -> tuple[int, bytes]:
         if not _INDEX_CURSOR.fullmatch(cursor) or cursor[0] != _INDEX_CODE[state]:
             raise InvalidArgument("cursor", f"is not a cursor of a {state.value} listing")
         return 0, _cursor_bytes(cursor)
+    if state is State.READY and cursor.startswith(RANKED_MARK):
+        cursor = cursor[len(RANKED_MARK) :]
     found = _RANK_CURSOR.fullmatch(cursor)
     member = _cursor_bytes(found.group(2)) if found else b""
     if not found or (state is State.READY and not re.fullmatch(rb"[0-9a-f]{22}.+", member, re.S)):

@@ -42,6 +42,7 @@ KEY_NAMES = (
     "firing",
     "waits",
     "ended",
+    "ranked",
 )
 
 
@@ -205,6 +206,12 @@ class Keys:
         """Pub/sub channel (sharded where the server has it): ``<state> <id>`` when a
         task that someone waits for ends."""
         return self.prefix + "ended"
+
+    @property
+    def ranked(self) -> str:
+        """Sorted set: the due tasks of a namespace of the priority order, by rank
+        (``due ms - priority * aging_ms``; members as in ``queue``, ``lua/lib/ranked.lua``)."""
+        return self.prefix + "ranked"
 
     @property
     def served(self) -> str:

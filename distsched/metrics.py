@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from distsched.core import Claim, Outcome, State
+from distsched.core import PRIORITY_LABELS, Claim, Outcome, State, priority_bucket
 from distsched.errors import DistschedError
 from distsched.hooks import WorkerHooks
 
@@ -162,6 +162,16 @@ class PrometheusMetrics(WorkerMetrics):
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
+        # Per priority, so that starvation shows: a label per bucket of priorities
+        # (core.priority_bucket: 0 to 9 each, then <0, 10-99, 100-999, >=1000).
+        self.ready_wait = prom.Histogram(
+            "distsched_task_ready_wait_seconds",
+            "From a task's run_at (server clock) to its function starting, per priority "
+            "bucket (0 to 9 exactly, else <0, 10-99, 100-999, >=1000).",
+            ("priority",),
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
         self.tasks = gauge(
             "distsched_namespace_tasks", "Tasks of the namespace per state.", ("state",)
         )
@@ -185,6 +195,8 @@ class PrometheusMetrics(WorkerMetrics):
             self.tasks.labels(state.value)
         for slot in ("executing", "unstarted", "reporting", "free"):
             self.pool.labels(slot)
+        for label in PRIORITY_LABELS:
+            self.ready_wait.labels(label)
         self._applied = {
             "complete": self.succeeded,
             "fail": self.failed,
@@ -198,6 +210,7 @@ class PrometheusMetrics(WorkerMetrics):
 
     def on_started(self, claim: Claim, wait_s: float) -> None:
         self.start_wait.observe(max(0.0, wait_s))
+        self.ready_wait.labels(priority_bucket(claim.priority)).observe(max(0.0, wait_s))
 
     def on_finished(self, claim: Claim, duration_s: float) -> None:
         # Only registered functions run, so the label's values are bounded.

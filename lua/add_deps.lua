@@ -2,7 +2,7 @@
 --
 --- @include settle
 --- @keys tasks results queue finished meta idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --
 -- pending -> pending (more awaited), or pending -> blocked when a new dependency

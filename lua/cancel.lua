@@ -2,7 +2,7 @@
 --
 --- @include settle
 --- @keys tasks results queue finished meta wake idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --
 -- pending / ready -> cancelled, atomically: a claim racing with it either ran

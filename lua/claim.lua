@@ -4,10 +4,14 @@
 --- @include counts
 --- @include repair
 --- @include kept
---- @keys tasks payloads queue leases meta idle claims fires
+--- @include ranked
+--- @keys tasks payloads queue leases meta idle claims fires ranked
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
--- sequence). An entry whose version is not the record's current one, or whose
+-- sequence); in a namespace of the priority order (lib/ranked.lua) it first moves the
+-- due entries of queue into ranked (at most MOVE_MAX, the rest by the next calls), then
+-- walks the ranked head (rank, -priority, sequence). An entry whose version is not
+-- the record's current one, or whose
 -- task is no longer ready, is stale: it is removed here, at most once, and
 -- skipped. Each claimed task gets attempt + 1, the worker id, and a lease
 -- deadline (server clock) in the leases sorted set. The per-namespace
@@ -20,8 +24,8 @@
 -- worker fails it (fail.lua stores the error and settles its dependents). Everything
 -- is read and checked before the first write.
 --
--- Reads payloads, fires (its head), meta (max_running, count:running); writes tasks, queue, leases,
--- meta (count:ready, count:running, timer, timer_at), idle, claims.
+-- Reads payloads, fires (its head), meta (max_running, count:running, order, aging_ms); writes
+-- tasks, queue, leases, meta (count:ready, count:running, timer, timer_at), idle, claims, ranked.
 --
 -- ARGV[1] worker id
 -- ARGV[2] n, the most tasks to claim (>= 1)
@@ -41,6 +45,8 @@
 --   reason  '' when n were claimed; else why not more:
 --           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
 --           when the stale-drop bound was reached), 'capacity' (max_running reached);
+--           in the priority order, 'not_due' when ranked has no live entry and queue has
+--           one (delay_us until the head of queue, 0 when due entries are left to move);
 --           'fire' (whatever was claimed): a schedule's slot is due (the head of fires),
 --           run fire.lua, then claim again; delay_us is then 0
 --   delay_us microseconds (from the server clock's microseconds, so a waiting worker does
@@ -50,7 +56,8 @@
 --           already waits for that time (lib/idle.lua).
 -- With a channel, a claim that gets fewer than n registers the caller in idle until now +
 -- ARGV[6]; one that gets n while more tasks are due wakes one more idle worker.
--- Cost: O((claimed + dropped) log N), in a few commands per call whatever n is.
+-- Cost: O((claimed + dropped + moved) log N), in a few commands per call whatever n is
+-- (moved: the entries moved into ranked in the priority order, at most MOVE_MAX).
 
 return run(function()
   local worker = ARGV[1]
@@ -71,8 +78,18 @@ return run(function()
   local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local now = math.floor(now_us / 1000)
   -- A max_running that is not a count (junk) is ignored, as if none were set.
-  local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
+  local settings = redis.call('HMGET', k.meta, 'max_running', 'order', 'aging_ms')
+  local limit = tonumber(settings[1])
   if limit and (limit < 0 or limit ~= math.floor(limit)) then limit = nil end
+  local aging = aging_of(settings[2], settings[3])
+  -- The priority order: the entries due by now join the ready set first. Moving changes
+  -- no task, so it may come before the reads below.
+  if aging then move_due(now, aging) end
+  -- The set claims walk: the ready set in the priority order, else the queue.
+  local function head_page(first, last)
+    if aging then return redis.call('ZRANGE', k.ranked, first, last, 'WITHSCORES') end
+    return redis.call('ZRANGE', k.queue, first, last, 'WITHSCORES')
+  end
   local running = running_count()
   local out, records, leases, claimed_ids = {}, {}, {}, {}
   local claimed, dropped, handled, failed_here, ready_taken = 0, 0, 0, 0, 0
@@ -84,8 +101,21 @@ return run(function()
   -- with one ZREMRANGEBYRANK. Everything is read and checked before the first write.
   while claimed < n and reason == '' do
     -- A couple of entries beyond what is wanted, to get past a stale one or two at once.
-    local page = redis.call('ZRANGE', k.queue, handled, handled + (n - claimed) + 1, 'WITHSCORES')
-    if #page == 0 then reason = 'empty'; break end
+    local page = head_page(handled, handled + (n - claimed) + 1)
+    if #page == 0 then
+      reason = 'empty'
+      if aging then
+        -- No due entry ranked: the delayed set's head says when to come back (0: due
+        -- entries beyond this call's move are left, call again at once).
+        local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+        if head[1] then
+          reason = 'not_due'
+          delay = math.max(0, tonumber(head[2]) * 1000 - now_us)
+          if delay > 9007199254740991 then delay = -1 end
+        end
+      end
+      break
+    end
     local ids = {}
     for i = 1, #page, 2 do ids[#ids + 1] = string.sub(page[i], 23) end
     local raws = redis.call('HMGET', k.tasks, unpack(ids))
@@ -115,7 +145,7 @@ return run(function()
         handled = handled + 1
         dropped = dropped + 1
         if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
-      elseif score > now then
+      elseif not aging and score > now then
         reason = 'not_due'; delay = score * 1000 - now_us
         -- An infinite score (junk) is never due: as for an empty queue, no delay.
         if delay > 9007199254740991 then delay = -1 end
@@ -166,7 +196,13 @@ return run(function()
   end
 
   -- Writes, only now that every read and check is done.
-  if handled > 0 then redis.call('ZREMRANGEBYRANK', k.queue, 0, handled - 1) end
+  if handled > 0 then
+    if aging then
+      redis.call('ZREMRANGEBYRANK', k.ranked, 0, handled - 1)
+    else
+      redis.call('ZREMRANGEBYRANK', k.queue, 0, handled - 1)
+    end
+  end
   call_many('HSET', k.tasks, records)
   call_many('ZADD', k.leases, leases)
   if ready_taken + failed_here > 0 then
@@ -190,7 +226,9 @@ return run(function()
   if channel ~= '' then
     local due_at = delay > 0 and math.floor((now_us + delay) / 1000) or nil
     local room = not limit or running < limit
-    if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now) then delay = -1 end
+    if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now, aging ~= nil) then
+      delay = -1
+    end
   end
   keep_claim(worker, request, out)
   local reply = { 0, claimed, reason, delay }

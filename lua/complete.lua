@@ -4,7 +4,7 @@
 --- @include tokens
 --- @include history
 --- @keys tasks results done queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states history minutes
+--- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
 --
 -- running -> succeeded, fenced by the token (id, version, attempt): only the

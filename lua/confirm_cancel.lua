@@ -4,7 +4,7 @@
 --- @include tokens
 --- @include history
 --- @keys tasks results done queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states history
+--- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
 --
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.

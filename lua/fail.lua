@@ -4,7 +4,7 @@
 --- @include tokens
 --- @include attempt
 --- @keys tasks results done queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states history minutes
+--- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
 --
 -- running -> ready (a new attempt, due after backoff * 2^(attempt-1), capped

@@ -3,7 +3,7 @@
 --- @include settle
 --- @include fires
 --- @keys tasks payloads results queue finished meta wake idle
---- @keys edges deps blocked blockedby propagating states fires firing
+--- @keys edges deps blocked blockedby propagating states fires firing ranked
 --- @keys waits ended
 --
 -- The caller (any worker) reads the head of fires, computes the schedule's slots from

@@ -3,7 +3,7 @@
 --- @include settle
 --- @include attempt
 --- @keys tasks results queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states history minutes
+--- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
 --
 -- running -> ready (a new attempt after backoff) while attempts remain and no

@@ -3,7 +3,7 @@
 --- @include settle
 --- @include history
 --- @keys tasks results queue leases finished meta idle
---- @keys edges deps blocked blockedby propagating states history
+--- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
 --
 -- running -> ready with the attempt given back (no attempt spent), at its own

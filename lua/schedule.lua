@@ -3,7 +3,7 @@
 --- @include payload
 --- @include settle
 --- @keys tasks payloads results queue finished meta idle
---- @keys edges deps blocked blockedby propagating states
+--- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
@@ -19,7 +19,9 @@
 --
 -- Writes tasks, payloads, results, queue, finished, meta, idle, edges, deps, blocked,
 -- blockedby, propagating.
--- Also writes states (the per-state index, for the records it writes).
+-- Also writes states (the per-state index, for the records it writes), and in a
+-- namespace of the priority order ranked (a task due now goes straight into the ready
+-- set; lib/ranked.lua), reading meta (order, aging_ms).
 --
 -- waits, ended: each task it ends that a client waits for loses its waits entry and
 -- is published as '<state> <id>' on ended (lib/ended.lua).
@@ -207,7 +209,8 @@ return run(function()
   end
   -- A new task without dependencies is always ready: its writes are gathered and sent
   -- as one command per key for the whole batch.
-  local records, payloads, entries = {}, {}, {}
+  local records, payloads, entries, ranks = {}, {}, {}, {}
+  local aging = order_aging()
   for _, s in ipairs(order) do
     if not s.old and #s.deps == 0 then
       local t = {
@@ -220,8 +223,13 @@ return run(function()
       enqueued[member] = s.run_at
       records[#records + 1] = s.id
       records[#records + 1] = encode_task(t)
-      entries[#entries + 1] = s.run_at
-      entries[#entries + 1] = member
+      if aging and s.run_at <= now then
+        ranks[#ranks + 1] = rank_of(s.run_at, s.priority, aging)
+        ranks[#ranks + 1] = member
+      else
+        entries[#entries + 1] = s.run_at
+        entries[#entries + 1] = member
+      end
       written[s.id] = 'ready'
     else
       written[s.id] = select(2, write_version(s.id, s.old, s, s.deps, now, state_of, s.version))
@@ -233,6 +241,7 @@ return run(function()
   call_many('HSET', k.tasks, records)
   call_many('HSET', k.payloads, payloads)
   call_many('ZADD', k.queue, entries)
+  call_many('ZADD', k.ranked, ranks)
   -- Only a blocked task, or work already waiting, needs the propagation budget here.
   if jobs_pending or blocked_any then reply[1] = settle_after_terminal({}, now, budget) end
   return reply

@@ -59,7 +59,8 @@ def check_report(report: dict[str, Any], throwaway: bool) -> None:
     assert slots["slots"] == 10 and slots["exactly_once_problems"] == []
     assert slots["p50_ms"] <= slots["p99_ms"] <= slots["max_ms"]
     assert [size["queued"] for size in sections["claim"]["sizes"]] == [60, 120]
-    for size in sections["claim"]["sizes"]:
+    assert [size["queued"] for size in sections["claim"]["priority"]] == [60, 120]
+    for size in sections["claim"]["sizes"] + sections["claim"]["priority"]:
         assert size["n1"]["claims"] == 20
         assert size["n100"]["claims"] == 20
     dag = sections["dag"]

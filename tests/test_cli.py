@@ -21,6 +21,7 @@ from click.testing import CliRunner, Result
 
 from distsched import Outcome, Scheduler, State
 from distsched.cli import cli, load_app
+from distsched.core import Order, OrderSetting
 from distsched.text import parse_duration
 from distsched.tools.embedded import EmbeddedRedisUnavailable, embedded_redis
 from tests.conftest import (
@@ -238,6 +239,27 @@ def test_max_running_is_shown_set_and_removed(
     for bad in ("-1", "two", "1.5"):
         assert_one_line_error(invoke(redis_server, namespace, "max-running", bad), bad)
     assert scheduler.stats()["max_running"] is None
+
+
+def test_order_is_shown_set_to_priority_with_an_aging_and_back(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    scheduler.schedule("a", fn="f")
+    shown = invoke(redis_server, namespace, "order")
+    assert shown.stdout.strip().endswith(": default")
+    result = invoke(redis_server, namespace, "order", "priority", "--aging", "90s")
+    assert result.exit_code == 0, result.stderr
+    assert scheduler.order() == OrderSetting(Order.PRIORITY, 90.0)
+    shown = invoke(redis_server, namespace, "order")
+    assert shown.stdout.strip().endswith(": priority, aging 90 s per point")
+    stats = invoke(redis_server, namespace, "stats")
+    assert "priority (aging 90 s per point)" in stats.stdout
+    assert re.search(r"priority 0\s+\d+\.\d{3} s", stats.stdout)  # a's wait
+    assert invoke(redis_server, namespace, "order", "default").exit_code == 0
+    assert scheduler.order().order is Order.DEFAULT
+    bad = invoke(redis_server, namespace, "order", "priority", "--aging", "-5s")
+    assert bad.exit_code != 0
+    assert scheduler.order().order is Order.DEFAULT
 
 
 def test_status_prints_readable_lines_and_json(

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import redis
 
-from distsched import Scheduler, State, TaskSpec, Worker, current_task
+from distsched import Claim, Scheduler, State, TaskSpec, Worker, current_task
 from distsched.metrics import (
     INSTALL_HINT,
     MetricsServer,
@@ -196,6 +196,9 @@ def test_a_worker_exports_its_outcomes_latencies_and_the_namespace_gauges(
             sample("distsched_task_run_seconds_count", fn="wait_cancel"): 1.0,
             sample("distsched_task_run_seconds_count", fn="outlive_lease"): 1.0,
             sample("distsched_task_start_wait_seconds_count"): 7.0,
+            # The same waits per priority bucket; every bucket is exported from the start.
+            sample("distsched_task_ready_wait_seconds_count", priority="0"): 7.0,
+            sample("distsched_task_ready_wait_seconds_count", priority=">=1000"): 0.0,
             # Namespace gauges, refreshed by the heartbeat thread from stats().
             sample("distsched_namespace_tasks", state="succeeded"): 4.0,
             sample("distsched_namespace_tasks", state="failed"): 2.0,  # boom, lost
@@ -340,3 +343,24 @@ def test_worker_cli_serves_metrics_on_the_given_port_until_it_stops(
     assert f"metrics at http://127.0.0.1:{port}/metrics" in log.read_text()
     with pytest.raises(urllib.error.URLError):
         scrape(port)
+
+
+def test_the_ready_wait_is_exported_per_priority_bucket(registry: CollectorRegistry) -> None:
+    metrics = PrometheusMetrics(registry)
+    for priority, wait in [(0, 0.002), (3, 0.2), (3, 20.0), (-7, 1.0), (42, 1.0), (5000, 1.0)]:
+        claim = Claim("t", 1, 1, "f", (), {}, priority, 0.0)
+        metrics.on_started(claim, wait)
+
+    def count(label: str) -> float | None:
+        value: float | None = registry.get_sample_value(
+            "distsched_task_ready_wait_seconds_count", {"priority": label}
+        )
+        return value
+
+    assert [count(label) for label in ("0", "3", "<0", "10-99", ">=1000", "9")] == [
+        1.0, 2.0, 1.0, 1.0, 1.0, 0.0,
+    ]  # fmt: skip
+    slow = registry.get_sample_value(
+        "distsched_task_ready_wait_seconds_bucket", {"priority": "3", "le": "10.0"}
+    )
+    assert slow == 1.0  # the 20 s wait of a priority-3 task stands out

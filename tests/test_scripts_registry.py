@@ -125,6 +125,7 @@ def sample_calls() -> dict[str, core.Call]:
         "leave": core.leave_call(keys, "w"),
         "recur": core.recur_remove_call(keys, "s"),
         "fire": core.fire_call(keys, every_second, "rev", "trigger", [("now", "now")], 1000),
+        "order": core.order_call(keys, core.Order.PRIORITY, 1000),
     }
 
 
@@ -514,6 +515,9 @@ def lifecycle(s: Scheduler) -> None:
     assert s.trigger("hourly") is not None
     assert s.fire_due() == 0
     assert s.remove_schedule("hourly") is True
+    # The claim order: priority first, then back to the default.
+    assert s.set_order("priority", aging=1.0).order is core.Order.PRIORITY
+    assert s.set_order("default").order is core.Order.DEFAULT
 
 
 @pytest.fixture
@@ -619,7 +623,7 @@ class RecordingScheduler(Scheduler):
         return reply
 
 
-NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "forget", "compact", "leave", "recur"}
+NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "forget", "compact", "leave", "recur", "order"}
 
 
 def test_every_reply_opens_with_the_number_of_propagation_jobs_left(

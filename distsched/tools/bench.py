@@ -9,7 +9,8 @@ Sections (each on fresh namespaces):
   with every task checked to have run exactly once;
 - ``lateness``: how late delayed tasks start against the Redis clock, and how late the
   tasks of a schedule's slots start with an idle worker (woken by the fire time);
-- ``claim``: claim rate with small and very large queues, one and 100 per call;
+- ``claim``: claim rate with small and very large queues, one and 100 per call, in the
+  default order and in the priority order (ten priorities, so ranks interleave);
 - ``dag``: a long chain, a wide fan-out/fan-in, and the longest single script
   call while 100,000 dependents are released or blocked;
 - ``memory``: Redis memory per queued no-op task;
@@ -62,6 +63,8 @@ from distsched.text import clock_offset, finite_or_none, redact, table
 
 Echo = Callable[[str], None]
 
+# The claim section measures each namespace order (``Scheduler.set_order``).
+ORDERS = ("default", "priority")
 SECTIONS = (
     "ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake", "dashboard",
 )  # fmt: skip
@@ -922,60 +925,81 @@ class Bench:
         cfg = self.config
         sizes = sorted(set(cfg.claim_sizes))
         self._phase(5, f"claim rate with {', '.join(f'{n:,}' for n in sizes)} tasks queued")
-        results: list[dict[str, Any]] = []
-        for size in sizes:
-            namespace = self._namespace(f"claim{size}")
-            with self._scheduler(namespace, lease_s=3600.0) as s:
-                before = self._used_memory()
-                fill = size / self._fill(s, "c", size)
-                after = self._used_memory()
-                s.release(s.ready(1, "bench-claimer"))  # the claim script is loaded
-                one, per_one, one_server = self._claim_rate(s, 1, size)
-                many, per_many, many_server = self._claim_rate(s, 100, size)
-            self._clean(namespace)
-            self._step(
-                f"{size:,} queued (filled at {fill:,.0f} tasks/s): "
-                f"{per_one:,.0f} claims/s one per call, {per_many:,.0f} with 100"
-            )
-            results.append(
-                {
-                    "queued": size,
-                    "fill_per_s": fill,
-                    "bytes_per_task": (after - before) / size,
-                    "n1": {
-                        "claims": one,
-                        "calls": one,
-                        "claims_per_s": per_one,
-                        "server_us_per_call": one_server.us_per_call,
-                    },
-                    "n100": {
-                        "claims": many,
-                        "calls": math.ceil(many / 100),
-                        "claims_per_s": per_many,
-                        "server_us_per_call": many_server.us_per_call,
-                    },
-                }
-            )
-        self.sections["claim"] = {"claims": cfg.claims, "sizes": results}
-        smallest = results[0]
-        for result in results:
-            for key, label in (("n1", "ready(1)"), ("n100", "ready(100)")):
-                rate = result[key]["claims_per_s"]
-                base = smallest[key]["claims_per_s"]
-                row: dict[str, Any] = {}
-                if result is not smallest:
-                    ratio = rate / base
-                    row = {"ratio": ratio, "ratio_to": f"at {smallest['queued']:,}"}
-                    if result is results[-1]:
-                        row.update(target=f">= 0.8x at {smallest['queued']:,}", met=ratio >= 0.8)
-                self._row(
-                    "claim",
-                    f"claim with {result['queued']:,} queued, {label}",
-                    rate,
-                    "claims/s",
-                    server_us=result[key]["server_us_per_call"],
-                    **row,
+        by_order: dict[str, list[dict[str, Any]]] = {}
+        for order in ORDERS:
+            for size in sizes:
+                by_order.setdefault(order, []).append(self._claim_size(order, size))
+        self.sections["claim"] = {
+            "claims": cfg.claims,
+            "sizes": by_order["default"],
+            "priority": by_order["priority"],
+        }
+        for order, results in by_order.items():
+            smallest = results[0]
+            suffix = "" if order == "default" else ", priority order"
+            for result in results:
+                for key, label in (("n1", "ready(1)"), ("n100", "ready(100)")):
+                    rate = result[key]["claims_per_s"]
+                    base = smallest[key]["claims_per_s"]
+                    row: dict[str, Any] = {}
+                    if result is not smallest:
+                        ratio = rate / base
+                        row = {"ratio": ratio, "ratio_to": f"at {smallest['queued']:,}"}
+                        if result is results[-1]:
+                            row.update(
+                                target=f">= 0.8x at {smallest['queued']:,}", met=ratio >= 0.8
+                            )
+                    self._row(
+                        "claim",
+                        f"claim with {result['queued']:,} queued, {label}{suffix}",
+                        rate,
+                        "claims/s",
+                        server_us=result[key]["server_us_per_call"],
+                        **row,
+                    )
+
+    def _claim_size(self, order: str, size: int) -> dict[str, Any]:
+        """Claim rates with ``size`` tasks queued in namespace order ``order``; in the
+        priority order the tasks have ten priorities, so ranks interleave."""
+        namespace = self._namespace(f"claim{size}{order[0]}")
+        with self._scheduler(namespace, lease_s=3600.0) as s:
+            if order == "priority":
+                s.set_order("priority", aging=1.0)
+            before = self._used_memory()
+            if order == "priority":
+                fill = size / sum(
+                    self._fill(s, f"c{p}-", size // 10 + (p < size % 10), priority=p)
+                    for p in range(10)
                 )
+            else:
+                fill = size / self._fill(s, "c", size)
+            after = self._used_memory()
+            s.release(s.ready(1, "bench-claimer"))  # the claim script is loaded
+            one, per_one, one_server = self._claim_rate(s, 1, size)
+            many, per_many, many_server = self._claim_rate(s, 100, size)
+        self._clean(namespace)
+        self._step(
+            f"{size:,} queued, {order} order (filled at {fill:,.0f} tasks/s): "
+            f"{per_one:,.0f} claims/s one per call, {per_many:,.0f} with 100"
+        )
+        return {
+            "queued": size,
+            "order": order,
+            "fill_per_s": fill,
+            "bytes_per_task": (after - before) / size,
+            "n1": {
+                "claims": one,
+                "calls": one,
+                "claims_per_s": per_one,
+                "server_us_per_call": one_server.us_per_call,
+            },
+            "n100": {
+                "claims": many,
+                "calls": math.ceil(many / 100),
+                "claims_per_s": per_many,
+                "server_us_per_call": many_server.us_per_call,
+            },
+        }
 
     def _claim_rate(self, s: Scheduler, n: int, size: int) -> tuple[int, float, ServerTime]:
         """Time ``claims`` claims of up to ``n`` per call, the queue kept near ``size``.

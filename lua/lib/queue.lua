@@ -2,6 +2,10 @@
 --
 --- @include record
 --- @include idle
+--- @include ranked
+--
+-- In a namespace of the priority order a task due now goes straight into the ready set
+-- (ranked), one not due yet into queue, whose due entries claims move (lib/ranked.lua).
 --
 -- At the end of the script, one idle worker is woken per entry it added that is due
 -- now; when none is, and one of them is then the queue head (not due yet), one idle
@@ -12,7 +16,12 @@ local enqueued = {}
 
 local function enqueue(t, id)
   local member = queue_member(t, id)
-  redis.call('ZADD', k.queue, t.run_at, member)
+  local aging = order_aging()
+  if aging and t.run_at <= now_ms() then
+    redis.call('ZADD', k.ranked, rank_of(t.run_at, t.priority, aging), member)
+  else
+    redis.call('ZADD', k.queue, t.run_at, member)
+  end
   enqueued[member] = t.run_at
 end
 
