@@ -144,6 +144,14 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.submit_graph`."""
         return await self._drive(self._ops.schedule_many(specs))
 
+    async def admit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> core.Admitted:
+        """See :meth:`Scheduler.admit`."""
+        return await self._drive(self._ops.admit(task_id, options))
+
+    async def admit_many(self, specs: Sequence[TaskSpec]) -> list[core.Admitted]:
+        """See :meth:`Scheduler.admit_many`."""
+        return await self._drive(self._ops.admit_many(specs))
+
     async def cancel(self, task_id: str) -> State:
         """See :meth:`Scheduler.cancel`."""
         return await self._drive(self._ops.cancel(task_id))

@@ -171,9 +171,11 @@ class Scheduler(BaseScheduler):
 
         The options are those of :class:`~distsched.core.TaskSpec` (``fn``, ``args``,
         ``kwargs``, ``run_at`` or ``delay``, ``priority``, ``deps``, ``optional_deps``,
-        ``max_attempts``, ``backoff``, ``allow_unknown``), given as keywords. A pending or
-        ready task of that id is replaced; a running one raises ``ConflictError``; a
-        terminal one starts over as the new version.
+        ``max_attempts``, ``backoff``, ``allow_unknown``, ``dedupe``, ``dedupe_window``,
+        ``debounce``), given as keywords. A pending or ready task of that id is replaced; a
+        running one raises ``ConflictError``; a terminal one starts over as the new version.
+        With ``dedupe`` an existing queued or running version is kept and returned instead
+        (:meth:`admit` tells which happened).
         """
         return self._drive(self._ops.schedule(task_id, options))
 
@@ -192,6 +194,19 @@ class Scheduler(BaseScheduler):
     def submit_graph(self, specs: Sequence[TaskSpec]) -> list[int]:
         """Register a whole graph atomically: all of it or none of it. Returns the versions."""
         return self._drive(self._ops.schedule_many(specs))
+
+    def admit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> core.Admitted:
+        """``schedule``, telling whether a new version was written.
+
+        With ``dedupe`` (or ``dedupe_window``) an existing version may be kept: the
+        result's ``version`` is then that version and ``created`` is False.
+        ``schedule`` returns the same version without saying which.
+        """
+        return self._drive(self._ops.admit(task_id, options))
+
+    def admit_many(self, specs: Sequence[TaskSpec]) -> list[core.Admitted]:
+        """``schedule_many``, telling for each task whether a new version was written."""
+        return self._drive(self._ops.admit_many(specs))
 
     def cancel(self, task_id: str) -> State:
         """Cancel a task; return its state after the call.

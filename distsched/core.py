@@ -258,6 +258,12 @@ class TaskSpec:
       lease; attempt k+1 is due ``backoff * 2**(k-1)`` seconds after attempt k.
     - ``allow_unknown``: wait for dependencies not submitted yet instead of
       raising ``UnknownDependencyError``.
+    - ``dedupe``: when a version of ``task_id`` is pending, ready or running, keep it
+      and write nothing (the call returns that version); ``dedupe_window`` seconds
+      (implies ``dedupe``): also keep a version that ended less than that long ago.
+    - ``debounce``: replace a queued version as usual, but never start later than
+      ``debounce`` seconds after the first submission of the burst (the first call
+      that found no queued version); not with ``dedupe``.
     """
 
     task_id: str
@@ -273,6 +279,9 @@ class TaskSpec:
     max_attempts: int = 1
     backoff: float = 1.0
     allow_unknown: bool = False
+    dedupe: bool = False
+    dedupe_window: float | None = None
+    debounce: float | None = None
 
 
 class TaskOptions(TypedDict, total=False):
@@ -289,6 +298,45 @@ class TaskOptions(TypedDict, total=False):
     max_attempts: int
     backoff: float
     allow_unknown: bool
+    dedupe: bool
+    dedupe_window: float | None
+    debounce: float | None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What scheduling one task did: the version that now stands for ``task_id``.
+
+    ``created`` is False when ``dedupe`` kept an existing version (then ``version`` is
+    that version, and nothing was written), True when the call wrote a new one.
+    """
+
+    task_id: str
+    version: int
+    created: bool
+
+
+def admission_suffix(spec: TaskSpec) -> str:
+    """The option tokens of ``spec``'s schedule-script spec (lua/lib/admit.lua): ''
+    when it uses no admission policy."""
+    if not isinstance(spec.dedupe, bool):
+        raise InvalidArgument("dedupe", "must be a bool")
+    dedupe = spec.dedupe or spec.dedupe_window is not None
+    if spec.debounce is not None:
+        if dedupe:
+            raise InvalidArgument("debounce", "cannot be combined with dedupe")
+        ms = seconds_to_ms(spec.debounce, "debounce")
+        if ms < 0:
+            raise InvalidArgument("debounce", "must be >= 0 seconds")
+        return f" debounce={ms}"
+    if not dedupe:
+        return ""
+    window = 0
+    if spec.dedupe_window is not None:
+        window = seconds_to_ms(spec.dedupe_window, "dedupe_window")
+        if window < 0:
+            raise InvalidArgument("dedupe_window", "must be >= 0 seconds")
+    return f" dedupe={window}"
 
 
 def task_spec(task_id: str, options: Mapping[str, Any]) -> TaskSpec:
@@ -512,6 +560,7 @@ def schedule_values(spec: TaskSpec, max_payload_bytes: int) -> list[Any]:
     fields = (
         f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
         f" {1 if spec.allow_unknown else 0} {len(required)} {len(optional)}"
+        f"{admission_suffix(spec)}"
     )
     return [task_id, fields, payload, *required, *optional]
 
@@ -1546,6 +1595,24 @@ def advance(op: Op[T], reply: Any) -> Request | Done[T]:
         return Done(stop.value)
 
 
+def decode_schedule_reply(specs: Sequence[TaskSpec], values: Sequence[Any]) -> list[Admitted]:
+    """The :class:`Admitted` of each task from schedule.lua's own values: the versions,
+    then, when a spec had an admission option, one letter per task (``n`` new, ``k`` kept)."""
+    n = len(specs)
+    if len(values) == n + 1:
+        flags = _text(values[n])
+    elif len(values) == n:
+        flags = "n" * n
+    else:
+        raise ScriptError(f"schedule: {len(values)} values for {n} tasks")
+    if len(flags) != n:
+        raise ScriptError(f"schedule: {len(flags)} admission flags for {n} tasks")
+    return [
+        Admitted(spec.task_id, int(v), flag != "k")
+        for spec, v, flag in zip(specs, values[:n], flags, strict=True)
+    ]
+
+
 def split_reply(script: str, reply: Sequence[Any]) -> tuple[int, list[Any]]:
     """(ids still propagating, the script's own values) of a script reply.
 
@@ -1644,14 +1711,21 @@ class Ops:
 
     # -------------------------------------------------------------- producers
 
-    def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
+    def admit_many(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted]]:
         call = schedule_call(self.keys, specs, self.max_payload_bytes)
         if not specs:
             return []
-        return [int(v) for v in (yield from self.run(call))]
+        values = yield from self.run(call)
+        return decode_schedule_reply(specs, values)
+
+    def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
+        return [a.version for a in (yield from self.admit_many(specs))]
 
     def schedule(self, task_id: str, options: Mapping[str, Any]) -> Op[int]:
         return (yield from self.schedule_many([task_spec(task_id, options)]))[0]
+
+    def admit(self, task_id: str, options: Mapping[str, Any]) -> Op[Admitted]:
+        return (yield from self.admit_many([task_spec(task_id, options)]))[0]
 
     def cancel(self, task_id: str) -> Op[State]:
         (state,) = yield from self.run(cancel_call(self.keys, task_id))

@@ -40,6 +40,7 @@ KEY_NAMES = (
     "schedules",
     "fires",
     "firing",
+    "debounce",
 )
 
 
@@ -191,6 +192,12 @@ class Keys:
     def firing(self) -> str:
         """Hash: schedule name -> its firing state ``rev|fired|skipped|missed|last task id``."""
         return self.prefix + "firing"
+
+    @property
+    def debounce(self) -> str:
+        """Hash: task id scheduled with debounce -> ``<version> <first submission ms>`` of
+        its burst (``lua/lib/admit.lua``)."""
+        return self.prefix + "debounce"
 
     @property
     def served(self) -> str:
