@@ -341,6 +341,10 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.reap`."""
         return await self._drive(self._ops.reap(limit))
 
+    async def expire(self, limit: int = core.EXPIRE_BATCH) -> int:
+        """See :meth:`Scheduler.expire`."""
+        return await self._drive(self._ops.expire(limit))
+
     async def expire_lease(self, task_id: str) -> int:
         """See :meth:`Scheduler.expire_lease`."""
         return await self._drive(self._ops.expire_lease(task_id))

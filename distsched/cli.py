@@ -588,6 +588,14 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Replace a queued version, but start at most this long after the burst's "
             "first submission.",
         ),
+        click.option(
+            "--deadline", metavar="WHEN",
+            help="Expire (end cancelled) if not started by then: as --run-at.",
+        ),
+        click.option(
+            "--ttl", type=Duration("ttl"), metavar="DURATION",
+            help="Expire (end cancelled) if not started this long after now (server clock).",
+        ),
     ]  # fmt: skip
     for option in reversed(options):
         command = option(command)
@@ -597,10 +605,12 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def _task_keywords(
     args_json: str, kwargs_json: str, run_at: str | None, delay: float | None, priority: int,
     max_attempts: int, backoff: float, dedupe: bool = False, dedupe_window: float | None = None,
-    debounce: float | None = None,
+    debounce: float | None = None, deadline: str | None = None, ttl: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The options of ``_task_options`` as ``Scheduler.schedule`` keywords."""
     return {
+        "deadline": None if deadline is None else parse_when(deadline, "deadline"),
+        "ttl": ttl,
         "dedupe": dedupe,
         "dedupe_window": dedupe_window,
         "debounce": debounce,
@@ -621,7 +631,8 @@ def _task_keywords(
 def schedule(
     ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
     run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
-    dedupe: bool, dedupe_window: float | None, debounce: float | None,
+    dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
+    ttl: float | None,
 ) -> None:  # fmt: skip
     """Schedule (or replace) task ID; print its new version.
 
@@ -629,7 +640,7 @@ def schedule(
     """
     options = _task_keywords(
         args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
-        dedupe, dedupe_window, debounce,
+        dedupe, dedupe_window, debounce, deadline, ttl,
     )  # fmt: skip
     scheduler = _connect(ctx)
     _echo_admitted(scheduler.admit(task_id, fn=fn, **options))
@@ -668,7 +679,8 @@ def submit(
     ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
     run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
     deps: tuple[str, ...], optional_deps: tuple[str, ...], allow_unknown: bool,
-    dedupe: bool, dedupe_window: float | None, debounce: float | None,
+    dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
+    ttl: float | None,
 ) -> None:  # fmt: skip
     """Submit (or replace) task ID after its dependencies; print its new version.
 
@@ -678,7 +690,7 @@ def submit(
     """
     options = _task_keywords(
         args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
-        dedupe, dedupe_window, debounce,
+        dedupe, dedupe_window, debounce, deadline, ttl,
     )  # fmt: skip
     scheduler = _connect(ctx)
     try:
@@ -781,6 +793,12 @@ def _why_lines(exp: Explanation) -> list[str]:
             text = f"it failed at {iso(exp.updated_at)} after {spent}: {error}"
         elif reason is Reason.CANCELLED:
             text = f"it was cancelled at {iso(exp.updated_at)}"
+        elif reason is Reason.EXPIRED:
+            text = (
+                "it expired: it was not started by its deadline"
+                if exp.state is State.CANCELLED
+                else "its root cause expired: it was not started by its deadline"
+            )
         elif reason is Reason.BLOCKED:
             cause = exp.blocked_by
             if cause is None:

@@ -449,6 +449,11 @@ class Scheduler(BaseScheduler):
         """Handle expired leases now; return how many."""
         return self._drive(self._ops.reap(limit))
 
+    def expire(self, limit: int = core.EXPIRE_BATCH) -> int:
+        """End queued tasks whose deadline passed now (as the housekeeping does); return
+        how many expired."""
+        return self._drive(self._ops.expire(limit))
+
     def expire_lease(self, task_id: str) -> int:
         """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""
         return self._drive(self._ops.expire_lease(task_id))
@@ -476,12 +481,13 @@ class Scheduler(BaseScheduler):
         return self._drive(self._ops.compact(budget))
 
     def housekeeping(self, purge_calls: int = 20) -> Chores:
-        """The periodic chores every worker runs: reap leases, compact, purge.
+        """The periodic chores every worker runs: reap leases, expire tasks past their
+        deadline, compact, purge.
 
         Purging goes on while whole batches come back, up to ``purge_calls``
         bounded calls, so a busy namespace's history is removed about as fast as
         it is made; per-minute counters older than a day are deleted. Returns how many
-        leases were reaped, stale queue entries dropped, terminal tasks purged and
+        leases were reaped, tasks expired, stale queue entries dropped, terminal tasks purged and
         counter fields deleted.
         """
         return self._drive(self._ops.housekeeping(purge_calls))

@@ -75,6 +75,10 @@ IDLE_MS = int(IDLE_RECHECK_S * 3 * 1000)
 # The longest single wait on a timer (threading's own limit is far above any real delay).
 MAX_WAIT_S = 3600.0
 REAP_BATCH = 1000
+# The most deadline entries one housekeeping round handles (lua/expire.lua).
+EXPIRE_BATCH = 1000
+# The error text of a task that expired (lua/lib/deadline.lua).
+EXPIRED_ERROR = "expired: not started by its deadline"
 
 
 class State(str, enum.Enum):
@@ -264,6 +268,10 @@ class TaskSpec:
     - ``debounce``: replace a queued version as usual, but never start later than
       ``debounce`` seconds after the first submission of the burst (the first call
       that found no queued version); not with ``dedupe``.
+    - ``deadline`` (epoch seconds or an aware ``datetime``) or ``ttl`` (seconds from the
+      call, server clock), not both: a version not started by then ends ``cancelled``
+      with the error ``expired: not started by its deadline`` (its dependents are blocked
+      as for any cancel). A retry or a new version has no deadline unless given again.
     """
 
     task_id: str
@@ -282,6 +290,8 @@ class TaskSpec:
     dedupe: bool = False
     dedupe_window: float | None = None
     debounce: float | None = None
+    deadline: float | _dt.datetime | None = None
+    ttl: float | None = None
 
 
 class TaskOptions(TypedDict, total=False):
@@ -301,6 +311,8 @@ class TaskOptions(TypedDict, total=False):
     dedupe: bool
     dedupe_window: float | None
     debounce: float | None
+    deadline: float | _dt.datetime | None
+    ttl: float | None
 
 
 @dataclass(frozen=True)
@@ -318,7 +330,33 @@ class Admitted:
 
 def admission_suffix(spec: TaskSpec) -> str:
     """The option tokens of ``spec``'s schedule-script spec (lua/lib/admit.lua): ''
-    when it uses no admission policy."""
+    when it uses no admission policy and no deadline."""
+    return _policy_suffix(spec) + _deadline_suffix(spec)
+
+
+def _deadline_suffix(spec: TaskSpec) -> str:
+    if spec.deadline is None and spec.ttl is None:
+        return ""
+    if spec.deadline is not None and spec.ttl is not None:
+        raise InvalidArgument("ttl", "cannot be combined with deadline")
+    if spec.ttl is not None:
+        ms = seconds_to_ms(spec.ttl, "ttl", MAX_DELAY_MS)
+        if ms < 0:
+            raise InvalidArgument("ttl", "must be >= 0 seconds")
+        return f" ttl={ms}"
+    deadline = spec.deadline
+    if isinstance(deadline, _dt.datetime):
+        if deadline.tzinfo is None:
+            raise InvalidArgument("deadline", "a datetime must be timezone-aware")
+        ms = seconds_to_ms(deadline.timestamp(), "deadline")
+    else:
+        ms = seconds_to_ms(deadline, "deadline")
+    if ms < 0:
+        raise InvalidArgument("deadline", "must be at or after the epoch")
+    return f" deadline={ms}"
+
+
+def _policy_suffix(spec: TaskSpec) -> str:
     if not isinstance(spec.dedupe, bool):
         raise InvalidArgument("dedupe", "must be a bool")
     dedupe = spec.dedupe or spec.dedupe_window is not None
@@ -803,6 +841,12 @@ def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_B
     )
 
 
+def expire_call(keys: Keys, limit: object = EXPIRE_BATCH) -> Call:
+    if not _is_int(limit) or limit < 1:  # type: ignore[operator]
+        raise InvalidArgument("limit", "must be an int >= 1")
+    return Call("expire", keys.for_script("expire"), [PROPAGATE_BUDGET, limit])
+
+
 def leave_call(keys: Keys, worker_id: object) -> Call:
     worker = validate_worker_id(worker_id)
     return Call("leave", keys.for_script("leave"), [keys.worker_channel(worker), worker])
@@ -1246,6 +1290,8 @@ class Chores(TypedDict):
     """What one ``housekeeping`` round did."""
 
     reaped: int
+    expired: int
+    """Queued tasks ended cancelled because their deadline passed."""
     compacted: int
     purged: int
     trimmed: int
@@ -1849,6 +1895,7 @@ class Ops:
         if not _is_int(purge_calls) or purge_calls < 0:
             raise InvalidArgument("purge_calls", "must be an int >= 0")
         reaped = yield from self.reap(REAP_BATCH)
+        expired = yield from self.expire(EXPIRE_BATCH)
         compacted = yield from self.compact(PROPAGATE_BUDGET)
         purged = 0
         for _ in range(purge_calls):
@@ -1857,7 +1904,14 @@ class Ops:
             if removed < PURGE_BATCH:
                 break
         trimmed = yield from self.trim_minutes()
-        return Chores(reaped=reaped, compacted=compacted, purged=purged, trimmed=trimmed)
+        return Chores(
+            reaped=reaped, expired=expired, compacted=compacted, purged=purged, trimmed=trimmed
+        )
+
+    def expire(self, limit: int) -> Op[int]:
+        """End queued tasks whose deadline passed (at most ``limit`` deadline entries);
+        return how many expired."""
+        return int((yield from self.run(expire_call(self.keys, limit)))[0])
 
     def trim_minutes(self) -> Op[int]:
         """Delete per-minute counters older than ``MINUTES_KEEP + MINUTES_MARGIN`` minutes,
@@ -2121,7 +2175,7 @@ class Ops:
         queued = rec.state is State.READY
         served = fn is not None and rec.state in (State.READY, State.PENDING)
         reads: list[tuple[Any, ...]] = []
-        if rec.state is State.FAILED:
+        if rec.state in (State.FAILED, State.CANCELLED):
             reads.append(("HGET", k.results, task_id))
         if queued:
             reads += [("ZSCORE", k.queue, member), ("ZRANK", k.queue, member)]
@@ -2130,11 +2184,15 @@ class Ops:
         if shown:
             reads.append(("HMGET", k.tasks, *[dep for _, dep in shown]))
         if root is not None:
-            reads.append(("HGET", k.tasks, root))
+            reads += [("HGET", k.tasks, root), ("HGET", k.results, root)]
         replies = list((yield from self.read(*reads))) if reads else []
         error = None
+        expired = False
         if rec.state is State.FAILED:
             error = _error_first_line(replies.pop(0))
+        elif rec.state is State.CANCELLED:
+            error = _error_first_line(replies.pop(0))
+            expired = error == EXPIRED_ERROR
         due_at = ahead = None
         if queued:
             score, rank = replies.pop(0), replies.pop(0)
@@ -2149,6 +2207,9 @@ class Ops:
             for (kind, dep), raw in zip(shown, replies.pop(0), strict=True):
                 deps.append(DepState(dep, _state_or_none(raw, dep), optional=kind == "o"))
         root_state = _state_or_none(replies.pop(0), root) if root is not None else None
+        if root is not None:
+            root_error = _error_first_line(replies.pop(0))
+            expired = root_state is State.CANCELLED and root_error == EXPIRED_ERROR
         blocked_by = None
         if root is not None:
             blocked_by = yield from self._blocked_path(task_id, cause)
@@ -2163,6 +2224,8 @@ class Ops:
                 reasons.append(Reason.LEASE_EXPIRED)
         elif rec.state.terminal:
             reasons.append(Reason(rec.state.value))
+            if expired:
+                reasons.append(Reason.EXPIRED)
         elif rec.state is State.PENDING:
             reasons.append(Reason.WAITING_ON_DEPS)
             if unserved:
@@ -2646,6 +2709,9 @@ class Reason(str, enum.Enum):
     """It failed (``error``) and has no attempt left."""
     CANCELLED = "cancelled"
     """It was cancelled."""
+    EXPIRED = "expired"
+    """It was cancelled because it was not started by its deadline (after ``cancelled``);
+    or, after ``blocked``, its root cause was."""
     BLOCKED = "blocked"
     """A required dependency chain failed or was cancelled (``blocked_by``)."""
     WAITING_ON_DEPS = "waiting_on_deps"
@@ -2697,7 +2763,8 @@ class Explanation:
     - ``blocked_by``, ``root_state`` (a blocked task): the root cause, the path from it
       (at most ``EXPLAIN_LIMIT`` hops read: a longer path starts after its root), and
       the root's state now.
-    - ``error``: a failed task's error, first line only.
+    - ``error``: a failed task's error, first line only; for a task that expired
+      (cancelled, not started by its deadline), ``expired: not started by its deadline``.
     """
 
     task_id: str

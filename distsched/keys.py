@@ -41,6 +41,7 @@ KEY_NAMES = (
     "fires",
     "firing",
     "debounce",
+    "deadlines",
 )
 
 
@@ -198,6 +199,12 @@ class Keys:
         """Hash: task id scheduled with debounce -> ``<version> <first submission ms>`` of
         its burst (``lua/lib/admit.lua``)."""
         return self.prefix + "debounce"
+
+    @property
+    def deadlines(self) -> str:
+        """Sorted set: ``hex14(version) id`` of a queued version with a deadline -> the
+        deadline (ms, server clock) (``lua/lib/deadline.lua``)."""
+        return self.prefix + "deadlines"
 
     @property
     def served(self) -> str:

@@ -44,6 +44,7 @@ SCRIPT_NAMES = (
     "leave",
     "recur",
     "fire",
+    "expire",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

@@ -5,7 +5,7 @@
 --- @include admit
 --- @keys tasks payloads results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states
---- @keys debounce
+--- @keys debounce deadlines
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency
@@ -24,7 +24,8 @@
 -- Writes tasks, payloads, results, queue, finished, meta, idle, edges, deps, blocked,
 -- blockedby, propagating.
 -- Also writes states (the per-state index, for the records it writes),
---   debounce (the burst of a task scheduled with debounce; lib/admit.lua).
+--   debounce (the burst of a task scheduled with debounce; lib/admit.lua),
+--   deadlines (a version's deadline, when it has one; lib/deadline.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n, the number of tasks; then for each task, in order:
@@ -34,8 +35,8 @@
 --     time (integer ms), priority (integer in [-2^31, 2^31 - 1]), max_attempts (>= 1),
 --     backoff (integer ms >= 0), allow_unknown ('1' or '0'),
 --     r (number of required deps), o (number of optional deps);
---     then optionally admission options, each ' dedupe=<window ms>' or
---     ' debounce=<max wait ms>' (not both; lib/admit.lua);
+--     then optionally options, each ' dedupe=<window ms>', ' debounce=<max wait ms>'
+--     (not both), ' deadline=<epoch ms>' or ' ttl=<ms>' (not both; lib/admit.lua);
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the largest payload accepted in bytes (1048576 when left out).
@@ -57,7 +58,8 @@
 --                             (ids in these two errors are in lowercase hex)
 --   BADARG <field> ...        malformed argument (task_id, priority, max_attempts, backoff,
 --                             run_at, delay, deps, optional_deps, payload of <id>,
---                             dedupe_window of <id>, debounce of <id>, ...)
+--                             dedupe_window of <id>, debounce of <id>, deadline of <id>,
+--                             ttl of <id>, ...)
 --   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
 --                             stored record that does not parse
 -- Wakes one idle worker per task it makes due now (lib/idle.lua).
@@ -241,6 +243,8 @@ return run(function()
       elseif s.old and not s.kept then
         redis.call('HDEL', k.debounce, s.id)
       end
+      local deadline = s.opts and not s.kept and deadline_of(s.opts, now)
+      if deadline then redis.call('ZADD', k.deadlines, deadline, deadline_member(s.version, s.id)) end
     end
     reply[#all_specs + 2] = table.concat(flags)
   end

@@ -187,7 +187,9 @@ def test_bad_admission_options_are_refused_naming_the_field_and_write_nothing(
     ("suffix", "message"),
     [
         (" dedupe=-1", "BADARG spec of a options must be"),
-        (" ttl=5", "BADARG spec of a unknown option ttl"),
+        (" due=5", "BADARG spec of a unknown option due"),
+        (" ttl=5 deadline=9", "BADARG ttl of a cannot be combined with deadline"),
+        (" deadline=-5", "BADARG spec of a options must be"),
         (" dedupe=1 dedupe=2", "BADARG dedupe of a given twice"),
         (" dedupe=99999999999999999", "BADARG dedupe_window of a out of range"),
         (" debounce=9007199254740992", "BADARG debounce of a out of range"),

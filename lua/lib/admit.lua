@@ -1,6 +1,6 @@
--- lib/admit.lua: admission policies of schedule.lua (dedupe, debounce).
+-- lib/admit.lua: admission policies of schedule.lua (dedupe, debounce) and deadlines.
 --
---- @include record
+--- @include deadline
 --
 -- A task spec may end with option tokens after its eight fields, each ' name=value'
 -- (value a decimal integer, ms):
@@ -10,6 +10,9 @@
 --                     with the existing version
 --   debounce=<max>    replace a queued version as usual, but never let the start move
 --                     later than <max> ms after the first submission of the burst
+--   deadline=<ms>     the new version expires (ends cancelled) if not started by this
+--                     epoch ms (lib/deadline.lua)
+--   ttl=<ms>          the same, <ms> after the call (server clock); not with deadline
 -- A spec with no option costs one empty-string comparison.
 --
 -- The burst of a debounced task is kept in the debounce hash (field: task id, value
@@ -20,6 +23,7 @@
 -- lib/forget.lua with the task.
 
 local MAX_ADMIT_MS = 9007199254740991
+local OPTION_FIELD = { dedupe = 'dedupe_window', debounce = 'debounce', deadline = 'deadline', ttl = 'ttl' }
 
 -- The options of a spec from the text after its eight fields; nil when there is none.
 local function admission_options(rest, id)
@@ -28,13 +32,13 @@ local function admission_options(rest, id)
   while pos <= #rest do
     local a, b, name, value = string.find(rest, '^ (%l+)=(%d+)', pos)
     if not a then
-      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms> or debounce=<max wait ms>' })
+      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms>, debounce=<max wait ms>, deadline=<epoch ms> or ttl=<ms>' })
     end
-    if name ~= 'dedupe' and name ~= 'debounce' then
+    if not OPTION_FIELD[name] then
       error({ err = 'BADARG spec of ' .. id .. ' unknown option ' .. name })
     end
     if opts[name] then error({ err = 'BADARG ' .. name .. ' of ' .. id .. ' given twice' }) end
-    local field = name == 'dedupe' and 'dedupe_window' or 'debounce'
+    local field = OPTION_FIELD[name]
     if #value > 16 then error({ err = 'BADARG ' .. field .. ' of ' .. id .. ' out of range' }) end
     local ms = tonumber(value)
     if ms > MAX_ADMIT_MS then error({ err = 'BADARG ' .. field .. ' of ' .. id .. ' out of range' }) end
@@ -44,10 +48,19 @@ local function admission_options(rest, id)
   if opts.dedupe and opts.debounce then
     error({ err = 'BADARG debounce of ' .. id .. ' cannot be combined with dedupe' })
   end
+  if opts.deadline and opts.ttl then
+    error({ err = 'BADARG ttl of ' .. id .. ' cannot be combined with deadline' })
+  end
   return opts
 end
 
 local QUEUED_OR_RUNNING = { pending = true, ready = true, running = true }
+
+-- The deadline (epoch ms) opts give a version written at now, or nil.
+local function deadline_of(opts, now)
+  if opts.ttl then return now + opts.ttl end
+  return opts.deadline
+end
 
 -- Does dedupe keep the existing version old (nil: none) of a task at now?
 local function dedupe_keeps(window, old, now)
