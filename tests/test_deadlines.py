@@ -205,3 +205,17 @@ def test_the_cli_schedules_with_a_ttl_or_a_deadline(
         assert entries[-1][1] == 1893456000000
     bad = cli_invoke(redis_server, namespace, "schedule", "b", "--fn", "f", "--deadline", "x")
     assert bad.exit_code != 0 and "deadline" in bad.stderr
+
+
+def test_the_cli_status_and_why_say_a_task_expired(redis_server: Any, namespace: str) -> None:
+    with Scheduler.from_url(redis_server.url, namespace=namespace) as s:
+        s.schedule("late", fn="f", delay=60, ttl=0)
+        s.schedule("after", fn="f", deps=["late"])
+        time.sleep(0.01)
+        assert s.expire() == 1
+    status = cli_invoke(redis_server, namespace, "status", "late")
+    assert status.exit_code == 0 and f"error:            {EXPIRED}" in status.stdout
+    explained = cli_invoke(redis_server, namespace, "why", "late")
+    assert "it expired: it was not started by its deadline" in explained.stdout
+    blocked = cli_invoke(redis_server, namespace, "why", "after")
+    assert "its root cause expired" in blocked.stdout
