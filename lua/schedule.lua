@@ -47,8 +47,8 @@
 -- kwargs a map with string keys (each may be nil or left out).
 --
 -- Reply: { propagating jobs left, version 1, ..., version n }; when a spec of the call has
---   an admission option, one more value: n letters, the i-th 'n' when task i got a new
---   version, 'k' when dedupe kept its existing version (the one replied).
+--   an option (any of the four), one more value: n letters, the i-th 'n' when task i got
+--   a new version, 'k' when dedupe kept its existing version (the one replied).
 -- Errors (nothing written):
 --   CONFLICT running <id>     a task of the batch is running
 --   BUSY <id>                 a task of the batch is still telling its dependents
