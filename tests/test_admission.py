@@ -309,3 +309,27 @@ def test_the_cli_submit_debounces_within_max_wait(
         assert before + 10000 <= round(info.run_at * 1000) <= server_ms(redis_client) + 10000
     bad = cli_invoke(redis_server, namespace, "schedule", "x", "--fn", "f", "--debounce", "-1s")
     assert bad.exit_code != 0
+
+
+def test_the_raw_reply_gets_flags_only_when_a_spec_has_an_option(
+    sync_scheduler: Scheduler, redis_client: redis.Redis
+) -> None:
+    keys = sync_scheduler.keys.for_script("schedule")
+    payload = b"\x81\xa2fn\xa1f"
+
+    def call(*specs: tuple[str, str]) -> list[Any]:
+        args: list[Any] = [1000, len(specs)]
+        for task_id, spec in specs:
+            args += [task_id, spec, payload]
+        return cast(
+            list[Any], redis_client.eval(scripts.source("schedule"), len(keys), *keys, *args)
+        )
+
+    assert call(("a", "in 0 0 1 1000 0 0 0")) == [0, 1]
+    assert call(("a", "in 0 0 1 1000 0 0 0 dedupe=0"), ("b", "in 0 0 1 1000 0 0 0")) == [
+        0,
+        1,
+        2,
+        b"kn",
+    ]
+    assert call(("c", "in 0 0 1 1000 0 0 0 ttl=1000")) == [0, 3, b"n"]
