@@ -2,11 +2,12 @@
 
 from distsched.client import Scheduler
 from distsched.context import TaskContext, current_task
-from distsched.core import Claim, Outcome, State, TaskInfo, TaskSpec, Wait
+from distsched.core import Admitted, Claim, Outcome, State, TaskInfo, TaskSpec, Wait
 from distsched.schedules import Catchup, Overlap, Schedule
 from distsched.worker import Worker
 
 __all__ = [
+    "Admitted",
     "Catchup",
     "Claim",
     "Outcome",

@@ -155,6 +155,14 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.submit_graph`."""
         return await self._drive(self._ops.schedule_many(specs))
 
+    async def admit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> core.Admitted:
+        """See :meth:`Scheduler.admit`."""
+        return await self._drive(self._ops.admit(task_id, options))
+
+    async def admit_many(self, specs: Sequence[TaskSpec]) -> list[core.Admitted]:
+        """See :meth:`Scheduler.admit_many`."""
+        return await self._drive(self._ops.admit_many(specs))
+
     async def cancel(self, task_id: str) -> State:
         """See :meth:`Scheduler.cancel`."""
         return await self._drive(self._ops.cancel(task_id))
@@ -362,6 +370,10 @@ class AsyncScheduler(BaseScheduler):
     async def reap(self, limit: int = core.REAP_BATCH) -> int:
         """See :meth:`Scheduler.reap`."""
         return await self._drive(self._ops.reap(limit))
+
+    async def expire(self, limit: int = core.EXPIRE_BATCH) -> int:
+        """See :meth:`Scheduler.expire`."""
+        return await self._drive(self._ops.expire(limit))
 
     async def expire_lease(self, task_id: str) -> int:
         """See :meth:`Scheduler.expire_lease`."""

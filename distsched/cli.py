@@ -30,6 +30,7 @@ from distsched.client import Scheduler
 from distsched.core import (
     CLUSTER_SCHEMES,
     PRIORITY_LABELS,
+    Admitted,
     AttemptInfo,
     Explanation,
     Order,
@@ -618,6 +619,27 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="Wait before attempt 2 (seconds, or 500ms, 2s, 1m); doubles for each later one.",
         ),
+        click.option(
+            "--dedupe", is_flag=True,
+            help="Keep a queued or running version of ID instead of replacing it.",
+        ),
+        click.option(
+            "--dedupe-window", type=Duration("dedupe_window"), metavar="DURATION",
+            help="With dedupe: also keep a version that ended less than this long ago.",
+        ),
+        click.option(
+            "--debounce", type=Duration("debounce"), metavar="MAX_WAIT",
+            help="Replace a queued version, but start at most this long after the burst's "
+            "first submission.",
+        ),
+        click.option(
+            "--deadline", metavar="WHEN",
+            help="Expire (end cancelled) if not started by then: as --run-at.",
+        ),
+        click.option(
+            "--ttl", type=Duration("ttl"), metavar="DURATION",
+            help="Expire (end cancelled) if not started this long after now (server clock).",
+        ),
     ]  # fmt: skip
     for option in reversed(options):
         command = option(command)
@@ -626,10 +648,16 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 def _task_keywords(
     args_json: str, kwargs_json: str, run_at: str | None, delay: float | None, priority: int,
-    max_attempts: int, backoff: float,
+    max_attempts: int, backoff: float, dedupe: bool = False, dedupe_window: float | None = None,
+    debounce: float | None = None, deadline: str | None = None, ttl: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The options of ``_task_options`` as ``Scheduler.schedule`` keywords."""
     return {
+        "deadline": None if deadline is None else parse_when(deadline, "deadline"),
+        "ttl": ttl,
+        "dedupe": dedupe,
+        "dedupe_window": dedupe_window,
+        "debounce": debounce,
         "args": parse_json(args_json, "args", list),
         "kwargs": parse_json(kwargs_json, "kwargs", dict),
         "run_at": None if run_at is None else parse_run_at(run_at),
@@ -647,11 +675,25 @@ def _task_keywords(
 def schedule(
     ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
     run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
+    dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
+    ttl: float | None,
 ) -> None:  # fmt: skip
-    """Schedule (or replace) task ID; print its new version."""
-    options = _task_keywords(args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff)
+    """Schedule (or replace) task ID; print its new version.
+
+    With --dedupe, a version kept instead is printed, and a note says so on stderr.
+    """
+    options = _task_keywords(
+        args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
+        dedupe, dedupe_window, debounce, deadline, ttl,
+    )  # fmt: skip
     scheduler = _connect(ctx)
-    click.echo(scheduler.schedule(task_id, fn=fn, **options))
+    _echo_admitted(scheduler.admit(task_id, fn=fn, **options))
+
+
+def _echo_admitted(admitted: Admitted) -> None:
+    click.echo(admitted.version)
+    if not admitted.created:
+        click.echo(f"kept the existing version {admitted.version} (dedupe)", err=True)
 
 
 @cli.command()
@@ -681,6 +723,8 @@ def submit(
     ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
     run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
     deps: tuple[str, ...], optional_deps: tuple[str, ...], allow_unknown: bool,
+    dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
+    ttl: float | None,
 ) -> None:  # fmt: skip
     """Submit (or replace) task ID after its dependencies; print its new version.
 
@@ -688,10 +732,13 @@ def submit(
     --optional-dep has ended; a failed, cancelled or blocked --dep blocks it.
     A dependency cycle is refused with its path.
     """
-    options = _task_keywords(args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff)
+    options = _task_keywords(
+        args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
+        dedupe, dedupe_window, debounce, deadline, ttl,
+    )  # fmt: skip
     scheduler = _connect(ctx)
     try:
-        version = scheduler.submit(
+        admitted = scheduler.admit(
             task_id, fn=fn, deps=deps, optional_deps=optional_deps,
             allow_unknown=allow_unknown, **options,
         )  # fmt: skip
@@ -705,7 +752,7 @@ def submit(
             f"unknown dependency {exc.dependency!r}: no such task in namespace {namespace!r} "
             "(submit it first, or pass --allow-unknown to wait for it)"
         ) from None
-    click.echo(version)
+    _echo_admitted(admitted)
 
 
 @cli.command()
@@ -821,6 +868,12 @@ def _why_lines(exp: Explanation) -> list[str]:
             text = f"it failed at {iso(exp.updated_at)} after {spent}: {error}"
         elif reason is Reason.CANCELLED:
             text = f"it was cancelled at {iso(exp.updated_at)}"
+        elif reason is Reason.EXPIRED:
+            text = (
+                "it expired: it was not started by its deadline"
+                if exp.state is State.CANCELLED
+                else "its root cause expired: it was not started by its deadline"
+            )
         elif reason is Reason.BLOCKED:
             cause = exp.blocked_by
             if cause is None:

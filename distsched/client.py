@@ -182,9 +182,11 @@ class Scheduler(BaseScheduler):
 
         The options are those of :class:`~distsched.core.TaskSpec` (``fn``, ``args``,
         ``kwargs``, ``run_at`` or ``delay``, ``priority``, ``deps``, ``optional_deps``,
-        ``max_attempts``, ``backoff``, ``allow_unknown``), given as keywords. A pending or
-        ready task of that id is replaced; a running one raises ``ConflictError``; a
-        terminal one starts over as the new version.
+        ``max_attempts``, ``backoff``, ``allow_unknown``, ``dedupe``, ``dedupe_window``,
+        ``debounce``), given as keywords. A pending or ready task of that id is replaced; a
+        running one raises ``ConflictError``; a terminal one starts over as the new version.
+        With ``dedupe`` an existing queued or running version is kept and returned instead
+        (:meth:`admit` tells which happened).
         """
         return self._drive(self._ops.schedule(task_id, options))
 
@@ -203,6 +205,19 @@ class Scheduler(BaseScheduler):
     def submit_graph(self, specs: Sequence[TaskSpec]) -> list[int]:
         """Register a whole graph atomically: all of it or none of it. Returns the versions."""
         return self._drive(self._ops.schedule_many(specs))
+
+    def admit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> core.Admitted:
+        """``schedule``, telling whether a new version was written.
+
+        With ``dedupe`` (or ``dedupe_window``) an existing version may be kept: the
+        result's ``version`` is then that version and ``created`` is False.
+        ``schedule`` returns the same version without saying which.
+        """
+        return self._drive(self._ops.admit(task_id, options))
+
+    def admit_many(self, specs: Sequence[TaskSpec]) -> list[core.Admitted]:
+        """``schedule_many``, telling for each task whether a new version was written."""
+        return self._drive(self._ops.admit_many(specs))
 
     def cancel(self, task_id: str) -> State:
         """Cancel a task; return its state after the call.
@@ -474,6 +489,11 @@ class Scheduler(BaseScheduler):
         """Handle expired leases now; return how many."""
         return self._drive(self._ops.reap(limit))
 
+    def expire(self, limit: int = core.EXPIRE_BATCH) -> int:
+        """End queued tasks whose deadline passed now (as the housekeeping does); return
+        how many expired."""
+        return self._drive(self._ops.expire(limit))
+
     def expire_lease(self, task_id: str) -> int:
         """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""
         return self._drive(self._ops.expire_lease(task_id))
@@ -501,12 +521,13 @@ class Scheduler(BaseScheduler):
         return self._drive(self._ops.compact(budget))
 
     def housekeeping(self, purge_calls: int = 20) -> Chores:
-        """The periodic chores every worker runs: reap leases, compact, purge.
+        """The periodic chores every worker runs: reap leases, expire tasks past their
+        deadline, compact, purge.
 
         Purging goes on while whole batches come back, up to ``purge_calls``
         bounded calls, so a busy namespace's history is removed about as fast as
         it is made; per-minute counters older than a day are deleted. Returns how many
-        leases were reaped, stale queue entries dropped, terminal tasks purged and
+        leases were reaped, tasks expired, stale queue entries dropped, terminal tasks purged and
         counter fields deleted.
         """
         return self._drive(self._ops.housekeeping(purge_calls))

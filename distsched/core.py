@@ -85,6 +85,10 @@ WAIT_REFRESH_S = 60.0
 # How long a registration outlives the wait it was made for: room for the client to
 # come round and register again before housekeeping (reap.lua) drops the entry.
 WAIT_MARGIN_MS = 10_000
+# The most deadline entries one housekeeping round handles (lua/expire.lua).
+EXPIRE_BATCH = 1000
+# The error text of a task that expired (lua/lib/deadline.lua).
+EXPIRED_ERROR = "expired: not started by its deadline"
 
 
 class State(str, enum.Enum):
@@ -271,6 +275,16 @@ class TaskSpec:
       lease; attempt k+1 is due ``backoff * 2**(k-1)`` seconds after attempt k.
     - ``allow_unknown``: wait for dependencies not submitted yet instead of
       raising ``UnknownDependencyError``.
+    - ``dedupe``: when a version of ``task_id`` is pending, ready or running, keep it
+      and write nothing (the call returns that version); ``dedupe_window`` seconds
+      (implies ``dedupe``): also keep a version that ended less than that long ago.
+    - ``debounce``: replace a queued version as usual, but never start later than
+      ``debounce`` seconds after the first submission of the burst (the first call
+      that found no queued version); not with ``dedupe``.
+    - ``deadline`` (epoch seconds or an aware ``datetime``) or ``ttl`` (seconds from the
+      call, server clock), not both: a version not started by then ends ``cancelled``
+      with the error ``expired: not started by its deadline`` (its dependents are blocked
+      as for any cancel). A retry or a new version has no deadline unless given again.
     """
 
     task_id: str
@@ -286,6 +300,11 @@ class TaskSpec:
     max_attempts: int = 1
     backoff: float = 1.0
     allow_unknown: bool = False
+    dedupe: bool = False
+    dedupe_window: float | None = None
+    debounce: float | None = None
+    deadline: float | _dt.datetime | None = None
+    ttl: float | None = None
 
 
 class TaskOptions(TypedDict, total=False):
@@ -302,6 +321,73 @@ class TaskOptions(TypedDict, total=False):
     max_attempts: int
     backoff: float
     allow_unknown: bool
+    dedupe: bool
+    dedupe_window: float | None
+    debounce: float | None
+    deadline: float | _dt.datetime | None
+    ttl: float | None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What scheduling one task did: the version that now stands for ``task_id``.
+
+    ``created`` is False when ``dedupe`` kept an existing version (then ``version`` is
+    that version, and nothing was written), True when the call wrote a new one.
+    """
+
+    task_id: str
+    version: int
+    created: bool
+
+
+def admission_suffix(spec: TaskSpec) -> str:
+    """The option tokens of ``spec``'s schedule-script spec (lua/lib/admit.lua): ''
+    when it uses no admission policy and no deadline."""
+    return _policy_suffix(spec) + _deadline_suffix(spec)
+
+
+def _deadline_suffix(spec: TaskSpec) -> str:
+    if spec.deadline is None and spec.ttl is None:
+        return ""
+    if spec.deadline is not None and spec.ttl is not None:
+        raise InvalidArgument("ttl", "cannot be combined with deadline")
+    if spec.ttl is not None:
+        ms = seconds_to_ms(spec.ttl, "ttl", MAX_DELAY_MS)
+        if ms < 0:
+            raise InvalidArgument("ttl", "must be >= 0 seconds")
+        return f" ttl={ms}"
+    deadline = spec.deadline
+    if isinstance(deadline, _dt.datetime):
+        if deadline.tzinfo is None:
+            raise InvalidArgument("deadline", "a datetime must be timezone-aware")
+        ms = seconds_to_ms(deadline.timestamp(), "deadline")
+    else:
+        ms = seconds_to_ms(deadline, "deadline")
+    if ms < 0:
+        raise InvalidArgument("deadline", "must be at or after the epoch")
+    return f" deadline={ms}"
+
+
+def _policy_suffix(spec: TaskSpec) -> str:
+    if not isinstance(spec.dedupe, bool):
+        raise InvalidArgument("dedupe", "must be a bool")
+    dedupe = spec.dedupe or spec.dedupe_window is not None
+    if spec.debounce is not None:
+        if dedupe:
+            raise InvalidArgument("debounce", "cannot be combined with dedupe")
+        ms = seconds_to_ms(spec.debounce, "debounce")
+        if ms < 0:
+            raise InvalidArgument("debounce", "must be >= 0 seconds")
+        return f" debounce={ms}"
+    if not dedupe:
+        return ""
+    window = 0
+    if spec.dedupe_window is not None:
+        window = seconds_to_ms(spec.dedupe_window, "dedupe_window")
+        if window < 0:
+            raise InvalidArgument("dedupe_window", "must be >= 0 seconds")
+    return f" dedupe={window}"
 
 
 def task_spec(task_id: str, options: Mapping[str, Any]) -> TaskSpec:
@@ -610,6 +696,7 @@ def schedule_values(
     fields = (
         f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
         f" {1 if spec.allow_unknown else 0} {len(required)} {len(optional)}"
+        f"{admission_suffix(spec)}"
     )
     return [task_id, fields, payload, *required, *optional]
 
@@ -855,6 +942,12 @@ def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_B
         keys.for_script("reap"),
         [PROPAGATE_BUDGET, BACKOFF_CAP_MS, limit, target],
     )
+
+
+def expire_call(keys: Keys, limit: object = EXPIRE_BATCH) -> Call:
+    if not _is_int(limit) or limit < 1:  # type: ignore[operator]
+        raise InvalidArgument("limit", "must be an int >= 1")
+    return Call("expire", keys.for_script("expire"), [PROPAGATE_BUDGET, limit])
 
 
 def leave_call(keys: Keys, worker_id: object) -> Call:
@@ -1337,6 +1430,8 @@ class Chores(TypedDict):
     """What one ``housekeeping`` round did."""
 
     reaped: int
+    expired: int
+    """Queued tasks ended cancelled because their deadline passed."""
     compacted: int
     purged: int
     trimmed: int
@@ -1752,6 +1847,24 @@ def advance(op: Op[T], reply: Any) -> Request | Done[T]:
         return Done(stop.value)
 
 
+def decode_schedule_reply(specs: Sequence[TaskSpec], values: Sequence[Any]) -> list[Admitted]:
+    """The :class:`Admitted` of each task from schedule.lua's own values: the versions,
+    then, when a spec had an admission option, one letter per task (``n`` new, ``k`` kept)."""
+    n = len(specs)
+    if len(values) == n + 1:
+        flags = _text(values[n])
+    elif len(values) == n:
+        flags = "n" * n
+    else:
+        raise ScriptError(f"schedule: {len(values)} values for {n} tasks")
+    if len(flags) != n:
+        raise ScriptError(f"schedule: {len(flags)} admission flags for {n} tasks")
+    return [
+        Admitted(spec.task_id, int(v), flag != "k")
+        for spec, v, flag in zip(specs, values[:n], flags, strict=True)
+    ]
+
+
 def split_reply(script: str, reply: Sequence[Any]) -> tuple[int, list[Any]]:
     """(ids still propagating, the script's own values) of a script reply.
 
@@ -1853,16 +1966,23 @@ class Ops:
 
     # -------------------------------------------------------------- producers
 
-    def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
+    def admit_many(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted]]:
         # Read here, where the operation starts: in the caller's thread or asyncio task.
         trace = self.trace_context() if self.trace_context is not None else None
         call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
         if not specs:
             return []
-        return [int(v) for v in (yield from self.run(call))]
+        values = yield from self.run(call)
+        return decode_schedule_reply(specs, values)
+
+    def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
+        return [a.version for a in (yield from self.admit_many(specs))]
 
     def schedule(self, task_id: str, options: Mapping[str, Any]) -> Op[int]:
         return (yield from self.schedule_many([task_spec(task_id, options)]))[0]
+
+    def admit(self, task_id: str, options: Mapping[str, Any]) -> Op[Admitted]:
+        return (yield from self.admit_many([task_spec(task_id, options)]))[0]
 
     def cancel(self, task_id: str) -> Op[State]:
         (state,) = yield from self.run(cancel_call(self.keys, task_id))
@@ -1986,6 +2106,7 @@ class Ops:
         if not _is_int(purge_calls) or purge_calls < 0:
             raise InvalidArgument("purge_calls", "must be an int >= 0")
         reaped = yield from self.reap(REAP_BATCH)
+        expired = yield from self.expire(EXPIRE_BATCH)
         compacted = yield from self.compact(PROPAGATE_BUDGET)
         purged = 0
         for _ in range(purge_calls):
@@ -1994,7 +2115,14 @@ class Ops:
             if removed < PURGE_BATCH:
                 break
         trimmed = yield from self.trim_minutes()
-        return Chores(reaped=reaped, compacted=compacted, purged=purged, trimmed=trimmed)
+        return Chores(
+            reaped=reaped, expired=expired, compacted=compacted, purged=purged, trimmed=trimmed
+        )
+
+    def expire(self, limit: int) -> Op[int]:
+        """End queued tasks whose deadline passed (at most ``limit`` deadline entries);
+        return how many expired."""
+        return int((yield from self.run(expire_call(self.keys, limit)))[0])
 
     def trim_minutes(self) -> Op[int]:
         """Delete per-minute counters older than ``MINUTES_KEEP + MINUTES_MARGIN`` minutes,
@@ -2327,7 +2455,7 @@ class Ops:
         queued = rec.state is State.READY
         served = fn is not None and rec.state in (State.READY, State.PENDING)
         reads: list[tuple[Any, ...]] = []
-        if rec.state is State.FAILED:
+        if rec.state in (State.FAILED, State.CANCELLED):
             reads.append(("HGET", k.results, task_id))
         if queued:
             reads += [("ZSCORE", k.queue, member), ("ZRANK", k.queue, member)]
@@ -2337,11 +2465,15 @@ class Ops:
         if shown:
             reads.append(("HMGET", k.tasks, *[dep for _, dep in shown]))
         if root is not None:
-            reads.append(("HGET", k.tasks, root))
+            reads += [("HGET", k.tasks, root), ("HGET", k.results, root)]
         replies = list((yield from self.read(*reads))) if reads else []
         error = None
+        expired = False
         if rec.state is State.FAILED:
             error = _error_first_line(replies.pop(0))
+        elif rec.state is State.CANCELLED:
+            error = _error_first_line(replies.pop(0))
+            expired = error == EXPIRED_ERROR
         due_at = ahead = None
         if queued:
             score, rank = replies.pop(0), replies.pop(0)
@@ -2369,6 +2501,9 @@ class Ops:
             for (kind, dep), raw in zip(shown, replies.pop(0), strict=True):
                 deps.append(DepState(dep, _state_or_none(raw, dep), optional=kind == "o"))
         root_state = _state_or_none(replies.pop(0), root) if root is not None else None
+        if root is not None:
+            root_error = _error_first_line(replies.pop(0))
+            expired = root_state is State.CANCELLED and root_error == EXPIRED_ERROR
         blocked_by = None
         if root is not None:
             blocked_by = yield from self._blocked_path(task_id, cause)
@@ -2383,6 +2518,8 @@ class Ops:
                 reasons.append(Reason.LEASE_EXPIRED)
         elif rec.state.terminal:
             reasons.append(Reason(rec.state.value))
+            if expired:
+                reasons.append(Reason.EXPIRED)
         elif rec.state is State.PENDING:
             reasons.append(Reason.WAITING_ON_DEPS)
             if unserved:
@@ -2893,6 +3030,9 @@ class Reason(str, enum.Enum):
     """It failed (``error``) and has no attempt left."""
     CANCELLED = "cancelled"
     """It was cancelled."""
+    EXPIRED = "expired"
+    """It was cancelled because it was not started by its deadline (after ``cancelled``);
+    or, after ``blocked``, its root cause was."""
     BLOCKED = "blocked"
     """A required dependency chain failed or was cancelled (``blocked_by``)."""
     WAITING_ON_DEPS = "waiting_on_deps"
@@ -2944,7 +3084,8 @@ class Explanation:
     - ``blocked_by``, ``root_state`` (a blocked task): the root cause, the path from it
       (at most ``EXPLAIN_LIMIT`` hops read: a longer path starts after its root), and
       the root's state now.
-    - ``error``: a failed task's error, first line only.
+    - ``error``: a failed task's error, first line only; for a task that expired
+      (cancelled, not started by its deadline), ``expired: not started by its deadline``.
     """
 
     task_id: str

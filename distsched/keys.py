@@ -43,6 +43,8 @@ KEY_NAMES = (
     "waits",
     "ended",
     "ranked",
+    "debounce",
+    "deadlines",
 )
 
 
@@ -212,6 +214,18 @@ class Keys:
         """Sorted set: the due tasks of a namespace of the priority order, by rank
         (``due ms - priority * aging_ms``; members as in ``queue``, ``lua/lib/ranked.lua``)."""
         return self.prefix + "ranked"
+
+    @property
+    def debounce(self) -> str:
+        """Hash: task id scheduled with debounce -> ``<version> <first submission ms>`` of
+        its burst (``lua/lib/admit.lua``)."""
+        return self.prefix + "debounce"
+
+    @property
+    def deadlines(self) -> str:
+        """Sorted set: ``hex14(version) id`` of a queued version with a deadline -> the
+        deadline (ms, server clock) (``lua/lib/deadline.lua``)."""
+        return self.prefix + "deadlines"
 
     @property
     def served(self) -> str:

@@ -45,6 +45,7 @@ SCRIPT_NAMES = (
     "recur",
     "fire",
     "order",
+    "expire",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

@@ -237,6 +237,9 @@ def describe(info: TaskInfo | None) -> str:
         if len(error) > ERROR_WIDTH:
             error = error[: ERROR_WIDTH - 3] + "..."
         return f"failed: {error}"
+    if state is State.CANCELLED and info.error:
+        # Only an expiry stores an error on a cancelled task.
+        return f"cancelled: {error_summary(info.error)}"
     return str(state.value)
 
 

@@ -5,7 +5,10 @@
 --- @include repair
 --- @include kept
 --- @include ranked
+--- @include deadline
 --- @keys tasks payloads queue leases meta idle claims fires ranked
+--- @keys results finished states propagating deadlines
+--- @keys waits ended
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
 -- sequence); in a namespace of the priority order (lib/ranked.lua) it first moves the
@@ -24,8 +27,15 @@
 -- worker fails it (fail.lua stores the error and settles its dependents). Everything
 -- is read and checked before the first write.
 --
+-- A due task whose deadline has passed (lib/deadline.lua; looked up only while the
+-- deadlines set is not empty) is never started: it is expired here instead, ending
+-- cancelled as with expire.lua, and its dependents get a propagation job (the reply's
+-- first element then counts the jobs left, as for the scripts that settle).
+--
 -- Reads payloads, fires (its head), meta (max_running, count:running, order, aging_ms); writes
--- tasks, queue, leases, meta (count:ready, count:running, timer, timer_at), idle, claims, ranked.
+-- tasks, queue, leases, meta (count:ready, count:running, timer, timer_at), idle, claims,
+-- ranked; for expired tasks results, finished, states, propagating, deadlines, and waits
+-- (a waited-for task that expired is published on ended, lib/ended.lua).
 --
 -- ARGV[1] worker id
 -- ARGV[2] n, the most tasks to claim (>= 1)
@@ -38,7 +48,7 @@
 --         worker id; lib/kept.lua): the same call sent again gets the same tasks, and a
 --         caller whose reply was lost hands them back (release.lua)
 --
--- Reply: { 0, claimed, reason, delay_us,
+-- Reply: { jobs left (0 unless a task expired), claimed, reason, delay_us,
 --          (id, version, attempt, priority, run_at_ms, payload) * claimed }
 --   payload  the stored payload; a msgpack string instead of a map for a corrupt record
 --           (the text of the error to fail the task with)
@@ -95,6 +105,9 @@ return run(function()
   local claimed, dropped, handled, failed_here, ready_taken = 0, 0, 0, 0, 0
   local quarantined = {}
   local reason, delay = '', -1
+  -- Deadlines cost one EXISTS per call while no task has one.
+  local deadlines_on = redis.call('EXISTS', k.deadlines) == 1
+  local expiring, started_with_deadline = {}, {}
 
   -- The head is read a page at a time (with the records in one HMGET); every entry
   -- handled, claimed or dropped as stale, is a prefix of the queue, removed at the end
@@ -150,6 +163,10 @@ return run(function()
         -- An infinite score (junk) is never due: as for an empty queue, no delay.
         if delay > 9007199254740991 then delay = -1 end
         break
+      elseif live and deadlines_on and deadline_at(version, id, now, started_with_deadline) then
+        handled = handled + 1
+        claimed_ids[id] = true
+        expiring[#expiring + 1] = { id = id, t = t }
       elseif limit and running >= limit then
         reason = 'capacity'; break
       else
@@ -210,6 +227,13 @@ return run(function()
   end
   if failed_here > 0 then redis.call('HINCRBY', k.meta, 'count:failed', failed_here) end
   if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:running', claimed) end
+  for _, e in ipairs(expiring) do expire_task(e.id, e.t, now) end
+  if next(started_with_deadline) then
+    for _, c in ipairs(out) do
+      local member = started_with_deadline[c[1]]
+      if member then redis.call('ZREM', k.deadlines, member) end
+    end
+  end
   -- A schedule's next fire time (the head of fires; one ZRANGE on an absent key when
   -- there is no schedule): due, the worker fires it first; else it counts like a queue
   -- head not due yet for the delay hint and the timer.
@@ -231,7 +255,8 @@ return run(function()
     end
   end
   keep_claim(worker, request, out)
-  local reply = { 0, claimed, reason, delay }
+  local left = #expiring > 0 and redis.call('ZCARD', k.propagating) or 0
+  local reply = { left, claimed, reason, delay }
   for i, c in ipairs(out) do
     for _, value in ipairs(c) do reply[#reply + 1] = value end
     reply[#reply + 1] = payloads[i] or ''

@@ -3,6 +3,7 @@
 --- @include forget
 --- @keys tasks payloads results done finished meta
 --- @keys edges deps blocked blockedby propagating states history
+--- @keys debounce
 --
 -- succeeded / failed / cancelled / blocked -> (gone), exactly as purge.lua removes a
 -- task past the retention (the record, payload, result, applied tokens, history,
@@ -11,7 +12,7 @@
 -- dependents that it ended, is refused: left as it is and counted. An unknown id (for
 -- example one removed already) is skipped, so the same call may be sent again.
 --
--- Reads propagating; writes tasks, payloads, results, done, finished, meta
+-- Reads propagating; writes tasks, payloads, results, done, debounce, finished, meta
 -- (count:<state>), edges, deps, blocked, blockedby, states, history.
 --
 -- ARGV[1] n, the number of ids (0 to 1000); then n task ids

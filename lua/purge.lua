@@ -3,6 +3,7 @@
 --- @include forget
 --- @keys tasks payloads results done finished meta
 --- @keys edges deps blocked blockedby propagating states history
+--- @keys debounce
 --
 -- succeeded / failed / cancelled / blocked, terminal for longer than the
 -- retention -> (gone): the record, payload, result, applied tokens, history, dependency
@@ -11,7 +12,7 @@
 -- settled is kept until that ends. A later dependency on a purged id is an
 -- unknown dependency; its old dependents keep their own records.
 --
--- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done,
+-- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done, debounce,
 -- finished, meta (retention_ms, count:<state>), edges, deps, blocked, blockedby.
 -- Also removes the task's member of states (the per-state index) and its history.
 --

@@ -2,15 +2,20 @@
 --
 --- @include payload
 --- @include settle
+--- @include admit
 --- @keys tasks payloads results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
+--- @keys debounce deadlines
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency
 --   pending  a required dependency not yet succeeded, or an optional one not yet terminal
 --   blocked  a required dependency already failed, cancelled or blocked
--- A running task is never replaced. A replaced task's old version forgets its
+-- A running task is never replaced. With dedupe, an existing queued or running version
+-- (or one that ended within the window) is kept and nothing is written for that task;
+-- with debounce, the new version's run_at is at most max_wait after the burst's first
+-- submission. A replaced task's old version forgets its
 -- edges before the new ones are registered; its old queue entry stays in the
 -- queue and the claim script drops it lazily. The whole batch is validated
 -- before anything is written: on any error nothing changes.
@@ -26,6 +31,9 @@
 -- waits, ended: each task it ends that a client waits for loses its waits entry and
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
+-- Also writes debounce (the burst of a task scheduled with debounce; lib/admit.lua)
+-- and deadlines (a version's deadline, when it has one; lib/deadline.lua).
+--
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n, the number of tasks; then for each task, in order:
 --   id;
@@ -34,6 +42,8 @@
 --     time (integer ms), priority (integer in [-2^31, 2^31 - 1]), max_attempts (>= 1),
 --     backoff (integer ms >= 0), allow_unknown ('1' or '0'),
 --     r (number of required deps), o (number of optional deps);
+--     then optionally options, each ' dedupe=<window ms>', ' debounce=<max wait ms>'
+--     (not both), ' deadline=<epoch ms>' or ' ttl=<ms>' (not both; lib/admit.lua);
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the largest payload accepted in bytes (1048576 when left out).
@@ -43,7 +53,9 @@
 -- the payload a msgpack map with a non-empty UTF-8 string fn, args an array and
 -- kwargs a map with string keys (each may be nil or left out).
 --
--- Reply: { propagating jobs left, version 1, ..., version n }.
+-- Reply: { propagating jobs left, version 1, ..., version n }; when a spec of the call has
+--   an option (any of the four), one more value: n letters, the i-th 'n' when task i got
+--   a new version, 'k' when dedupe kept its existing version (the one replied).
 -- Errors (nothing written):
 --   CONFLICT running <id>     a task of the batch is running
 --   BUSY <id>                 a task of the batch is still telling its dependents
@@ -52,14 +64,16 @@
 --   CYCLE <id> <id> ...       the path, each id a dependency of the next, first = last
 --                             (ids in these two errors are in lowercase hex)
 --   BADARG <field> ...        malformed argument (task_id, priority, max_attempts, backoff,
---                             run_at, delay, deps, optional_deps, payload of <id>, ...)
+--                             run_at, delay, deps, optional_deps, payload of <id>,
+--                             dedupe_window of <id>, debounce of <id>, deadline of <id>,
+--                             ttl of <id>, ...)
 --   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
 --                             stored record that does not parse
 -- Wakes one idle worker per task it makes due now (lib/idle.lua).
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
 -- cycle check; blocked tasks' dependents are settled within the propagation budget.
 
-local SPEC_PATTERN = '^(%l%l) (-?%d+) (-?%d+) (%d+) (%d+) ([01]) (%d+) (%d+)$'
+local SPEC_PATTERN = '^(%l%l) (-?%d+) (-?%d+) (%d+) (%d+) ([01]) (%d+) (%d+)(.*)$'
 
 return run(function()
   local budget = budget_arg(ARGV[1])
@@ -67,6 +81,7 @@ return run(function()
   if n < 0 then error({ err = 'BADARG n must be >= 0' }) end
   local now = now_ms()
   local specs, batch, order = {}, {}, {}
+  local admitting, all_specs = false, nil
   local jobs_pending = redis.call('ZCARD', k.propagating) > 0
   local pos = 3
   for i = 1, n do
@@ -74,18 +89,20 @@ return run(function()
     if not id then error({ err = 'BADARG ARGV length does not match the counts' }) end
     check_id(id, 'task_id')
     if batch[id] then error({ err = 'BADARG task_id duplicated in batch: ' .. id }) end
-    local mode, time, pr, ma, bo, au, r, o = string.match(ARGV[pos + 1] or '', SPEC_PATTERN)
+    local mode, time, pr, ma, bo, au, r, o, rest = string.match(ARGV[pos + 1] or '', SPEC_PATTERN)
     if not mode then
       error({ err = 'BADARG spec of ' .. id .. ' must be: at|in time priority max_attempts backoff 0|1 r o' })
     end
     if mode ~= 'at' and mode ~= 'in' then error({ err = 'BADARG time mode must be at or in' }) end
+    local opts = admission_options(rest, id)
+    if opts then admitting = true end
     local s = {
       id = id, time = bounded(time, mode == 'in' and 'delay' or 'run_at', mode == 'in' and -MAX_DELAY_MS or -MAX_MS,
                               mode == 'in' and MAX_DELAY_MS or MAX_MS),
       priority = bounded(pr, 'priority', -2147483648, 2147483647),
       max_attempts = bounded(ma, 'max_attempts', 1, MAX_ATTEMPTS),
       backoff = bounded(bo, 'backoff', 0, MAX_MS),
-      payload = ARGV[pos + 2], allow_unknown = au == '1', deps = {},
+      payload = ARGV[pos + 2], allow_unknown = au == '1', deps = {}, opts = opts,
     }
     if not s.payload then error({ err = 'BADARG payload missing for ' .. id }) end
     s.run_at = s.time
@@ -128,18 +145,38 @@ return run(function()
     local raws = redis.call('HMGET', k.tasks, unpack(ids))
     for j, raw in ipairs(raws) do
       local s = specs[first + j - 1]
-      if raw then
-        s.old = load_given(s.id, raw)
-        if s.old.state == 'running' then error({ err = 'CONFLICT running ' .. s.id }) end
+      if raw then s.old = load_given(s.id, raw) end
+      if s.opts and s.opts.dedupe and dedupe_keeps(s.opts.dedupe, s.old, now) then
+        s.kept = true
+      else
+        if s.old and s.old.state == 'running' then error({ err = 'CONFLICT running ' .. s.id }) end
+        if jobs_pending then busy_check(s.id) end
+        if s.opts and s.opts.debounce then
+          s.run_at, s.first = debounce_run_at(s.id, s.opts.debounce, s.old, s.run_at, now)
+        end
       end
-      if jobs_pending then busy_check(s.id) end
     end
+  end
+
+  -- A kept task takes no further part: it counts as a dependency outside the batch
+  -- in the state it has.
+  local outside, outside_ids = {}, {}
+  if admitting then
+    local live = {}
+    for _, s in ipairs(specs) do
+      if s.kept then
+        batch[s.id] = nil
+        outside[s.id] = s.old.state
+      else
+        live[#live + 1] = s
+      end
+    end
+    all_specs, specs = specs, live
   end
 
   -- The states of the dependencies outside the batch, read in slices of one HMGET each
   -- (nothing this script writes changes them before the end), then unknown dependencies,
   -- and the batch's own edges (parent -> batch children).
-  local outside, outside_ids = {}, {}
   for _, s in ipairs(specs) do
     for _, d in ipairs(s.deps) do
       if not batch[d.id] and outside[d.id] == nil then
@@ -196,11 +233,27 @@ return run(function()
 
   -- Versions follow the submission order (they are the queue's sequence numbers),
   -- whatever order the dependencies make us write the tasks in.
-  local last = redis.call('HINCRBY', k.meta, 'seq', n)
+  local fresh = #specs
+  local last = fresh > 0 and redis.call('HINCRBY', k.meta, 'seq', fresh) or 0
   local reply, written, blocked_any = { 0 }, {}, false
   for i, s in ipairs(specs) do
-    s.version = last - n + i
+    s.version = last - fresh + i
     reply[i + 1] = s.version
+  end
+  if admitting then
+    local flags = {}
+    for i, s in ipairs(all_specs) do
+      reply[i + 1] = s.kept and s.old.version or s.version
+      flags[i] = s.kept and 'k' or 'n'
+      if s.first then
+        redis.call('HSET', k.debounce, s.id, string.format('%d %d', s.version, s.first))
+      elseif s.old and not s.kept then
+        redis.call('HDEL', k.debounce, s.id)
+      end
+      local deadline = s.opts and not s.kept and deadline_of(s.opts, now)
+      if deadline then redis.call('ZADD', k.deadlines, deadline, deadline_member(s.version, s.id)) end
+    end
+    reply[#all_specs + 2] = table.concat(flags)
   end
   local function state_of(id)
     if written[id] then return written[id] end

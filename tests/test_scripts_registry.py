@@ -126,6 +126,7 @@ def sample_calls() -> dict[str, core.Call]:
         "recur": core.recur_remove_call(keys, "s"),
         "fire": core.fire_call(keys, every_second, "rev", "trigger", [("now", "now")], 1000),
         "order": core.order_call(keys, core.Order.PRIORITY, 1000),
+        "expire": core.expire_call(keys),
     }
 
 
@@ -480,6 +481,7 @@ def lifecycle(s: Scheduler) -> None:
     assert isinstance(e, Claim) and e.task_id == "e"
     assert s.expire_lease("e") == 1
     assert s.reap() == 0
+    assert s.expire() == 0
     wait = s.next("w")
     assert isinstance(wait, Wait) and wait.reason == "not_due"
     states = {task_id: s.status(task_id).state for task_id in "abcde"}
@@ -623,7 +625,7 @@ class RecordingScheduler(Scheduler):
         return reply
 
 
-NEVER_PROPAGATE = {"claim", "heartbeat", "purge", "forget", "compact", "leave", "recur", "order"}
+NEVER_PROPAGATE = {"heartbeat", "purge", "forget", "compact", "leave", "recur", "order"}
 
 
 def test_every_reply_opens_with_the_number_of_propagation_jobs_left(

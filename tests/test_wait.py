@@ -585,6 +585,20 @@ def end_by_add_deps(s: Scheduler) -> tuple[str, str]:
     return "y", "blocked"
 
 
+def end_by_expire(s: Scheduler) -> tuple[str, str]:
+    s.schedule("x", fn="f", delay=60, ttl=0.01)
+    time.sleep(0.05)
+    assert s.housekeeping()["expired"] == 1
+    return "x", "cancelled"
+
+
+def end_by_expiring_at_claim(s: Scheduler) -> tuple[str, str]:
+    s.schedule("x", fn="f", ttl=0.01)
+    time.sleep(0.05)
+    assert s.ready(1, "w") == []
+    return "x", "cancelled"
+
+
 ENDINGS = [
     end_by_complete,
     end_by_fail,
@@ -596,6 +610,8 @@ ENDINGS = [
     end_by_propagate,
     end_by_schedule_on_a_failed_dependency,
     end_by_add_deps,
+    end_by_expire,
+    end_by_expiring_at_claim,
 ]
 
 

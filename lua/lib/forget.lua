@@ -4,7 +4,7 @@
 
 -- Remove terminal task id (t: its record, or nil for one that cannot be read): the
 -- record and its index member, payload, result, applied tokens, history, dependency
--- list, block cause and every edge to or from it. Its dependents keep their own
+-- list, debounce burst, block cause and every edge to or from it. Its dependents keep their own
 -- records; a later dependency on the id is an unknown dependency.
 local function remove_task(id, t)
   if t then count_move(t.state, nil) end
@@ -19,5 +19,6 @@ local function remove_task(id, t)
   redis.call('HDEL', k.results, id)
   redis.call('HDEL', k.done, id)
   redis.call('HDEL', k.history, id)
+  redis.call('HDEL', k.debounce, id)
   redis.call('ZREM', k.finished, id)
 end

@@ -1,0 +1,43 @@
+-- expire.lua: end queued tasks whose deadline (server clock) has passed.
+--
+--- @include settle
+--- @include deadline
+--- @keys tasks results queue finished meta idle
+--- @keys edges deps blocked blockedby propagating states deadlines
+--- @keys ranked waits ended
+--
+-- pending / ready -> cancelled, with the error text 'expired: not started by its
+-- deadline' in results; pending dependents become blocked (settled within the
+-- propagation budget), with this task as the root of their block cause. Entries of
+-- versions that are no longer queued (started, replaced, ended) are only removed.
+-- The workers' housekeeping calls it; claim.lua expires what it pops by itself.
+--
+-- Writes tasks, results, finished, meta, deadlines, idle, and for dependents edges,
+-- blocked, blockedby, propagating, queue.
+-- Also writes states (the per-state index, for the records it writes).
+--
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[2] the most deadlines entries to handle in this call (>= 1)
+--
+-- Reply: { propagating jobs left, tasks expired }.
+-- Cost: O(m log N) for m entries handled, plus the propagation budget.
+
+return run(function()
+  local budget = budget_arg(ARGV[1])
+  local limit = to_int(ARGV[2], 'limit')
+  if limit < 1 then error({ err = 'BADARG limit must be >= 1' }) end
+  local now = now_ms()
+  local members = redis.call('ZRANGEBYSCORE', k.deadlines, '-inf', now, 'LIMIT', 0, limit)
+  local ended = {}
+  for _, member in ipairs(members) do
+    local version, id = parse_deadline_member(member)
+    local t = version and not id_problem(id) and load_task(id)
+    if t and t.version == version and (t.state == 'pending' or t.state == 'ready') then
+      expire_task(id, t, now)
+      ended[#ended + 1] = id
+    else
+      redis.call('ZREM', k.deadlines, member)
+    end
+  end
+  return { settle_after_terminal({}, now, budget), #ended }
+end)
