@@ -80,8 +80,13 @@ class WorkerMetrics(WorkerHooks):
         """A housekeeping round reaped expired leases (of any worker), dropped stale
         queue entries and purged terminal tasks past the retention."""
 
+    def on_unserved(self, claim: Claim) -> None:
+        """A task failed because no live worker of the namespace served its function
+        within ``unserved_timeout`` (a deployment that lacks a function)."""
+
     def on_stats(self, stats: Mapping[str, Any]) -> None:
-        """The namespace's ``Scheduler.stats()``, read once per heartbeat round."""
+        """The namespace's ``Scheduler.overview()`` (``stats()`` plus the oldest due
+        task's wait and lease expiries), read once per heartbeat round."""
 
     def on_pool(self, snapshot: Mapping[str, int]) -> None:
         """The worker's ``snapshot()``, taken once per heartbeat round."""
@@ -139,6 +144,10 @@ class PrometheusMetrics(WorkerMetrics):
         self.purged = counter(
             "distsched_tasks_purged", "Terminal tasks purged by this worker's housekeeping."
         )
+        self.unserved = counter(
+            "distsched_tasks_unserved",
+            "Tasks this worker failed because no live worker served their function.",
+        )
         self.compacted = counter(
             "distsched_queue_compacted",
             "Stale queue entries dropped by this worker's housekeeping.",
@@ -183,6 +192,15 @@ class PrometheusMetrics(WorkerMetrics):
             "Queue entries of replaced or cancelled versions, not yet dropped.",
         )
         self.leases = gauge("distsched_namespace_leases", "Leases held in the namespace.")
+        self.oldest_due = gauge(
+            "distsched_oldest_due_wait_seconds",
+            "How long the earliest due task of the namespace has waited to start "
+            "(0 when none is due): how far behind the fleet is.",
+        )
+        self.leases_overdue = gauge(
+            "distsched_namespace_leases_overdue",
+            "Leases of the namespace past their deadline and not reaped yet.",
+        )
         self.pool = gauge(
             "distsched_worker_slots",
             "This worker's pool: executing, claimed but unstarted, reporting, free.",
@@ -235,12 +253,20 @@ class PrometheusMetrics(WorkerMetrics):
             if n:
                 metric.inc(n)
 
+    def on_unserved(self, claim: Claim) -> None:
+        self.unserved.inc()
+
     def on_stats(self, stats: Mapping[str, Any]) -> None:
         for state, count in stats["counts"].items():
             self.tasks.labels(state).set(count)
         self.queue_entries.set(stats["queue_entries"])
         self.queue_stale.set(max(0, stats["stale_entries"]))
         self.leases.set(stats["leases"])
+        # Present when the worker read overview() (it does); a plain stats() leaves them.
+        if "oldest_ready_age" in stats:
+            self.oldest_due.set(stats["oldest_ready_age"] or 0.0)
+        if "leases_expired" in stats:
+            self.leases_overdue.set(stats["leases_expired"])
 
     def on_pool(self, snapshot: Mapping[str, int]) -> None:
         for slot, n in snapshot.items():

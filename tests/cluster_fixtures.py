@@ -9,6 +9,7 @@ seconds, not the default 15.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -28,12 +29,17 @@ from tests.conftest import IN_CI, RedisServer, free_port
 NODE_TIMEOUT_MS = 1000
 
 
+# The client that creates and reshards the clusters: redis-cli on PATH unless
+# DISTSCHED_TEST_CLI names another (valkey-cli, or redis-cli against Valkey nodes).
+CLI_CHOICE = os.environ.get("DISTSCHED_TEST_CLI") or "redis-cli"
+
+
 def require_redis_cli() -> str:
-    cli = shutil.which("redis-cli")
+    cli = shutil.which(CLI_CHOICE)
     if cli is None:
         if IN_CI:
-            pytest.fail("redis-cli is not on PATH, and CI=true requires it for cluster tests")
-        pytest.skip("redis-cli is not on PATH (it creates the test clusters)")
+            pytest.fail(f"{CLI_CHOICE} is not found, and CI=true requires it for cluster tests")
+        pytest.skip(f"{CLI_CHOICE} is not found (it creates the test clusters)")
     return cli
 
 

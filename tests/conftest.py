@@ -3,6 +3,9 @@
 Tests never touch a Redis they did not start. When ``redis-server`` is not on
 PATH the tests that need it are skipped with the reason, except under
 ``CI=true``, where that is a failure.
+
+``DISTSCHED_TEST_SERVER`` names another server binary to start instead (a path or a
+name on PATH), e.g. Valkey's ``valkey-server``: the same suite then runs against it.
 """
 
 from __future__ import annotations
@@ -36,7 +39,10 @@ from distsched.aio import AsyncScheduler
 
 T = TypeVar("T")
 
-REDIS_SERVER = shutil.which("redis-server")
+# The server binary the fixtures start: redis-server on PATH unless DISTSCHED_TEST_SERVER
+# names another (valkey-server speaks the same protocol and runs the same scripts).
+SERVER_CHOICE = os.environ.get("DISTSCHED_TEST_SERVER") or "redis-server"
+REDIS_SERVER = shutil.which(SERVER_CHOICE)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,9 +50,17 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def require_redis_server() -> str:
     if REDIS_SERVER is None:
         if IN_CI:
-            pytest.fail("redis-server is not on PATH, and CI=true requires it")
-        pytest.skip("redis-server is not on PATH (install Redis 7 to run this test)")
+            pytest.fail(f"{SERVER_CHOICE} is not found, and CI=true requires it")
+        pytest.skip(f"{SERVER_CHOICE} is not found (install Redis 7 to run this test)")
     return REDIS_SERVER
+
+
+def server_is_valkey() -> bool:
+    """Whether the fixtures' server binary is Valkey (for the few tests that differ)."""
+    if REDIS_SERVER is None:
+        return False
+    done = subprocess.run([REDIS_SERVER, "--version"], capture_output=True, text=True, timeout=10)
+    return done.stdout.lower().startswith("valkey")
 
 
 def require_extra(module: str) -> ModuleType:

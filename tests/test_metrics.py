@@ -364,3 +364,29 @@ def test_the_ready_wait_is_exported_per_priority_bucket(registry: CollectorRegis
         "distsched_task_ready_wait_seconds_bucket", {"priority": "3", "le": "10.0"}
     )
     assert slow == 1.0  # the 20 s wait of a priority-3 task stands out
+
+
+def test_a_worker_exports_the_oldest_due_wait_and_the_tasks_it_failed_as_unserved(
+    fast: Scheduler, registry: CollectorRegistry, endpoint: MetricsServer
+) -> None:
+    s = fast
+    s.schedule("orphan", fn="nobody")
+    worker = Worker(
+        s, {"ok": ok}, concurrency=2, unserved_timeout=0, metrics=PrometheusMetrics(registry)
+    )
+    thread = run_in_thread(worker)
+    try:
+        wait_state(s, "orphan", State.FAILED)
+        scraped_until(endpoint.port, {sample("distsched_tasks_unserved_total"): 1.0})
+        # Nothing may start now: the next due task waits, and the gauge shows it.
+        s.set_max_running(0)
+        s.schedule("stuck", fn="ok")
+        wait_for(
+            lambda: scrape(endpoint.port)[sample("distsched_oldest_due_wait_seconds")] > 0.5,
+            what="the oldest due wait to grow",
+        )
+        s.set_max_running(None)
+        wait_state(s, "stuck", State.SUCCEEDED)
+        scraped_until(endpoint.port, {sample("distsched_oldest_due_wait_seconds"): 0.0})
+    finally:
+        stop(worker, thread)

@@ -278,6 +278,7 @@ class Reporter:
                     extra=task_fields(claim, TaskOutcome.UNSERVED, None,
                                       error_line(decision.reason)),
                 )  # fmt: skip
+                self.metrics.on_unserved(claim)
                 resolved.append(Report(report.job, ReportKind.FAIL, decision.reason))
             else:
                 resolved.append(Report(report.job, ReportKind.HAND_BACK, decision.delay))
