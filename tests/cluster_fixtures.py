@@ -23,7 +23,7 @@ import redis
 from redis.crc import key_slot
 
 from distsched.keys import Keys
-from tests.conftest import IN_CI, RedisServer, free_port
+from tests.conftest import IN_CI, RedisServer, free_port, skip_valkey_without_tls
 
 # Milliseconds without an answer before a node is considered failed.
 NODE_TIMEOUT_MS = 1000
@@ -99,6 +99,8 @@ class LocalCluster:
 
     def __init__(self, masters: int = 3, replicas: int = 0, tls: Path | None = None) -> None:
         self.cli = require_redis_cli()
+        if tls is not None:
+            skip_valkey_without_tls()
         self.tls = tls
         self.nodes: list[Node] = []
         try:

