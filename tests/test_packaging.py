@@ -117,6 +117,7 @@ LAYERS: list[set[str]] = [
         "distsched.tools.bench",
         "distsched.tools.demo",
         "distsched.tools.embedded",
+        "distsched.tools.fleet",
     },
     {"distsched.cli"},
 ]
