@@ -53,7 +53,7 @@ class WorkerMetrics(WorkerHooks):
     Hooks run on the worker's own threads (claim loop, pool threads, reporter,
     heartbeat thread), so they must be quick, thread-safe and must not raise.
     Only :meth:`on_stats` and :meth:`on_pool` cost the worker anything extra: it
-    reads ``Scheduler.stats()`` once per heartbeat round for them, on the
+    reads ``Scheduler.overview()`` once per heartbeat round for them, on the
     heartbeat thread, and only when the worker was given a metrics object.
     """
 
