@@ -285,6 +285,10 @@ class TaskSpec:
       call, server clock), not both: a version not started by then ends ``cancelled``
       with the error ``expired: not started by its deadline`` (its dependents are blocked
       as for any cancel). A retry or a new version has no deadline unless given again.
+    - ``key``: the fairness key (tenant) of the task, any text of 1..256 bytes in UTF-8;
+      tasks given none share the default key. Keys take turns at the claims in proportion
+      to their weights, each within its concurrency cap (``Scheduler.set_key``; README,
+      "Tenants and fairness"). Not in a namespace of the priority order.
     """
 
     task_id: str
@@ -305,6 +309,7 @@ class TaskSpec:
     debounce: float | None = None
     deadline: float | _dt.datetime | None = None
     ttl: float | None = None
+    key: str | None = None
 
 
 class TaskOptions(TypedDict, total=False):
@@ -326,6 +331,7 @@ class TaskOptions(TypedDict, total=False):
     debounce: float | None
     deadline: float | _dt.datetime | None
     ttl: float | None
+    key: str | None
 
 
 @dataclass(frozen=True)
@@ -343,8 +349,33 @@ class Admitted:
 
 def admission_suffix(spec: TaskSpec) -> str:
     """The option tokens of ``spec``'s schedule-script spec (lua/lib/admit.lua): ''
-    when it uses no admission policy and no deadline."""
-    return _policy_suffix(spec) + _deadline_suffix(spec)
+    when it uses no admission policy, no deadline and no fairness key."""
+    return _policy_suffix(spec) + _deadline_suffix(spec) + _key_suffix(spec.key)
+
+
+MAX_FAIR_KEY_BYTES = 256
+"""The longest fairness key, in UTF-8 bytes (``MAX_KEY_BYTES`` in ``lua/lib/admit.lua``)."""
+
+
+def validate_fair_key(key: object, *, allow_default: bool = False) -> str:
+    """A fairness key: a str of 1..256 UTF-8 bytes ('' for the default key when allowed)."""
+    if not isinstance(key, str):
+        raise InvalidArgument("key", f"must be a str, got {type(key).__name__}")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument("key", "must be valid UTF-8 (no lone surrogates)") from None
+    if size == 0 and not allow_default:
+        raise InvalidArgument("key", "must not be empty (leave it out for the default key)")
+    if size > MAX_FAIR_KEY_BYTES:
+        raise InvalidArgument("key", f"must be at most {MAX_FAIR_KEY_BYTES} bytes in UTF-8")
+    return key
+
+
+def _key_suffix(key: object) -> str:
+    if key is None:
+        return ""
+    return f" key={validate_fair_key(key).encode('utf-8').hex()}"
 
 
 def _deadline_suffix(spec: TaskSpec) -> str:
@@ -571,6 +602,49 @@ def validate_order(order: object, aging: object) -> tuple[Order, int]:
 def order_call(keys: Keys, order: Order, aging_ms: int, most: int = ORDER_REWRITE_MAX) -> Call:
     """The order script's call: ``order`` with ``aging_ms`` ms of credit per priority point."""
     return Call("order", keys.for_script("order"), [order.value, aging_ms, most])
+
+
+FAIR_CAP_MAX = 1_000_000_000
+"""The largest per-key cap accepted (``MAX_CAP`` in ``lua/fairness.lua``)."""
+FAIR_WEIGHT_MAX = 1_000_000
+"""The largest key weight accepted (``MAX_WEIGHT`` in ``lua/fairness.lua``)."""
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One fairness key of a namespace (``""`` is the default key of tasks given none).
+
+    ``cap`` is its own cap (None: the namespace default ``default_cap`` applies, None: no
+    cap); ``weight`` its share of claims; ``running`` the tasks a fair claim started that
+    still run; ``queued`` its ready tasks (stale entries included until claims drop them);
+    ``turn``: ``"ready"`` (takes turns now), ``"waiting"`` (its head is not due yet),
+    ``"capped"`` (at its cap) or ``"idle"`` (no ready work).
+    """
+
+    key: str
+    cap: int | None
+    default_cap: int | None
+    weight: int
+    running: int
+    queued: int
+    turn: str
+
+
+def _validate_cap(cap: object) -> int | None:
+    if cap is None:
+        return None
+    if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= FAIR_CAP_MAX:
+        raise InvalidArgument("cap", f"must be None or an int in [0, {FAIR_CAP_MAX}]")
+    return cap
+
+
+def fairness_call(keys: Keys, kind: str, key: str, cap: int | None, weight: int) -> Call:
+    """The fairness script's call (``lua/fairness.lua``)."""
+    return Call(
+        "fairness",
+        keys.for_script("fairness"),
+        [kind, key, "" if cap is None else cap, weight],
+    )
 
 
 def decode_order(raw_order: Any, raw_aging: Any) -> OrderSetting:
@@ -2201,6 +2275,77 @@ class Ops:
         yield from self.run(order_call(self.keys, chosen, aging_ms))
         return OrderSetting(chosen, aging_ms / 1000.0)
 
+    def set_key(self, key: str, cap: int | None = None, weight: int = 1) -> Op[KeyInfo]:
+        key = validate_fair_key(key, allow_default=True)
+        chosen = _validate_cap(cap)
+        if not _is_int(weight) or not 1 <= weight <= FAIR_WEIGHT_MAX:
+            raise InvalidArgument("weight", f"must be an int in [1, {FAIR_WEIGHT_MAX}]")
+        yield from self.run(fairness_call(self.keys, "key", key, chosen, weight))
+        return (yield from self.key_info(key))
+
+    def set_default_key_cap(self, cap: int | None) -> Op[None]:
+        chosen = _validate_cap(cap)
+        yield from self.run(fairness_call(self.keys, "default", "", chosen, 1))
+
+    def key_info(self, key: str) -> Op[KeyInfo]:
+        key = validate_fair_key(key, allow_default=True)
+        k = self.keys
+        prefix = f"{len(key.encode('utf-8')):03x}".encode() + key.encode("utf-8")
+        queued_cmd: tuple[Any, ...] = (
+            ("ZCARD", k.queue)
+            if key == ""
+            else ("ZLEXCOUNT", k.fairq, b"[" + prefix, b"[" + prefix + b"\xff")
+        )
+        fields, queued, ready, waiting, full = yield from self.read(
+            ("HMGET", k.fair, f"cap:{key}", "cap", f"w:{key}", f"run:{key}"),
+            queued_cmd,
+            ("ZSCORE", k.fairready, key),
+            ("ZSCORE", k.fairwait, key),
+            ("ZSCORE", k.fairfull, key),
+        )
+        turn = "idle"
+        if ready is not None:
+            turn = "ready"
+        elif waiting is not None:
+            turn = "waiting"
+        elif full is not None:
+            turn = "capped"
+        return KeyInfo(
+            key,
+            _count_or_none(fields[0]),
+            _count_or_none(fields[1]),
+            _count_or_none(fields[2]) or 1,
+            _count_or_none(fields[3]) or 0,
+            int(queued),
+            turn,
+        )
+
+    def fair_keys(self, limit: int = 100) -> Op[list[KeyInfo]]:
+        if not _is_int(limit) or limit < 1:
+            raise InvalidArgument("limit", "must be an int >= 1")
+        k = self.keys
+        ready, waiting, full, settings = yield from self.read(
+            ("ZRANGE", k.fairready, 0, limit - 1),
+            ("ZRANGE", k.fairwait, 0, limit - 1),
+            ("ZRANGE", k.fairfull, 0, limit - 1),
+            ("HSCAN", k.fair, 0, "COUNT", limit),
+        )
+        names: list[str] = []
+        for raw in [*ready, *full, *waiting]:
+            names.append(_text(raw))
+        page = settings[1] if isinstance(settings, (list, tuple)) else {}
+        fields = list(page) if isinstance(page, dict) else list(page)[0::2]
+        for raw_field in fields:
+            field_name = _text(raw_field)
+            for tag in ("cap:", "w:", "run:"):
+                if field_name.startswith(tag):
+                    names.append(field_name[len(tag) :])
+        unique = list(dict.fromkeys(names))[:limit]
+        infos = []
+        for name in unique:
+            infos.append((yield from self.key_info(name)))
+        return sorted(infos, key=lambda info: (-info.running, -info.queued, info.key))
+
     def uses_sharded_pubsub(self) -> Op[bool]:
         """Whether wake-ups travel on sharded channels: the server has SPUBLISH (Redis 7)."""
         try:
@@ -2347,10 +2492,16 @@ class Ops:
 
     def stats(self) -> Op[Stats]:
         k = self.keys
-        meta, entries, leases, ranked = yield from self.read(
-            ("HGETALL", k.meta), ("ZCARD", k.queue), ("ZCARD", k.leases), ("ZCARD", k.ranked)
+        meta, entries, leases, ranked, fair_entries = yield from self.read(
+            ("HGETALL", k.meta),
+            ("ZCARD", k.queue),
+            ("ZCARD", k.leases),
+            ("ZCARD", k.ranked),
+            ("ZCARD", k.fairq),
         )
-        return decode_stats(_mapping(meta), int(entries), int(leases), int(ranked))
+        # The entries of a fair namespace's keyed tasks count as queue entries.
+        queued = int(entries) + int(fair_entries)
+        return decode_stats(_mapping(meta), queued, int(leases), int(ranked))
 
     def server_time(self) -> Op[float]:
         # A plain TIME goes to whichever node the client picks; the one clock that

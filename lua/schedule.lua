@@ -7,6 +7,7 @@
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --- @keys debounce deadlines
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency
@@ -231,6 +232,15 @@ return run(function()
     end
   end
 
+  -- Fairness keys and the priority order do not combine (lib/fair.lua).
+  if order_aging() then
+    for _, s in ipairs(specs) do
+      if s.opts and s.opts.key then
+        error({ err = 'BADARG key of ' .. s.id .. ' cannot be used in a namespace of the priority order' })
+      end
+    end
+  end
+
   -- Versions follow the submission order (they are the queue's sequence numbers),
   -- whatever order the dependencies make us write the tasks in.
   local fresh = #specs
@@ -255,6 +265,27 @@ return run(function()
     end
     reply[#all_specs + 2] = table.concat(flags)
   end
+  -- Fairness keys (lib/fair.lua): the first keyed task turns the namespace fair; each
+  -- new version carries its key (or none), read by enqueue.
+  local fair_keys = {}
+  for _, s in ipairs(specs) do
+    if s.opts and s.opts.key then fair_keys[#fair_keys + 1] = s end
+  end
+  if #fair_keys > 0 and not fair_on() then
+    redis.call('HSET', k.meta, 'fair', '1')
+    cached_fair = true
+    local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+    if head[1] then fair_activate('', tonumber(head[2]), now) end
+  end
+  if fair_on() then
+    for _, s in ipairs(specs) do
+      if s.opts and s.opts.key then
+        redis.call('HSET', k.fairkeys, s.id, s.opts.key)
+      elseif s.old then
+        redis.call('HDEL', k.fairkeys, s.id)
+      end
+    end
+  end
   local function state_of(id)
     if written[id] then return written[id] end
     if outside[id] ~= nil then return outside[id] or nil end
@@ -276,7 +307,9 @@ return run(function()
       enqueued[member] = s.run_at
       records[#records + 1] = s.id
       records[#records + 1] = encode_task(t)
-      if aging and s.run_at <= now then
+      if fair_on() then
+        enqueue(t, s.id)
+      elseif aging and s.run_at <= now then
         ranks[#ranks + 1] = rank_of(s.run_at, s.priority, aging)
         ranks[#ranks + 1] = member
       else
