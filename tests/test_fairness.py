@@ -16,6 +16,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import redis
@@ -144,6 +145,11 @@ class FairMachine(RuleBasedStateMachine):
             assert isinstance(run_at, float)
             self.model.schedule(key, round(run_at * 1000), spec.priority, version, spec.task_id)
 
+    @rule(count=st.integers(1, 4), priority=st.integers(0, 2))
+    def schedule_every_key(self, count: int, priority: int) -> None:
+        for key in KEYS:
+            self.schedule(key, 0, priority, count)
+
     @rule(n=st.integers(1, 5))
     def claim(self, n: int) -> None:
         claims, _ = self.s.claim(n, "w")
@@ -190,7 +196,7 @@ def test_claims_follow_the_fair_rule_of_the_model(redis_server: RedisServer) -> 
         run_state_machine_as_test(
             FairMachine,
             settings=settings(
-                max_examples=40,
+                max_examples=60,
                 stateful_step_count=30,
                 deadline=None,
                 suppress_health_check=list(HealthCheck),
@@ -333,10 +339,8 @@ def test_caps_hold_under_four_racing_worker_processes(
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    peaks = {
-        k.decode(): int(v)
-        for k, v in redis_client.zrange(f"probe:{namespace}:peak", 0, -1, withscores=True)
-    }
+    peak_set: Any = redis_client.zrange(f"probe:{namespace}:peak", 0, -1, withscores=True)
+    peaks = {k.decode(): int(v) for k, v in peak_set}
     for key, cap in caps.items():
         assert 1 <= peaks[key] <= cap, (key, peaks)
     # The uncapped default key ran several at once: the processes did race.
