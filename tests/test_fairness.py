@@ -451,3 +451,34 @@ def test_a_delayed_key_joins_the_wait_hint(scheduler: Scheduler) -> None:
     assert wait is not None and wait.reason == "not_due"
     assert wait.delay is not None and 25 < wait.delay <= 30
     assert scheduler.key_info("t").turn == "waiting"
+
+
+# ------------------------------------------------------------------------ the command line
+
+
+def test_the_cli_schedules_keyed_tasks_and_sets_shows_and_lists_keys(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    from tests.test_cli import invoke
+
+    assert (
+        invoke(redis_server, namespace, "schedule", "t1", "--fn", "f", "--key", "acme").exit_code
+        == 0
+    )
+    assert invoke(redis_server, namespace, "schedule", "t2", "--fn", "f").exit_code == 0
+    result = invoke(redis_server, namespace, "keys", "set", "acme", "--cap", "2", "--weight", "3")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.strip() == "'acme': cap 2, weight 3, running 0, queued 1, ready"
+    assert invoke(redis_server, namespace, "keys", "default", "5").exit_code == 0
+    shown = invoke(redis_server, namespace, "keys", "show", "")
+    assert (
+        shown.stdout.strip()
+        == "'' (default key): cap 5 (default), weight 1, running 0, queued 1, ready"
+    )
+    listed = invoke(redis_server, namespace, "keys", "list").stdout.splitlines()
+    assert sorted(line.split(":")[0] for line in listed) == ["'' (default key)", "'acme'"]
+    info = scheduler.key_info("acme")
+    assert (info.cap, info.weight, info.default_cap) == (2, 3, 5)
+    bad = invoke(redis_server, namespace, "keys", "set", "acme", "--cap", "-1")
+    assert bad.exit_code != 0
+    assert scheduler.key_info("acme").cap == 2
