@@ -414,9 +414,16 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.order`."""
         return await self._drive(self._ops.order())
 
-    async def set_key(self, key: str, cap: int | None = None, weight: int = 1) -> KeyInfo:
+    async def set_key(
+        self,
+        key: str,
+        cap: int | None = None,
+        weight: int = 1,
+        rate: int | None = None,
+        per: float = 1.0,
+    ) -> KeyInfo:
         """See :meth:`Scheduler.set_key`."""
-        return await self._drive(self._ops.set_key(key, cap, weight))
+        return await self._drive(self._ops.set_key(key, cap, weight, rate, per))
 
     async def set_default_key_cap(self, cap: int | None) -> None:
         """See :meth:`Scheduler.set_default_key_cap`."""

@@ -1158,8 +1158,9 @@ def _key_line(info: KeyInfo) -> str:
     if info.cap is None and info.default_cap is not None:
         shown_cap += " (default)"
     name = repr(info.key) if info.key else "'' (default key)"
+    rate = "" if info.rate is None else f", rate {info.rate} per {info.per_s:g} s"
     return (
-        f"{name}: cap {shown_cap}, weight {info.weight}, running {info.running}, "
+        f"{name}: cap {shown_cap}, weight {info.weight}{rate}, running {info.running}, "
         f"queued {info.queued}, {info.turn}"
     )
 
@@ -1168,11 +1169,19 @@ def _key_line(info: KeyInfo) -> str:
 @click.argument("key")
 @click.option("--cap", type=int, default=None, help="Most tasks of KEY running at once.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Share of claims.")
+@click.option("--rate", type=int, default=None, help="Most tasks of KEY started per --per.")
+@click.option(
+    "--per", "per_s", type=Duration("per"), default="1s", show_default=True,
+    help="The interval of --rate (seconds, or 500ms, 1m).",
+)  # fmt: skip
 @click.pass_context
-def keys_set(ctx: click.Context, key: str, cap: int | None, weight: int) -> None:
-    """Set KEY's cap and weight ('' is the default key); no --cap: the default cap."""
+def keys_set(
+    ctx: click.Context, key: str, cap: int | None, weight: int, rate: int | None, per_s: float
+) -> None:
+    """Set KEY's cap, weight and rate ('' is the default key); no --cap: the default cap."""
     scheduler = _connect(ctx)
-    click.echo(_key_line(scheduler.set_key(key, cap=cap, weight=weight)))
+    info = scheduler.set_key(key, cap=cap, weight=weight, rate=rate, per=per_s)
+    click.echo(_key_line(info))
 
 
 @keys.command("default")

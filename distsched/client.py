@@ -559,16 +559,26 @@ class Scheduler(BaseScheduler):
         """The namespace's claim order and aging (``set_order``)."""
         return self._drive(self._ops.order())
 
-    def set_key(self, key: str, cap: int | None = None, weight: int = 1) -> KeyInfo:
+    def set_key(
+        self,
+        key: str,
+        cap: int | None = None,
+        weight: int = 1,
+        rate: int | None = None,
+        per: float = 1.0,
+    ) -> KeyInfo:
         """Set the concurrency cap and weight of fairness key ``key`` (``""``: the default
         key of tasks given none), replacing its earlier settings.
 
         ``cap``: the most tasks of the key running at once, fleet-wide (None: the
         namespace default of ``set_default_key_cap``, if any; 0 holds its tasks). ``weight``:
         its share of claims while several keys have due work (README, "Tenants and
-        fairness"). Turns the namespace fair if it was not. Takes effect at the next claim.
+        fairness"). ``rate``: the most tasks of the key started per ``per`` seconds (a
+        token bucket of ``rate`` tokens on the server clock; None: no limit); a key over
+        its rate is skipped until its next token. Turns the namespace fair if it was not.
+        Takes effect at the next claim.
         """
-        return self._drive(self._ops.set_key(key, cap, weight))
+        return self._drive(self._ops.set_key(key, cap, weight, rate, per))
 
     def set_default_key_cap(self, cap: int | None) -> None:
         """Set the cap of every fairness key that has none of its own (None: no cap)."""

@@ -618,7 +618,8 @@ class KeyInfo:
     cap); ``weight`` its share of claims; ``running`` the tasks a fair claim started that
     still run; ``queued`` its ready tasks (stale entries included until claims drop them);
     ``turn``: ``"ready"`` (takes turns now), ``"waiting"`` (its head is not due yet),
-    ``"capped"`` (at its cap) or ``"idle"`` (no ready work).
+    ``"capped"`` (at its cap) or ``"idle"`` (no ready work); a key over its rate limit
+    (``rate`` tasks started per ``per_s`` seconds) is ``"waiting"`` for its next token.
     """
 
     key: str
@@ -628,6 +629,18 @@ class KeyInfo:
     running: int
     queued: int
     turn: str
+    rate: int | None = None
+    per_s: float | None = None
+
+
+def _decode_rate(raw: Any) -> tuple[int | None, float | None]:
+    """A key's stored rate limit ``<tasks> <interval ms>`` as (tasks, seconds)."""
+    if raw is None:
+        return None, None
+    parts = _text(raw).split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None, None
+    return int(parts[0]), int(parts[1]) / 1000.0
 
 
 def _validate_cap(cap: object) -> int | None:
@@ -638,13 +651,34 @@ def _validate_cap(cap: object) -> int | None:
     return cap
 
 
-def fairness_call(keys: Keys, kind: str, key: str, cap: int | None, weight: int) -> Call:
-    """The fairness script's call (``lua/fairness.lua``)."""
-    return Call(
-        "fairness",
-        keys.for_script("fairness"),
-        [kind, key, "" if cap is None else cap, weight],
-    )
+FAIR_INTERVAL_MAX_MS = 86_400_000
+"""The longest rate-limit interval (a day), in ms."""
+
+
+def fairness_call(
+    keys: Keys,
+    kind: str,
+    key: str,
+    cap: int | None,
+    weight: int,
+    rate: tuple[int, int] | None = None,
+) -> Call:
+    """The fairness script's call (``lua/fairness.lua``); ``rate``: (tasks, interval ms)."""
+    args: list[Any] = [kind, key, "" if cap is None else cap, weight]
+    if rate is not None:
+        args += [rate[0], rate[1]]
+    return Call("fairness", keys.for_script("fairness"), args)
+
+
+def _validate_rate(rate: object, per: object) -> tuple[int, int] | None:
+    if rate is None:
+        return None
+    if not _is_int(rate) or not 1 <= rate <= FAIR_CAP_MAX:  # type: ignore[operator]
+        raise InvalidArgument("rate", f"must be None or an int in [1, {FAIR_CAP_MAX}]")
+    interval = seconds_to_ms(per, "per")
+    if not 1 <= interval <= FAIR_INTERVAL_MAX_MS:
+        raise InvalidArgument("per", "must be from 1 ms to a day")
+    return int(rate), interval  # type: ignore[call-overload]
 
 
 def decode_order(raw_order: Any, raw_aging: Any) -> OrderSetting:
@@ -2275,12 +2309,20 @@ class Ops:
         yield from self.run(order_call(self.keys, chosen, aging_ms))
         return OrderSetting(chosen, aging_ms / 1000.0)
 
-    def set_key(self, key: str, cap: int | None = None, weight: int = 1) -> Op[KeyInfo]:
+    def set_key(
+        self,
+        key: str,
+        cap: int | None = None,
+        weight: int = 1,
+        rate: int | None = None,
+        per: float = 1.0,
+    ) -> Op[KeyInfo]:
         key = validate_fair_key(key, allow_default=True)
         chosen = _validate_cap(cap)
         if not _is_int(weight) or not 1 <= weight <= FAIR_WEIGHT_MAX:
             raise InvalidArgument("weight", f"must be an int in [1, {FAIR_WEIGHT_MAX}]")
-        yield from self.run(fairness_call(self.keys, "key", key, chosen, weight))
+        limit = _validate_rate(rate, per)
+        yield from self.run(fairness_call(self.keys, "key", key, chosen, weight, limit))
         return (yield from self.key_info(key))
 
     def set_default_key_cap(self, cap: int | None) -> Op[None]:
@@ -2297,7 +2339,7 @@ class Ops:
             else ("ZLEXCOUNT", k.fairq, b"[" + prefix, b"[" + prefix + b"\xff")
         )
         fields, queued, ready, waiting, full = yield from self.read(
-            ("HMGET", k.fair, f"cap:{key}", "cap", f"w:{key}", f"run:{key}"),
+            ("HMGET", k.fair, f"cap:{key}", "cap", f"w:{key}", f"run:{key}", f"rate:{key}"),
             queued_cmd,
             ("ZSCORE", k.fairready, key),
             ("ZSCORE", k.fairwait, key),
@@ -2318,6 +2360,7 @@ class Ops:
             _count_or_none(fields[3]) or 0,
             int(queued),
             turn,
+            *_decode_rate(fields[4]),
         )
 
     def fair_keys(self, limit: int = 100) -> Op[list[KeyInfo]]:
@@ -2337,7 +2380,7 @@ class Ops:
         fields = list(page) if isinstance(page, dict) else list(page)[0::2]
         for raw_field in fields:
             field_name = _text(raw_field)
-            for tag in ("cap:", "w:", "run:"):
+            for tag in ("cap:", "w:", "run:", "rate:"):
                 if field_name.startswith(tag):
                     names.append(field_name[len(tag) :])
         unique = list(dict.fromkeys(names))[:limit]

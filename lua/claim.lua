@@ -140,13 +140,19 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
         c.claimed_ids[id] = true
         c.expiring[#c.expiring + 1] = { id = id, t = t }
       else
-        local s = redis.call('HMGET', k.fair, 'run:' .. key, 'cap:' .. key, 'cap', 'w:' .. key)
+        local s = redis.call('HMGET', k.fair, 'run:' .. key, 'cap:' .. key, 'cap', 'w:' .. key,
+          'rate:' .. key, 'tb:' .. key)
         local cap, busy = fair_cap(s[2], s[3]), tonumber(s[1]) or 0
         local weight = tonumber(s[4])
         if not weight or weight <= 0 then weight = 1 end
+        local tokens, next_token = fair_tokens(s[5], s[6], now)
         if cap and busy >= cap then
           redis.call('ZREM', k.fairready, key)
           redis.call('ZADD', k.fairfull, vt, key)
+        elseif next_token then
+          -- Over its rate: the key waits for its next token like a delayed head.
+          redis.call('ZREM', k.fairready, key)
+          redis.call('ZADD', k.fairwait, next_token, key)
         elseif limit and running + claimed >= limit then
           reason = 'capacity'
           break
@@ -165,6 +171,9 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           claimed = claimed + 1
           redis.call('HINCRBY', k.fair, 'run:' .. key, 1)
           redis.call('HSET', k.fairrun, id, key)
+          if tokens then
+            redis.call('HSET', k.fair, 'tb:' .. key, string.format('%.17g %d', tokens - 1, now))
+          end
           served = vt
           -- A key that reached its cap waits in fairfull: claims never visit it there.
           if cap and busy + 1 >= cap then

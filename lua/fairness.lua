@@ -12,21 +12,25 @@
 --
 -- Reads and writes meta (fair), fair, fairready, fairfull, idle; reads queue, fairwait.
 --
--- ARGV[1] 'key': set ARGV[2]'s cap and weight; 'default': set the default cap
+-- ARGV[1] 'key': set ARGV[2]'s cap, weight and rate limit; 'default': set the default cap
 -- ARGV[2] the key (UTF-8, 0..256 bytes; '' is the default key of tasks given none);
 --         ignored for 'default' (send '')
 -- ARGV[3] the cap: an integer in [0, 1000000000] (0 holds the key's tasks), or '' for
 --         none (for 'key': the default cap applies)
 -- ARGV[4] the weight: an integer in [1, 1000000] (ignored for 'default'; send 1)
+-- ARGV[5] optional, for 'key': the rate limit, tasks started per interval, an integer in
+--         [1, 1000000000]; '' or absent for none
+-- ARGV[6] with ARGV[5]: the interval in ms, an integer in [1, 86400000]
 --
 -- Reply: { 0, keys moved back from fairfull }
 -- Errors (nothing written):
---   BADARG kind|key|cap|weight ...
+--   BADARG kind|key|cap|weight|rate|interval_ms ...
 --   CONFLICT order ...   the namespace follows the priority order (lib/ranked.lua)
 -- Cost: O(1 + keys at their cap * log K).
 
 local MAX_CAP = 1000000000
 local MAX_WEIGHT = 1000000
+local MAX_INTERVAL_MS = 24 * 3600 * 1000
 
 return run(function()
   local kind, key, cap_arg, weight_arg = ARGV[1], ARGV[2] or '', ARGV[3] or '', ARGV[4]
@@ -43,6 +47,15 @@ return run(function()
   if weight < 1 or weight > MAX_WEIGHT then
     error({ err = 'BADARG weight must be in [1, ' .. MAX_WEIGHT .. ']' })
   end
+  local rate_arg = ARGV[5] or ''
+  local rate, interval = nil, nil
+  if rate_arg ~= '' then
+    rate, interval = to_int(rate_arg, 'rate'), to_int(ARGV[6], 'interval_ms')
+    if rate < 1 or rate > MAX_CAP then error({ err = 'BADARG rate must be in [1, ' .. MAX_CAP .. ']' }) end
+    if interval < 1 or interval > MAX_INTERVAL_MS then
+      error({ err = 'BADARG interval_ms must be in [1, ' .. MAX_INTERVAL_MS .. ']' })
+    end
+  end
   if redis.call('HGET', k.meta, 'order') == 'priority' then
     error({ err = 'CONFLICT order the priority order does not combine with fairness keys' })
   end
@@ -56,6 +69,15 @@ return run(function()
   local field = kind == 'default' and 'cap' or 'cap:' .. key
   if cap then redis.call('HSET', k.fair, field, cap) else redis.call('HDEL', k.fair, field) end
   if kind == 'key' then
+    if rate then
+      redis.call('HSET', k.fair, 'rate:' .. key, rate .. ' ' .. interval)
+    else
+      redis.call('HDEL', k.fair, 'rate:' .. key, 'tb:' .. key)
+    end
+    -- Waiting for a token under the old rate: it is looked at again at the next claim.
+    if redis.call('ZREM', k.fairwait, key) == 1 then
+      redis.call('ZADD', k.fairready, fair_vt(), key)
+    end
     if weight ~= 1 then
       redis.call('HSET', k.fair, 'w:' .. key, weight)
     else

@@ -289,7 +289,6 @@ WORKER_CODE = textwrap.dedent(
     port, ns, name, until = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
     client = redis.Redis(port=port)
     s = Scheduler(client, namespace=ns, lease_s=30.0)
-    caps = {"a": 2, "b": 3, "c": 1}
     while time.time() < until:
         claims, wait = s.claim(2, name)
         if not claims:
@@ -302,7 +301,9 @@ WORKER_CODE = textwrap.dedent(
             now = client.incr(f"probe:{ns}:{key}")
             client.zadd(f"probe:{ns}:peak", {key: now}, gt=True)
             if key == "r":
-                client.rpush(f"probe:{ns}:starts", int(time.time() * 1000))
+                # The start on the server clock: the lease deadline less the lease.
+                leased = client.zscore(f"ds:{{{ns}}}:leases", c.task_id)
+                client.rpush(f"probe:{ns}:starts", int(leased) - 30000)
         time.sleep(0.005)
         for c in claims:
             client.decr(f"probe:{ns}:{c.task_id.split('-')[0]}")
@@ -311,16 +312,19 @@ WORKER_CODE = textwrap.dedent(
 )
 
 
-def test_caps_hold_under_four_racing_worker_processes(
+def test_caps_and_rates_hold_under_four_racing_worker_processes(
     redis_server: RedisServer, redis_client: redis.Redis, namespace: str
 ) -> None:
     s = Scheduler(redis_client, namespace=namespace)
     caps = {"a": 2, "b": 3, "c": 1}
     for key, cap in caps.items():
         s.set_key(key, cap=cap)
+    # Key r: at most 5 tasks started per 500 ms (a token bucket of 5).
+    s.set_key("r", rate=5, per=0.5)
     s.schedule_many(
         [TaskSpec(f"{key}-{i}", "f", key=key) for key in caps for i in range(60)]
         + [TaskSpec(f"d-{i}", "f") for i in range(60)]
+        + [TaskSpec(f"r-{i}", "f", key="r") for i in range(25)]
     )
     until = time.time() + 60
     procs = [
@@ -345,9 +349,16 @@ def test_caps_hold_under_four_racing_worker_processes(
         assert 1 <= peaks[key] <= cap, (key, peaks)
     # The uncapped default key ran several at once: the processes did race.
     assert peaks["d"] >= 2
-    for key in [*caps, ""]:
+    for key in [*caps, "", "r"]:
         assert run_count(redis_client, namespace, key) == 0
-    assert s.stats()["counts"]["succeeded"] == 240
+    assert s.stats()["counts"]["succeeded"] == 265
+    # The token bucket's bound: from any start to a later one, at most 5 plus the tokens
+    # refilled in between (5 per 500 ms) started.
+    starts = sorted(int(x) for x in redis_client.lrange(f"probe:{namespace}:starts", 0, -1))
+    assert len(starts) == 25
+    for i in range(len(starts)):
+        for j in range(i, len(starts)):
+            assert j - i + 1 <= 5 + (starts[j] - starts[i]) * 5 / 500, (i, j, starts)
     s.close()
 
 
@@ -479,6 +490,12 @@ def test_the_cli_schedules_keyed_tasks_and_sets_shows_and_lists_keys(
     assert sorted(line.split(":")[0] for line in listed) == ["'' (default key)", "'acme'"]
     info = scheduler.key_info("acme")
     assert (info.cap, info.weight, info.default_cap) == (2, 3, 5)
+    limited = invoke(redis_server, namespace, "keys", "set", "b", "--rate", "10", "--per", "2s")
+    assert (
+        limited.stdout.strip()
+        == "'b': cap 5 (default), weight 1, rate 10 per 2 s, running 0, queued 0, idle"
+    )
+    assert (scheduler.key_info("b").rate, scheduler.key_info("b").per_s) == (10, 2.0)
     bad = invoke(redis_server, namespace, "keys", "set", "acme", "--cap", "-1")
     assert bad.exit_code != 0
     assert scheduler.key_info("acme").cap == 2

@@ -29,7 +29,9 @@
 -- credit for the time it had no work.
 --
 -- The fair hash: vt, cap (the namespace default cap; absent: none), cap:<key>, w:<key>
--- (weight, default 1), run:<key> (its running tasks). fairrun maps each running task a
+-- (weight, default 1), run:<key> (its running tasks), rate:<key> and tb:<key> (its rate
+-- limit and token bucket, fair_tokens below; a key over its rate waits in fairwait until
+-- its next token). fairrun maps each running task a
 -- fair claim started to its key, so a task leaving running gives its slot back exactly
 -- once, whatever script moves it.
 
@@ -62,6 +64,26 @@ local function fair_cap(own, default)
   if not cap then cap = tonumber(default) end
   if cap and (cap < 0 or cap ~= math.floor(cap)) then cap = nil end
   return cap
+end
+
+-- A key's rate limit (fair fields rate:<key> = '<count> <interval ms>', tb:<key> =
+-- '<tokens> <ms of the last update>'): a token bucket of `count` tokens refilled at
+-- count per interval on the server clock, full at first. Returns (tokens now, nil) when
+-- a task may start, (nil, the ms of the next token) when not, (nil, nil) with no limit.
+local function fair_tokens(rate, bucket, now)
+  if not rate then return nil, nil end
+  local count, interval = string.match(rate, '^(%d+) (%d+)$')
+  count, interval = tonumber(count), tonumber(interval)
+  if not count or count < 1 or interval < 1 then return nil, nil end
+  local tokens, last = count, now
+  if bucket then
+    local t, l = string.match(bucket, '^(%S+) (%d+)$')
+    if tonumber(t) and tonumber(l) then tokens, last = tonumber(t), tonumber(l) end
+  end
+  if now > last then tokens = tokens + (now - last) * count / interval end
+  if tokens > count then tokens = count end
+  if tokens >= 1 then return tokens, nil end
+  return nil, now + math.max(1, math.ceil((1 - tokens) * interval / count))
 end
 
 -- Key has ready work due at `due` (ms): make it served, or waited for.
