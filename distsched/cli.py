@@ -918,6 +918,17 @@ def _why_lines(exp: Explanation) -> list[str]:
                 f"it is due, {_count(exp.ahead or 0, 'queue entry', 'queue entries')} ahead of it "
                 "(live tasks, and stale entries of replaced or cancelled tasks)"
             )
+        elif reason is Reason.KEY_CAPPED:
+            text = (
+                f"its fairness key {exp.fair_key!r} is at its cap: {exp.key_running} running, "
+                f"cap {exp.key_cap}"
+            )
+        elif reason is Reason.KEY_RATE:
+            due = exp.key_next_at or now
+            text = (
+                f"its fairness key {exp.fair_key!r} used its rate of {exp.key_rate} per "
+                f"{exp.key_per_s:g} s: next start at {iso(due)} ({relative(due, now)})"
+            )
         elif reason is Reason.NEXT:
             text = "it is due and first in line: the next worker with a free slot claims it"
         else:

@@ -2625,11 +2625,12 @@ class Ops:
             ("HGET", k.deps, task_id),
             ("HGET", k.blocked, task_id),
             ("ZSCORE", k.leases, task_id),
-            ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms"),
+            ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms", "fair"),
         )
         if record_raw is None:
             raise NotFoundError(task_id)
         order = decode_order(meta[2], meta[3])
+        fair_on = meta[4] is not None and _text(meta[4]) == "1"
         meta = meta[:2]
         rec = decode_record(record_raw, task_id)
         try:
@@ -2651,7 +2652,21 @@ class Ops:
         reads: list[tuple[Any, ...]] = []
         if rec.state in (State.FAILED, State.CANCELLED):
             reads.append(("HGET", k.results, task_id))
-        if queued:
+        fair_key: str | None = None
+        if queued and fair_on:
+            (raw_key,) = yield from self.read(("HGET", k.fairkeys, task_id))
+            fair_key = "" if raw_key is None else _text(raw_key)
+        if queued and fair_key:
+            # A keyed task of a fair namespace: its entry in fairq, behind its key's
+            # entries before it (lua/lib/fair.lua).
+            prefix = f"{len(fair_key.encode('utf-8')):03x}".encode() + fair_key.encode("utf-8")
+            fair_member = prefix + b"%013x" % max(0, min(rec.run_at_ms, 2**52 - 1)) + member
+            reads += [
+                ("ZSCORE", k.fairq, fair_member),
+                ("ZLEXCOUNT", k.fairq, b"[" + prefix, b"(" + fair_member),
+            ]
+            reads += [("ZSCORE", k.ranked, member), ("ZRANK", k.ranked, member)]
+        elif queued:
             reads += [("ZSCORE", k.queue, member), ("ZRANK", k.queue, member)]
             reads += [("ZSCORE", k.ranked, member), ("ZRANK", k.ranked, member)]
         if served:
@@ -2673,7 +2688,10 @@ class Ops:
             score, rank = replies.pop(0), replies.pop(0)
             ranked_score, ranked_rank = replies.pop(0), replies.pop(0)
             aging_ms = round(order.aging_s * 1000)
-            if ranked_score is not None:
+            if fair_key:
+                if score is not None:
+                    due_at, ahead = rec.run_at_ms / 1000.0, int(rank)
+            elif ranked_score is not None:
                 # In the ready set of the priority order: due, behind the entries ranked
                 # before it.
                 due_ms = float(ranked_score) + rec.priority * aging_ms
@@ -2703,6 +2721,26 @@ class Ops:
             blocked_by = yield from self._blocked_path(task_id, cause)
         lease_deadline = None if lease is None else float(lease) / 1000.0
         unserved = served and (served_at is None or now - served_at > SERVED_LIVE_S)
+        key_running, key_cap, key_rate, key_per_s, key_next_at = 0, None, None, None, None
+        if fair_key is not None:
+            fields, waiting = yield from self.read(
+                (
+                    "HMGET",
+                    k.fair,
+                    f"run:{fair_key}",
+                    f"cap:{fair_key}",
+                    "cap",
+                    f"rate:{fair_key}",
+                ),
+                ("ZSCORE", k.fairwait, fair_key),
+            )
+            key_running = _count_or_none(fields[0]) or 0
+            key_cap = _count_or_none(fields[1])
+            if key_cap is None:
+                key_cap = _count_or_none(fields[2])
+            key_rate, key_per_s = _decode_rate(fields[3])
+            if key_rate is not None and waiting is not None and float(waiting) > now_ms:
+                key_next_at = float(waiting) / 1000.0
         reasons: list[Reason] = []
         if rec.state is State.RUNNING:
             reasons.append(Reason.RUNNING)
@@ -2729,9 +2767,13 @@ class Ops:
                 reasons.append(Reason.UNSERVED)
             if max_running is not None and (running or 0) >= max_running:
                 reasons.append(Reason.CAPACITY)
+            if key_cap is not None and key_running >= key_cap:
+                reasons.append(Reason.KEY_CAPPED)
+            if key_next_at is not None:
+                reasons.append(Reason.KEY_RATE)
             if ahead:
                 reasons.append(Reason.BEHIND)
-            elif Reason.CAPACITY not in reasons:
+            elif not {Reason.CAPACITY, Reason.KEY_CAPPED, Reason.KEY_RATE} & set(reasons):
                 reasons.append(Reason.NEXT)
         return Explanation(
             task_id=task_id,
@@ -2758,6 +2800,12 @@ class Ops:
             blocked_by=blocked_by,
             root_state=root_state,
             error=error,
+            fair_key=fair_key,
+            key_running=key_running,
+            key_cap=key_cap,
+            key_rate=key_rate,
+            key_per_s=key_per_s,
+            key_next_at=key_next_at,
             updated_at=rec.updated_ms / 1000.0,
         )
 
@@ -3244,6 +3292,12 @@ class Reason(str, enum.Enum):
     """It is due and first in line: the next claim by a worker with a free slot takes it."""
     NOT_QUEUED = "not_queued"
     """It is ready but its queue entry is missing (data changed outside distsched)."""
+    KEY_CAPPED = "key_capped"
+    """It is due, but its fairness key ``fair_key`` runs ``key_running`` tasks, its cap
+    ``key_cap``."""
+    KEY_RATE = "key_rate"
+    """It is due, but its fairness key used its rate (``key_rate`` tasks per ``key_per_s``
+    seconds): its next token comes at ``key_next_at`` (server clock)."""
 
     def __str__(self) -> str:
         return self.value
@@ -3307,6 +3361,12 @@ class Explanation:
     root_state: State | None
     error: str | None
     updated_at: float
+    fair_key: str | None = None
+    key_running: int = 0
+    key_cap: int | None = None
+    key_rate: int | None = None
+    key_per_s: float | None = None
+    key_next_at: float | None = None
 
     @property
     def reason(self) -> Reason:

@@ -499,3 +499,30 @@ def test_the_cli_schedules_keyed_tasks_and_sets_shows_and_lists_keys(
     bad = invoke(redis_server, namespace, "keys", "set", "acme", "--cap", "-1")
     assert bad.exit_code != 0
     assert scheduler.key_info("acme").cap == 2
+
+
+# ------------------------------------------------------------------------ explain
+
+
+def test_explain_names_the_key_cap_or_rate_window_a_due_task_waits_for(
+    scheduler: Scheduler,
+) -> None:
+    from distsched.core import Reason
+
+    scheduler.set_key("capped", cap=1)
+    scheduler.set_key("limited", rate=1, per=60)
+    scheduler.schedule_many(
+        [TaskSpec(f"c{i}", "f", key="capped") for i in range(2)]
+        + [TaskSpec(f"l{i}", "f", key="limited") for i in range(2)]
+    )
+    claims, _ = scheduler.claim(10, "w")
+    assert sorted(c.task_id for c in claims) == ["c0", "l0"]
+    capped = scheduler.explain("c1")
+    assert Reason.KEY_CAPPED in capped.reasons and Reason.NEXT not in capped.reasons
+    assert (capped.fair_key, capped.key_running, capped.key_cap) == ("capped", 1, 1)
+    assert capped.ahead == 0
+    limited = scheduler.explain("l1")
+    assert Reason.KEY_RATE in limited.reasons
+    assert limited.key_next_at is not None
+    assert 50 < limited.key_next_at - limited.server_time <= 60
+    assert (limited.key_rate, limited.key_per_s) == (1, 60.0)
