@@ -1006,6 +1006,12 @@ def _stats_lines(data: Mapping[str, Any]) -> list[str]:
                    f"{data['leases_expiring']} expiring within {soon})"),
         ("retention", duration(data["retention_s"])),
         ("sequence", str(data["sequence"])),
+        *[(f"  key {load['key']!r}" if load["key"] else "  key '' (default)",
+           f"{load['running']} running (cap {'none' if load['cap'] is None else load['cap']}), "
+           f"{load['queued']} queued"
+           + ("" if load["ready_wait_s"] is None
+              else f", first due {load['ready_wait_s']:.3f} s waiting"))
+          for load in data.get("keys", [])],
     ])]  # fmt: skip
 
 

@@ -631,6 +631,89 @@ class KeyInfo:
     turn: str
     rate: int | None = None
     per_s: float | None = None
+    head_due_at: float | None = None
+    """When its first queued entry is due (epoch seconds, server clock); None: none."""
+
+
+class KeyLoad(TypedDict):
+    """One fairness key in ``stats()["keys"]``: its running and queued tasks, and how long
+    its first queued task has been due (``ready_wait_s``; None when none is due)."""
+
+    key: str
+    running: int
+    queued: int
+    cap: int | None
+    ready_wait_s: float | None
+
+
+STATS_TOP_KEYS = 10
+"""How many fairness keys ``stats()`` shows (most running, then most queued)."""
+
+
+def _fair_prefix(key: str) -> bytes:
+    raw = key.encode("utf-8")
+    return b"%03x" % len(raw) + raw
+
+
+def _key_reads(keys: Keys, key: str) -> list[tuple[Any, ...]]:
+    """The reads of :func:`_decode_key_info`, for one key."""
+    prefix = _fair_prefix(key)
+    if key == "":
+        queued: tuple[Any, ...] = ("ZCARD", keys.queue)
+        head: tuple[Any, ...] = ("ZRANGE", keys.queue, 0, 0, "WITHSCORES")
+    else:
+        queued = ("ZLEXCOUNT", keys.fairq, b"[" + prefix, b"[" + prefix + b"\xff")
+        head = (
+            "ZRANGE",
+            keys.fairq,
+            b"[" + prefix,
+            b"[" + prefix + b"\xff",
+            "BYLEX",
+            "LIMIT",
+            0,
+            1,
+        )
+    return [
+        ("HMGET", keys.fair, f"cap:{key}", "cap", f"w:{key}", f"run:{key}", f"rate:{key}"),
+        queued,
+        ("ZSCORE", keys.fairready, key),
+        ("ZSCORE", keys.fairwait, key),
+        ("ZSCORE", keys.fairfull, key),
+        head,
+    ]
+
+
+def _decode_key_info(key: str, replies: Sequence[Any]) -> KeyInfo:
+    fields, queued, ready, waiting, full, head = replies
+    turn = "idle"
+    if ready is not None:
+        turn = "ready"
+    elif waiting is not None:
+        turn = "waiting"
+    elif full is not None:
+        turn = "capped"
+    head_due: float | None = None
+    if head:
+        if key == "":
+            head_due = float(head[0][1] if isinstance(head[0], (list, tuple)) else head[1]) / 1000
+        else:
+            member = _bytes(head[0])
+            due = member[len(_fair_prefix(key)) : len(_fair_prefix(key)) + 13]
+            try:
+                head_due = int(due, 16) / 1000.0
+            except ValueError:
+                head_due = None
+    return KeyInfo(
+        key,
+        _count_or_none(fields[0]),
+        _count_or_none(fields[1]),
+        _count_or_none(fields[2]) or 1,
+        _count_or_none(fields[3]) or 0,
+        int(queued),
+        turn,
+        *_decode_rate(fields[4]),
+        head_due_at=head_due,
+    )
 
 
 def _decode_rate(raw: Any) -> tuple[int | None, float | None]:
@@ -1513,6 +1596,9 @@ class Stats(TypedDict):
     """The claim order, ``default`` or ``priority`` (:class:`Order`)."""
     aging_s: float
     """Seconds of waiting one point of priority is worth in the priority order, else 0."""
+    keys: list[KeyLoad]
+    """In a fair namespace, the ``STATS_TOP_KEYS`` fairness keys with the most running (then
+    queued) tasks, among those the namespace's sets hold first; else empty."""
 
 
 class Overview(Stats):
@@ -1676,6 +1762,7 @@ def decode_stats(
         sequence=settings.get("seq", 0),
         order=order.order.value,
         aging_s=order.aging_s,
+        keys=[],
     )
 
 
@@ -2331,37 +2418,8 @@ class Ops:
 
     def key_info(self, key: str) -> Op[KeyInfo]:
         key = validate_fair_key(key, allow_default=True)
-        k = self.keys
-        prefix = f"{len(key.encode('utf-8')):03x}".encode() + key.encode("utf-8")
-        queued_cmd: tuple[Any, ...] = (
-            ("ZCARD", k.queue)
-            if key == ""
-            else ("ZLEXCOUNT", k.fairq, b"[" + prefix, b"[" + prefix + b"\xff")
-        )
-        fields, queued, ready, waiting, full = yield from self.read(
-            ("HMGET", k.fair, f"cap:{key}", "cap", f"w:{key}", f"run:{key}", f"rate:{key}"),
-            queued_cmd,
-            ("ZSCORE", k.fairready, key),
-            ("ZSCORE", k.fairwait, key),
-            ("ZSCORE", k.fairfull, key),
-        )
-        turn = "idle"
-        if ready is not None:
-            turn = "ready"
-        elif waiting is not None:
-            turn = "waiting"
-        elif full is not None:
-            turn = "capped"
-        return KeyInfo(
-            key,
-            _count_or_none(fields[0]),
-            _count_or_none(fields[1]),
-            _count_or_none(fields[2]) or 1,
-            _count_or_none(fields[3]) or 0,
-            int(queued),
-            turn,
-            *_decode_rate(fields[4]),
-        )
+        replies = yield from self.read(*_key_reads(self.keys, key))
+        return _decode_key_info(key, replies)
 
     def fair_keys(self, limit: int = 100) -> Op[list[KeyInfo]]:
         if not _is_int(limit) or limit < 1:
@@ -2373,9 +2431,7 @@ class Ops:
             ("ZRANGE", k.fairfull, 0, limit - 1),
             ("HSCAN", k.fair, 0, "COUNT", limit),
         )
-        names: list[str] = []
-        for raw in [*ready, *full, *waiting]:
-            names.append(_text(raw))
+        names: list[str] = [_text(raw) for raw in [*ready, *full, *waiting]]
         page = settings[1] if isinstance(settings, (list, tuple)) else {}
         fields = list(page) if isinstance(page, dict) else list(page)[0::2]
         for raw_field in fields:
@@ -2384,9 +2440,15 @@ class Ops:
                 if field_name.startswith(tag):
                     names.append(field_name[len(tag) :])
         unique = list(dict.fromkeys(names))[:limit]
-        infos = []
-        for name in unique:
-            infos.append((yield from self.key_info(name)))
+        if not unique:
+            return []
+        reads = [read for name in unique for read in _key_reads(k, name)]
+        replies = yield from self.read(*reads)
+        per = len(reads) // len(unique)
+        infos = [
+            _decode_key_info(name, replies[i * per : (i + 1) * per])
+            for i, name in enumerate(unique)
+        ]
         return sorted(infos, key=lambda info: (-info.running, -info.queued, info.key))
 
     def uses_sharded_pubsub(self) -> Op[bool]:
@@ -2544,7 +2606,26 @@ class Ops:
         )
         # The entries of a fair namespace's keyed tasks count as queue entries.
         queued = int(entries) + int(fair_entries)
-        return decode_stats(_mapping(meta), queued, int(leases), int(ranked))
+        data = decode_stats(_mapping(meta), queued, int(leases), int(ranked))
+        fair = _mapping(meta).get(b"fair") or _mapping(meta).get("fair")
+        if fair is not None and _text(fair) == "1":
+            infos = yield from self.fair_keys(STATS_TOP_KEYS)
+            now = yield from self.server_time()
+            data["keys"] = [
+                KeyLoad(
+                    key=info.key,
+                    running=info.running,
+                    queued=info.queued,
+                    cap=info.cap if info.cap is not None else info.default_cap,
+                    ready_wait_s=(
+                        max(0.0, now - info.head_due_at)
+                        if info.head_due_at is not None and info.head_due_at <= now
+                        else None
+                    ),
+                )
+                for info in infos
+            ]
+        return data
 
     def server_time(self) -> Op[float]:
         # A plain TIME goes to whichever node the client picks; the one clock that

@@ -526,3 +526,34 @@ def test_explain_names_the_key_cap_or_rate_window_a_due_task_waits_for(
     assert limited.key_next_at is not None
     assert 50 < limited.key_next_at - limited.server_time <= 60
     assert (limited.key_rate, limited.key_per_s) == (1, 60.0)
+
+
+# ------------------------------------------------------------------------ stats and metrics
+
+
+def test_stats_and_metrics_show_the_top_keys_running_queued_and_ready_wait(
+    redis_server: RedisServer, namespace: str, scheduler: Scheduler
+) -> None:
+    from tests.test_cli import invoke
+
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from distsched.metrics import PrometheusMetrics
+
+    assert scheduler.stats()["keys"] == []  # not fair yet: nothing read
+    scheduler.set_key("a", cap=1)
+    scheduler.schedule_many([TaskSpec(f"a{i}", "f", key="a") for i in range(3)])
+    scheduler.schedule_many([TaskSpec(f"b{i}", "f", key="b") for i in range(2)])
+    claims, _ = scheduler.claim(2, "w")
+    assert sorted(c.task_id for c in claims) == ["a0", "b0"]
+    loads = {load["key"]: load for load in scheduler.stats()["keys"]}
+    assert (loads["a"]["running"], loads["a"]["queued"], loads["a"]["cap"]) == (1, 2, 1)
+    assert (loads["b"]["running"], loads["b"]["queued"]) == (1, 1)
+    wait_a = loads["a"]["ready_wait_s"]
+    assert wait_a is not None and wait_a >= 0
+    registry = prometheus_client.CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    metrics.on_stats(scheduler.stats())
+    assert registry.get_sample_value("distsched_key_running", {"key": "a"}) == 1
+    assert registry.get_sample_value("distsched_key_queued", {"key": "b"}) == 1
+    text = invoke(redis_server, namespace, "stats").stdout
+    assert "key 'a'" in text and "1 running (cap 1), 2 queued" in text
