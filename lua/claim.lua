@@ -33,7 +33,7 @@
 -- cancelled as with expire.lua, and its dependents get a propagation job (the reply's
 -- first element then counts the jobs left, as for the scripts that settle).
 --
--- Reads payloads, fires (its head), meta (max_running, count:running, order, aging_ms); writes
+-- Reads payloads, fires (its head), meta (max_running, count:running, order, aging_ms, fair); writes
 -- tasks, queue, leases, meta (count:ready, count:running, timer, timer_at), idle, claims,
 -- ranked; for expired tasks results, finished, states, propagating, deadlines, and waits
 -- (a waited-for task that expired is published on ended, lib/ended.lua).
@@ -221,7 +221,8 @@ return run(function()
   local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local now = math.floor(now_us / 1000)
   -- A max_running that is not a count (junk) is ignored, as if none were set.
-  local settings = redis.call('HMGET', k.meta, 'max_running', 'order', 'aging_ms')
+  local settings = redis.call('HMGET', k.meta, 'max_running', 'order', 'aging_ms', 'fair')
+  cached_fair = settings[4] == '1'
   local limit = tonumber(settings[1])
   if limit and (limit < 0 or limit ~= math.floor(limit)) then limit = nil end
   local aging = aging_of(settings[2], settings[3])

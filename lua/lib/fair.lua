@@ -2,6 +2,7 @@
 --
 --- @include record
 --- @include idle
+--- @include ranked
 --
 -- A namespace turns fair (meta field fair = '1') with its first task given a fairness
 -- key, or when a key setting is written (keys.lua); it stays fair. Only then are the
@@ -37,10 +38,9 @@
 
 local FAIR_DUE_MAX = 4503599627370495
 
--- Whether the namespace is fair, read once per call.
-local cached_fair = nil
+-- Whether the namespace is fair, read once per call (with the order: lib/ranked.lua).
 local function fair_on()
-  if cached_fair == nil then cached_fair = redis.call('HGET', k.meta, 'fair') == '1' end
+  if cached_fair == nil then order_aging() end
   return cached_fair
 end
 
