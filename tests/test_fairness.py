@@ -29,6 +29,8 @@ from distsched.errors import ConflictError, InvalidArgument
 from tests.conftest import RedisServer, python_command, subprocess_env
 
 KEYS = ["", "a", "b", "bb"]
+# Long enough that no token comes back while a model test runs.
+RATE_PER_S = 3600.0
 
 
 def spec_key(key: str) -> str | None:
@@ -55,6 +57,11 @@ class Model:
     caps: dict[str, int | None] = field(default_factory=dict)
     weights: dict[str, int] = field(default_factory=dict)
     default_cap: int | None = None
+    # Rate limits of RATE_PER_S: no token comes back within a test, so each key starts at
+    # most its rate (tokens left; absent: a full bucket), and a key without a token waits.
+    rates: dict[str, int | None] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    waiting: set[str] = field(default_factory=set)
 
     def cap(self, key: str) -> int | None:
         own = self.caps.get(key)
@@ -63,6 +70,8 @@ class Model:
     def schedule(self, key: str, due_ms: int, priority: int, seq: int, task_id: str) -> None:
         self.queued.setdefault(key, []).append((due_ms, -priority, seq, task_id))
         self.queued[key].sort()
+        # A key waiting for its token is looked at again (its new task is due).
+        self.waiting.discard(key)
         if key not in self.ready and key not in self.full:
             self.ready[key] = self.vt
 
@@ -80,6 +89,14 @@ class Model:
                 del self.ready[key]
                 self.full[key] = vt
                 continue
+            rate = self.rates.get(key)
+            tokens = None if rate is None else min(rate, self.tokens.get(key, rate))
+            if tokens is not None and tokens < 1:
+                del self.ready[key]
+                self.waiting.add(key)
+                continue
+            if tokens is not None:
+                self.tokens[key] = tokens - 1
             out.append(self.queued[key].pop(0)[3])
             self.running[key] = busy + 1
             served = vt
@@ -99,6 +116,17 @@ class Model:
         if key in self.full and (cap is None or self.running[key] < cap):
             del self.full[key]
             self.ready[key] = self.vt
+
+    def set_key(self, key: str, cap: int | None, weight: int, rate: int | None) -> None:
+        self.caps[key] = cap
+        self.weights[key] = weight
+        self.rates[key] = rate
+        if rate is None:
+            self.tokens.pop(key, None)
+        if key in self.waiting:
+            self.waiting.discard(key)
+            self.ready[key] = self.vt
+        self.settings_changed()
 
     def settings_changed(self) -> None:
         for key in list(self.full):
@@ -170,12 +198,15 @@ class FairMachine(RuleBasedStateMachine):
             self.s.fail(c, "boom")  # one attempt: ends failed
         self.model.finish(key)
 
-    @rule(key=st.sampled_from(KEYS), cap=st.none() | st.integers(0, 3), weight=st.integers(1, 4))
-    def set_key(self, key: str, cap: int | None, weight: int) -> None:
-        self.s.set_key(key, cap=cap, weight=weight)
-        self.model.caps[key] = cap
-        self.model.weights[key] = weight
-        self.model.settings_changed()
+    @rule(
+        key=st.sampled_from(KEYS),
+        cap=st.none() | st.integers(0, 3),
+        weight=st.integers(1, 4),
+        rate=st.none() | st.none() | st.integers(1, 3),
+    )
+    def set_key(self, key: str, cap: int | None, weight: int, rate: int | None) -> None:
+        self.s.set_key(key, cap=cap, weight=weight, rate=rate, per=RATE_PER_S)
+        self.model.set_key(key, cap, weight, rate)
 
     @rule(cap=st.none() | st.integers(0, 3))
     def set_default_cap(self, cap: int | None) -> None:
