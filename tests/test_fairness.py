@@ -588,3 +588,34 @@ def test_stats_and_metrics_show_the_top_keys_running_queued_and_ready_wait(
     assert registry.get_sample_value("distsched_key_queued", {"key": "b"}) == 1
     text = invoke(redis_server, namespace, "stats").stdout
     assert "key 'a'" in text and "1 running (cap 1), 2 queued" in text
+
+
+def test_a_namespace_without_keys_never_writes_a_fairness_structure(
+    redis_client: redis.Redis, namespace: str, scheduler: Scheduler
+) -> None:
+    scheduler.schedule_many([TaskSpec(f"t{i}", "f", max_attempts=2, backoff=0) for i in range(4)])
+    claims, _ = scheduler.claim(4, "w")
+    scheduler.complete(claims[0])
+    scheduler.fail(claims[1], "again")
+    scheduler.release([claims[2]])
+    scheduler.expire_lease(claims[3].task_id)
+    scheduler.claim(4, "w")
+    names = {key.decode() for key in redis_client.scan_iter(match=f"ds:{{{namespace}}}:*")}
+    assert not {name for name in names if name.split(":")[-1].startswith("fair")}
+    assert redis_client.hget(f"ds:{{{namespace}}}:meta", "fair") is None
+    assert scheduler.stats()["keys"] == []
+
+
+def test_a_retried_task_keeps_its_key_and_a_new_version_takes_the_one_given(
+    scheduler: Scheduler,
+) -> None:
+    scheduler.schedule("t", fn="f", key="acme", max_attempts=2, backoff=0)
+    (claim,), _ = scheduler.claim(1, "w")
+    scheduler.fail(claim, "once")
+    assert scheduler.key_info("acme").queued == 1
+    (claim,), _ = scheduler.claim(1, "w")
+    assert claim.task_id == "t" and scheduler.key_info("acme").running == 1
+    scheduler.complete(claim)
+    scheduler.schedule("t", fn="f")  # a new version without a key: the default key
+    assert scheduler.key_info("acme").queued == 0
+    assert scheduler.key_info("").queued == 1
