@@ -28,6 +28,16 @@
 -- worker fails it (fail.lua stores the error and settles its dependents). Everything
 -- is read and checked before the first write.
 --
+-- A fair namespace (meta fair = '1'; lib/fair.lua) claims by fairness key instead: the
+-- key of lowest virtual time in fairready gives its head (queue for the default key, fairq
+-- for the others), one task at a time, each key within its cap and rate limit; keys whose
+-- head is not due, at their cap or over their rate leave fairready (for fairwait or
+-- fairfull), and the head of fairwait joins the delay hint. At most n + 64 keys are
+-- visited per call ('not_due', delay 0, when that bound stops it); 'capacity' also when
+-- every key with work is at its cap. It writes as it goes; a corrupt record or an id no
+-- worker can name is dropped there as a stale entry. Writes fair (run:<key>, tb:<key>,
+-- vt), fairq, fairready, fairwait, fairfull, fairrun; reads fairkeys (a forgotten task).
+--
 -- A due task whose deadline has passed (lib/deadline.lua; looked up only while the
 -- deadlines set is not empty) is never started: it is expired here instead, ending
 -- cancelled as with expire.lua, and its dependents get a propagation job (the reply's

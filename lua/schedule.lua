@@ -34,6 +34,9 @@
 --
 -- Also writes debounce (the burst of a task scheduled with debounce; lib/admit.lua)
 -- and deadlines (a version's deadline, when it has one; lib/deadline.lua).
+-- A spec with key=<hex> turns the namespace fair (meta fair) and, in a fair namespace,
+-- each new version's key is written to fairkeys and its entry goes to fairq (or queue for
+-- the default key), its key into fairready or fairwait (lib/fair.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n, the number of tasks; then for each task, in order:
@@ -44,7 +47,8 @@
 --     backoff (integer ms >= 0), allow_unknown ('1' or '0'),
 --     r (number of required deps), o (number of optional deps);
 --     then optionally options, each ' dedupe=<window ms>', ' debounce=<max wait ms>'
---     (not both), ' deadline=<epoch ms>' or ' ttl=<ms>' (not both; lib/admit.lua);
+--     (not both), ' deadline=<epoch ms>' or ' ttl=<ms>' (not both), ' key=<hex>' (the
+--     fairness key; lib/admit.lua);
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the largest payload accepted in bytes (1048576 when left out).
