@@ -622,3 +622,40 @@ def test_a_retried_task_keeps_its_key_and_a_new_version_takes_the_one_given(
     scheduler.schedule("t", fn="f")  # a new version without a key: the default key
     assert scheduler.key_info("acme").queued == 0
     assert scheduler.key_info("").queued == 1
+
+
+def test_a_key_over_its_rate_gives_the_time_of_its_next_token_as_the_wait_hint(
+    scheduler: Scheduler,
+) -> None:
+    scheduler.set_key("t", rate=2, per=10)
+    scheduler.schedule_many([TaskSpec(f"t{i}", "f", key="t") for i in range(3)])
+    claims, wait = scheduler.claim(3, "w")
+    assert [c.task_id for c in claims] == ["t0", "t1"]
+    # One token per 5 s comes back: the next start is about 5 s away, not polled for.
+    assert wait is not None and wait.reason == "not_due"
+    assert wait.delay is not None and 4 < wait.delay <= 5
+    assert scheduler.key_info("t").turn == "waiting"
+
+
+def test_a_slot_freed_at_a_capped_key_wakes_one_idle_worker(scheduler: Scheduler) -> None:
+    client = scheduler.client
+    scheduler.set_key("t", cap=1)
+    scheduler.schedule_many([TaskSpec(f"t{i}", "f", key="t") for i in range(2)])
+    (running,), _ = scheduler.claim(1, "holder")
+    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    try:
+        channel = scheduler.keys.worker_channel("idle")
+        pubsub.ssubscribe(channel)
+        claims, wait = scheduler.claim(1, "idle", listening=True)
+        assert claims == [] and wait is not None and wait.reason == "capacity"
+        scheduler.complete(running)
+        messages: list[tuple[Any, Any]] = []
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not messages:
+            msg = pubsub.get_message(timeout=0.1)
+            if msg is not None:
+                messages.append((msg["channel"], msg["data"]))
+        assert messages == [(channel.encode(), b"ready")]
+        assert [c.task_id for c in scheduler.claim(1, "idle")[0]] == ["t1"]
+    finally:
+        pubsub.close()
