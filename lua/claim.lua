@@ -36,7 +36,8 @@
 -- visited per call ('not_due', delay 0, when that bound stops it); 'capacity' also when
 -- every key with work is at its cap. It writes as it goes; a corrupt record or an id no
 -- worker can name is dropped there as a stale entry. Writes fair (run:<key>, tb:<key>,
--- vt), fairq, fairready, fairwait, fairfull, fairrun; reads fairkeys (a forgotten task).
+-- vt), fairq, fairready, fairwait, fairfull, fairrun (fairkeys: only through the shared
+-- hooks of lib/fair.lua, for a task it ends).
 --
 -- A due task whose deadline has passed (lib/deadline.lua; looked up only while the
 -- deadlines set is not empty) is never started: it is expired here instead, ending

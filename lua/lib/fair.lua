@@ -5,7 +5,7 @@
 --- @include ranked
 --
 -- A namespace turns fair (meta field fair = '1') with its first task given a fairness
--- key, or when a key setting is written (keys.lua); it stays fair. Only then are the
+-- key, or when a key setting is written (fairness.lua); it stays fair. Only then are the
 -- structures below read or written: a namespace that never saw a key claims as before.
 --
 -- Every ready task of a fair namespace belongs to one key: the one it was scheduled
@@ -26,7 +26,7 @@
 --              the key that ends (any script that moves it out of running) moves the key
 --              back into fairready and wakes one idle worker
 -- A key leaving fairwait or fairfull, or becoming active, rejoins at the virtual time of
--- the last key served (meta of the fair hash 'vt'): it gets its share from then on, no
+-- the last key served (field vt of the fair hash): it gets its share from then on, no
 -- credit for the time it had no work.
 --
 -- The fair hash: vt, cap (the namespace default cap; absent: none), cap:<key>, w:<key>
