@@ -34,8 +34,9 @@
 -- head is not due, at their cap or over their rate leave fairready (for fairwait or
 -- fairfull), and the head of fairwait joins the delay hint. At most n + 64 keys are
 -- visited per call ('not_due', delay 0, when that bound stops it); 'capacity' also when
--- every key with work is at its cap. It writes as it goes; a corrupt record or an id no
--- worker can name is dropped there as a stale entry. Writes fair (run:<key>, tb:<key>,
+-- every key with work is at its cap. It writes as it goes; an id no worker can name is
+-- dropped there as a stale entry (a record that cannot be read is handed out to fail, as
+-- in the queue walk). Writes fair (run:<key>, tb:<key>,
 -- vt), fairq, fairready, fairwait, fairfull, fairrun (fairkeys: only through the shared
 -- hooks of lib/fair.lua, for a task it ends).
 --
@@ -134,10 +135,19 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
       redis.call('ZREM', k.fairready, key)
     else
       local version, id = parse_member(qmember)
-      local t = nil
+      local t, corrupt = nil, nil
       if version and not id_problem(id) and not c.claimed_ids[id] then
         local raw = redis.call('HGET', k.tasks, id)
-        if raw then t = load_task(id, raw) end
+        if raw then t, corrupt = read_task(id, raw) end
+      end
+      if corrupt then
+        -- As in the queue walk: handed out as a final attempt whose payload says why,
+        -- so that the worker fails it (after the key's cap and the global limit).
+        t = {
+          state = 'ready', version = version, attempt = 0, max_attempts = 1, backoff_ms = 0,
+          run_at = now, priority = member_priority(qmember), cancel = 0, remaining = 0,
+          optional = 0, worker = '',
+        }
       end
       if not (t and t.state == 'ready' and t.version == version) then
         fair_drop(key, member)
@@ -146,7 +156,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
       elseif at > now then
         redis.call('ZREM', k.fairready, key)
         redis.call('ZADD', k.fairwait, at, key)
-      elseif deadlines_on and deadline_at(version, id, now, c.started) then
+      elseif not corrupt and deadlines_on and deadline_at(version, id, now, c.started) then
         fair_drop(key, member)
         c.claimed_ids[id] = true
         c.expiring[#c.expiring + 1] = { id = id, t = t }
@@ -169,6 +179,12 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           break
         else
           fair_drop(key, member)
+          if corrupt then
+            c.quarantined[id] = cmsgpack.pack('corrupt task record: ' .. corrupt)
+            redis.log(redis.LOG_WARNING, 'distsched: claimed the corrupt task record of ' .. id .. ' to fail it')
+          else
+            c.ready_taken = c.ready_taken + 1
+          end
           t.state = 'running'
           t.attempt = t.attempt + 1
           t.worker = c.worker
@@ -257,12 +273,14 @@ return run(function()
   -- A fair namespace (lib/fair.lua; never in the priority order): keys take turns.
   local fair = not aging and fair_on()
   if fair then
-    reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, {
+    local c = {
       out = out, records = records, leases = leases, claimed_ids = claimed_ids,
       expiring = expiring, started = started_with_deadline, worker = worker, lease_ms = lease_ms,
-    })
+      quarantined = quarantined, ready_taken = 0,
+    }
+    reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, c)
     claimed = #out
-    ready_taken = claimed
+    ready_taken = c.ready_taken
     running = running + claimed
   end
 

@@ -659,3 +659,16 @@ def test_a_slot_freed_at_a_capped_key_wakes_one_idle_worker(scheduler: Scheduler
         assert [c.task_id for c in scheduler.claim(1, "idle")[0]] == ["t1"]
     finally:
         pubsub.close()
+
+
+def test_a_corrupt_record_of_a_keyed_task_is_handed_out_to_fail_within_its_key(
+    redis_client: redis.Redis, namespace: str, scheduler: Scheduler
+) -> None:
+    scheduler.schedule_many([TaskSpec(f"t{i}", "f", key="t") for i in range(2)])
+    redis_client.hset(f"ds:{{{namespace}}}:tasks", "t0", "junk")
+    claims, _ = scheduler.claim(2, "w")
+    assert [c.task_id for c in claims] == ["t0", "t1"]
+    assert scheduler.key_info("t").running == 2
+    scheduler.fail(claims[0], "corrupt")
+    assert scheduler.status("t0").state.value == "failed"
+    assert scheduler.key_info("t").running == 1
