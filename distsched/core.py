@@ -2772,6 +2772,27 @@ class Ops:
             if fair_key:
                 if score is not None:
                     due_at, ahead = rec.run_at_ms / 1000.0, int(rank)
+                else:
+                    # Handed back with a delay: its entry's due time is not run_at. It is
+                    # looked for among the key's first EXPLAIN_LIMIT entries.
+                    prefix = _fair_prefix(fair_key)
+                    (head,) = yield from self.read(
+                        (
+                            "ZRANGEBYLEX",
+                            k.fairq,
+                            b"[" + prefix,
+                            b"[" + prefix + b"\xff",
+                            "LIMIT",
+                            0,
+                            EXPLAIN_LIMIT,
+                        )
+                    )
+                    for position, raw_member in enumerate(head):
+                        entry = _bytes(raw_member)
+                        if entry.endswith(member) and len(entry) == len(prefix) + 13 + len(member):
+                            due_hex = entry[len(prefix) : len(prefix) + 13]
+                            due_at, ahead = int(due_hex, 16) / 1000.0, position
+                            break
             elif ranked_score is not None:
                 # In the ready set of the priority order: due, behind the entries ranked
                 # before it.

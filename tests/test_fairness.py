@@ -672,3 +672,14 @@ def test_a_corrupt_record_of_a_keyed_task_is_handed_out_to_fail_within_its_key(
     scheduler.fail(claims[0], "corrupt")
     assert scheduler.status("t0").state.value == "failed"
     assert scheduler.key_info("t").running == 1
+
+
+def test_explain_finds_a_keyed_task_handed_back_with_a_delay(scheduler: Scheduler) -> None:
+    from distsched.core import Reason
+
+    scheduler.schedule("t", fn="f", key="acme")
+    (claim,), _ = scheduler.claim(1, "w")
+    assert scheduler.release([claim], delay=30) == 1
+    exp = scheduler.explain("t")
+    assert exp.reasons[0] is Reason.NOT_DUE
+    assert exp.due_at is not None and 25 < exp.due_at - exp.server_time <= 30
