@@ -24,6 +24,7 @@ from distsched.core import (
     Chores,
     Claim,
     Explanation,
+    KeyInfo,
     Order,
     OrderSetting,
     Outcome,
@@ -412,6 +413,29 @@ class AsyncScheduler(BaseScheduler):
     async def order(self) -> OrderSetting:
         """See :meth:`Scheduler.order`."""
         return await self._drive(self._ops.order())
+
+    async def set_key(
+        self,
+        key: str,
+        cap: int | None = None,
+        weight: int = 1,
+        rate: int | None = None,
+        per: float = 1.0,
+    ) -> KeyInfo:
+        """See :meth:`Scheduler.set_key`."""
+        return await self._drive(self._ops.set_key(key, cap, weight, rate, per))
+
+    async def set_default_key_cap(self, cap: int | None) -> None:
+        """See :meth:`Scheduler.set_default_key_cap`."""
+        return await self._drive(self._ops.set_default_key_cap(cap))
+
+    async def key_info(self, key: str) -> KeyInfo:
+        """See :meth:`Scheduler.key_info`."""
+        return await self._drive(self._ops.key_info(key))
+
+    async def fair_keys(self, limit: int = 100) -> list[KeyInfo]:
+        """See :meth:`Scheduler.fair_keys`."""
+        return await self._drive(self._ops.fair_keys(limit))
 
     # ------------------------------------------------------------------ inspection
 

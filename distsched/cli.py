@@ -33,6 +33,7 @@ from distsched.core import (
     Admitted,
     AttemptInfo,
     Explanation,
+    KeyInfo,
     Order,
     OrderSetting,
     Reason,
@@ -640,6 +641,10 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--ttl", type=Duration("ttl"), metavar="DURATION",
             help="Expire (end cancelled) if not started this long after now (server clock).",
         ),
+        click.option(
+            "--key", "fair_key", metavar="KEY",
+            help="The fairness key (tenant): keys take turns at the claims (see 'keys').",
+        ),
     ]  # fmt: skip
     for option in reversed(options):
         command = option(command)
@@ -650,9 +655,11 @@ def _task_keywords(
     args_json: str, kwargs_json: str, run_at: str | None, delay: float | None, priority: int,
     max_attempts: int, backoff: float, dedupe: bool = False, dedupe_window: float | None = None,
     debounce: float | None = None, deadline: str | None = None, ttl: float | None = None,
+    fair_key: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The options of ``_task_options`` as ``Scheduler.schedule`` keywords."""
     return {
+        "key": fair_key,
         "deadline": None if deadline is None else parse_when(deadline, "deadline"),
         "ttl": ttl,
         "dedupe": dedupe,
@@ -676,7 +683,7 @@ def schedule(
     ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
     run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
     dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
-    ttl: float | None,
+    ttl: float | None, fair_key: str | None,
 ) -> None:  # fmt: skip
     """Schedule (or replace) task ID; print its new version.
 
@@ -684,7 +691,7 @@ def schedule(
     """
     options = _task_keywords(
         args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
-        dedupe, dedupe_window, debounce, deadline, ttl,
+        dedupe, dedupe_window, debounce, deadline, ttl, fair_key,
     )  # fmt: skip
     scheduler = _connect(ctx)
     _echo_admitted(scheduler.admit(task_id, fn=fn, **options))
@@ -724,7 +731,7 @@ def submit(
     run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
     deps: tuple[str, ...], optional_deps: tuple[str, ...], allow_unknown: bool,
     dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
-    ttl: float | None,
+    ttl: float | None, fair_key: str | None,
 ) -> None:  # fmt: skip
     """Submit (or replace) task ID after its dependencies; print its new version.
 
@@ -734,7 +741,7 @@ def submit(
     """
     options = _task_keywords(
         args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
-        dedupe, dedupe_window, debounce, deadline, ttl,
+        dedupe, dedupe_window, debounce, deadline, ttl, fair_key,
     )  # fmt: skip
     scheduler = _connect(ctx)
     try:
@@ -911,6 +918,17 @@ def _why_lines(exp: Explanation) -> list[str]:
                 f"it is due, {_count(exp.ahead or 0, 'queue entry', 'queue entries')} ahead of it "
                 "(live tasks, and stale entries of replaced or cancelled tasks)"
             )
+        elif reason is Reason.KEY_CAPPED:
+            text = (
+                f"its fairness key {exp.fair_key!r} is at its cap: {exp.key_running} running, "
+                f"cap {exp.key_cap}"
+            )
+        elif reason is Reason.KEY_RATE:
+            due = exp.key_next_at or now
+            text = (
+                f"its fairness key {exp.fair_key!r} used its rate of {exp.key_rate} per "
+                f"{exp.key_per_s:g} s: next start at {iso(due)} ({relative(due, now)})"
+            )
         elif reason is Reason.NEXT:
             text = "it is due and first in line: the next worker with a free slot claims it"
         else:
@@ -988,6 +1006,12 @@ def _stats_lines(data: Mapping[str, Any]) -> list[str]:
                    f"{data['leases_expiring']} expiring within {soon})"),
         ("retention", duration(data["retention_s"])),
         ("sequence", str(data["sequence"])),
+        *[(f"  key {load['key']!r}" if load["key"] else "  key '' (default)",
+           f"{load['running']} running (cap {'none' if load['cap'] is None else load['cap']}), "
+           f"{load['queued']} queued"
+           + ("" if load["ready_wait_s"] is None
+              else f", first due {load['ready_wait_s']:.3f} s waiting"))
+          for load in data.get("keys", [])],
     ])]  # fmt: skip
 
 
@@ -1138,6 +1162,81 @@ def order(ctx: click.Context, order: str | None, aging_s: float) -> None:
         return
     setting = scheduler.set_order(order, aging=aging_s)
     click.echo(f"order of namespace {namespace!r} set to {shown(setting)}")
+
+
+@cli.group()
+def keys() -> None:
+    """Fairness keys (tenants): caps, weights, and what each one runs and queues."""
+
+
+def _key_line(info: KeyInfo) -> str:
+    cap = info.cap if info.cap is not None else info.default_cap
+    shown_cap = "none" if cap is None else str(cap)
+    if info.cap is None and info.default_cap is not None:
+        shown_cap += " (default)"
+    name = repr(info.key) if info.key else "'' (default key)"
+    rate = "" if info.rate is None else f", rate {info.rate} per {info.per_s:g} s"
+    return (
+        f"{name}: cap {shown_cap}, weight {info.weight}{rate}, running {info.running}, "
+        f"queued {info.queued}, {info.turn}"
+    )
+
+
+@keys.command("set")
+@click.argument("key")
+@click.option("--cap", type=int, default=None, help="Most tasks of KEY running at once.")
+@click.option("--weight", type=int, default=1, show_default=True, help="Share of claims.")
+@click.option("--rate", type=int, default=None, help="Most tasks of KEY started per --per.")
+@click.option(
+    "--per", "per_s", type=Duration("per"), default="1s", show_default=True,
+    help="The interval of --rate (seconds, or 500ms, 1m).",
+)  # fmt: skip
+@click.pass_context
+def keys_set(
+    ctx: click.Context, key: str, cap: int | None, weight: int, rate: int | None, per_s: float
+) -> None:
+    """Set KEY's cap, weight and rate ('' is the default key); no --cap: the default cap."""
+    scheduler = _connect(ctx)
+    info = scheduler.set_key(key, cap=cap, weight=weight, rate=rate, per=per_s)
+    click.echo(_key_line(info))
+
+
+@keys.command("default")
+@click.argument("cap")
+@click.pass_context
+def keys_default(ctx: click.Context, cap: str) -> None:
+    """Set the cap of every key without its own: a whole number, or 'none'."""
+    scheduler = _connect(ctx)
+    value: int | None = None
+    if cap.lower() != "none":
+        try:
+            value = int(cap)
+        except ValueError:
+            raise InvalidArgument("cap", f"must be a whole number or 'none', got {cap!r}") from None
+    scheduler.set_default_key_cap(value)
+    click.echo(f"default key cap set to {cap.lower() if value is None else value}")
+
+
+@keys.command("show")
+@click.argument("key")
+@click.pass_context
+def keys_show(ctx: click.Context, key: str) -> None:
+    """KEY's settings, running and queued tasks."""
+    scheduler = _connect(ctx)
+    click.echo(_key_line(scheduler.key_info(key)))
+
+
+@keys.command("list")
+@click.option("--limit", type=int, default=100, show_default=True)
+@click.pass_context
+def keys_list(ctx: click.Context, limit: int) -> None:
+    """Keys with work or settings, most running first."""
+    scheduler = _connect(ctx)
+    infos = scheduler.fair_keys(limit)
+    if not infos:
+        click.echo("no fairness keys")
+    for info in infos:
+        click.echo(_key_line(info))
 
 
 @cli.command()

@@ -25,6 +25,7 @@ from distsched.core import (
     Chores,
     Claim,
     Explanation,
+    KeyInfo,
     Order,
     OrderSetting,
     Outcome,
@@ -557,6 +558,39 @@ class Scheduler(BaseScheduler):
     def order(self) -> OrderSetting:
         """The namespace's claim order and aging (``set_order``)."""
         return self._drive(self._ops.order())
+
+    def set_key(
+        self,
+        key: str,
+        cap: int | None = None,
+        weight: int = 1,
+        rate: int | None = None,
+        per: float = 1.0,
+    ) -> KeyInfo:
+        """Set the concurrency cap and weight of fairness key ``key`` (``""``: the default
+        key of tasks given none), replacing its earlier settings.
+
+        ``cap``: the most tasks of the key running at once, fleet-wide (None: the
+        namespace default of ``set_default_key_cap``, if any; 0 holds its tasks). ``weight``:
+        its share of claims while several keys have due work (README, "Tenants and
+        fairness"). ``rate``: the most tasks of the key started per ``per`` seconds (a
+        token bucket of ``rate`` tokens on the server clock; None: no limit); a key over
+        its rate is skipped until its next token. Turns the namespace fair if it was not.
+        Takes effect at the next claim.
+        """
+        return self._drive(self._ops.set_key(key, cap, weight, rate, per))
+
+    def set_default_key_cap(self, cap: int | None) -> None:
+        """Set the cap of every fairness key that has none of its own (None: no cap)."""
+        return self._drive(self._ops.set_default_key_cap(cap))
+
+    def key_info(self, key: str) -> KeyInfo:
+        """The settings, running and queued counts of fairness key ``key``."""
+        return self._drive(self._ops.key_info(key))
+
+    def fair_keys(self, limit: int = 100) -> list[KeyInfo]:
+        """Up to ``limit`` fairness keys with work or settings, most running first."""
+        return self._drive(self._ops.fair_keys(limit))
 
     # ------------------------------------------------------------------ inspection
 

@@ -285,6 +285,10 @@ class TaskSpec:
       call, server clock), not both: a version not started by then ends ``cancelled``
       with the error ``expired: not started by its deadline`` (its dependents are blocked
       as for any cancel). A retry or a new version has no deadline unless given again.
+    - ``key``: the fairness key (tenant) of the task, any text of 1..256 bytes in UTF-8;
+      tasks given none share the default key. Keys take turns at the claims in proportion
+      to their weights, each within its concurrency cap (``Scheduler.set_key``; README,
+      "Tenants and fairness"). Not in a namespace of the priority order.
     """
 
     task_id: str
@@ -305,6 +309,7 @@ class TaskSpec:
     debounce: float | None = None
     deadline: float | _dt.datetime | None = None
     ttl: float | None = None
+    key: str | None = None
 
 
 class TaskOptions(TypedDict, total=False):
@@ -326,6 +331,7 @@ class TaskOptions(TypedDict, total=False):
     debounce: float | None
     deadline: float | _dt.datetime | None
     ttl: float | None
+    key: str | None
 
 
 @dataclass(frozen=True)
@@ -343,8 +349,33 @@ class Admitted:
 
 def admission_suffix(spec: TaskSpec) -> str:
     """The option tokens of ``spec``'s schedule-script spec (lua/lib/admit.lua): ''
-    when it uses no admission policy and no deadline."""
-    return _policy_suffix(spec) + _deadline_suffix(spec)
+    when it uses no admission policy, no deadline and no fairness key."""
+    return _policy_suffix(spec) + _deadline_suffix(spec) + _key_suffix(spec.key)
+
+
+MAX_FAIR_KEY_BYTES = 256
+"""The longest fairness key, in UTF-8 bytes (``MAX_KEY_BYTES`` in ``lua/lib/admit.lua``)."""
+
+
+def validate_fair_key(key: object, *, allow_default: bool = False) -> str:
+    """A fairness key: a str of 1..256 UTF-8 bytes ('' for the default key when allowed)."""
+    if not isinstance(key, str):
+        raise InvalidArgument("key", f"must be a str, got {type(key).__name__}")
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument("key", "must be valid UTF-8 (no lone surrogates)") from None
+    if size == 0 and not allow_default:
+        raise InvalidArgument("key", "must not be empty (leave it out for the default key)")
+    if size > MAX_FAIR_KEY_BYTES:
+        raise InvalidArgument("key", f"must be at most {MAX_FAIR_KEY_BYTES} bytes in UTF-8")
+    return key
+
+
+def _key_suffix(key: object) -> str:
+    if key is None:
+        return ""
+    return f" key={validate_fair_key(key).encode('utf-8').hex()}"
 
 
 def _deadline_suffix(spec: TaskSpec) -> str:
@@ -571,6 +602,166 @@ def validate_order(order: object, aging: object) -> tuple[Order, int]:
 def order_call(keys: Keys, order: Order, aging_ms: int, most: int = ORDER_REWRITE_MAX) -> Call:
     """The order script's call: ``order`` with ``aging_ms`` ms of credit per priority point."""
     return Call("order", keys.for_script("order"), [order.value, aging_ms, most])
+
+
+FAIR_CAP_MAX = 1_000_000_000
+"""The largest per-key cap accepted (``MAX_CAP`` in ``lua/fairness.lua``)."""
+FAIR_WEIGHT_MAX = 1_000_000
+"""The largest key weight accepted (``MAX_WEIGHT`` in ``lua/fairness.lua``)."""
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One fairness key of a namespace (``""`` is the default key of tasks given none).
+
+    ``cap`` is its own cap (None: the namespace default ``default_cap`` applies, None: no
+    cap); ``weight`` its share of claims; ``running`` the tasks a fair claim started that
+    still run; ``queued`` its ready tasks (stale entries included until claims drop them);
+    ``turn``: ``"ready"`` (takes turns now), ``"waiting"`` (its head is not due yet),
+    ``"capped"`` (at its cap) or ``"idle"`` (no ready work); a key over its rate limit
+    (``rate`` tasks started per ``per_s`` seconds) is ``"waiting"`` for its next token.
+    """
+
+    key: str
+    cap: int | None
+    default_cap: int | None
+    weight: int
+    running: int
+    queued: int
+    turn: str
+    rate: int | None = None
+    per_s: float | None = None
+    head_due_at: float | None = None
+    """When its first queued entry is due (epoch seconds, server clock); None: none."""
+
+
+class KeyLoad(TypedDict):
+    """One fairness key in ``stats()["keys"]``: its running and queued tasks, and how long
+    its first queued task has been due (``ready_wait_s``; None when none is due)."""
+
+    key: str
+    running: int
+    queued: int
+    cap: int | None
+    ready_wait_s: float | None
+
+
+STATS_TOP_KEYS = 10
+"""How many fairness keys ``stats()`` shows (most running, then most queued)."""
+
+
+def _fair_prefix(key: str) -> bytes:
+    raw = key.encode("utf-8")
+    return b"%03x" % len(raw) + raw
+
+
+def _key_reads(keys: Keys, key: str) -> list[tuple[Any, ...]]:
+    """The reads of :func:`_decode_key_info`, for one key."""
+    prefix = _fair_prefix(key)
+    if key == "":
+        queued: tuple[Any, ...] = ("ZCARD", keys.queue)
+        head: tuple[Any, ...] = ("ZRANGE", keys.queue, 0, 0, "WITHSCORES")
+    else:
+        queued = ("ZLEXCOUNT", keys.fairq, b"[" + prefix, b"[" + prefix + b"\xff")
+        head = (
+            "ZRANGE",
+            keys.fairq,
+            b"[" + prefix,
+            b"[" + prefix + b"\xff",
+            "BYLEX",
+            "LIMIT",
+            0,
+            1,
+        )
+    return [
+        ("HMGET", keys.fair, f"cap:{key}", "cap", f"w:{key}", f"run:{key}", f"rate:{key}"),
+        queued,
+        ("ZSCORE", keys.fairready, key),
+        ("ZSCORE", keys.fairwait, key),
+        ("ZSCORE", keys.fairfull, key),
+        head,
+    ]
+
+
+def _decode_key_info(key: str, replies: Sequence[Any]) -> KeyInfo:
+    fields, queued, ready, waiting, full, head = replies
+    turn = "idle"
+    if ready is not None:
+        turn = "ready"
+    elif waiting is not None:
+        turn = "waiting"
+    elif full is not None:
+        turn = "capped"
+    head_due: float | None = None
+    if head:
+        if key == "":
+            head_due = float(head[0][1] if isinstance(head[0], (list, tuple)) else head[1]) / 1000
+        else:
+            member = _bytes(head[0])
+            due = member[len(_fair_prefix(key)) : len(_fair_prefix(key)) + 13]
+            try:
+                head_due = int(due, 16) / 1000.0
+            except ValueError:
+                head_due = None
+    return KeyInfo(
+        key,
+        _count_or_none(fields[0]),
+        _count_or_none(fields[1]),
+        _count_or_none(fields[2]) or 1,
+        _count_or_none(fields[3]) or 0,
+        int(queued),
+        turn,
+        *_decode_rate(fields[4]),
+        head_due_at=head_due,
+    )
+
+
+def _decode_rate(raw: Any) -> tuple[int | None, float | None]:
+    """A key's stored rate limit ``<tasks> <interval ms>`` as (tasks, seconds)."""
+    if raw is None:
+        return None, None
+    parts = _text(raw).split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None, None
+    return int(parts[0]), int(parts[1]) / 1000.0
+
+
+def _validate_cap(cap: object) -> int | None:
+    if cap is None:
+        return None
+    if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= FAIR_CAP_MAX:
+        raise InvalidArgument("cap", f"must be None or an int in [0, {FAIR_CAP_MAX}]")
+    return cap
+
+
+FAIR_INTERVAL_MAX_MS = 86_400_000
+"""The longest rate-limit interval (a day), in ms."""
+
+
+def fairness_call(
+    keys: Keys,
+    kind: str,
+    key: str,
+    cap: int | None,
+    weight: int,
+    rate: tuple[int, int] | None = None,
+) -> Call:
+    """The fairness script's call (``lua/fairness.lua``); ``rate``: (tasks, interval ms)."""
+    args: list[Any] = [kind, key, "" if cap is None else cap, weight]
+    if rate is not None:
+        args += [rate[0], rate[1]]
+    return Call("fairness", keys.for_script("fairness"), args)
+
+
+def _validate_rate(rate: object, per: object) -> tuple[int, int] | None:
+    if rate is None:
+        return None
+    if not _is_int(rate) or not 1 <= rate <= FAIR_CAP_MAX:  # type: ignore[operator]
+        raise InvalidArgument("rate", f"must be None or an int in [1, {FAIR_CAP_MAX}]")
+    interval = seconds_to_ms(per, "per")
+    if not 1 <= interval <= FAIR_INTERVAL_MAX_MS:
+        raise InvalidArgument("per", "must be from 1 ms to a day")
+    return int(rate), interval  # type: ignore[call-overload]
 
 
 def decode_order(raw_order: Any, raw_aging: Any) -> OrderSetting:
@@ -1405,6 +1596,9 @@ class Stats(TypedDict):
     """The claim order, ``default`` or ``priority`` (:class:`Order`)."""
     aging_s: float
     """Seconds of waiting one point of priority is worth in the priority order, else 0."""
+    keys: list[KeyLoad]
+    """In a fair namespace, the ``STATS_TOP_KEYS`` fairness keys with the most running (then
+    queued) tasks, among those the namespace's sets hold first; else empty."""
 
 
 class Overview(Stats):
@@ -1568,6 +1762,7 @@ def decode_stats(
         sequence=settings.get("seq", 0),
         order=order.order.value,
         aging_s=order.aging_s,
+        keys=[],
     )
 
 
@@ -2201,6 +2396,61 @@ class Ops:
         yield from self.run(order_call(self.keys, chosen, aging_ms))
         return OrderSetting(chosen, aging_ms / 1000.0)
 
+    def set_key(
+        self,
+        key: str,
+        cap: int | None = None,
+        weight: int = 1,
+        rate: int | None = None,
+        per: float = 1.0,
+    ) -> Op[KeyInfo]:
+        key = validate_fair_key(key, allow_default=True)
+        chosen = _validate_cap(cap)
+        if not _is_int(weight) or not 1 <= weight <= FAIR_WEIGHT_MAX:
+            raise InvalidArgument("weight", f"must be an int in [1, {FAIR_WEIGHT_MAX}]")
+        limit = _validate_rate(rate, per)
+        yield from self.run(fairness_call(self.keys, "key", key, chosen, weight, limit))
+        return (yield from self.key_info(key))
+
+    def set_default_key_cap(self, cap: int | None) -> Op[None]:
+        chosen = _validate_cap(cap)
+        yield from self.run(fairness_call(self.keys, "default", "", chosen, 1))
+
+    def key_info(self, key: str) -> Op[KeyInfo]:
+        key = validate_fair_key(key, allow_default=True)
+        replies = yield from self.read(*_key_reads(self.keys, key))
+        return _decode_key_info(key, replies)
+
+    def fair_keys(self, limit: int = 100) -> Op[list[KeyInfo]]:
+        if not _is_int(limit) or limit < 1:
+            raise InvalidArgument("limit", "must be an int >= 1")
+        k = self.keys
+        ready, waiting, full, settings = yield from self.read(
+            ("ZRANGE", k.fairready, 0, limit - 1),
+            ("ZRANGE", k.fairwait, 0, limit - 1),
+            ("ZRANGE", k.fairfull, 0, limit - 1),
+            ("HSCAN", k.fair, 0, "COUNT", limit),
+        )
+        names: list[str] = [_text(raw) for raw in [*ready, *full, *waiting]]
+        page = settings[1] if isinstance(settings, (list, tuple)) else {}
+        fields = list(page) if isinstance(page, dict) else list(page)[0::2]
+        for raw_field in fields:
+            field_name = _text(raw_field)
+            for tag in ("cap:", "w:", "run:", "rate:"):
+                if field_name.startswith(tag):
+                    names.append(field_name[len(tag) :])
+        unique = list(dict.fromkeys(names))[:limit]
+        if not unique:
+            return []
+        reads = [read for name in unique for read in _key_reads(k, name)]
+        replies = yield from self.read(*reads)
+        per = len(reads) // len(unique)
+        infos = [
+            _decode_key_info(name, replies[i * per : (i + 1) * per])
+            for i, name in enumerate(unique)
+        ]
+        return sorted(infos, key=lambda info: (-info.running, -info.queued, info.key))
+
     def uses_sharded_pubsub(self) -> Op[bool]:
         """Whether wake-ups travel on sharded channels: the server has SPUBLISH (Redis 7)."""
         try:
@@ -2347,10 +2597,35 @@ class Ops:
 
     def stats(self) -> Op[Stats]:
         k = self.keys
-        meta, entries, leases, ranked = yield from self.read(
-            ("HGETALL", k.meta), ("ZCARD", k.queue), ("ZCARD", k.leases), ("ZCARD", k.ranked)
+        meta, entries, leases, ranked, fair_entries = yield from self.read(
+            ("HGETALL", k.meta),
+            ("ZCARD", k.queue),
+            ("ZCARD", k.leases),
+            ("ZCARD", k.ranked),
+            ("ZCARD", k.fairq),
         )
-        return decode_stats(_mapping(meta), int(entries), int(leases), int(ranked))
+        # The entries of a fair namespace's keyed tasks count as queue entries.
+        queued = int(entries) + int(fair_entries)
+        data = decode_stats(_mapping(meta), queued, int(leases), int(ranked))
+        fair = _mapping(meta).get(b"fair") or _mapping(meta).get("fair")
+        if fair is not None and _text(fair) == "1":
+            infos = yield from self.fair_keys(STATS_TOP_KEYS)
+            now = yield from self.server_time()
+            data["keys"] = [
+                KeyLoad(
+                    key=info.key,
+                    running=info.running,
+                    queued=info.queued,
+                    cap=info.cap if info.cap is not None else info.default_cap,
+                    ready_wait_s=(
+                        max(0.0, now - info.head_due_at)
+                        if info.head_due_at is not None and info.head_due_at <= now
+                        else None
+                    ),
+                )
+                for info in infos
+            ]
+        return data
 
     def server_time(self) -> Op[float]:
         # A plain TIME goes to whichever node the client picks; the one clock that
@@ -2431,11 +2706,12 @@ class Ops:
             ("HGET", k.deps, task_id),
             ("HGET", k.blocked, task_id),
             ("ZSCORE", k.leases, task_id),
-            ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms"),
+            ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms", "fair"),
         )
         if record_raw is None:
             raise NotFoundError(task_id)
         order = decode_order(meta[2], meta[3])
+        fair_on = meta[4] is not None and _text(meta[4]) == "1"
         meta = meta[:2]
         rec = decode_record(record_raw, task_id)
         try:
@@ -2457,7 +2733,21 @@ class Ops:
         reads: list[tuple[Any, ...]] = []
         if rec.state in (State.FAILED, State.CANCELLED):
             reads.append(("HGET", k.results, task_id))
-        if queued:
+        fair_key: str | None = None
+        if queued and fair_on:
+            (raw_key,) = yield from self.read(("HGET", k.fairkeys, task_id))
+            fair_key = "" if raw_key is None else _text(raw_key)
+        if queued and fair_key:
+            # A keyed task of a fair namespace: its entry in fairq, behind its key's
+            # entries before it (lua/lib/fair.lua).
+            prefix = f"{len(fair_key.encode('utf-8')):03x}".encode() + fair_key.encode("utf-8")
+            fair_member = prefix + b"%013x" % max(0, min(rec.run_at_ms, 2**52 - 1)) + member
+            reads += [
+                ("ZSCORE", k.fairq, fair_member),
+                ("ZLEXCOUNT", k.fairq, b"[" + prefix, b"(" + fair_member),
+            ]
+            reads += [("ZSCORE", k.ranked, member), ("ZRANK", k.ranked, member)]
+        elif queued:
             reads += [("ZSCORE", k.queue, member), ("ZRANK", k.queue, member)]
             reads += [("ZSCORE", k.ranked, member), ("ZRANK", k.ranked, member)]
         if served:
@@ -2479,7 +2769,31 @@ class Ops:
             score, rank = replies.pop(0), replies.pop(0)
             ranked_score, ranked_rank = replies.pop(0), replies.pop(0)
             aging_ms = round(order.aging_s * 1000)
-            if ranked_score is not None:
+            if fair_key:
+                if score is not None:
+                    due_at, ahead = rec.run_at_ms / 1000.0, int(rank)
+                else:
+                    # Handed back with a delay: its entry's due time is not run_at. It is
+                    # looked for among the key's first EXPLAIN_LIMIT entries.
+                    prefix = _fair_prefix(fair_key)
+                    (head,) = yield from self.read(
+                        (
+                            "ZRANGEBYLEX",
+                            k.fairq,
+                            b"[" + prefix,
+                            b"[" + prefix + b"\xff",
+                            "LIMIT",
+                            0,
+                            EXPLAIN_LIMIT,
+                        )
+                    )
+                    for position, raw_member in enumerate(head):
+                        entry = _bytes(raw_member)
+                        if entry.endswith(member) and len(entry) == len(prefix) + 13 + len(member):
+                            due_hex = entry[len(prefix) : len(prefix) + 13]
+                            due_at, ahead = int(due_hex, 16) / 1000.0, position
+                            break
+            elif ranked_score is not None:
                 # In the ready set of the priority order: due, behind the entries ranked
                 # before it.
                 due_ms = float(ranked_score) + rec.priority * aging_ms
@@ -2509,6 +2823,26 @@ class Ops:
             blocked_by = yield from self._blocked_path(task_id, cause)
         lease_deadline = None if lease is None else float(lease) / 1000.0
         unserved = served and (served_at is None or now - served_at > SERVED_LIVE_S)
+        key_running, key_cap, key_rate, key_per_s, key_next_at = 0, None, None, None, None
+        if fair_key is not None:
+            fields, waiting = yield from self.read(
+                (
+                    "HMGET",
+                    k.fair,
+                    f"run:{fair_key}",
+                    f"cap:{fair_key}",
+                    "cap",
+                    f"rate:{fair_key}",
+                ),
+                ("ZSCORE", k.fairwait, fair_key),
+            )
+            key_running = _count_or_none(fields[0]) or 0
+            key_cap = _count_or_none(fields[1])
+            if key_cap is None:
+                key_cap = _count_or_none(fields[2])
+            key_rate, key_per_s = _decode_rate(fields[3])
+            if key_rate is not None and waiting is not None and float(waiting) > now_ms:
+                key_next_at = float(waiting) / 1000.0
         reasons: list[Reason] = []
         if rec.state is State.RUNNING:
             reasons.append(Reason.RUNNING)
@@ -2535,9 +2869,13 @@ class Ops:
                 reasons.append(Reason.UNSERVED)
             if max_running is not None and (running or 0) >= max_running:
                 reasons.append(Reason.CAPACITY)
+            if key_cap is not None and key_running >= key_cap:
+                reasons.append(Reason.KEY_CAPPED)
+            if key_next_at is not None:
+                reasons.append(Reason.KEY_RATE)
             if ahead:
                 reasons.append(Reason.BEHIND)
-            elif Reason.CAPACITY not in reasons:
+            elif not {Reason.CAPACITY, Reason.KEY_CAPPED, Reason.KEY_RATE} & set(reasons):
                 reasons.append(Reason.NEXT)
         return Explanation(
             task_id=task_id,
@@ -2564,6 +2902,12 @@ class Ops:
             blocked_by=blocked_by,
             root_state=root_state,
             error=error,
+            fair_key=fair_key,
+            key_running=key_running,
+            key_cap=key_cap,
+            key_rate=key_rate,
+            key_per_s=key_per_s,
+            key_next_at=key_next_at,
             updated_at=rec.updated_ms / 1000.0,
         )
 
@@ -3050,6 +3394,12 @@ class Reason(str, enum.Enum):
     """It is due and first in line: the next claim by a worker with a free slot takes it."""
     NOT_QUEUED = "not_queued"
     """It is ready but its queue entry is missing (data changed outside distsched)."""
+    KEY_CAPPED = "key_capped"
+    """It is due, but its fairness key ``fair_key`` runs ``key_running`` tasks, its cap
+    ``key_cap``."""
+    KEY_RATE = "key_rate"
+    """It is due, but its fairness key used its rate (``key_rate`` tasks per ``key_per_s``
+    seconds): its next token comes at ``key_next_at`` (server clock)."""
 
     def __str__(self) -> str:
         return self.value
@@ -3113,6 +3463,12 @@ class Explanation:
     root_state: State | None
     error: str | None
     updated_at: float
+    fair_key: str | None = None
+    key_running: int = 0
+    key_cap: int | None = None
+    key_rate: int | None = None
+    key_per_s: float | None = None
+    key_next_at: float | None = None
 
     @property
     def reason(self) -> Reason:

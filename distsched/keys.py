@@ -45,6 +45,13 @@ KEY_NAMES = (
     "ranked",
     "debounce",
     "deadlines",
+    "fair",
+    "fairq",
+    "fairready",
+    "fairwait",
+    "fairfull",
+    "fairkeys",
+    "fairrun",
 )
 
 
@@ -226,6 +233,44 @@ class Keys:
         """Sorted set: ``hex14(version) id`` of a queued version with a deadline -> the
         deadline (ms, server clock) (``lua/lib/deadline.lua``)."""
         return self.prefix + "deadlines"
+
+    @property
+    def fair(self) -> str:
+        """Hash of a fair namespace: ``vt`` (virtual time of the last key served), ``cap``
+        (default per-key cap), ``cap:<key>``, ``w:<key>`` (weight), ``run:<key>`` (running
+        count) (``lua/lib/fair.lua``)."""
+        return self.prefix + "fair"
+
+    @property
+    def fairq(self) -> str:
+        """Sorted set (scores 0, lexicographic): the ready tasks of every non-default
+        fairness key, ``hex3(len key) key hex13(due ms) <queue member>``."""
+        return self.prefix + "fairq"
+
+    @property
+    def fairready(self) -> str:
+        """Sorted set: fairness keys with work to serve now -> their virtual time."""
+        return self.prefix + "fairready"
+
+    @property
+    def fairwait(self) -> str:
+        """Sorted set: fairness keys whose head is not due yet -> its due time (ms)."""
+        return self.prefix + "fairwait"
+
+    @property
+    def fairfull(self) -> str:
+        """Sorted set: fairness keys at their concurrency cap -> their virtual time."""
+        return self.prefix + "fairfull"
+
+    @property
+    def fairkeys(self) -> str:
+        """Hash: task id -> its fairness key (tasks scheduled with one)."""
+        return self.prefix + "fairkeys"
+
+    @property
+    def fairrun(self) -> str:
+        """Hash: task id -> fairness key, for the running tasks a fair claim started."""
+        return self.prefix + "fairrun"
 
     @property
     def served(self) -> str:

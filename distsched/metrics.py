@@ -201,6 +201,20 @@ class PrometheusMetrics(WorkerMetrics):
             "distsched_namespace_leases_overdue",
             "Leases of the namespace past their deadline and not reaped yet.",
         )
+        # Per fairness key, for the top keys stats() shows only (a bounded label set): a
+        # key that leaves the top loses its series.
+        self.key_running = gauge(
+            "distsched_key_running", "Running tasks per fairness key (top keys).", ("key",)
+        )
+        self.key_queued = gauge(
+            "distsched_key_queued", "Queued tasks per fairness key (top keys).", ("key",)
+        )
+        self.key_ready_wait = gauge(
+            "distsched_key_ready_wait_seconds",
+            "How long the first due task of each fairness key has waited (top keys).",
+            ("key",),
+        )
+        self._key_labels: set[str] = set()
         self.pool = gauge(
             "distsched_worker_slots",
             "This worker's pool: executing, claimed but unstarted, reporting, free.",
@@ -267,6 +281,17 @@ class PrometheusMetrics(WorkerMetrics):
             self.oldest_due.set(stats["oldest_ready_age"] or 0.0)
         if "leases_expired" in stats:
             self.leases_overdue.set(stats["leases_expired"])
+        shown: set[str] = set()
+        for load in stats.get("keys", []):
+            label = load["key"]
+            shown.add(label)
+            self.key_running.labels(label).set(load["running"])
+            self.key_queued.labels(label).set(load["queued"])
+            self.key_ready_wait.labels(label).set(load["ready_wait_s"] or 0.0)
+        for label in self._key_labels - shown:
+            for metric in (self.key_running, self.key_queued, self.key_ready_wait):
+                metric.remove(label)
+        self._key_labels = shown
 
     def on_pool(self, snapshot: Mapping[str, int]) -> None:
         for slot, n in snapshot.items():

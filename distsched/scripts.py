@@ -46,6 +46,7 @@ SCRIPT_NAMES = (
     "fire",
     "order",
     "expire",
+    "fairness",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

@@ -4,6 +4,7 @@
 --- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- pending -> pending (more awaited), or pending -> blocked when a new dependency
 -- already failed, was cancelled or is blocked. Only a pending task takes new

@@ -4,6 +4,7 @@
 --- @keys tasks results queue finished meta wake idle
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- pending / ready -> cancelled, atomically: a claim racing with it either ran
 -- first (the task is running) or will find it cancelled and drop its entry.

@@ -9,6 +9,7 @@
 --- @keys tasks payloads queue leases meta idle claims fires ranked
 --- @keys results finished states propagating deadlines
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
 -- sequence); in a namespace of the priority order (lib/ranked.lua) it first moves the
@@ -27,12 +28,24 @@
 -- worker fails it (fail.lua stores the error and settles its dependents). Everything
 -- is read and checked before the first write.
 --
+-- A fair namespace (meta fair = '1'; lib/fair.lua) claims by fairness key instead: the
+-- key of lowest virtual time in fairready gives its head (queue for the default key, fairq
+-- for the others), one task at a time, each key within its cap and rate limit; keys whose
+-- head is not due, at their cap or over their rate leave fairready (for fairwait or
+-- fairfull), and the head of fairwait joins the delay hint. At most n + 64 keys are
+-- visited per call ('not_due', delay 0, when that bound stops it); 'capacity' also when
+-- every key with work is at its cap. It writes as it goes; an id no worker can name is
+-- dropped there as a stale entry (a record that cannot be read is handed out to fail, as
+-- in the queue walk). Writes fair (run:<key>, tb:<key>,
+-- vt), fairq, fairready, fairwait, fairfull, fairrun (fairkeys: only through the shared
+-- hooks of lib/fair.lua, for a task it ends).
+--
 -- A due task whose deadline has passed (lib/deadline.lua; looked up only while the
 -- deadlines set is not empty) is never started: it is expired here instead, ending
 -- cancelled as with expire.lua, and its dependents get a propagation job (the reply's
 -- first element then counts the jobs left, as for the scripts that settle).
 --
--- Reads payloads, fires (its head), meta (max_running, count:running, order, aging_ms); writes
+-- Reads payloads, fires (its head), meta (max_running, count:running, order, aging_ms, fair); writes
 -- tasks, queue, leases, meta (count:ready, count:running, timer, timer_at), idle, claims,
 -- ranked; for expired tasks results, finished, states, propagating, deadlines, and waits
 -- (a waited-for task that expired is published on ended, lib/ended.lua).
@@ -69,6 +82,153 @@
 -- Cost: O((claimed + dropped + moved) log N), in a few commands per call whatever n is
 -- (moved: the entries moved into ranked in the priority order, at most MOVE_MAX).
 
+-- The most keys one fair claim visits beyond n (a key visited is served, found empty,
+-- not due, or at its cap), and the most keys of fairwait it moves back per call.
+local FAIR_VISITS = 64
+local FAIR_MOVE = 1000
+
+-- The head of key's entries: (member, due ms, queue member), or nil.
+local function fair_head(key)
+  if key == '' then
+    local h = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+    if not h[1] then return nil end
+    return h[1], tonumber(h[2]), h[1]
+  end
+  local p = fair_prefix(key)
+  local h = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p, '[' .. p .. '\255', 'LIMIT', 0, 1)
+  if not h[1] then return nil end
+  local rest = string.sub(h[1], #p + 1)
+  return h[1], tonumber(string.sub(rest, 1, 13), 16) or 0, string.sub(rest, 14)
+end
+
+local function fair_drop(key, member)
+  if key == '' then redis.call('ZREM', k.queue, member) else redis.call('ZREM', k.fairq, member) end
+end
+
+-- Claims of a fair namespace: serve the key of lowest virtual time, one task at a time.
+-- Unlike the queue walk it writes as it goes (each choice depends on the last); a
+-- record that cannot be read, or an id no worker can name, is dropped as stale.
+-- Returns reason, delay (as the reply's), and how many stale entries it dropped.
+local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, c)
+  local vt0 = fair_vt()
+  -- Keys whose head came due rejoin the turns.
+  local due = redis.call('ZRANGEBYSCORE', k.fairwait, '-inf', now, 'LIMIT', 0, FAIR_MOVE)
+  if #due > 0 then
+    local adds = {}
+    for _, key in ipairs(due) do
+      adds[#adds + 1] = vt0
+      adds[#adds + 1] = key
+    end
+    call_many('ZADD', k.fairready, adds)
+    redis.call('ZREMRANGEBYRANK', k.fairwait, 0, #due - 1)
+  end
+  local claimed, dropped, visits, served = 0, 0, 0, nil
+  local reason, delay = '', -1
+  while claimed < n do
+    local top = redis.call('ZRANGE', k.fairready, 0, 0, 'WITHSCORES')
+    if not top[1] then break end
+    if visits >= n + FAIR_VISITS then reason = 'not_due'; delay = 0; break end
+    visits = visits + 1
+    local key, vt = top[1], tonumber(top[2])
+    local member, at, qmember = fair_head(key)
+    if not member then
+      redis.call('ZREM', k.fairready, key)
+    else
+      local version, id = parse_member(qmember)
+      local t, corrupt = nil, nil
+      if version and not id_problem(id) and not c.claimed_ids[id] then
+        local raw = redis.call('HGET', k.tasks, id)
+        if raw then t, corrupt = read_task(id, raw) end
+      end
+      if corrupt then
+        -- As in the queue walk: handed out as a final attempt whose payload says why,
+        -- so that the worker fails it (after the key's cap and the global limit).
+        t = {
+          state = 'ready', version = version, attempt = 0, max_attempts = 1, backoff_ms = 0,
+          run_at = now, priority = member_priority(qmember), cancel = 0, remaining = 0,
+          optional = 0, worker = '',
+        }
+      end
+      if not (t and t.state == 'ready' and t.version == version) then
+        fair_drop(key, member)
+        dropped = dropped + 1
+        if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
+      elseif at > now then
+        redis.call('ZREM', k.fairready, key)
+        redis.call('ZADD', k.fairwait, at, key)
+      elseif not corrupt and deadlines_on and deadline_at(version, id, now, c.started) then
+        fair_drop(key, member)
+        c.claimed_ids[id] = true
+        c.expiring[#c.expiring + 1] = { id = id, t = t }
+      else
+        local s = redis.call('HMGET', k.fair, 'run:' .. key, 'cap:' .. key, 'cap', 'w:' .. key,
+          'rate:' .. key, 'tb:' .. key)
+        local cap, busy = fair_cap(s[2], s[3]), tonumber(s[1]) or 0
+        local weight = tonumber(s[4])
+        if not weight or weight <= 0 then weight = 1 end
+        local tokens, next_token = fair_tokens(s[5], s[6], now)
+        if cap and busy >= cap then
+          redis.call('ZREM', k.fairready, key)
+          redis.call('ZADD', k.fairfull, vt, key)
+        elseif next_token then
+          -- Over its rate: the key waits for its next token like a delayed head.
+          redis.call('ZREM', k.fairready, key)
+          redis.call('ZADD', k.fairwait, next_token, key)
+        elseif limit and running + claimed >= limit then
+          reason = 'capacity'
+          break
+        else
+          fair_drop(key, member)
+          if corrupt then
+            c.quarantined[id] = cmsgpack.pack('corrupt task record: ' .. corrupt)
+            redis.log(redis.LOG_WARNING, 'distsched: claimed the corrupt task record of ' .. id .. ' to fail it')
+          else
+            c.ready_taken = c.ready_taken + 1
+          end
+          t.state = 'running'
+          t.attempt = t.attempt + 1
+          t.worker = c.worker
+          t.updated = now
+          c.records[#c.records + 1] = id
+          c.records[#c.records + 1] = encode_task(t)
+          c.leases[#c.leases + 1] = now + c.lease_ms
+          c.leases[#c.leases + 1] = id
+          c.claimed_ids[id] = true
+          c.out[#c.out + 1] = { id, t.version, t.attempt, t.priority, t.run_at }
+          claimed = claimed + 1
+          redis.call('HINCRBY', k.fair, 'run:' .. key, 1)
+          redis.call('HSET', k.fairrun, id, key)
+          if tokens then
+            redis.call('HSET', k.fair, 'tb:' .. key, string.format('%.17g %d', tokens - 1, now))
+          end
+          served = vt
+          -- A key that reached its cap waits in fairfull: claims never visit it there.
+          if cap and busy + 1 >= cap then
+            redis.call('ZREM', k.fairready, key)
+            redis.call('ZADD', k.fairfull, vt + 1 / weight, key)
+          else
+            redis.call('ZADD', k.fairready, vt + 1 / weight, key)
+          end
+        end
+      end
+    end
+  end
+  if served then redis.call('HSET', k.fair, 'vt', served) end
+  if claimed < n and reason == '' then
+    local head = redis.call('ZRANGE', k.fairwait, 0, 0, 'WITHSCORES')
+    if head[1] then
+      reason = 'not_due'
+      delay = math.max(0, tonumber(head[2]) * 1000 - now_us)
+      if delay > 9007199254740991 then delay = -1 end
+    elseif redis.call('ZCARD', k.fairfull) > 0 then
+      reason = 'capacity'
+    else
+      reason = 'empty'
+    end
+  end
+  return reason, delay, dropped
+end
+
 return run(function()
   local worker = ARGV[1]
   local n = to_int(ARGV[2], 'n')
@@ -88,7 +248,8 @@ return run(function()
   local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local now = math.floor(now_us / 1000)
   -- A max_running that is not a count (junk) is ignored, as if none were set.
-  local settings = redis.call('HMGET', k.meta, 'max_running', 'order', 'aging_ms')
+  local settings = redis.call('HMGET', k.meta, 'max_running', 'order', 'aging_ms', 'fair')
+  cached_fair = settings[4] == '1'
   local limit = tonumber(settings[1])
   if limit and (limit < 0 or limit ~= math.floor(limit)) then limit = nil end
   local aging = aging_of(settings[2], settings[3])
@@ -109,10 +270,24 @@ return run(function()
   local deadlines_on = redis.call('EXISTS', k.deadlines) == 1
   local expiring, started_with_deadline = {}, {}
 
+  -- A fair namespace (lib/fair.lua; never in the priority order): keys take turns.
+  local fair = not aging and fair_on()
+  if fair then
+    local c = {
+      out = out, records = records, leases = leases, claimed_ids = claimed_ids,
+      expiring = expiring, started = started_with_deadline, worker = worker, lease_ms = lease_ms,
+      quarantined = quarantined, ready_taken = 0,
+    }
+    reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, c)
+    claimed = #out
+    ready_taken = c.ready_taken
+    running = running + claimed
+  end
+
   -- The head is read a page at a time (with the records in one HMGET); every entry
   -- handled, claimed or dropped as stale, is a prefix of the queue, removed at the end
   -- with one ZREMRANGEBYRANK. Everything is read and checked before the first write.
-  while claimed < n and reason == '' do
+  while not fair and claimed < n and reason == '' do
     -- A couple of entries beyond what is wanted, to get past a stale one or two at once.
     local page = head_page(handled, handled + (n - claimed) + 1)
     if #page == 0 then
@@ -250,7 +425,8 @@ return run(function()
   if channel ~= '' then
     local due_at = delay > 0 and math.floor((now_us + delay) / 1000) or nil
     local room = not limit or running < limit
-    if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now, aging ~= nil) then
+    local ready_set = (aging and k.ranked) or (fair and k.fairready) or nil
+    if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now, ready_set) then
       delay = -1
     end
   end

@@ -6,6 +6,7 @@
 --- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- running -> succeeded, fenced by the token (id, version, attempt): only the
 -- current running attempt is applied. A token already applied before gets

@@ -6,6 +6,7 @@
 --- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.

@@ -5,6 +5,7 @@
 --- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states deadlines
 --- @keys ranked waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- pending / ready -> cancelled, with the error text 'expired: not started by its
 -- deadline' in results; pending dependents become blocked (settled within the

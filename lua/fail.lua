@@ -6,6 +6,7 @@
 --- @keys tasks results done queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- running -> ready (a new attempt, due after backoff * 2^(attempt-1), capped
 -- at ARGV[2]) while attempts remain and no cancellation was requested;

@@ -5,6 +5,7 @@
 --- @keys tasks payloads results queue finished meta wake idle
 --- @keys edges deps blocked blockedby propagating states fires firing ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- The caller (any worker) reads the head of fires, computes the schedule's slots from
 -- its definition (cron or interval, catch-up window) and sends them here. Fenced:

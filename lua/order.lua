@@ -25,6 +25,7 @@
 -- Errors (nothing written):
 --   BADARG order|aging_ms|most ...
 --   CONFLICT queued <entries>   ranked is larger than ARGV[3]
+--   CONFLICT fair ...           'priority' in a fair namespace (lib/fair.lua)
 -- Cost: O(1), or O(entries of ranked * log N) when they are rewritten.
 
 local MAX_AGING_MS = 1000000000
@@ -33,6 +34,9 @@ return run(function()
   local order = ARGV[1]
   if order ~= 'default' and order ~= 'priority' then
     error({ err = 'BADARG order must be default or priority' })
+  end
+  if order == 'priority' and redis.call('HGET', k.meta, 'fair') == '1' then
+    error({ err = 'CONFLICT fair the priority order does not combine with fairness keys' })
   end
   local aging = to_int(ARGV[2], 'aging_ms')
   if aging < 0 or aging > MAX_AGING_MS then

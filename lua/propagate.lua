@@ -4,6 +4,7 @@
 --- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- pending -> ready (last awaited dependency settled) or pending -> blocked (a
 -- required dependency failed, was cancelled or blocked), for the waiting edges of

@@ -5,6 +5,7 @@
 --- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- running -> ready (a new attempt after backoff) while attempts remain and no
 -- cancellation was requested, running -> failed with reason 'lease expired'

@@ -5,6 +5,7 @@
 --- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- running -> ready with the attempt given back (no attempt spent), at its own
 -- run_at and priority; running -> cancelled instead when cancellation was
@@ -65,7 +66,9 @@ return run(function()
       else
         count_move('running', 'ready')
         t.state = 'ready'
-        if delay > 0 and t.run_at < now + delay then
+        if delay > 0 and t.run_at < now + delay and fair_on() then
+          enqueue({ run_at = now + delay, priority = t.priority, version = t.version }, id)
+        elseif delay > 0 and t.run_at < now + delay then
           local member = queue_member(t, id)
           redis.call('ZADD', k.queue, now + delay, member)
           enqueued[member] = now + delay

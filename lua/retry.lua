@@ -4,6 +4,7 @@
 --- @keys tasks results queue finished meta idle
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- failed / cancelled / blocked -> ready, pending or blocked (as schedule.lua
 -- decides from its dependencies), with attempt 0 and the same payload, run_at,

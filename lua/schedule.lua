@@ -7,6 +7,7 @@
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --- @keys debounce deadlines
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency
@@ -33,6 +34,9 @@
 --
 -- Also writes debounce (the burst of a task scheduled with debounce; lib/admit.lua)
 -- and deadlines (a version's deadline, when it has one; lib/deadline.lua).
+-- A spec with key=<hex> turns the namespace fair (meta fair) and, in a fair namespace,
+-- each new version's key is written to fairkeys and its entry goes to fairq (or queue for
+-- the default key), its key into fairready or fairwait (lib/fair.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] n, the number of tasks; then for each task, in order:
@@ -43,7 +47,8 @@
 --     backoff (integer ms >= 0), allow_unknown ('1' or '0'),
 --     r (number of required deps), o (number of optional deps);
 --     then optionally options, each ' dedupe=<window ms>', ' debounce=<max wait ms>'
---     (not both), ' deadline=<epoch ms>' or ' ttl=<ms>' (not both; lib/admit.lua);
+--     (not both), ' deadline=<epoch ms>' or ' ttl=<ms>' (not both), ' key=<hex>' (the
+--     fairness key; lib/admit.lua);
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the largest payload accepted in bytes (1048576 when left out).
@@ -231,6 +236,15 @@ return run(function()
     end
   end
 
+  -- Fairness keys and the priority order do not combine (lib/fair.lua).
+  if order_aging() then
+    for _, s in ipairs(specs) do
+      if s.opts and s.opts.key then
+        error({ err = 'BADARG key of ' .. s.id .. ' cannot be used in a namespace of the priority order' })
+      end
+    end
+  end
+
   -- Versions follow the submission order (they are the queue's sequence numbers),
   -- whatever order the dependencies make us write the tasks in.
   local fresh = #specs
@@ -255,6 +269,27 @@ return run(function()
     end
     reply[#all_specs + 2] = table.concat(flags)
   end
+  -- Fairness keys (lib/fair.lua): the first keyed task turns the namespace fair; each
+  -- new version carries its key (or none), read by enqueue.
+  local fair_keys = {}
+  for _, s in ipairs(specs) do
+    if s.opts and s.opts.key then fair_keys[#fair_keys + 1] = s end
+  end
+  if #fair_keys > 0 and not fair_on() then
+    redis.call('HSET', k.meta, 'fair', '1')
+    cached_fair = true
+    local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+    if head[1] then fair_activate('', tonumber(head[2]), now) end
+  end
+  if fair_on() then
+    for _, s in ipairs(specs) do
+      if s.opts and s.opts.key then
+        redis.call('HSET', k.fairkeys, s.id, s.opts.key)
+      elseif s.old then
+        redis.call('HDEL', k.fairkeys, s.id)
+      end
+    end
+  end
   local function state_of(id)
     if written[id] then return written[id] end
     if outside[id] ~= nil then return outside[id] or nil end
@@ -276,7 +311,9 @@ return run(function()
       enqueued[member] = s.run_at
       records[#records + 1] = s.id
       records[#records + 1] = encode_task(t)
-      if aging and s.run_at <= now then
+      if fair_on() then
+        enqueue(t, s.id)
+      elseif aging and s.run_at <= now then
         ranks[#ranks + 1] = rank_of(s.run_at, s.priority, aging)
         ranks[#ranks + 1] = member
       else

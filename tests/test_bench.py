@@ -60,7 +60,10 @@ def check_report(report: dict[str, Any], throwaway: bool) -> None:
     assert slots["p50_ms"] <= slots["p99_ms"] <= slots["max_ms"]
     assert [size["queued"] for size in sections["claim"]["sizes"]] == [60, 120]
     assert [size["queued"] for size in sections["claim"]["priority"]] == [60, 120]
-    for size in sections["claim"]["sizes"] + sections["claim"]["priority"]:
+    assert [size["queued"] for size in sections["claim"]["fair"]] == [60, 120]
+    assert [size["keys"] for size in sections["claim"]["fair"]] == [2, 2]
+    claim = sections["claim"]
+    for size in claim["sizes"] + claim["priority"] + claim["fair"]:
         assert size["n1"]["claims"] == 20
         assert size["n100"]["claims"] == 20
     dag = sections["dag"]

@@ -126,6 +126,7 @@ def sample_calls() -> dict[str, core.Call]:
         "recur": core.recur_remove_call(keys, "s"),
         "fire": core.fire_call(keys, every_second, "rev", "trigger", [("now", "now")], 1000),
         "order": core.order_call(keys, core.Order.PRIORITY, 1000),
+        "fairness": core.fairness_call(keys, "key", "tenant", 3, 2),
         "expire": core.expire_call(keys),
     }
 
@@ -520,6 +521,8 @@ def lifecycle(s: Scheduler) -> None:
     # The claim order: priority first, then back to the default.
     assert s.set_order("priority", aging=1.0).order is core.Order.PRIORITY
     assert s.set_order("default").order is core.Order.DEFAULT
+    # Fairness keys: a cap and weight set (the namespace turns fair).
+    assert s.set_key("tenant", cap=2, weight=3).weight == 3
 
 
 @pytest.fixture
@@ -625,7 +628,7 @@ class RecordingScheduler(Scheduler):
         return reply
 
 
-NEVER_PROPAGATE = {"heartbeat", "purge", "forget", "compact", "leave", "recur", "order"}
+NEVER_PROPAGATE = {"heartbeat", "purge", "forget", "compact", "leave", "recur", "order", "fairness"}
 
 
 def test_every_reply_opens_with_the_number_of_propagation_jobs_left(

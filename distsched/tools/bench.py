@@ -63,8 +63,12 @@ from distsched.text import clock_offset, finite_or_none, redact, table
 
 Echo = Callable[[str], None]
 
-# The claim section measures each namespace order (``Scheduler.set_order``).
-ORDERS = ("default", "priority")
+# The claim section measures each namespace order (``Scheduler.set_order``), and a fair
+# namespace (fairness keys, README "Tenants and fairness") with a key per 100 tasks queued,
+# at most FAIR_KEYS_MAX keys (1,000,000 queued over 10,000 keys).
+ORDERS = ("default", "priority", "fair")
+FAIR_TASKS_PER_KEY = 100
+FAIR_KEYS_MAX = 10_000
 SECTIONS = (
     "ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake", "dashboard",
 )  # fmt: skip
@@ -530,6 +534,20 @@ class Bench:
             spent += time.perf_counter() - t0
         return spent
 
+    def _fill_keyed(self, scheduler: Scheduler, count: int, keys: int) -> float:
+        """Queue ``count`` no-op tasks spread round robin over ``keys`` fairness keys."""
+        batch = self.config.batch
+        spent = 0.0
+        for start in range(0, count, batch):
+            specs = [
+                TaskSpec(f"c{i}", NOOP, key=f"tenant:{i % keys}")
+                for i in range(start, min(count, start + batch))
+            ]
+            t0 = time.perf_counter()
+            scheduler.schedule_many(specs)
+            spent += time.perf_counter() - t0
+        return spent
+
     def _wait_for(
         self,
         scheduler: Scheduler,
@@ -933,11 +951,16 @@ class Bench:
             "claims": cfg.claims,
             "sizes": by_order["default"],
             "priority": by_order["priority"],
+            "fair": by_order["fair"],
         }
         for order, results in by_order.items():
             smallest = results[0]
-            suffix = "" if order == "default" else ", priority order"
             for result in results:
+                suffix = {
+                    "default": "",
+                    "priority": ", priority order",
+                    "fair": f", fair over {result.get('keys', 0):,} keys",
+                }[order]
                 for key, label in (("n1", "ready(1)"), ("n100", "ready(100)")):
                     rate = result[key]["claims_per_s"]
                     base = smallest[key]["claims_per_s"]
@@ -966,11 +989,15 @@ class Bench:
             if order == "priority":
                 s.set_order("priority", aging=1.0)
             before = self._used_memory()
+            keys = 0
             if order == "priority":
                 fill = size / sum(
                     self._fill(s, f"c{p}-", size // 10 + (p < size % 10), priority=p)
                     for p in range(10)
                 )
+            elif order == "fair":
+                keys = max(2, min(FAIR_KEYS_MAX, size // FAIR_TASKS_PER_KEY))
+                fill = size / self._fill_keyed(s, size, keys)
             else:
                 fill = size / self._fill(s, "c", size)
             after = self._used_memory()
@@ -978,13 +1005,15 @@ class Bench:
             one, per_one, one_server = self._claim_rate(s, 1, size)
             many, per_many, many_server = self._claim_rate(s, 100, size)
         self._clean(namespace)
+        how = f"fair over {keys:,} keys" if keys else f"{order} order"
         self._step(
-            f"{size:,} queued, {order} order (filled at {fill:,.0f} tasks/s): "
+            f"{size:,} queued, {how} (filled at {fill:,.0f} tasks/s): "
             f"{per_one:,.0f} claims/s one per call, {per_many:,.0f} with 100"
         )
         return {
             "queued": size,
             "order": order,
+            "keys": keys,
             "fill_per_s": fill,
             "bytes_per_task": (after - before) / size,
             "n1": {

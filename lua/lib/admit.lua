@@ -13,6 +13,8 @@
 --   deadline=<ms>     the new version expires (ends cancelled) if not started by this
 --                     epoch ms (lib/deadline.lua)
 --   ttl=<ms>          the same, <ms> after the call (server clock); not with deadline
+--   key=<hex>         the fairness key (tenant) of the new version, its UTF-8 bytes in hex
+--                     (1..256 bytes; lib/fair.lua); not in the priority order
 -- A spec with no option costs one empty-string comparison.
 --
 -- The burst of a debounced task is kept in the debounce hash (field: task id, value
@@ -23,6 +25,7 @@
 -- lib/forget.lua with the task.
 
 local MAX_ADMIT_MS = 9007199254740991
+local MAX_KEY_BYTES = 256
 local OPTION_FIELD = { dedupe = 'dedupe_window', debounce = 'debounce', deadline = 'deadline', ttl = 'ttl' }
 
 -- The options of a spec from the text after its eight fields; nil when there is none.
@@ -30,9 +33,22 @@ local function admission_options(rest, id)
   if rest == '' then return nil end
   local opts, pos = {}, 1
   while pos <= #rest do
+    local ka, kb, hex = string.find(rest, '^ key=(%x*)', pos)
+    if ka then
+      -- The fairness key (lib/fair.lua), in hex: any UTF-8 text of 1..MAX_KEY_BYTES bytes.
+      if opts.key then error({ err = 'BADARG key of ' .. id .. ' given twice' }) end
+      if #hex == 0 or #hex % 2 == 1 or #hex > 2 * MAX_KEY_BYTES then
+        error({ err = 'BADARG key of ' .. id .. ' must be 1..' .. MAX_KEY_BYTES .. ' bytes in hex' })
+      end
+      local key = string.gsub(hex, '%x%x', function(c) return string.char(tonumber(c, 16)) end)
+      if not valid_utf8(key) then error({ err = 'BADARG key of ' .. id .. ' must be valid UTF-8' }) end
+      opts.key = key
+      pos = kb + 1
+    end
+    if pos > #rest then break end
     local a, b, name, value = string.find(rest, '^ (%l+)=(%d+)', pos)
     if not a then
-      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms>, debounce=<max wait ms>, deadline=<epoch ms> or ttl=<ms>' })
+      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms>, debounce=<max wait ms>, deadline=<epoch ms>, ttl=<ms> or key=<hex>' })
     end
     if not OPTION_FIELD[name] then
       error({ err = 'BADARG spec of ' .. id .. ' unknown option ' .. name })

@@ -2,6 +2,7 @@
 --
 --- @include run
 --- @include idle
+--- @include fair
 --
 -- Per-state counters live in the meta hash as count:<state>. A script tallies its
 -- moves and writes each changed counter once, when its body has succeeded.
@@ -28,7 +29,9 @@ end
 local function capacity_freed(running_before)
   local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
   if limit and running_before >= limit then
-    local free = math.min(limit - running_count(), redis.call('ZCARD', k.queue))
+    local queued = redis.call('ZCARD', k.queue)
+    if fair_on() then queued = queued + redis.call('ZCARD', k.fairq) end
+    local free = math.min(limit - running_count(), queued)
     wake_idle(free, now_ms())
   end
 end

@@ -41,10 +41,10 @@ end
 -- After a claim by the worker listening on `channel` ('' when the caller does not
 -- listen: nothing to do). short: it got fewer tasks than it asked for; due_at: the
 -- not-due head's run_at (ms) when that is why, else nil; room: whether the fleet-wide
--- limit leaves room for another claim; ranked: whether the namespace follows the
--- priority order (lib/ranked.lua; the caller then declares the ranked key), whose
--- ready set holds due entries only. Returns whether this worker waits by the timer.
-local function idle_after_claim(channel, until_ms, short, due_at, room, now, ranked)
+-- limit leaves room for another claim; ready_set: the key of the set of due work
+-- besides queue (ranked in the priority order, lib/ranked.lua; fairready in a fair
+-- namespace, lib/fair.lua), or nil. Returns whether this worker waits by the timer.
+local function idle_after_claim(channel, until_ms, short, due_at, room, now, ready_set)
   if channel == '' then return true end
   local timer = redis.call('HMGET', k.meta, 'timer', 'timer_at')
   local holder, timer_at = timer[1], tonumber(timer[2])
@@ -58,7 +58,7 @@ local function idle_after_claim(channel, until_ms, short, due_at, room, now, ran
     -- idle worker (which does the same after its own claim: a chain, not a herd).
     local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
     local more = head[1] and tonumber(head[2]) <= now
-    if not more and ranked then more = redis.call('ZCARD', k.ranked) > 0 end
+    if not more and ready_set then more = redis.call('ZCARD', ready_set) > 0 end
     if room and (more or (head[1] and not idle_live(holder, now))) then
       wake_idle(1, now)
     end

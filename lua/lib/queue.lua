@@ -3,7 +3,9 @@
 --- @include record
 --- @include idle
 --- @include ranked
+--- @include fair
 --
+-- In a fair namespace the entry goes where its fairness key says (lib/fair.lua).
 -- In a namespace of the priority order a task due now goes straight into the ready set
 -- (ranked), one not due yet into queue, whose due entries claims move (lib/ranked.lua).
 --
@@ -17,7 +19,17 @@ local enqueued = {}
 local function enqueue(t, id)
   local member = queue_member(t, id)
   local aging = order_aging()
-  if aging and t.run_at <= now_ms() then
+  if fair_on() then
+    -- A fair namespace (lib/fair.lua): the task's key takes part in the claims.
+    local key = fair_key_of(id)
+    if key ~= '' then
+      member = fair_member(key, t, id)
+      redis.call('ZADD', k.fairq, 0, member)
+    else
+      redis.call('ZADD', k.queue, t.run_at, member)
+    end
+    fair_activate(key, t.run_at, now_ms())
+  elseif aging and t.run_at <= now_ms() then
     redis.call('ZADD', k.ranked, rank_of(t.run_at, t.priority, aging), member)
   else
     redis.call('ZADD', k.queue, t.run_at, member)

@@ -107,6 +107,8 @@ local INDEXED = { p = true, s = true, f = true, c = true, b = true }
 
 -- id -> the index member of its record as this script first read it (false: none).
 local indexed = {}
+-- id -> the state of its record as this script first read it.
+local first_state = {}
 
 local function index_member(t, id)
   local code = STATE_CODE[t.state]
@@ -142,6 +144,7 @@ local function read_task(id, raw)
   if not valid_utf8(w) then return nil, 'worker is not valid UTF-8' end
   t.updated = t.run_at + delta
   if indexed[id] == nil then indexed[id] = index_member(t, id) end
+  if first_state[id] == nil then first_state[id] = t.state end
   return t
 end
 
@@ -178,6 +181,17 @@ end
 -- record saved in a terminal state: clients waiting for an outcome hear of it whichever
 -- script ended the task.
 local on_terminal_save = nil
+-- Set by lib/fair.lua: called once for a task read as running that a script saves in
+-- another state or forgets (its fairness key's slot comes back), and for a task forgotten.
+local on_running_left = nil
+local on_forget = nil
+
+local function left_running(id, state)
+  if on_running_left and first_state[id] == 'running' and state ~= 'running' then
+    first_state[id] = state or false
+    on_running_left(id)
+  end
+end
 
 local function save_task(id, t)
   redis.call('HSET', k.tasks, id, encode_task(t))
@@ -188,6 +202,7 @@ local function save_task(id, t)
     indexed[id] = member
   end
   if on_terminal_save and TERMINAL[t.state] then on_terminal_save(id, t.state) end
+  left_running(id, t.state)
 end
 
 -- Remove the record of id (read before in this script) and its index member.
@@ -195,6 +210,8 @@ local function forget_task(id)
   redis.call('HDEL', k.tasks, id)
   if indexed[id] then redis.call('ZREM', k.states, indexed[id]) end
   indexed[id] = false
+  left_running(id, nil)
+  if on_forget then on_forget(id) end
 end
 
 -- Send one command with many trailing arguments (field/value or score/member pairs),
