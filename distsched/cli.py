@@ -1970,6 +1970,12 @@ def _bench_size_options() -> list[click.Option]:
                      help="(i) tasks in the namespace whose dashboard pages are counted."),
         click.option("--dashboard-drain", type=int, default=d.dashboard_drain, show_default=True,
                      help="(i) tasks drained with and without a dashboard polling."),
+        click.option("--fair-heavy", type=int, default=d.fair_heavy, show_default=True,
+                     help="(j) tasks of the heavy key queued ahead of the light keys."),
+        click.option("--fair-rounds", type=int, default=d.fair_rounds, show_default=True,
+                     help="(j) tasks per light key, one every 100 ms."),
+        click.option("--fair-claims", type=int, default=d.fair_claims, show_default=True,
+                     help="(j) claims over keys of weights 1, 1, 2, 4, 8."),
     ]  # fmt: skip
 
     def params(f: Callable[..., Any]) -> list[click.Option]:
@@ -2011,9 +2017,10 @@ def bench(
     Script-call ceiling, enqueue, end-to-end no-op tasks through worker
     processes (each checked to run exactly once), lateness of delayed tasks,
     claim rate by queue size, dependency graphs, memory per task, wake-ups,
-    and the dashboard (Redis commands per page, workers' drain rate while it is
-    polled). Prints a table with the targets next to the figures; progress goes
-    to stderr.
+    the dashboard (Redis commands per page, workers' drain rate while it is
+    polled), and fairness keys (light keys' wait behind a heavy key's backlog, with
+    and without keys; claim shares by weight). Prints a table with the targets
+    next to the figures; progress goes to stderr.
 
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway
     redis-server when one is on PATH, else an in-process fakeredis server.

@@ -23,6 +23,7 @@ TINY = [
     "--claim-sizes", "60,120", "--claims", "20", "--chain", "30", "--fanout", "30",
     "--dependents", "1500", "--memory-tasks", "200", "--wake-tasks", "30",
     "--wake-processes", "1,3", "--dashboard-tasks", "300", "--dashboard-drain", "200",
+    "--fair-heavy", "300", "--fair-rounds", "3", "--fair-claims", "320",
 ]  # fmt: skip
 
 
@@ -89,6 +90,16 @@ def check_report(report: dict[str, Any], throwaway: bool) -> None:
     for run in dashboard["drain"]:
         assert run["tasks"] == 200 and run["exactly_once_problems"] == []
     assert dashboard["drain"][1]["polls"] > 0 and dashboard["drain"][1]["poll_errors"] == 0
+    fairness = sections["fairness"]
+    assert [run["fair"] for run in fairness["starvation"]] == [True, False]
+    for run in fairness["starvation"]:
+        assert run["light"] == 30 and run["unstarted"] == 0
+        assert run["exactly_once_problems"] == []
+        assert 0 <= run["p50_ms"] <= run["p99_ms"] <= run["max_ms"]
+    shares = fairness["shares"]
+    assert shares["claims"] == 320
+    assert [key["weight"] for key in shares["keys"]] == [1, 1, 2, 4, 8]
+    assert sum(key["claims"] for key in shares["keys"]) == 320
     assert {row["section"] for row in report["rows"]} == set(SECTIONS)
 
 

@@ -153,6 +153,40 @@ def test_overview_shows_the_counts_per_state_and_the_fleet(read_only: TestClient
     assert data["fields"]["count-failed"] == "1"
 
 
+HOSTILE_KEY = "<img src=x onerror=alert(4)>&"
+
+
+def test_the_overview_of_a_keyed_namespace_shows_its_keys_as_text(scheduler: Scheduler) -> None:
+    with TestClient(create_app(scheduler)) as client:
+        scheduler.schedule("plain", fn="step")
+        assert 'id="keys"' not in client.get("/").text  # not fair: no table
+        scheduler.set_key(HOSTILE_KEY, cap=3)
+        scheduler.schedule_many([TaskSpec(f"h{i}", "step", key=HOSTILE_KEY) for i in range(4)])
+        scheduler.schedule("t0", fn="step", key="tenant:1")
+        claims, _ = scheduler.claim(3, "w")
+        assert sorted(c.task_id for c in claims) == ["h0", "plain", "t0"]
+        page = client.get("/").text
+        assert 'id="keys"' in page
+        assert "<img src=x" not in page
+        escaped = "&lt;img src=x onerror=alert(4)&gt;&amp;"
+        row = re.search(
+            r'data-field="key-0-key">([^<]*)</code></td>\s*'
+            r'<td data-field="key-0-running">(\d+)</td>\s*'
+            r'<td data-field="key-0-queued">(\d+)</td>\s*'
+            r'<td data-field="key-0-cap">(\w+)</td>',
+            page,
+        )
+        assert row is not None, page
+        assert row.groups() in {(escaped, "1", "3", "3"), ("tenant:1", "1", "0", "none")}
+        assert escaped in page and "tenant:1" in page
+        data = client.get("/api/overview").json()
+        loads = {load["key"]: load for load in data["data"]["keys"]}
+        assert (loads[HOSTILE_KEY]["running"], loads[HOSTILE_KEY]["queued"]) == (1, 3)
+        assert loads[HOSTILE_KEY]["cap"] == 3
+        shown = {data["fields"][f"key-{i}-key"] for i in range(3)}
+        assert {HOSTILE_KEY, "tenant:1"} <= shown  # raw in JSON: the page sets it as text
+
+
 def test_the_task_page_shows_the_traceback_and_the_dependents_it_blocked(
     read_only: TestClient,
 ) -> None:

@@ -38,7 +38,8 @@ TINY_BENCH = [
     "--delayed", "40", "--delay-min", "100ms", "--delay-max", "400ms", "--slots", "10",
     "--claim-sizes", "60,120", "--claims", "20", "--chain", "30", "--fanout", "30",
     "--dependents", "1500", "--memory-tasks", "200", "--dashboard-tasks", "300",
-    "--dashboard-drain", "200",
+    "--dashboard-drain", "200", "--fair-heavy", "300", "--fair-rounds", "3",
+    "--fair-claims", "320",
 ]  # fmt: skip
 EXPECTED = re.compile(r"^\s*print\(.*\)\s*# -> (.*)$")
 # Output shown in a text block may appear a moment later (a worker runs in the background).

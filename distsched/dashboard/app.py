@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from distsched.client import Scheduler
-from distsched.core import State
+from distsched.core import STATS_TOP_KEYS, State
 from distsched.dashboard import chart, graph, reads
 from distsched.dashboard.auth import COOKIE, SESSION_S, Session, Signer, check_token
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
@@ -395,7 +395,29 @@ def overview_fields(data: Mapping[str, Any]) -> dict[str, str]:
             "day-failed": f"{data['day']['failed']:,}",
         }
     )
+    # The keys table keeps the rows it was drawn with: a row whose place is now empty is
+    # blanked rather than left showing an old key; a key new to the top list shows on reload.
+    loads = data["keys"]
+    for i in range(STATS_TOP_KEYS):
+        load = loads[i] if i < len(loads) else None
+        fields.update(
+            {
+                f"key-{i}-key": "" if load is None else load["key"] or DEFAULT_KEY,
+                f"key-{i}-running": "" if load is None else f"{load['running']:,}",
+                f"key-{i}-queued": "" if load is None else f"{load['queued']:,}",
+                f"key-{i}-cap": "" if load is None else _cap(load["cap"]),
+                f"key-{i}-wait": "" if load is None else seconds(load["ready_wait_s"]),
+            }
+        )
     return fields
+
+
+# How the default key (tasks given no key) is shown in the keys table.
+DEFAULT_KEY = '"" (tasks without a key)'
+
+
+def _cap(cap: int | None) -> str:
+    return "none" if cap is None else f"{cap:,}"
 
 
 def json_response(data: Any, status_code: int = 200) -> JSONResponse:

@@ -95,6 +95,8 @@ def overview_json(page: OverviewPage) -> dict[str, Any]:
         "slots": page.slots,
         "hour": _totals(page.hour),
         "day": _totals(page.minutes),
+        # Empty unless the namespace is fair (README "Tenants and fairness").
+        "keys": [dict(load) for load in ov["keys"]],
     }
 
 

@@ -20,7 +20,11 @@ Sections (each on fresh namespaces):
   wake-up latency (task start - run_at on the Redis clock);
 - ``dashboard``: Redis commands each dashboard page sends with a few tasks and with
   many (they must be equal), and the drain rate of a worker process with and without
-  a dashboard client polling the overview every second (needs the dashboard extra).
+  a dashboard client polling the overview every second (needs the dashboard extra);
+- ``fairness``: starvation (light keys' tasks trickling in behind one heavy key's backlog,
+  drained by one worker process, with fairness keys and without: the light tasks' wait)
+  and shares (backlogged keys of weights 1, 1, 2, 4, 8: each key's share of the claims
+  against its weight's share).
 
 Worker processes run ``python -m distsched.tools.bench worker URL NAMESPACE``: a
 ``Worker`` whose no-op records each run (task id, version, attempt, start time,
@@ -71,6 +75,7 @@ FAIR_TASKS_PER_KEY = 100
 FAIR_KEYS_MAX = 10_000
 SECTIONS = (
     "ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake", "dashboard",
+    "fairness",
 )  # fmt: skip
 # The dashboard pages the bench counts Redis commands for.
 DASHBOARD_PAGES = (
@@ -96,6 +101,16 @@ WORKER_STOP_TIMEOUT_S = 60.0
 # holding a task still has a free slot (and stays idle, waiting for the next).
 WAKE_CONCURRENCY = 2
 POLL_S = 0.01
+# The fairness section: ten light keys, each submitting one task every FAIR_LIGHT_EVERY_S,
+# behind one heavy key's backlog, drained by one worker process of FAIR_CONCURRENCY threads;
+# the run gives up on light tasks not started within FAIR_TIMEOUT_S. The shares use keys of
+# FAIR_WEIGHTS, claimed FAIR_CLAIM_BATCH at a time.
+FAIR_LIGHT_KEYS = 10
+FAIR_LIGHT_EVERY_S = 0.1
+FAIR_CONCURRENCY = 4
+FAIR_TIMEOUT_S = 120.0
+FAIR_WEIGHTS = (1, 1, 2, 4, 8)
+FAIR_CLAIM_BATCH = 100
 # The interval of the schedule whose slots the lateness section fires.
 SLOT_INTERVAL_S = 0.1
 
@@ -129,6 +144,9 @@ class BenchConfig:
     wake_processes: tuple[int, ...] = (1, 8)
     dashboard_tasks: int = 100_000
     dashboard_drain: int = 20_000
+    fair_heavy: int = 20_000
+    fair_rounds: int = 20
+    fair_claims: int = 20_000
 
     def validate(self) -> None:
         for name in (
@@ -149,6 +167,9 @@ class BenchConfig:
             "wake_tasks",
             "dashboard_tasks",
             "dashboard_drain",
+            "fair_heavy",
+            "fair_rounds",
+            "fair_claims",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -1557,6 +1578,157 @@ class Bench:
         _get(url)
         after = self._commands_sent()
         return None if before is None or after is None else after - before
+
+    # -- (j) fairness
+
+    def fairness(self) -> None:
+        cfg = self.config
+        self._phase(
+            10,
+            f"fairness: {FAIR_LIGHT_KEYS} light keys behind {cfg.fair_heavy:,} queued tasks "
+            f"of one key, on and off; shares of {cfg.fair_claims:,} claims",
+        )
+        runs = [self._starvation(fair) for fair in (True, False)]
+        on, off = runs
+        for run in runs:
+            mode = "fair" if run["fair"] else "no keys"
+            for p in ("p50", "p99"):
+                value, base = run[f"{p}_ms"], on[f"{p}_ms"]
+                ratio = value / base if run is off and value is not None and base else None
+                self._row(
+                    "fairness",
+                    f"light-key wait {p}, {cfg.fair_heavy:,} heavy queued, {mode}",
+                    value,
+                    "ms",
+                    ratio=ratio,
+                    ratio_to="fair" if ratio is not None else "",
+                )
+        shares = self._shares()
+        for share in shares["keys"]:
+            ratio = share["share"] / share["weight_share"]
+            self._row(
+                "fairness",
+                f"claims of key {share['key']} (weight {share['weight']})",
+                share["claims"],
+                "claims",
+                ratio=ratio,
+                ratio_to="its weight's share",
+                target="within 5% of its weight's share",
+                met=abs(ratio - 1.0) <= 0.05,
+            )
+        self.sections["fairness"] = {"starvation": runs, "shares": shares}
+
+    def _starvation(self, fair: bool) -> dict[str, Any]:
+        """Light tasks submitted every FAIR_LIGHT_EVERY_S per light key behind a heavy
+        backlog, with keys (``fair``) or the same tasks without; their waits on the Redis
+        clock (start - submission)."""
+        cfg = self.config
+        namespace = self._namespace("starve" + ("-fair" if fair else "-plain"))
+        done_list = f"bench:{{{namespace}}}:done"
+        light_ids: list[str] = []
+        submitted: dict[str, float] = {}
+        procs = WorkerProcesses(self.url, namespace, 1, FAIR_CONCURRENCY, self.workdir)
+        with self._scheduler(namespace) as s:
+            try:
+                procs.start()
+                self._fill(s, "h", cfg.fair_heavy, key="heavy" if fair else None)
+                offset, _ = clock_offset(s)
+                procs.go()
+                started = time.monotonic()
+                for r in range(cfg.fair_rounds):
+                    specs = [
+                        TaskSpec(
+                            f"l{k}-{r}",
+                            SIGNAL,
+                            args=[done_list],
+                            key=f"light:{k}" if fair else None,
+                        )
+                        for k in range(FAIR_LIGHT_KEYS)
+                    ]
+                    now = time.time() + offset
+                    s.schedule_many(specs)
+                    for spec in specs:
+                        submitted[spec.task_id] = now
+                        light_ids.append(spec.task_id)
+                    pause = started + (r + 1) * FAIR_LIGHT_EVERY_S - time.monotonic()
+                    if pause > 0:
+                        time.sleep(pause)
+                deadline = time.monotonic() + FAIR_TIMEOUT_S
+                while (
+                    int(self.client.llen(done_list)) < len(light_ids)
+                    and time.monotonic() < deadline
+                    and procs.alive()
+                ):
+                    time.sleep(POLL_S * 5)
+                reports = procs.stop()
+            finally:
+                procs.close()
+        self.client.delete(done_list)
+        self._clean(namespace)
+        wanted = set(light_ids)
+        runs = [run for report in reports for run in report.runs if run.task_id in wanted]
+        unstarted = len(wanted - {run.task_id for run in runs})
+        problems = [p for p in check_exactly_once(light_ids, runs) if "never ran" not in p]
+        self._problem("fairness", problems)
+        waits = [(run.started - submitted[run.task_id]) * 1000.0 for run in runs]
+        p50, p99 = (percentile(waits, 50), percentile(waits, 99)) if waits else (None, None)
+        late = f", {unstarted} not started in {FAIR_TIMEOUT_S:g} s" if unstarted else ""
+        self._step(
+            f"{'fair' if fair else 'no keys'}: light wait p50 {p50 or 0:,.1f} ms, "
+            f"p99 {p99 or 0:,.1f} ms{late}"
+        )
+        return {
+            "fair": fair,
+            "heavy": cfg.fair_heavy,
+            "light": len(light_ids),
+            "light_keys": FAIR_LIGHT_KEYS,
+            "concurrency": FAIR_CONCURRENCY,
+            "unstarted": unstarted,
+            "p50_ms": p50,
+            "p99_ms": p99,
+            "max_ms": max(waits) if waits else None,
+            "exactly_once_problems": problems,
+        }
+
+    def _shares(self) -> dict[str, Any]:
+        """Claims of backlogged keys of FAIR_WEIGHTS, FAIR_CLAIM_BATCH per call."""
+        cfg = self.config
+        namespace = self._namespace("shares")
+        total = sum(FAIR_WEIGHTS)
+        keys = [f"w{i}" for i in range(len(FAIR_WEIGHTS))]
+        got: dict[str, int] = dict.fromkeys(keys, 0)
+        claimed = 0
+        with self._scheduler(namespace) as s:
+            for key, weight in zip(keys, FAIR_WEIGHTS, strict=True):
+                s.set_key(key, weight=weight)
+                # More than the key's share, so that every key stays backlogged.
+                want = cfg.fair_claims * weight // total + FAIR_CLAIM_BATCH + 10
+                self._fill(s, f"{key}-", want, key=key)
+            while claimed < cfg.fair_claims:
+                claims, _ = s.claim(min(FAIR_CLAIM_BATCH, cfg.fair_claims - claimed), "bench")
+                if not claims:
+                    break
+                for c in claims:
+                    got[c.task_id.split("-")[0]] += 1
+                claimed += len(claims)
+        self._clean(namespace)
+        if claimed < cfg.fair_claims:
+            self._problem("fairness", [f"only {claimed} of {cfg.fair_claims} claims were made"])
+        shares = [
+            {
+                "key": key,
+                "weight": weight,
+                "claims": got[key],
+                "share": got[key] / claimed if claimed else 0.0,
+                "weight_share": weight / total,
+            }
+            for key, weight in zip(keys, FAIR_WEIGHTS, strict=True)
+        ]
+        self._step(
+            "shares: "
+            + ", ".join(f"{x['key']} {x['share']:.3f} (of {x['weight_share']:.3f})" for x in shares)
+        )
+        return {"claims": claimed, "batch": FAIR_CLAIM_BATCH, "keys": shares}
 
     def run(self) -> dict[str, Any]:
         started = time.time()
