@@ -222,5 +222,13 @@ def test_the_bench_command_still_offers_every_size_option() -> None:
         text=True,
         cwd=ROOT,
     ).stdout
-    for option in ("--tasks", "--claim-sizes", "--memory-tasks", "--delay-min", "--json"):
+    options = (
+        "--tasks",
+        "--claim-sizes",
+        "--memory-tasks",
+        "--delay-min",
+        "--fair-heavy",
+        "--json",
+    )
+    for option in options:
         assert option in out
