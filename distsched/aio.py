@@ -37,6 +37,7 @@ from distsched.core import (
     TaskSpec,
     Wait,
 )
+from distsched.keys import Keys
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
 from distsched.subscription import AsyncWaitHub
@@ -51,8 +52,8 @@ class AsyncScheduler(BaseScheduler):
     """``Scheduler`` for asyncio code: every method is a coroutine with the same meaning.
 
     Building it does no I/O (``AsyncScheduler.from_url(...)`` is a plain call); a
-    ``max_running`` given here is stored by the first call that reaches Redis, or
-    on entering ``async with``.
+    ``max_running`` given here is stored, and ``stripes`` checked against the stored
+    count, by the first call that reaches Redis, or on entering ``async with``.
     """
 
     def __init__(
@@ -62,14 +63,15 @@ class AsyncScheduler(BaseScheduler):
         lease_s: float = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        stripes: int | None = None,
     ) -> None:
-        super().__init__(namespace, lease_s, max_payload_bytes)
+        super().__init__(namespace, lease_s, max_payload_bytes, stripes)
         limit = core.validate_max_running(max_running)
         self.client = client
         self._owns_client = False
         self._scripts = Registry(client)
         self._setup: core.Op[None] | None = None
-        self._waits = AsyncWaitHub(client, self.keys.ended, self.uses_sharded_pubsub)
+        self._waits = AsyncWaitHub(client, self._ops.ended_channels, self.uses_sharded_pubsub)
         if limit is not None:
             self._setup = self._ops.set_max_running(limit)
 
@@ -81,10 +83,11 @@ class AsyncScheduler(BaseScheduler):
         lease_s: float = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        stripes: int | None = None,
     ) -> AsyncScheduler:
         """See :meth:`Scheduler.from_url`."""
         client = client_from_url(url, aredis.Redis.from_url, aredis.RedisCluster.from_url)
-        scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes)
+        scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes, stripes)
         scheduler._owns_client = True
         return scheduler
 
@@ -154,7 +157,7 @@ class AsyncScheduler(BaseScheduler):
 
     async def submit_graph(self, specs: Sequence[TaskSpec]) -> list[int]:
         """See :meth:`Scheduler.submit_graph`."""
-        return await self._drive(self._ops.schedule_many(specs))
+        return await self._drive(self._ops.submit_graph(specs))
 
     async def admit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> core.Admitted:
         """See :meth:`Scheduler.admit`."""
@@ -247,6 +250,7 @@ class AsyncScheduler(BaseScheduler):
         # Checked before the shared subscription is started for nothing.
         core.validate_task_id(task_id)
         core.validate_wait_timeout(timeout)
+        await self._drive(self._ops.noop())  # the stripes, whose channels it subscribes to
         async with self._waits.watch(task_id) as waiter:
             return await self._drive(self._ops.wait(task_id, timeout, waiter), self._waits.gate)
 
@@ -255,6 +259,7 @@ class AsyncScheduler(BaseScheduler):
         # Checked before the shared subscription is started for nothing.
         core.validate_task_id(task_id)
         core.validate_wait_timeout(timeout)
+        await self._drive(self._ops.noop())  # the stripes, whose channels it subscribes to
         async with self._waits.watch(task_id) as waiter:
             return await self._drive(self._ops.result(task_id, timeout, waiter), self._waits.gate)
 
@@ -325,7 +330,7 @@ class AsyncScheduler(BaseScheduler):
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         waiter = "wait:" + uuid.uuid4().hex
-        channels = (self.keys.worker_channel(waiter), self.keys.wake)
+        channels = await self.wake_channels(waiter)
         sharded = await self.uses_sharded_pubsub()
         pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)
         try:
@@ -341,6 +346,14 @@ class AsyncScheduler(BaseScheduler):
             with contextlib.suppress(RedisError):
                 await self.leave(waiter)
             await pubsub.aclose()
+
+    async def wake_channels(self, worker_id: str | None = None) -> list[str]:
+        """See :meth:`Scheduler.wake_channels`."""
+        return await self._drive(self._ops.wake_channels(worker_id))
+
+    async def stripe_keys(self) -> list[Keys]:
+        """See :meth:`Scheduler.stripe_keys`."""
+        return await self._drive(self._ops.stripe_keys())
 
     async def leave(self, worker_id: str) -> bool:
         """See :meth:`Scheduler.leave`."""

@@ -42,6 +42,7 @@ from distsched.errors import ClosedError, InvalidArgument
 from distsched.keys import Keys
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
+from distsched.stripes import StripedOps
 from distsched.subscription import WaitHub
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ class BaseScheduler:
         namespace: str = "default",
         lease_s: float = 30.0,
         max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        stripes: int | None = None,
     ) -> None:
         self.keys = Keys(namespace)
         self.namespace = namespace
@@ -65,8 +67,12 @@ class BaseScheduler:
         self.lease_s = float(lease_s)
         self.max_payload_bytes = core.validate_max_payload_bytes(max_payload_bytes)
         # The producer's active span travels with its tasks (distsched.otel).
-        self._ops = core.Ops(
-            self.keys, self.lease_ms, self.max_payload_bytes, trace_context=otel.current_trace
+        self._ops = StripedOps(
+            self.keys,
+            self.lease_ms,
+            self.max_payload_bytes,
+            trace_context=otel.current_trace,
+            stripes=stripes,
         )
         self._closed = False
 
@@ -90,8 +96,12 @@ class Scheduler(BaseScheduler):
     """Schedule, claim and report tasks in one namespace of one Redis.
 
     ``max_running`` (when not None) is stored as the namespace's fleet-wide bound on
-    running tasks (last writer wins). Thread-safe: redis-py pools its connections.
-    Use it as a context manager, or call :meth:`close`.
+    running tasks (last writer wins). ``stripes`` spreads the namespace over that many
+    hash slots (README, "Scaling out"): it is stored with the namespace by the first
+    scheduler that gives it, and a different count is refused (``ConflictError``)
+    unless the namespace is empty; None takes the stored count (1 when none).
+    Thread-safe: redis-py pools its connections. Use it as a context manager, or call
+    :meth:`close`.
     """
 
     def __init__(
@@ -101,14 +111,18 @@ class Scheduler(BaseScheduler):
         lease_s: float = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        stripes: int | None = None,
     ) -> None:
-        super().__init__(namespace, lease_s, max_payload_bytes)
+        super().__init__(namespace, lease_s, max_payload_bytes, stripes)
         limit = core.validate_max_running(max_running)
         self.client = client
         self._owns_client = False
         self._scripts = Registry(client)
         self._lock = threading.Lock()
-        self._waits = WaitHub(client, self.keys.ended, self.uses_sharded_pubsub)
+        self._waits = WaitHub(client, self._ops.ended_channels, self.uses_sharded_pubsub)
+        if stripes is not None:
+            # A count that does not match the stored one is refused here, at once.
+            self._drive(self._ops.noop())
         if limit is not None:
             self.set_max_running(limit)
 
@@ -120,6 +134,7 @@ class Scheduler(BaseScheduler):
         lease_s: float = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        stripes: int | None = None,
     ) -> Scheduler:
         """Connect to a URL; closing the scheduler closes the connection.
 
@@ -129,7 +144,7 @@ class Scheduler(BaseScheduler):
         """
         client = client_from_url(url, redis.Redis.from_url, RedisCluster.from_url)
         try:
-            scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes)
+            scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes, stripes)
         except BaseException:
             client.close()
             raise
@@ -200,12 +215,20 @@ class Scheduler(BaseScheduler):
         return self._drive(self._ops.schedule(task_id, options))
 
     def schedule_many(self, specs: Sequence[TaskSpec]) -> list[int]:
-        """Schedule a batch atomically in one round trip; return the versions in order."""
+        """Schedule a batch atomically in one round trip; return the versions in order.
+
+        In a striped namespace, one atomic call per stripe the batch's ids map to.
+        """
         return self._drive(self._ops.schedule_many(specs))
 
     def submit_graph(self, specs: Sequence[TaskSpec]) -> list[int]:
-        """Register a whole graph atomically: all of it or none of it. Returns the versions."""
-        return self._drive(self._ops.schedule_many(specs))
+        """Register a whole graph atomically: all of it or none of it. Returns the versions.
+
+        In a striped namespace every id of the graph must map to one stripe (give them
+        the same ``{tag}``); otherwise ``InvalidArgument`` names two ids, and nothing
+        is written.
+        """
+        return self._drive(self._ops.submit_graph(specs))
 
     def admit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> core.Admitted:
         """``schedule``, telling whether a new version was written.
@@ -323,6 +346,7 @@ class Scheduler(BaseScheduler):
         # Checked before the shared subscription is started for nothing.
         core.validate_task_id(task_id)
         core.validate_wait_timeout(timeout)
+        self._drive(self._ops.noop())  # the stripes, whose channels it subscribes to
         with self._waits.watch(task_id) as waiter:
             return self._drive(self._ops.wait(task_id, timeout, waiter))
 
@@ -336,6 +360,7 @@ class Scheduler(BaseScheduler):
         # Checked before the shared subscription is started for nothing.
         core.validate_task_id(task_id)
         core.validate_wait_timeout(timeout)
+        self._drive(self._ops.noop())  # the stripes, whose channels it subscribes to
         with self._waits.watch(task_id) as waiter:
             return self._drive(self._ops.result(task_id, timeout, waiter))
 
@@ -430,7 +455,7 @@ class Scheduler(BaseScheduler):
         self._check_open()
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter = "wait:" + uuid.uuid4().hex
-        channels = (self.keys.worker_channel(waiter), self.keys.wake)
+        channels = self.wake_channels(waiter)
         sharded = self.uses_sharded_pubsub()
         pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         try:
@@ -450,6 +475,15 @@ class Scheduler(BaseScheduler):
             with contextlib.suppress(RedisError):
                 self.leave(waiter)
             pubsub.close()
+
+    def wake_channels(self, worker_id: str | None = None) -> list[str]:
+        """The channels that wake a worker: every stripe's wake channel, and with
+        ``worker_id`` that worker's own channel on every stripe."""
+        return self._drive(self._ops.wake_channels(worker_id))
+
+    def stripe_keys(self) -> list[Keys]:
+        """The keys of each stripe of the namespace, stripe 0 (the namespace's own) first."""
+        return self._drive(self._ops.stripe_keys())
 
     def leave(self, worker_id: str) -> bool:
         """A listening worker that stops: it is no longer idle, and its kept claim goes.

@@ -9,11 +9,18 @@ queued task costs no key of its own.
 
 from __future__ import annotations
 
+import binascii
 import functools
 from dataclasses import dataclass
 
 PREFIX = "ds"
 MAX_NAMESPACE_BYTES = 128
+# The most stripes a namespace may be spread over (README, "Scaling out").
+MAX_STRIPES = 1024
+# Stripe s > 0 of namespace ``ns`` is the hash tag ``ns{s``: a namespace cannot contain a
+# brace, so no namespace's tag is ever a stripe's, and Redis Cluster hashes the text up
+# to the first ``}``, the whole ``ns{s``.
+STRIPE_MARK = "{"
 
 # Every key (and the wake channel) of a namespace, by the name scripts declare it
 # with in their ``--- @keys`` line (see ``lua/README.md``).
@@ -70,18 +77,60 @@ def validate_namespace(namespace: object) -> str:
     return namespace
 
 
+def hash_tag(task_id: str) -> bytes:
+    """The part of ``task_id`` that decides its stripe, as Redis Cluster decides a key's
+    slot: the text between the first ``{`` and the first ``}`` after it when that is not
+    empty, else the whole id (UTF-8 bytes)."""
+    raw = task_id.encode("utf-8", "surrogatepass")
+    start = raw.find(b"{")
+    if start >= 0:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            return raw[start + 1 : end]
+    return raw
+
+
+def stripe_of(task_id: str, stripes: int) -> int:
+    """The stripe of ``task_id`` in a namespace of ``stripes`` stripes: the CRC16 of its
+    hash tag (XMODEM, the checksum Redis Cluster hashes keys with) modulo ``stripes``."""
+    if stripes == 1:
+        return 0
+    return binascii.crc_hqx(hash_tag(task_id), 0) % stripes
+
+
 @dataclass(frozen=True)
 class Keys:
-    """The key names of one namespace (``ds:{namespace}:...``)."""
+    """The key names of one namespace (``ds:{namespace}:...``), or of one of its stripes
+    (stripe ``s`` > 0: ``ds:{namespace{s}:...``, a hash slot of its own)."""
 
     namespace: str
+    stripe: int = 0
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
+        if (
+            not isinstance(self.stripe, int)
+            or isinstance(self.stripe, bool)
+            or not 0 <= self.stripe < MAX_STRIPES
+        ):
+            from distsched.errors import InvalidArgument
+
+            raise InvalidArgument("stripe", f"must be an int in [0, {MAX_STRIPES})")
+
+    @property
+    def tag(self) -> str:
+        """The hash tag of the namespace's (or stripe's) keys."""
+        if self.stripe == 0:
+            return self.namespace
+        return f"{self.namespace}{STRIPE_MARK}{self.stripe}"
+
+    def of_stripe(self, stripe: int) -> Keys:
+        """The keys of stripe ``stripe`` of this namespace (0: the namespace's own)."""
+        return Keys(self.namespace, stripe)
 
     @property
     def prefix(self) -> str:
-        return f"{PREFIX}:{{{self.namespace}}}:"
+        return f"{PREFIX}:{{{self.tag}}}:"
 
     @property
     def tasks(self) -> str:
@@ -282,6 +331,12 @@ class Keys:
         """Hash: worker id -> its registry entry (msgpack map), rewritten every heartbeat."""
         return self.prefix + "workers"
 
+    @property
+    def stripelock(self) -> str:
+        """String (stripe 0 of a striped namespace): held for a moment by whoever moves
+        the per-stripe shares of ``max_running`` (README, "Scaling out")."""
+        return self.prefix + "stripelock"
+
     def script_keys(self) -> list[str]:
         """Every key of the namespace and its channels, in ``KEY_NAMES`` order."""
         return [getattr(self, name) for name in KEY_NAMES]
@@ -308,4 +363,5 @@ class Keys:
         return [key for key in self.script_keys() if key not in channels] + [
             self.served,
             self.workers,
+            self.stripelock,
         ]

@@ -65,14 +65,16 @@ class Subscriber:
     def __init__(
         self,
         client: Any,
-        channels: Sequence[str],
+        channels: Sequence[str] | Callable[[], Sequence[str]],
         sharded: Callable[[], bool],
         on_message: Callable[[bytes], None],
         on_subscribed: Callable[[], None],
         name: str,
     ) -> None:
         self.client = client
-        self.channels = list(channels)
+        # A callable is asked (again after an error) when subscribing.
+        self._channels = channels
+        self.channels = [] if callable(channels) else list(channels)
         self._sharded = sharded
         self._on_message = on_message
         self._on_subscribed = on_subscribed
@@ -95,6 +97,8 @@ class Subscriber:
             try:
                 if sharded is None:
                     sharded = self._sharded()
+                if callable(self._channels):
+                    self.channels = list(self._channels())
                 pubsub = self.client.pubsub()
                 if sharded:
                     pubsub.ssubscribe(*self.channels)
@@ -291,9 +295,11 @@ class WaitHub:
     """The waits of one sync scheduler: one subscription to ``ended``, started on the
     first wait, shared by every waiter, stopped by :meth:`close`."""
 
-    def __init__(self, client: Any, channel: str, sharded: Callable[[], bool]) -> None:
+    def __init__(
+        self, client: Any, channels: Callable[[], Sequence[str]], sharded: Callable[[], bool]
+    ) -> None:
         self._client = client
-        self._channel = channel
+        self._channels = channels
         self._sharded = sharded
         self._lock = threading.Lock()
         self._registry = _Registry()
@@ -310,7 +316,7 @@ class WaitHub:
             if self._subscriber is None:
                 self._subscriber = Subscriber(
                     self._client,
-                    [self._channel],
+                    self._channels(),
                     self._sharded,
                     self._on_message,
                     self._notify_all,
@@ -345,9 +351,14 @@ class AsyncWaitHub:
     """:class:`WaitHub` for an asyncio scheduler: the subscription is a task of the loop
     of the first wait."""
 
-    def __init__(self, client: Any, channel: str, sharded: Callable[[], Awaitable[bool]]) -> None:
+    def __init__(
+        self,
+        client: Any,
+        channels: Callable[[], Sequence[str]],
+        sharded: Callable[[], Awaitable[bool]],
+    ) -> None:
         self._client = client
-        self._channel = channel
+        self._channels = channels
         self._sharded = sharded
         self._registry = _Registry()
         self._subscriber: AsyncSubscriber | None = None
@@ -363,7 +374,7 @@ class AsyncWaitHub:
         if self._subscriber is None:
             self._subscriber = AsyncSubscriber(
                 self._client,
-                [self._channel],
+                self._channels(),
                 self._sharded,
                 self._registry.on_message,
                 self._registry.notify_all,

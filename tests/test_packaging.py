@@ -88,6 +88,7 @@ LAYERS: list[set[str]] = [
         "distsched.scripts",
         "distsched.schedules",
         "distsched.core",
+        "distsched.stripes",
     },
     {
         "distsched",

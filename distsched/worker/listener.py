@@ -20,7 +20,7 @@ class Listener:
     heartbeat (which would deliver it too), and any other message wakes the claim loop.
     The subscription itself is a :class:`~distsched.subscription.Subscriber`: sharded
     where the server has it, subscribed again after any error, never ending before
-    :meth:`stop`.
+    :meth:`stop`. In a striped namespace it holds both channels of every stripe.
     """
 
     def __init__(
@@ -35,11 +35,9 @@ class Listener:
         self.slots = slots
         self.wake = wake
         self.heartbeat_now = heartbeat_now
-        keys = scheduler.keys
-        self.channels = [keys.wake] + ([keys.worker_channel(worker_id)] if worker_id else [])
         self._subscriber = Subscriber(
             scheduler.client,
-            self.channels,
+            lambda: scheduler.wake_channels(worker_id),
             scheduler.uses_sharded_pubsub,
             self.on_message,
             self.on_subscribed,

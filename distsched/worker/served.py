@@ -76,9 +76,9 @@ class ServedFunctions:
             self._next_refresh = time.monotonic() + self.refresh_s
             return
         now_ms = int(self.scheduler.server_time() * 1000)
-        self.scheduler.client.hset(
-            self.scheduler.keys.served, mapping=dict.fromkeys(self.functions, now_ms)
-        )
+        # On every stripe: explain() reads it next to the task, in the task's slot.
+        for keys in self.scheduler.stripe_keys():
+            self.scheduler.client.hset(keys.served, mapping=dict.fromkeys(self.functions, now_ms))
         self._next_refresh = time.monotonic() + self.refresh_s
 
     def postpone(self, seconds: float) -> None:

@@ -1,0 +1,939 @@
+"""A namespace spread over several hash slots ("stripes"), as pure operations. No I/O.
+
+Stripe 0 of namespace ``ns`` is ``ds:{ns}:...``, the namespace's own keys; stripe
+``s`` > 0 is ``ds:{ns{s}:...`` (:class:`~distsched.keys.Keys`), a slot of its own that
+Redis Cluster may place on another master. Each stripe is a complete namespace for the
+scripts: every script runs unchanged on the stripe it is given. What this module adds:
+
+- the stripe count, stored once in stripe 0's ``meta`` (field ``stripes``; absent: 1)
+  and read by every scheduler on its first call;
+- the routing of a task id to its stripe (:func:`~distsched.keys.stripe_of`, the id's
+  ``{tag}`` as Redis Cluster hashes keys), so a call naming an id goes to one stripe;
+- claims across stripes (round robin), and ``max_running`` kept across stripes by
+  per-stripe shares that move toward the stripes with due work;
+- reads and housekeeping over every stripe, summed or merged.
+
+:class:`StripedOps` has the methods of :class:`~distsched.core.Ops` that the schedulers
+call; with one stripe each of them is the plain operation of the namespace, plus one
+``HGET`` (the stripe count) on a scheduler's first call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import heapq
+import random
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from distsched import core
+from distsched.core import (
+    Admitted,
+    Call,
+    Chores,
+    Claim,
+    Explanation,
+    KeyInfo,
+    MinuteCount,
+    Op,
+    Ops,
+    OrderSetting,
+    Outcome,
+    Overview,
+    State,
+    Stats,
+    TaskInfo,
+    TaskPage,
+    TaskRow,
+    TaskSpec,
+    Wait,
+    WaitReason,
+    WorkerInfo,
+)
+from distsched.errors import ConflictError, InvalidArgument, Unavailable
+from distsched.keys import MAX_STRIPES, Keys, stripe_of
+from distsched.schedules import Schedule
+
+T = TypeVar("T")
+
+# Fields of stripe 0's meta hash: the stripe count, and the namespace-wide max_running of
+# a striped namespace (each stripe's own ``max_running`` is then its share of it).
+STRIPES_FIELD = "stripes"
+STRIPES_MAX_FIELD = "stripes_max"
+# How long the share mover holds its lock (ms): far more than its few commands take.
+STRIPE_LOCK_MS = 2000
+# A scheduler asks to move shares toward a stripe at capacity at most this often (s).
+REBALANCE_EVERY_S = 0.2
+# Tries (with a pause between) to take the lock to set max_running.
+LOCK_TRIES = 40
+LOCK_PAUSE_S = 0.05
+
+
+def validate_stripes(stripes: object) -> int | None:
+    """``stripes`` as a stripe count (None: whatever the namespace has stored)."""
+    if stripes is None:
+        return None
+    if not isinstance(stripes, int) or isinstance(stripes, bool) or not 1 <= stripes <= MAX_STRIPES:
+        raise InvalidArgument("stripes", f"must be an int in [1, {MAX_STRIPES}] or None")
+    return stripes
+
+
+def _int_or_none(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def even_shares(total: int, count: int, first: Sequence[int] = ()) -> list[int]:
+    """``total`` split over ``count`` parts as evenly as possible; the parts named in
+    ``first`` (in that order), then the others by index, get the remainder."""
+    shares = [total // count] * count
+    order = list(dict.fromkeys([*first, *range(count)]))
+    for i in order[: total % count]:
+        shares[i] += 1
+    return shares
+
+
+def combine_waits(waits: Sequence[Wait]) -> Wait | None:
+    """One wait for a claim across stripes: a due schedule slot first, then the soonest
+    due entry, then capacity, then empty."""
+    if not waits:
+        return None
+    if any(w.reason is WaitReason.FIRE for w in waits):
+        return Wait(WaitReason.FIRE, 0.0)
+    delays = [w.delay for w in waits if w.delay is not None]
+    soonest = min(delays) if delays else None
+    for reason in (WaitReason.NOT_DUE, WaitReason.CAPACITY):
+        if any(w.reason is reason for w in waits):
+            return Wait(reason, soonest)
+    return Wait(WaitReason.EMPTY, soonest)
+
+
+def _task_id_of(item: Any) -> Any:
+    return getattr(item, "task_id", None)
+
+
+class StripedOps:
+    """The operations of one namespace over its stripes (pure, no I/O).
+
+    ``stripes``: the count this scheduler expects (None: the stored one, 1 if none).
+    A count that differs from the stored one is refused (``ConflictError``) unless
+    every stripe of the namespace is empty: then it is stored instead.
+    """
+
+    def __init__(
+        self,
+        keys: Keys,
+        lease_ms: int,
+        max_payload_bytes: int,
+        trace_context: Callable[[], Mapping[str, str] | None] | None = None,
+        stripes: int | None = None,
+    ) -> None:
+        self.keys = keys
+        self.lease_ms = lease_ms
+        self.max_payload_bytes = max_payload_bytes
+        self.trace_context = trace_context
+        self.requested = validate_stripes(stripes)
+        self.base = self._ops_of(0)
+        self._stripes: tuple[Ops, ...] | None = None
+        # Where the next claim starts: a random stripe, then one further each call.
+        self._cursor = random.randrange(MAX_STRIPES)
+        self._rebalanced_at = 0.0
+
+    def _ops_of(self, stripe: int) -> Ops:
+        return Ops(
+            self.keys.of_stripe(stripe), self.lease_ms, self.max_payload_bytes, self.trace_context
+        )
+
+    # -------------------------------------------------------------- the stripe count
+
+    @property
+    def count(self) -> int | None:
+        """The stripe count once known (after the first call), else None."""
+        return None if self._stripes is None else len(self._stripes)
+
+    def known(self) -> tuple[Ops, ...]:
+        """The stripes' operations; only after the first call has read the count."""
+        if self._stripes is None:
+            raise RuntimeError("the stripe count is read by the scheduler's first call")
+        return self._stripes
+
+    def resolve(self) -> Op[tuple[Ops, ...]]:
+        """The operations of each stripe, reading (or storing) the count on first use."""
+        if self._stripes is not None:
+            return self._stripes
+        k = self.keys
+        (stored_raw,) = yield from self.base.read(("HGET", k.meta, STRIPES_FIELD), atomic=False)
+        stored = _int_or_none(stored_raw)
+        if stored is not None and not 1 <= stored <= MAX_STRIPES:
+            stored = None
+        have = stored or 1
+        want = self.requested if self.requested is not None else have
+        if want != have:
+            yield from self._change_count(have, want)
+        self._stripes = tuple(self._ops_of(s) for s in range(want))
+        return self._stripes
+
+    def _change_count(self, have: int, want: int) -> Op[None]:
+        """Store a new stripe count: only in an empty namespace, since ids map to stripes
+        by their hash modulo the count."""
+        every = [self._ops_of(s) for s in range(max(have, want))]
+        sizes = yield from self.base.read(
+            *(("HLEN", ops.keys.tasks) for ops in every), atomic=False
+        )
+        busy = [s for s, size in enumerate(sizes) if int(size)]
+        if busy:
+            raise ConflictError(
+                f"namespace {self.keys.namespace!r} has {have} stripe(s) in Redis and holds "
+                f"tasks (stripe {busy[0]}); it cannot be opened with stripes={want}: open it "
+                f"with stripes={have} or stripes=None, or empty it first (Scheduler.clear())"
+            )
+        meta = self.keys.meta
+        (limit_raw, total_raw) = yield from self.base.read(
+            ("HGET", meta, "max_running"), ("HGET", meta, STRIPES_MAX_FIELD)
+        )
+        limit = _int_or_none(total_raw) if have > 1 else _int_or_none(limit_raw)
+        if want == 1:
+            yield core._one(("HDEL", meta, STRIPES_FIELD, STRIPES_MAX_FIELD))
+        else:
+            yield core._one(("HSET", meta, STRIPES_FIELD, want))
+        self._stripes = tuple(self._ops_of(s) for s in range(want))
+        # The namespace-wide max_running moves with the count: whole or in shares.
+        for ops in every:
+            yield core._one(("HDEL", ops.keys.meta, "max_running"))
+        if limit is not None:
+            yield from self.set_max_running(limit)
+
+    def for_id(self, task_id: object) -> Op[Ops]:
+        """The operations of the stripe of ``task_id``."""
+        stripes = yield from self.resolve()
+        if len(stripes) == 1 or not isinstance(task_id, str):
+            # A bad id is refused by the operation itself.
+            return stripes[0]
+        return stripes[stripe_of(task_id, len(stripes))]
+
+    def stripe_keys(self) -> Op[list[Keys]]:
+        """The keys of every stripe, stripe 0 first."""
+        return [ops.keys for ops in (yield from self.resolve())]
+
+    def _groups(
+        self, items: Sequence[Any], task_id: Callable[[Any], Any]
+    ) -> Op[dict[int, list[int]]]:
+        """The positions of ``items`` per stripe (by their task ids), stripes in order."""
+        stripes = yield from self.resolve()
+        groups: dict[int, list[int]] = {}
+        for i, item in enumerate(items):
+            tid = task_id(item)
+            s = stripe_of(tid, len(stripes)) if isinstance(tid, str) else 0
+            groups.setdefault(s, []).append(i)
+        return dict(sorted(groups.items()))
+
+    # -------------------------------------------------------------- plumbing
+
+    def run(self, call: Call) -> Op[list[Any]]:
+        return (yield from self.base.run(call))
+
+    def read(self, *commands: tuple[Any, ...], atomic: bool = True) -> Op[list[Any]]:
+        return (yield from self.base.read(*commands, atomic=atomic))
+
+    def once(self, call: Call) -> Op[tuple[int, list[Any]]]:
+        return (yield from self.base.once(call))
+
+    def noop(self) -> Op[None]:
+        yield from self.resolve()
+
+    def settle(self, budget: int) -> Op[int]:
+        total = 0
+        for ops in (yield from self.resolve()):
+            total += yield from ops.settle(budget)
+        return total
+
+    # -------------------------------------------------------------- producers
+
+    def _check_deps(self, specs: Sequence[Any], stripes: int) -> None:
+        """Refuse a dependency between two stripes, naming both ids and the fix."""
+        for spec in specs:
+            if not isinstance(spec, TaskSpec) or not isinstance(spec.task_id, str):
+                continue
+            own = stripe_of(spec.task_id, stripes)
+            for field_name in ("deps", "optional_deps"):
+                deps = getattr(spec, field_name)
+                if isinstance(deps, (str, bytes)) or not isinstance(deps, Sequence):
+                    continue
+                for dep in deps:
+                    if isinstance(dep, str) and stripe_of(dep, stripes) != own:
+                        raise InvalidArgument(field_name, cross_stripe_message(
+                            spec.task_id, own, dep, stripe_of(dep, stripes)
+                        ))  # fmt: skip
+
+    def admit_many(
+        self, specs: Sequence[TaskSpec], *, one_stripe: bool = False
+    ) -> Op[list[Admitted]]:
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].admit_many(specs))
+        if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
+            raise InvalidArgument("specs", "must be a sequence of TaskSpec")
+        self._check_deps(specs, len(stripes))
+        groups = yield from self._groups(specs, _task_id_of)
+        if one_stripe and len(groups) > 1:
+            (a, first), (b, second) = list(groups.items())[:2]
+            raise InvalidArgument("specs", (
+                f"a graph is submitted to one stripe, atomically: {specs[first[0]].task_id!r} "
+                f"maps to stripe {a} and {specs[second[0]].task_id!r} to stripe {b}; give "
+                "every id of the graph the same {tag} (e.g. '{order-7}charge')"
+            ))  # fmt: skip
+        trace = self.trace_context() if self.trace_context is not None else None
+        # Every group is checked before anything is written.
+        calls = {
+            s: core.schedule_call(
+                stripes[s].keys, [specs[i] for i in at], self.max_payload_bytes, trace
+            )
+            for s, at in groups.items()
+        }
+        result: list[Admitted | None] = [None] * len(specs)
+        for s, at in groups.items():
+            values = yield from stripes[s].run(calls[s])
+            for i, admitted in zip(
+                at, core.decode_schedule_reply([specs[i] for i in at], values), strict=True
+            ):
+                result[i] = admitted
+        return [a for a in result if a is not None]
+
+    def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
+        return [a.version for a in (yield from self.admit_many(specs))]
+
+    def submit_graph(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
+        return [a.version for a in (yield from self.admit_many(specs, one_stripe=True))]
+
+    def schedule(self, task_id: str, options: Mapping[str, Any]) -> Op[int]:
+        return (yield from self.schedule_many([core.task_spec(task_id, options)]))[0]
+
+    def admit(self, task_id: str, options: Mapping[str, Any]) -> Op[Admitted]:
+        return (yield from self.admit_many([core.task_spec(task_id, options)]))[0]
+
+    def cancel(self, task_id: str) -> Op[State]:
+        return (yield from (yield from self.for_id(task_id)).cancel(task_id))
+
+    def retry(self, task_id: str, cascade: bool) -> Op[int]:
+        return (yield from (yield from self.for_id(task_id)).retry(task_id, cascade))
+
+    def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool) -> Op[None]:
+        stripes = yield from self.resolve()
+        if len(stripes) > 1 and isinstance(task_id, str):
+            self._check_deps([TaskSpec(task_id, deps=deps)], len(stripes))
+        ops = yield from self.for_id(task_id)
+        yield from ops.add_deps(task_id, deps, allow_unknown)
+
+    # -------------------------------------------------------------- workers
+
+    def claim(
+        self, n: int, worker_id: str, listening: bool = False, request_id: str | None = None
+    ) -> Op[tuple[list[Claim], Wait | None]]:
+        """Up to ``n`` tasks from the stripes in turn, starting one stripe further each
+        call: with every stripe backlogged, a stripe's first due task waits at most
+        ``stripes - 1`` calls of this caller (README, "Scaling out")."""
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].claim(n, worker_id, listening, request_id))
+        count = len(stripes)
+        start = self._cursor % count
+        self._cursor = start + 1
+        claims: list[Claim] = []
+        waits: list[Wait] = []
+        full: list[int] = []
+        for step in range(count):
+            s = (start + step) % count
+            got, wait = yield from stripes[s].claim(
+                n - len(claims), worker_id, listening, request_id
+            )
+            claims.extend(got)
+            if wait is not None:
+                waits.append(wait)
+                if wait.reason is WaitReason.CAPACITY:
+                    full.append(s)
+            if len(claims) >= n:
+                return claims, None
+        if full:
+            try:
+                moved = yield from self._rebalance_toward(full)
+            except Unavailable:
+                moved = False  # moved by a later call
+            if moved:
+                # A stripe got more of max_running: claim again at once.
+                return claims, Wait(WaitReason.CAPACITY, 0.0)
+        return claims, combine_waits(waits)
+
+    def ready(self, n: int, worker_id: str) -> Op[list[Claim]]:
+        return (yield from self.claim(n, worker_id))[0]
+
+    def next(self, worker_id: str) -> Op[Claim | Wait]:
+        claims, wait = yield from self.claim(1, worker_id)
+        if claims:
+            return claims[0]
+        assert wait is not None
+        return wait
+
+    def heartbeat_many(self, claims: Sequence[Claim]) -> Op[list[bool | None]]:
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].heartbeat_many(claims))
+        core.heartbeat_call(self.keys, claims, self.lease_ms)  # checks every claim first
+        out: list[bool | None] = [None] * len(claims)
+        for s, at in (yield from self._groups(claims, _task_id_of)).items():
+            got = yield from stripes[s].heartbeat_many([claims[i] for i in at])
+            for i, v in zip(at, got, strict=True):
+                out[i] = v
+        return out
+
+    def heartbeat(self, claim: Claim) -> Op[bool]:
+        return (yield from (yield from self.for_id(_task_id_of(claim))).heartbeat(claim))
+
+    def _reports(
+        self,
+        reports: Sequence[tuple[Claim, object]],
+        send: Callable[[Ops, list[tuple[Claim, object]]], Op[list[Outcome]]],
+        check: Callable[[Sequence[tuple[Claim, object]]], object],
+    ) -> Op[list[Outcome]]:
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from send(stripes[0], list(reports)))
+        check(reports)
+        out: list[Outcome | None] = [None] * len(reports)
+        groups = yield from self._groups(reports, lambda r: _task_id_of(r[0]) if r else None)
+        for s, at in groups.items():
+            got = yield from send(stripes[s], [reports[i] for i in at])
+            for i, v in zip(at, got, strict=True):
+                out[i] = v
+        return [o for o in out if o is not None]
+
+    def complete_many(
+        self, reports: Sequence[tuple[Claim, object]], encoded: bool = False
+    ) -> Op[list[Outcome]]:
+        return (yield from self._reports(
+            reports,
+            lambda ops, part: ops.complete_many(part, encoded=encoded),
+            lambda r: core.complete_call(self.keys, r, encoded=encoded),
+        ))  # fmt: skip
+
+    def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> Op[list[Outcome]]:
+        return (yield from self._reports(
+            reports, lambda ops, part: ops.fail_many(part), lambda r: core.fail_call(self.keys, r)
+        ))  # fmt: skip
+
+    def confirm_cancel(self, claim: Claim) -> Op[Outcome]:
+        return (yield from (yield from self.for_id(_task_id_of(claim))).confirm_cancel(claim))
+
+    def hand_back_lost_claim(self, worker_id: str, request_id: str) -> Op[int]:
+        total = 0
+        for ops in (yield from self.resolve()):
+            total += yield from ops.hand_back_lost_claim(worker_id, request_id)
+        return total
+
+    def release(self, claims: Sequence[Claim], delay: float) -> Op[int]:
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].release(claims, delay))
+        core.release_call(self.keys, claims, delay)  # checks every claim first
+        total = 0
+        for s, at in (yield from self._groups(claims, _task_id_of)).items():
+            total += yield from stripes[s].release([claims[i] for i in at], delay)
+        return total
+
+    def idle(self, worker_id: str) -> Op[None]:
+        for ops in (yield from self.resolve()):
+            yield from ops.idle(worker_id)
+
+    def leave(self, worker_id: str) -> Op[bool]:
+        woken = False
+        for ops in (yield from self.resolve()):
+            woken = (yield from ops.leave(worker_id)) or woken
+        return woken
+
+    def wake_channels(self, worker_id: str | None) -> Op[list[str]]:
+        """The channels a worker listens on: every stripe's wake channel, and its own
+        channel on every stripe (scripts wake idle workers per stripe)."""
+        channels: list[str] = []
+        for ops in (yield from self.resolve()):
+            channels.append(ops.keys.wake)
+            if worker_id is not None:
+                channels.append(ops.keys.worker_channel(worker_id))
+        return channels
+
+    def ended_channels(self) -> list[str]:
+        """Every stripe's ``ended`` channel (after the first call)."""
+        return [ops.keys.ended for ops in self.known()]
+
+    def register_worker(self, info: WorkerInfo) -> Op[WorkerInfo]:
+        return (yield from self.base.register_worker(info))
+
+    def unregister_worker(self, worker_id: str) -> Op[bool]:
+        return (yield from self.base.unregister_worker(worker_id))
+
+    def prune_workers(self) -> Op[int]:
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from self.base.prune_workers())
+        gone = yield from self.base._read_workers()
+        dead = [w for w, info in gone if info is None or info.seen_ago > info.drop_after_s]
+        removed = yield from self.base.prune_workers()
+        if dead:
+            # Their kept claims on the other stripes go too.
+            yield core.Commands(
+                tuple(("HDEL", ops.keys.claims, *dead) for ops in stripes[1:]), atomic=False
+            )
+        return removed
+
+    def workers(self) -> Op[list[WorkerInfo]]:
+        return (yield from self.base.workers())
+
+    def uses_sharded_pubsub(self) -> Op[bool]:
+        return (yield from self.base.uses_sharded_pubsub())
+
+    # -------------------------------------------------------------- housekeeping
+
+    def _sum(self, each: Callable[[Ops], Op[int]]) -> Op[int]:
+        total = 0
+        for ops in (yield from self.resolve()):
+            total += yield from each(ops)
+        return total
+
+    def reap(self, limit: int) -> Op[int]:
+        return (yield from self._sum(lambda ops: ops.reap(limit)))
+
+    def expire(self, limit: int) -> Op[int]:
+        return (yield from self._sum(lambda ops: ops.expire(limit)))
+
+    def expire_lease(self, task_id: str) -> Op[int]:
+        return (yield from (yield from self.for_id(task_id)).expire_lease(task_id))
+
+    def purge(self, limit: int) -> Op[int]:
+        return (yield from self._sum(lambda ops: ops.purge(limit)))
+
+    def purge_tasks(self, task_ids: Sequence[str]) -> Op[int]:
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].purge_tasks(task_ids))
+        core.forget_call(self.keys, task_ids)  # checks every id first
+        total = 0
+        for s, at in (yield from self._groups(task_ids, lambda t: t)).items():
+            total += yield from stripes[s].purge_tasks([task_ids[i] for i in at])
+        return total
+
+    def set_retention(self, retention_s: float) -> Op[None]:
+        for ops in (yield from self.resolve()):
+            yield from ops.set_retention(retention_s)
+
+    def compact(self, budget: int) -> Op[int]:
+        return (yield from self._sum(lambda ops: ops.compact(budget)))
+
+    def housekeeping(self, purge_calls: int) -> Op[Chores]:
+        total = Chores(reaped=0, expired=0, compacted=0, purged=0, trimmed=0)
+        for ops in (yield from self.resolve()):
+            chores = yield from ops.housekeeping(purge_calls)
+            for name, value in chores.items():
+                total[name] += value  # type: ignore[literal-required]
+        return total
+
+    # -------------------------------------------------------------- max_running
+
+    def set_max_running(self, max_running: int | None) -> Op[None]:
+        limit = core.validate_max_running(max_running)
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].set_max_running(limit))
+        token = yield from self._lock(wait=True)
+        try:
+            meta = self.keys.meta
+            if limit is None:
+                yield core._one(("HDEL", meta, STRIPES_MAX_FIELD))
+                for ops in stripes:
+                    yield core._one(("HDEL", ops.keys.meta, "max_running"))
+                    yield from self._wake(ops)
+                return None
+            yield core._one(("HSET", meta, STRIPES_MAX_FIELD, limit))
+            yield from self._move_shares(stripes, limit, even_shares(limit, len(stripes)))
+        finally:
+            yield from self._unlock(token)
+        return None
+
+    def _lock(self, wait: bool) -> Op[str | None]:
+        """Take the share mover's lock (a key with a deadline); None when it is held."""
+        token = uuid.uuid4().hex
+        for _ in range(LOCK_TRIES if wait else 1):
+            (taken,) = yield core._one(
+                ("SET", self.keys.stripelock, token, "NX", "PX", STRIPE_LOCK_MS)
+            )
+            if taken:
+                return token
+            if wait:
+                yield core.Sleep(LOCK_PAUSE_S)
+        if wait:
+            raise ConflictError("max_running is being changed by another caller; try again")
+        return None
+
+    def _unlock(self, token: str | None) -> Op[None]:
+        if token is None:
+            return
+        (held,) = yield core._one(("GET", self.keys.stripelock))
+        if held is not None and core._text(held) == token:
+            yield core._one(("DEL", self.keys.stripelock))
+
+    def _wake(self, ops: Ops) -> Op[None]:
+        sharded = yield from self.base.uses_sharded_pubsub()
+        yield core._one(("SPUBLISH" if sharded else "PUBLISH", ops.keys.wake, "capacity"))
+
+    def _shares(self, stripes: Sequence[Ops]) -> Op[tuple[list[int], list[int]]]:
+        """Each stripe's share (its max_running) and running count."""
+        replies = yield core.Commands(
+            tuple(("HMGET", ops.keys.meta, "max_running", "count:running") for ops in stripes),
+            atomic=False,
+        )
+        caps = [_int_or_none(r[0]) or 0 for r in replies]
+        running = [_int_or_none(r[1]) or 0 for r in replies]
+        return caps, running
+
+    def _move_shares(self, stripes: Sequence[Ops], limit: int, targets: Sequence[int]) -> Op[bool]:
+        """Move the shares toward ``targets`` without the running tasks of all stripes
+        ever exceeding ``limit``; the lock is held. True when a share grew.
+
+        Shares are lowered first. A stripe's running count only grows up to its share,
+        so once the lowering is written, ``max(share, running)`` read afterwards bounds
+        what each stripe can ever run; a share is raised only by the room left under
+        ``limit`` after those bounds.
+        """
+        caps, _ = yield from self._shares(stripes)
+        for s, ops in enumerate(stripes):
+            if targets[s] < caps[s]:
+                yield core._one(("HSET", ops.keys.meta, "max_running", targets[s]))
+        caps, running = yield from self._shares(stripes)
+        room = limit - sum(max(c, r) for c, r in zip(caps, running, strict=True))
+        grew = False
+        for s, ops in enumerate(stripes):
+            more = min(targets[s] - caps[s], room)
+            if more > 0:
+                room -= more
+                yield core._one(("HSET", ops.keys.meta, "max_running", caps[s] + more))
+                yield from self._wake(ops)
+                grew = True
+        return grew
+
+    def _rebalance_toward(self, full: Sequence[int]) -> Op[bool]:
+        """Move shares of max_running toward the stripes with due work (``full``: those
+        a claim found at their share). At most every ``REBALANCE_EVERY_S`` per scheduler;
+        True when a share grew."""
+        stripes = self.known()
+        (total_raw,) = yield from self.base.read(("HGET", self.keys.meta, STRIPES_MAX_FIELD))
+        limit = _int_or_none(total_raw)
+        if limit is None:
+            return False
+        now = yield from self.base.server_time()
+        if now - self._rebalanced_at < REBALANCE_EVERY_S:
+            return False
+        self._rebalanced_at = now
+        token = yield from self._lock(wait=False)
+        if token is None:
+            return False
+        try:
+            now_ms = int(now * 1000)
+            heads = yield core.Commands(
+                tuple(
+                    cmd
+                    for ops in stripes
+                    for cmd in (
+                        ("ZRANGE", ops.keys.queue, 0, 0, "WITHSCORES"),
+                        ("ZCARD", ops.keys.ranked),
+                        ("ZCARD", ops.keys.fairready),
+                    )
+                ),
+                atomic=False,
+            )
+            wanting = list(full)
+            for s in range(len(stripes)):
+                queue_head, ranked, fair_ready = heads[3 * s : 3 * s + 3]
+                pairs = core._pairs(queue_head)
+                due = bool(pairs) and float(pairs[0][1]) <= now_ms
+                if (due or int(ranked) or int(fair_ready)) and s not in wanting:
+                    wanting.append(s)
+            caps, running = yield from self._shares(stripes)
+            # A stripe without due work keeps what runs there; the rest of max_running
+            # is split evenly between the stripes with due work.
+            targets = [0] * len(stripes)
+            for s in range(len(stripes)):
+                if s not in wanting:
+                    targets[s] = min(caps[s], running[s])
+            rest = max(0, limit - sum(targets))
+            split = even_shares(rest, len(wanting))
+            for i, s in enumerate(wanting):
+                targets[s] = split[i]
+            return (yield from self._move_shares(stripes, limit, targets))
+        finally:
+            yield from self._unlock(token)
+
+    def order(self) -> Op[OrderSetting]:
+        return (yield from self.base.order())
+
+    def set_order(self, order: object, aging: object) -> Op[OrderSetting]:
+        setting: OrderSetting | None = None
+        for ops in (yield from self.resolve()):
+            setting = yield from ops.set_order(order, aging)
+        assert setting is not None
+        return setting
+
+    # -------------------------------------------------------------- fairness keys
+
+    def set_key(
+        self, key: str, cap: int | None, weight: int, rate: int | None, per: float
+    ) -> Op[KeyInfo]:
+        infos = []
+        for ops in (yield from self.resolve()):
+            infos.append((yield from ops.set_key(key, cap, weight, rate, per)))
+        return _merge_key_infos(infos)
+
+    def set_default_key_cap(self, cap: int | None) -> Op[None]:
+        for ops in (yield from self.resolve()):
+            yield from ops.set_default_key_cap(cap)
+
+    def key_info(self, key: str) -> Op[KeyInfo]:
+        infos = []
+        for ops in (yield from self.resolve()):
+            infos.append((yield from ops.key_info(key)))
+        return _merge_key_infos(infos)
+
+    def fair_keys(self, limit: int = 100) -> Op[list[KeyInfo]]:
+        by_key: dict[str, list[KeyInfo]] = {}
+        for ops in (yield from self.resolve()):
+            for info in (yield from ops.fair_keys(limit)):
+                by_key.setdefault(info.key, []).append(info)
+        merged = [_merge_key_infos(infos) for infos in by_key.values()]
+        return sorted(merged, key=lambda i: (-i.running, -i.queued, i.key))[:limit]
+
+    # -------------------------------------------------------------- inspection
+
+    def status(self, task_id: str) -> Op[TaskInfo]:
+        return (yield from (yield from self.for_id(task_id)).status(task_id))
+
+    def wait(self, task_id: str, timeout: float | None, handle: Any) -> Op[TaskInfo]:
+        return (yield from (yield from self.for_id(task_id)).wait(task_id, timeout, handle))
+
+    def result(self, task_id: str, timeout: float | None, handle: Any) -> Op[Any]:
+        return (yield from (yield from self.for_id(task_id)).result(task_id, timeout, handle))
+
+    def explain(self, task_id: str) -> Op[Explanation]:
+        return (yield from (yield from self.for_id(task_id)).explain(task_id))
+
+    def stats(self) -> Op[Stats]:
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].stats())
+        parts: list[Stats] = []
+        for ops in stripes:
+            parts.append((yield from ops.stats()))
+        (total_raw,) = yield from self.base.read(("HGET", self.keys.meta, STRIPES_MAX_FIELD))
+        return _merge_stats(parts, _int_or_none(total_raw))
+
+    def overview(self, soon_s: float, scan: int) -> Op[Overview]:
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].overview(soon_s, scan))
+        parts: list[Overview] = []
+        for ops in stripes:
+            parts.append((yield from ops.overview(soon_s, scan)))
+        (total_raw,) = yield from self.base.read(("HGET", self.keys.meta, STRIPES_MAX_FIELD))
+        data = _merge_stats(list(parts), _int_or_none(total_raw))
+        ages = [p["oldest_ready_age"] for p in parts if p["oldest_ready_age"] is not None]
+        by_priority: dict[str, float] = {}
+        for p in parts:
+            for bucket, age in p["oldest_ready_age_by_priority"].items():
+                by_priority[bucket] = max(by_priority.get(bucket, 0.0), age)
+        total = data["queue_entries"]
+        return Overview(
+            **data,
+            server_time=parts[0]["server_time"],
+            stale_ratio=(data["stale_entries"] / total) if total else 0.0,
+            leases_expired=sum(p["leases_expired"] for p in parts),
+            leases_expiring=sum(p["leases_expiring"] for p in parts),
+            leases_soon_s=parts[0]["leases_soon_s"],
+            oldest_ready_age=max(ages) if ages else None,
+            oldest_ready_age_by_priority=by_priority,
+        )
+
+    def leases(self) -> Op[list[tuple[str, float]]]:
+        lists = []
+        for ops in (yield from self.resolve()):
+            lists.append((yield from ops.leases()))
+        return list(heapq.merge(*lists, key=lambda item: item[1]))
+
+    def server_time(self) -> Op[float]:
+        return (yield from self.base.server_time())
+
+    def tasks(
+        self, state: object, fn: object = None, limit: object = 50, cursor: object = None
+    ) -> Op[TaskPage]:
+        """With stripes, a listing goes stripe after stripe (stripe 0 first), each in its
+        own order; the cursor is ``<stripe>:<that stripe's cursor>``."""
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].tasks(state, fn, limit, cursor))
+        s, inner = parse_stripe_cursor(cursor, len(stripes))
+        page = yield from stripes[s].tasks(state, fn, limit, inner)
+        if page.cursor is not None:
+            return TaskPage(page.items, f"{s}:{page.cursor}")
+        if s + 1 < len(stripes):
+            return TaskPage(page.items, f"{s + 1}:")
+        return TaskPage(page.items, None)
+
+    def throughput(self, minutes: object = 60) -> Op[list[MinuteCount]]:
+        stripes = yield from self.resolve()
+        merged = yield from stripes[0].throughput(minutes)
+        for ops in stripes[1:]:
+            part = yield from ops.throughput(minutes)
+            by_minute = {m.minute: m for m in part}
+            merged = [
+                dataclasses.replace(
+                    m,
+                    succeeded=m.succeeded + by_minute[m.minute].succeeded,
+                    failed=m.failed + by_minute[m.minute].failed,
+                )
+                if m.minute in by_minute
+                else m
+                for m in merged
+            ]
+        return merged
+
+    def scan_tasks(self, cursor: int, count: int) -> Op[tuple[int, list[TaskRow]]]:
+        """With stripes, the cursor is ``stripe + stripes * that stripe's cursor``."""
+        stripes = yield from self.resolve()
+        n = len(stripes)
+        if n == 1:
+            return (yield from stripes[0].scan_tasks(cursor, count))
+        if not core._is_int(cursor) or cursor < 0:
+            raise InvalidArgument("cursor", "must be an int >= 0")
+        s, inner = cursor % n, cursor // n
+        following, rows = yield from stripes[s].scan_tasks(inner, count)
+        if following:
+            return s + n * following, rows
+        return (s + 1 if s + 1 < n else 0), rows
+
+    def exists(self) -> Op[bool]:
+        for ops in (yield from self.resolve()):
+            if (yield from ops.exists()):
+                return True
+        return False
+
+    def clear(self) -> Op[None]:
+        for ops in (yield from self.resolve()):
+            yield from ops.clear()
+        # The stripe count went with stripe 0's meta: read (or stored) again next call.
+        self._stripes = None
+
+    # -------------------------------------------------------------- schedules
+
+    def _schedules_here(self) -> Op[Ops]:
+        stripes = yield from self.resolve()
+        if len(stripes) > 1:
+            raise ConflictError(
+                f"namespace {self.keys.namespace!r} is striped ({len(stripes)} stripes): "
+                "recurring schedules need an unstriped namespace (use another namespace "
+                "for them)"
+            )
+        return stripes[0]
+
+    def add_schedule(self, name: str, fn: str, options: Mapping[str, Any]) -> Op[Schedule]:
+        return (yield from (yield from self._schedules_here()).add_schedule(name, fn, options))
+
+    def get_schedule(self, name: str) -> Op[Schedule]:
+        return (yield from (yield from self.resolve())[0].get_schedule(name))
+
+    def schedules(self) -> Op[list[Schedule]]:
+        return (yield from (yield from self.resolve())[0].schedules())
+
+    def remove_schedule(self, name: str) -> Op[bool]:
+        return (yield from (yield from self.resolve())[0].remove_schedule(name))
+
+    def pause_schedule(self, name: str) -> Op[Schedule]:
+        return (yield from (yield from self.resolve())[0].pause_schedule(name))
+
+    def resume_schedule(self, name: str) -> Op[Schedule]:
+        return (yield from (yield from self._schedules_here()).resume_schedule(name))
+
+    def trigger(self, name: str) -> Op[str | None]:
+        return (yield from (yield from self._schedules_here()).trigger(name))
+
+    def backfill(
+        self, name: str, start: float | _dt.datetime, end: float | _dt.datetime, limit: int
+    ) -> Op[int]:
+        return (yield from (yield from self._schedules_here()).backfill(name, start, end, limit))
+
+    def next_fires(self, name: str, n: int) -> Op[list[float]]:
+        return (yield from (yield from self.resolve())[0].next_fires(name, n))
+
+    def fire_due(self, limit: int = core.FIRE_HEADS) -> Op[int]:
+        return (yield from (yield from self.resolve())[0].fire_due(limit))
+
+
+def cross_stripe_message(task_id: str, own: int, dep: str, theirs: int) -> str:
+    return (
+        f"{task_id!r} (stripe {own}) cannot depend on {dep!r} (stripe {theirs}): a "
+        "dependency must be on its dependent's stripe; give both ids the same {tag}, "
+        "e.g. '{order-7}" + task_id + "' and '{order-7}" + dep + "'"
+    )
+
+
+def parse_stripe_cursor(cursor: object, stripes: int) -> tuple[int, str | None]:
+    """(stripe, that stripe's cursor or None) of a listing cursor of a striped namespace."""
+    if cursor is None:
+        return 0, None
+    if not isinstance(cursor, str):
+        raise InvalidArgument("cursor", "must be a str or None")
+    head, sep, inner = cursor.partition(":")
+    if not sep or not head.isdigit() or not int(head) < stripes:
+        raise InvalidArgument("cursor", "is not a cursor of this listing")
+    return int(head), (inner or None)
+
+
+def _merge_key_infos(infos: Sequence[KeyInfo]) -> KeyInfo:
+    """One key's settings (stripe 0's) with its running and queued tasks of every stripe."""
+    first = infos[0]
+    heads = [i.head_due_at for i in infos if i.head_due_at is not None]
+    return dataclasses.replace(
+        first,
+        running=sum(i.running for i in infos),
+        queued=sum(i.queued for i in infos),
+        head_due_at=min(heads) if heads else None,
+    )
+
+
+def _merge_stats(parts: Sequence[Stats], max_running: int | None) -> Stats:
+    counts: dict[str, int] = {}
+    for p in parts:
+        for state, n in p["counts"].items():
+            counts[state] = counts.get(state, 0) + n
+    summed = {
+        name: sum(int(p[name]) for p in parts)
+        for name in (
+            "queue_entries", "ranked_entries", "live_entries", "stale_entries", "leases",
+            "running", "sequence",
+        )
+    }  # fmt: skip
+    first = parts[0]
+    return Stats(
+        counts=counts,
+        queue_entries=summed["queue_entries"],
+        ranked_entries=summed["ranked_entries"],
+        live_entries=summed["live_entries"],
+        stale_entries=summed["stale_entries"],
+        leases=summed["leases"],
+        running=summed["running"],
+        max_running=max_running,
+        retention_s=first["retention_s"],
+        sequence=summed["sequence"],
+        order=first["order"],
+        aging_s=first["aging_s"],
+        keys=first["keys"],
+    )
