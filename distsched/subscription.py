@@ -35,6 +35,8 @@ log = logging.getLogger("distsched.subscription")
 WAIT_IO_CONCURRENCY = 32
 # How often a subscriber checks its stop flag while it waits for messages.
 STOP_CHECK_S = 0.25
+# How long a subscription held on several cluster nodes waits on each in turn (s).
+MULTI_NODE_POLL_S = 0.005
 # Pauses between attempts to subscribe again: doubling from the first, capped.
 RETRY_FIRST_S = 0.05
 RETRY_CAP_S = 2.0
@@ -106,7 +108,12 @@ class Subscriber:
                     pubsub.subscribe(*self.channels)
                 while not self._stop.is_set():
                     if sharded and isinstance(pubsub, ClusterPubSub):
-                        msg = pubsub.get_sharded_message(timeout=STOP_CHECK_S)  # type: ignore[no-untyped-call]
+                        # redis-py waits on each node's connection in turn: with the
+                        # stripes of a namespace on several nodes, a short wait on each
+                        # keeps a message on the last one from waiting behind the others.
+                        nodes = len(pubsub.node_pubsub_mapping)
+                        wait = STOP_CHECK_S if nodes <= 1 else MULTI_NODE_POLL_S
+                        msg = pubsub.get_sharded_message(timeout=wait)  # type: ignore[no-untyped-call]
                     else:
                         msg = pubsub.get_message(timeout=STOP_CHECK_S)
                     if msg is not None and dispatch(msg, self._on_message, self._on_subscribed):

@@ -119,6 +119,7 @@ LAYERS: list[set[str]] = [
         "distsched.tools.demo",
         "distsched.tools.embedded",
         "distsched.tools.fleet",
+        "distsched.tools.stripes",
     },
     {"distsched.cli"},
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -80,7 +81,9 @@ def test_an_id_maps_to_its_stripe_by_its_hash_tag_as_redis_cluster_hashes_keys()
     # Stripes are the CRC16 of the tag modulo the count: with 16384 stripes, the slot.
     for task_id in ["a", "order:7", "{user-1}mail", "x{}y", "{}", "{a}{b}", "é{ü}", "a{b"]:
         assert stripe_of(task_id, 16384) == key_slot(task_id.encode())
-    assert stripe_of("{order-7}charge", 3) == stripe_of("{order-7}ship", 3) == stripe_of("order-7", 3)
+    assert (
+        stripe_of("{order-7}charge", 3) == stripe_of("{order-7}ship", 3) == stripe_of("order-7", 3)
+    )
     assert {stripe_of(f"t{i}", 3) for i in range(100)} == {0, 1, 2}
     assert all(stripe_of(f"t{i}", 1) == 0 for i in range(100))
 
@@ -177,7 +180,7 @@ def test_a_dependency_across_stripes_is_refused_naming_both_ids_and_writes_nothi
             s.add_deps(b, [a])
         # A graph is atomic, so it lives on one stripe: ids of two stripes are refused.
         with pytest.raises(InvalidArgument, match=r"one stripe.*\{tag\}"):
-            s.submit_graph([TaskSpec(a + "x", "f"), TaskSpec(c, "f")] + [TaskSpec(a, "f")])
+            s.submit_graph([TaskSpec(a + "x", "f"), TaskSpec(c, "f"), TaskSpec(a, "f")])
         assert s.stats()["counts"] == before
         for task_id in (b, c, a + "x"):
             assert not redis_client.hexists(s.stripe_keys()[stripe_of(task_id, 3)].tasks, task_id)
@@ -215,8 +218,10 @@ def test_a_graph_whose_ids_share_a_tag_runs_end_to_end_on_one_stripe(
         s.schedule_many([TaskSpec(i, "record", args=(i,)) for i in others])
         with running(Worker(s, {"record": record, "boom": boom}, concurrency=3)):
             wait_until(
-                lambda: all(s.status(t).state is State.SUCCEEDED for t in [*graph, *others])
-                and s.status("{order-7}after").state is State.BLOCKED,
+                lambda: (
+                    all(s.status(t).state is State.SUCCEEDED for t in [*graph, *others])
+                    and s.status("{order-7}after").state is State.BLOCKED
+                ),
                 30,
                 "the graph and the other tasks to end",
             )
@@ -286,7 +291,9 @@ def test_max_running_holds_across_stripes_under_racing_worker_processes(
         # Uneven on purpose: most work on stripe 2, so shares must move there.
         ids = ids_on(2, 3, 40) + ids_on(0, 3, 10) + ids_on(1, 3, 10)
         s.schedule_many([TaskSpec(i, "sleep", args=(0.05,)) for i in ids[:total]])
-        procs = [spawn("worker", redis_server.url, namespace, "--concurrency", "4") for _ in range(3)]
+        procs = [
+            spawn("worker", redis_server.url, namespace, "--concurrency", "4") for _ in range(3)
+        ]
         metas = [k.meta for k in s.stripe_keys()]
         try:
             samples: list[int] = []
@@ -328,9 +335,7 @@ def test_claims_across_stripes_keep_each_stripe_in_order_and_the_inversion_bound
         now = s.server_time()
         ids = [f"task-{i}" for i in range(total)]
         # Every task due, in a global order by run_at.
-        s.schedule_many(
-            [TaskSpec(t, "f", run_at=now - 100 + i / 1000) for i, t in enumerate(ids)]
-        )
+        s.schedule_many([TaskSpec(t, "f", run_at=now - 100 + i / 1000) for i, t in enumerate(ids)])
         rank = {t: i for i, t in enumerate(ids)}
         claimed: list[str] = []
         while True:
@@ -349,7 +354,7 @@ def test_claims_across_stripes_keep_each_stripe_in_order_and_the_inversion_bound
         position = {t: i for i, t in enumerate(claimed)}
         for stripe in range(stripes):
             mine = [t for t in claimed if stripe_of(t, stripes) == stripe]
-            for before, task in zip(mine, mine[1:], strict=False):
+            for before, task in itertools.pairwise(mine):
                 between = position[task] - position[before] - 1
                 assert between <= (stripes - 1) * batch
 

@@ -1,0 +1,278 @@
+"""What striping buys: one namespace's Redis CPU per task on each master of a local
+three-master cluster with 1, 2 and 3 stripes, and the order inversion of claims across
+stripes (``distsched bench-stripes``; README, "Scaling out").
+
+For each stripe count it starts a namespace whose stripes sit on that many different
+masters, queues no-op tasks, drains them with worker processes (every task checked to
+run exactly once), and reads ``used_cpu_sys + used_cpu_user`` of ``INFO cpu`` on every
+master before and after: the difference over the tasks is the Redis CPU each master
+spent per task (enqueue, claim, report and the workers' housekeeping). The busiest
+master's figure bounds the namespace: ``1e6 / max µs per task`` is what its masters
+could serve, Redis-bound, however many workers ran.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from distsched.client import Scheduler
+from distsched.core import State, TaskSpec
+from distsched.errors import DistschedError, InvalidArgument
+from distsched.keys import Keys, stripe_of
+from distsched.text import table
+from distsched.tools.bench import NOOP, WorkerProcesses, check_exactly_once
+from distsched.tools.fleet import FleetConfig, LocalFleet
+
+Echo = Callable[[str], None]
+
+BATCH = 1000
+# The claim batch of the order measure, and its queue per stripe count.
+ORDER_BATCH = 100
+ORDER_TASKS = 3000
+
+
+class StripesBenchError(DistschedError):
+    """The striping measurement could not run as it should."""
+
+
+@dataclass(frozen=True)
+class StripesConfig:
+    """The sizes of one run (the defaults take about a minute on two cores)."""
+
+    tasks: int = 20_000
+    stripes: tuple[int, ...] = (1, 2, 3)
+    processes: int = 2
+    concurrency: int = 16
+
+    def validate(self) -> None:
+        for name in ("tasks", "processes", "concurrency"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidArgument(name, "must be an int >= 1")
+        if not self.stripes or any(not 1 <= k <= 3 for k in self.stripes):
+            raise InvalidArgument("stripes", "must be stripe counts in [1, 3] (three masters)")
+
+
+def cpu_seconds(client: RedisCluster) -> dict[str, float]:
+    """``used_cpu_sys + used_cpu_user`` of every master, by ``host:port``."""
+    out: dict[str, float] = {}
+    for node in client.get_primaries():  # type: ignore[no-untyped-call]
+        info = client.info("cpu", target_nodes=node)
+        out[node.name] = float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    return out
+
+
+def spread_namespace(client: RedisCluster, prefix: str, stripes: int) -> str:
+    """A namespace whose ``stripes`` stripes hash to slots of that many different masters."""
+    nodes = client.nodes_manager
+    for n in range(100_000):
+        namespace = f"{prefix}-{n}"
+        owners = {
+            nodes.get_node_from_slot(key_slot(Keys(namespace, s).meta.encode())).name
+            for s in range(stripes)
+        }
+        if len(owners) == stripes:
+            return namespace
+    raise StripesBenchError(f"no namespace spreads {stripes} stripes over distinct masters")
+
+
+def order_inversion(client: RedisCluster, prefix: str, stripes: int) -> dict[str, Any]:
+    """Claim ``ORDER_TASKS`` due tasks of distinct due times, ``ORDER_BATCH`` at a time,
+    with one scheduler; measure how far claims stray from the exact order."""
+    namespace = spread_namespace(client, f"{prefix}-order{stripes}", stripes)
+    with Scheduler(client, namespace=namespace, stripes=stripes) as s:
+        try:
+            now = s.server_time()
+            ids = [f"o{i}" for i in range(ORDER_TASKS)]
+            for start in range(0, len(ids), BATCH):
+                s.schedule_many(
+                    [
+                        TaskSpec(t, NOOP, run_at=now - 100 + (start + i) / 1000)
+                        for i, t in enumerate(ids[start : start + BATCH])
+                    ]
+                )
+            claimed: list[str] = []
+            while True:
+                got = s.ready(ORDER_BATCH, "order-bench")
+                if not got:
+                    break
+                claimed.extend(c.task_id for c in got)
+                s.complete_many([(c, None) for c in got])
+        finally:
+            s.clear()
+    rank = {t: i for i, t in enumerate(ids)}
+    # Later tasks (in the exact order) claimed before each task: a Fenwick tree of ranks.
+    tree = [0] * (len(ids) + 1)
+    later_before: list[int] = []
+    for seen, task_id in enumerate(claimed):
+        r = rank[task_id] + 1
+        at, not_later = r, 0
+        while at > 0:
+            not_later += tree[at]
+            at -= at & -at
+        later_before.append(seen - not_later)
+        at = r
+        while at <= len(ids):
+            tree[at] += 1
+            at += at & -at
+    # From when a task heads its stripe, the claims of other stripes before it.
+    position = {t: i for i, t in enumerate(claimed)}
+    head_waits = [0]
+    for stripe in range(stripes):
+        mine = [t for t in claimed if stripe_of(t, stripes) == stripe]
+        head_waits += [position[b] - position[a] - 1 for a, b in itertools.pairwise(mine)]
+    in_order = all(
+        [rank[t] for t in claimed if stripe_of(t, stripes) == stripe]
+        == sorted(rank[t] for t in claimed if stripe_of(t, stripes) == stripe)
+        for stripe in range(stripes)
+    )
+    return {
+        "stripes": stripes,
+        "tasks": len(ids),
+        "batch": ORDER_BATCH,
+        "claimed": len(claimed),
+        "each_stripe_in_order": in_order,
+        "max_later_claimed_before": max(later_before, default=0),
+        "max_other_stripe_claims_after_head": max(head_waits),
+        "bound_after_head": (stripes - 1) * ORDER_BATCH,
+    }
+
+
+def measure(
+    fleet: LocalFleet, client: RedisCluster, config: StripesConfig, stripes: int, workdir: Path,
+    prefix: str, progress: Echo,
+) -> dict[str, Any]:  # fmt: skip
+    """Enqueue and drain ``config.tasks`` no-op tasks on ``stripes`` stripes."""
+    namespace = spread_namespace(client, f"{prefix}-k{stripes}", stripes)
+    ids = [f"t{i}" for i in range(config.tasks)]
+    with Scheduler(client, namespace=namespace, stripes=stripes) as s:
+        procs = WorkerProcesses(fleet.url, namespace, config.processes, config.concurrency, workdir)
+        try:
+            procs.start()
+            before = cpu_seconds(client)
+            t0 = time.perf_counter()
+            for start in range(0, len(ids), BATCH):
+                s.schedule_many([TaskSpec(t, NOOP) for t in ids[start : start + BATCH]])
+            enqueued = time.perf_counter()
+            procs.go()
+            deadline = time.monotonic() + 120 + config.tasks / 200
+            while s.stats()["counts"][State.SUCCEEDED.value] < len(ids):
+                if time.monotonic() > deadline or not procs.alive():
+                    raise StripesBenchError(f"{namespace}: the tasks did not all succeed in time")
+                time.sleep(0.02)
+            drained = time.perf_counter()
+            after = cpu_seconds(client)
+            reports = procs.stop()
+        finally:
+            procs.close()
+        placement = sorted({client.keyslot(k.meta) for k in s.stripe_keys()})  # type: ignore[no-untyped-call]
+        s.clear()
+    runs = [run for report in reports for run in report.runs]
+    problems = check_exactly_once(ids, runs)
+    per_master = {name: (after[name] - before[name]) * 1e6 / len(ids) for name in sorted(after)}
+    busiest = max(per_master.values())
+    result = {
+        "stripes": stripes,
+        "namespace": namespace,
+        "slots": placement,
+        "tasks": len(ids),
+        "enqueue_s": enqueued - t0,
+        "drain_s": drained - enqueued,
+        "tasks_per_s": len(ids) / (drained - t0),
+        "redis_cpu_us_per_task": per_master,
+        "busiest_master_us_per_task": busiest,
+        "redis_bound_tasks_per_s": 1e6 / busiest if busiest > 0 else None,
+        "exactly_once_problems": problems,
+    }
+    cpu = ", ".join(f"{v:.1f}" for v in per_master.values())
+    progress(
+        f"  {stripes} stripe(s): {result['tasks_per_s']:,.0f} tasks/s, Redis CPU per task "
+        f"per master [{cpu}] us"
+    )
+    return result
+
+
+def run_stripes_bench(config: StripesConfig, progress: Echo) -> dict[str, Any]:
+    """Start a local three-master cluster, measure each stripe count, stop the cluster."""
+    config.validate()
+    workdir = Path(tempfile.mkdtemp(prefix="distsched-stripes-"))
+    prefix = f"stripes-{uuid.uuid4().hex[:6]}"
+    fleet = LocalFleet(
+        FleetConfig(app="unused:APP", masters=3, workers=0, directory=workdir / "fleet")
+    )
+    progress("starting a local three-master Redis Cluster")
+    started = time.perf_counter()
+    try:
+        fleet.start()
+        client = RedisCluster(host="127.0.0.1", port=fleet.ports[0])
+        try:
+            runs = [
+                measure(fleet, client, config, k, workdir, prefix, progress) for k in config.stripes
+            ]
+            progress("order inversion of claims across stripes")
+            orders = [order_inversion(client, prefix, k) for k in config.stripes]
+            first = client.get_primaries()[0]  # type: ignore[no-untyped-call]
+            version = str(client.info("server", target_nodes=first)["redis_version"])
+        finally:
+            client.close()
+    finally:
+        fleet.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "config": asdict(config),
+        "redis_version": version,
+        "duration_s": time.perf_counter() - started,
+        "runs": runs,
+        "order": orders,
+        "problems": [
+            *(f"{r['stripes']} stripe(s): {p}" for r in runs for p in r["exactly_once_problems"]),
+            *(f"{o['stripes']} stripe(s): a stripe out of order"
+              for o in orders if not o["each_stripe_in_order"]),
+        ],
+    }  # fmt: skip
+
+
+def format_report(report: dict[str, Any]) -> list[str]:
+    """The report as text tables."""
+    masters = sorted({m for r in report["runs"] for m in r["redis_cpu_us_per_task"]})
+    rows = [["stripes", *[f"master {m}" for m in masters], "busiest", "Redis-bound", "measured"]]
+    rows.append(["", *["us/task"] * len(masters), "us/task", "tasks/s", "tasks/s"])
+    for r in report["runs"]:
+        cpu = r["redis_cpu_us_per_task"]
+        bound = r["redis_bound_tasks_per_s"]
+        rows.append(
+            [
+                str(r["stripes"]),
+                *[f"{cpu.get(m, 0.0):.1f}" for m in masters],
+                f"{r['busiest_master_us_per_task']:.1f}",
+                "-" if bound is None else f"{bound:,.0f}",
+                f"{r['tasks_per_s']:,.0f}",
+            ]
+        )
+    lines = table(rows, right=frozenset(range(1, len(masters) + 4)))
+    lines.append("")
+    order = [["stripes", "claim batch", "each stripe in order", "max later claimed before a task",
+              "max other-stripe claims after it heads its stripe", "bound"]]  # fmt: skip
+    for o in report["order"]:
+        order.append(
+            [
+                str(o["stripes"]),
+                str(o["batch"]),
+                "yes" if o["each_stripe_in_order"] else "NO",
+                f"{o['max_later_claimed_before']:,}",
+                f"{o['max_other_stripe_claims_after_head']:,}",
+                f"{o['bound_after_head']:,}",
+            ]
+        )
+    return lines + table(order, right=frozenset({1, 3, 4, 5}))
