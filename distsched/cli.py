@@ -25,6 +25,8 @@ from zoneinfo import ZoneInfo
 
 import click
 import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from distsched import __version__, views
 from distsched.client import Scheduler
@@ -52,6 +54,7 @@ from distsched.errors import (
     UnknownDependencyError,
 )
 from distsched.hooks import validate_hooks
+from distsched.keys import MAX_STRIPES
 from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
 from distsched.text import (
     DURATION_HINT,
@@ -1132,6 +1135,35 @@ def max_running(ctx: click.Context, limit: str | None) -> None:
     scheduler.set_max_running(value)
     current = scheduler.stats()["max_running"]
     click.echo(f"max_running of namespace {namespace!r} set to {shown(current)}")
+
+
+@cli.command()
+@click.argument("count", required=False, type=click.IntRange(min=1, max=MAX_STRIPES))
+@click.pass_context
+def stripes(ctx: click.Context, count: int | None) -> None:
+    """Show the namespace's stripes (hash slots, and nodes on a cluster), or set
+    their COUNT.
+
+    A new count is taken only while the namespace holds no task, since ids map to
+    stripes by hash; restart the workers after changing it.
+    """
+    scheduler = _connect(ctx)
+    namespace = _settings(ctx).namespace
+    if count is not None:
+        changed = Scheduler(scheduler.client, namespace=namespace, stripes=count)
+        changed.close()
+    rows = [["stripe", "keys", "slot", "node"]]
+    client = scheduler.client
+    for keys in scheduler.stripe_keys():
+        slot = key_slot(keys.meta.encode())
+        node = "-"
+        if isinstance(client, RedisCluster):
+            owner = client.nodes_manager.get_node_from_slot(slot)
+            node = owner.name if owner is not None else "?"
+        rows.append([str(keys.stripe), keys.prefix + "*", str(slot), node])
+    click.echo(f"namespace {namespace!r}: {len(rows) - 1} stripe(s)")
+    for line in table(rows, right=frozenset({0, 2})):
+        click.echo(line)
 
 
 @cli.command()

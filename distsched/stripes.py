@@ -776,17 +776,26 @@ class StripedOps:
         self, state: object, fn: object = None, limit: object = 50, cursor: object = None
     ) -> Op[TaskPage]:
         """With stripes, a listing goes stripe after stripe (stripe 0 first), each in its
-        own order; the cursor is ``<stripe>:<that stripe's cursor>``."""
+        own order, a page filled from the next stripes when one ends; the cursor is
+        ``<stripe>:<that stripe's cursor>``."""
         stripes = yield from self.resolve()
         if len(stripes) == 1:
             return (yield from stripes[0].tasks(state, fn, limit, cursor))
         s, inner = parse_stripe_cursor(cursor, len(stripes))
+        # The first stripe's call checks the arguments.
         page = yield from stripes[s].tasks(state, fn, limit, inner)
-        if page.cursor is not None:
-            return TaskPage(page.items, f"{s}:{page.cursor}")
-        if s + 1 < len(stripes):
-            return TaskPage(page.items, f"{s + 1}:")
-        return TaskPage(page.items, None)
+        want = int(limit)  # type: ignore[call-overload]
+        items = list(page.items)
+        while True:
+            if page.cursor is not None:
+                return TaskPage(tuple(items), f"{s}:{page.cursor}")
+            s += 1
+            if s == len(stripes):
+                return TaskPage(tuple(items), None)
+            if len(items) >= want:
+                return TaskPage(tuple(items), f"{s}:")
+            page = yield from stripes[s].tasks(state, fn, want - len(items), None)
+            items.extend(page.items)
 
     def throughput(self, minutes: object = 60) -> Op[list[MinuteCount]]:
         stripes = yield from self.resolve()

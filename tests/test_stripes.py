@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
@@ -396,3 +397,76 @@ def test_a_striped_namespace_reports_stats_lists_tasks_and_waits_across_stripes(
         assert s.retry(ids[0]) > 0 and s.status(ids[0]).state is State.READY
         assert s.stats()["counts"]["succeeded"] == 11
         assert sum(m.succeeded for m in s.throughput(2)) == 11
+
+
+# ------------------------------------------------------------------ command line and tools
+
+
+def test_the_command_line_works_on_a_striped_namespace_without_being_told_the_count(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    from tests.test_cli import invoke
+
+    setup = invoke(redis_server, namespace, "stripes", "3")
+    assert setup.exit_code == 0, setup.stderr
+    assert f"namespace {namespace!r}: 3 stripe(s)" in setup.stdout
+    assert f"ds:{{{namespace}{{2}}:*" in setup.stdout
+    a, b = ids_on(1, 3, 1, "a")[0], ids_on(2, 3, 1, "b")[0]
+    for task_id in (a, b):
+        assert invoke(redis_server, namespace, "schedule", task_id, "--fn", "f").exit_code == 0
+    stats = invoke(redis_server, namespace, "stats", "--json")
+    assert stats.exit_code == 0 and json.loads(stats.stdout)["counts"]["ready"] == 2
+    status = invoke(redis_server, namespace, "status", b)
+    assert status.exit_code == 0 and "ready" in status.stdout
+    listed = invoke(redis_server, namespace, "tasks", "--state", "ready", "--json")
+    assert listed.exit_code == 0 and a in listed.stdout and b in listed.stdout
+    assert invoke(redis_server, namespace, "cancel", a).exit_code == 0
+    assert invoke(redis_server, namespace, "retry", a).exit_code == 0
+    with Scheduler.from_url(redis_server.url, namespace=namespace) as s:
+        assert s.status(a).state is State.READY and s.status(a).version > 1
+    # Tasks there: a new count is refused, naming the stored one.
+    refused = invoke(redis_server, namespace, "stripes", "2")
+    assert refused.exit_code == 1 and "has 3 stripe(s)" in refused.stderr
+
+
+def test_the_stripes_bench_measures_every_master_and_checks_each_task_ran_once() -> None:
+    from distsched.tools.stripes import StripesConfig, format_report, run_stripes_bench
+
+    lines: list[str] = []
+    report = run_stripes_bench(StripesConfig(tasks=300, processes=1, concurrency=4), lines.append)
+    assert report["problems"] == []
+    assert [r["stripes"] for r in report["runs"]] == [1, 2, 3]
+    for run in report["runs"]:
+        assert len(run["redis_cpu_us_per_task"]) == 3
+        assert len(run["slots"]) == run["stripes"] and run["exactly_once_problems"] == []
+    for order in report["order"]:
+        assert order["each_stripe_in_order"] and order["claimed"] == order["tasks"]
+        assert order["max_other_stripe_claims_after_head"] <= order["bound_after_head"]
+    assert any("master" in line for line in format_report(report))
+
+
+def test_the_asyncio_scheduler_routes_and_claims_across_stripes_as_the_sync_one_does(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    from tests.conftest import BlockingAsync
+
+    with Scheduler.from_url(redis_server.url, namespace=namespace, stripes=3) as sync:
+        sync.schedule_many([TaskSpec(f"t{i}", "f") for i in range(9)])
+    blocking = BlockingAsync(redis_server.url, namespace=namespace, lease_s=5.0)
+    s = cast(Scheduler, blocking)
+    try:
+        assert [k.stripe for k in s.stripe_keys()] == [0, 1, 2]
+        assert s.status("t4").state is State.READY
+        claims = s.ready(9, "w")
+        assert sorted(c.task_id for c in claims) == [f"t{i}" for i in range(9)]
+        assert s.complete_many([(c, None) for c in claims]) == [Outcome.APPLIED] * 9
+        assert s.wait("t8", 5).state is State.SUCCEEDED
+        assert s.stats()["counts"]["succeeded"] == 9
+    finally:
+        blocking.shutdown()
+    refused = BlockingAsync(redis_server.url, namespace=namespace, stripes=2)
+    try:
+        with pytest.raises(ConflictError, match="has 3 stripe"):
+            cast(Scheduler, refused).stats()
+    finally:
+        refused.shutdown()
