@@ -667,6 +667,8 @@ class StripedOps:
             for s in range(len(stripes)):
                 if s not in wanting:
                     targets[s] = min(caps[s], running[s])
+            # By stripe, so that the same demand always gives the same shares.
+            wanting.sort()
             rest = max(0, limit - sum(targets))
             split = even_shares(rest, len(wanting))
             for i, s in enumerate(wanting):

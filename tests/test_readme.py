@@ -134,6 +134,8 @@ class Session:
                 continue
             if "bench" in args:
                 args += TINY_BENCH
+            if "bench-stripes" in args:
+                args += ["--tasks", "300", "--processes", "1", "--concurrency", "4"]
             last = i == len(runnable) - 1
             self.run(args, shown if last else None)
 
