@@ -470,3 +470,54 @@ def test_the_asyncio_scheduler_routes_and_claims_across_stripes_as_the_sync_one_
             cast(Scheduler, refused).stats()
     finally:
         refused.shutdown()
+
+
+def test_a_user_limited_to_the_namespace_and_its_stripes_can_run_everything(
+    own_redis: RedisServer,
+) -> None:
+    admin = own_redis.client()
+    ns = "acl-striped"
+    patterns = [f"ds:{{{ns}}}:*", f"ds:{{{ns}{{*}}:*"]
+    admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "app", "reset", "on", ">secret",
+        *(f"~{p}" for p in patterns), *(f"&{p}" for p in patterns), "+@all",
+    )  # fmt: skip
+    app = own_redis.client(username="app", password="secret")
+    s = Scheduler(app, namespace=ns, stripes=3, max_running=4)
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            Scheduler(app, namespace=ns + "x").schedule("x", fn="f")
+        ran: list[int] = []
+        s.schedule_many([TaskSpec(f"w{i}", "f", args=(i,)) for i in range(12)])
+        with running(Worker(s, {"f": ran.append}, concurrency=2)):
+            assert s.wait("w11", timeout=20).state is State.SUCCEEDED
+            wait_until(lambda: s.stats()["counts"]["succeeded"] == 12, 20, "every task to succeed")
+        assert sorted(ran) == list(range(12))
+    finally:
+        s.close()
+        app.close()
+    stripes_seen = {key.split(b":")[1] for key in cast(list[bytes], admin.keys("*"))}
+    assert stripes_seen == {f"{{{ns}}}".encode(), f"{{{ns}{{1}}".encode(), f"{{{ns}{{2}}".encode()}
+    admin.close()
+
+
+def test_the_dashboard_shows_a_striped_namespace(redis_client: redis.Redis, namespace: str) -> None:
+    from tests.conftest import require_extra
+
+    require_extra("starlette")
+    from starlette.testclient import TestClient
+
+    from distsched.dashboard import create_app
+
+    with Scheduler(redis_client, namespace=namespace, stripes=3) as s:
+        ids = [f"t{i}" for i in range(9)]
+        s.schedule_many([TaskSpec(i, "f") for i in ids])
+        s.cancel(ids[4])
+        with TestClient(create_app(s)) as client:
+            counts = client.get("/api/overview").json()["data"]["counts"]
+            assert counts["ready"] == 8 and counts["cancelled"] == 1
+            page = client.get("/tasks?state=ready")
+            assert page.status_code == 200
+            assert all(i in page.text for i in ids if i != ids[4])
+            task = client.get(f"/task?id={ids[7]}")
+            assert task.status_code == 200 and "ready" in task.text
