@@ -521,3 +521,36 @@ def test_the_dashboard_shows_a_striped_namespace(redis_client: redis.Redis, name
             assert all(i in page.text for i in ids if i != ids[4])
             task = client.get(f"/task?id={ids[7]}")
             assert task.status_code == 200 and "ready" in task.text
+
+
+def test_shares_of_max_running_move_to_the_stripes_with_due_work_and_never_sum_above_it(
+    redis_client: redis.Redis, namespace: str
+) -> None:
+    from distsched.stripes import REBALANCE_EVERY_S
+
+    with Scheduler(redis_client, namespace=namespace, stripes=3, max_running=6) as s:
+        metas = [k.meta for k in s.stripe_keys()]
+
+        def shares() -> list[int]:
+            return [int(redis_client.hget(m, "max_running") or 0) for m in metas]
+
+        assert shares() == [2, 2, 2]
+        s.schedule_many([TaskSpec(t, "f") for t in ids_on(0, 3, 12)])
+        first = s.ready(12, "w")
+        # Stripe 0 was at its share: the others had no due work, so it took theirs.
+        assert len(first) == 2 and shares() == [6, 0, 0]
+        more = s.ready(12, "w")
+        assert len(more) == 4 and s.stats()["running"] == 6
+        # Work arrives on stripe 1: its share comes back only as stripe 0's running ends.
+        (late,) = ids_on(1, 3, 1, "late")
+        s.schedule(late, fn="f")
+        time.sleep(REBALANCE_EVERY_S * 1.5)
+        assert s.ready(1, "w") == []
+        assert shares() == [3, 0, 0]  # lowered first; no room to raise stripe 1 yet
+        s.complete_many([(c, None) for c in first + more[:1]])
+        time.sleep(REBALANCE_EVERY_S * 1.5)
+        # This claim finds every stripe with work full and moves room to stripe 1 ...
+        assert s.ready(1, "w") == []
+        # ... which the next claim uses.
+        assert [c.task_id for c in s.ready(1, "w")] == [late]
+        assert shares() == [3, 3, 0] and sum(shares()) <= 6
