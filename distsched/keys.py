@@ -1,7 +1,9 @@
 """Every Redis key name distsched uses, built in this one place.
 
 All keys of a namespace share the hash tag ``{namespace}``, so every script
-touches a single Redis Cluster slot. Per-task data lives in fields of a few
+touches a single Redis Cluster slot. A striped namespace has more slots: stripe
+``s`` > 0 has the tag ``{namespace{s}`` (``Keys(namespace, s)``), and a task id
+maps to its stripe by :func:`stripe_of`. Per-task data lives in fields of a few
 namespace-wide hashes (the field is the task id) rather than in one key per
 task: the scripts then only ever touch keys they were given in ``KEYS``, and a
 queued task costs no key of its own.
