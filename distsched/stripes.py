@@ -144,6 +144,8 @@ class StripedOps:
         # Where the next claim starts: a random stripe, then one further each call.
         self._cursor = random.randrange(MAX_STRIPES)
         self._rebalanced_at = 0.0
+        # Whether the last move left a share owed to a stripe with due work.
+        self._owed = False
 
     def _ops_of(self, stripe: int) -> Ops:
         return Ops(
@@ -361,12 +363,20 @@ class StripedOps:
                 return claims, None
         if full:
             try:
-                moved = yield from self._rebalance_toward(full)
+                grew, owed = yield from self._rebalance_toward(full)
             except Unavailable:
-                moved = False  # moved by a later call
-            if moved:
+                grew, owed = False, True  # moved by a later call
+            if grew:
                 # A stripe got more of max_running: claim again at once.
                 return claims, Wait(WaitReason.CAPACITY, 0.0)
+            if owed:
+                # A share waits for running tasks of other stripes to end, which
+                # wakes nobody here: look again after the next move is allowed.
+                wait = combine_waits(waits)
+                delay = REBALANCE_EVERY_S
+                if wait is not None and wait.delay is not None:
+                    delay = min(delay, wait.delay)
+                return claims, Wait(WaitReason.CAPACITY, delay)
         return claims, combine_waits(waits)
 
     def ready(self, n: int, worker_id: str) -> Op[list[Claim]]:
@@ -598,9 +608,12 @@ class StripedOps:
         running = [_int_or_none(r[1]) or 0 for r in replies]
         return caps, running
 
-    def _move_shares(self, stripes: Sequence[Ops], limit: int, targets: Sequence[int]) -> Op[bool]:
+    def _move_shares(
+        self, stripes: Sequence[Ops], limit: int, targets: Sequence[int]
+    ) -> Op[tuple[bool, bool]]:
         """Move the shares toward ``targets`` without the running tasks of all stripes
-        ever exceeding ``limit``; the lock is held. True when a share grew.
+        ever exceeding ``limit``; the lock is held. Returns (a share grew, a share is
+        still below its target).
 
         Shares are lowered first. A stripe's running count only grows up to its share,
         so once the lowering is written, ``max(share, running)`` read afterwards bounds
@@ -621,24 +634,27 @@ class StripedOps:
                 yield core._one(("HSET", ops.keys.meta, "max_running", caps[s] + more))
                 yield from self._wake(ops)
                 grew = True
-        return grew
+                caps[s] += more
+        owed = any(caps[s] < targets[s] for s in range(len(stripes)))
+        return grew, owed
 
-    def _rebalance_toward(self, full: Sequence[int]) -> Op[bool]:
+    def _rebalance_toward(self, full: Sequence[int]) -> Op[tuple[bool, bool]]:
         """Move shares of max_running toward the stripes with due work (``full``: those
         a claim found at their share). At most every ``REBALANCE_EVERY_S`` per scheduler;
-        True when a share grew."""
+        returns (a share grew, a share is still owed to a stripe)."""
         stripes = self.known()
         (total_raw,) = yield from self.base.read(("HGET", self.keys.meta, STRIPES_MAX_FIELD))
         limit = _int_or_none(total_raw)
         if limit is None:
-            return False
+            return False, False
         now = yield from self.base.server_time()
         if now - self._rebalanced_at < REBALANCE_EVERY_S:
-            return False
+            return False, self._owed
         self._rebalanced_at = now
         token = yield from self._lock(wait=False)
         if token is None:
-            return False
+            # Another scheduler moves shares now; this one looks again soon.
+            return False, True
         try:
             now_ms = int(now * 1000)
             heads = yield core.Commands(
@@ -673,7 +689,8 @@ class StripedOps:
             split = even_shares(rest, len(wanting))
             for i, s in enumerate(wanting):
                 targets[s] = split[i]
-            return (yield from self._move_shares(stripes, limit, targets))
+            grew, self._owed = yield from self._move_shares(stripes, limit, targets)
+            return grew, self._owed
         finally:
             yield from self._unlock(token)
 
