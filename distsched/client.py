@@ -43,7 +43,7 @@ from distsched.keys import Keys
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
 from distsched.stripes import StripedOps
-from distsched.subscription import WaitHub
+from distsched.subscription import WaitHub, message_within
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -469,7 +469,7 @@ class Scheduler(BaseScheduler):
                     return False
                 # Registered (again) for no longer than the entry lives.
                 self._drive(self._ops.idle(waiter))
-                if get(timeout=min(left, core.IDLE_RECHECK_S)) is not None:
+                if message_within(pubsub, get, min(left, core.IDLE_RECHECK_S)) is not None:
                     return True
         finally:
             with contextlib.suppress(RedisError):

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -132,6 +133,20 @@ class Subscriber:
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         pubsub.close()
+
+
+def message_within(pubsub: Any, get: Callable[..., Any], timeout: float) -> Any:
+    """``get(timeout=timeout)``; but when ``pubsub`` holds channels on several cluster
+    nodes, which redis-py waits on one after the other, short waits on each in turn
+    until ``timeout``, so that a message on the last node is not held back."""
+    nodes = getattr(pubsub, "node_pubsub_mapping", None)
+    if not isinstance(pubsub, ClusterPubSub) or nodes is None or len(nodes) <= 1:
+        return get(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = get(timeout=MULTI_NODE_POLL_S)
+        if msg is not None or time.monotonic() >= deadline:
+            return msg
 
 
 def dispatch(
