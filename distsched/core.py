@@ -288,7 +288,7 @@ class TaskSpec:
     - ``key``: the fairness key (tenant) of the task, any text of 1..256 bytes in UTF-8;
       tasks given none share the default key. Keys take turns at the claims in proportion
       to their weights, each within its concurrency cap (``Scheduler.set_key``; README,
-      "Tenants and fairness"). Not in a namespace of the priority order.
+      "Tenants and fairness"). Inside a key, claims follow the namespace's order.
     """
 
     task_id: str

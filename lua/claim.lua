@@ -87,29 +87,59 @@
 local FAIR_VISITS = 64
 local FAIR_MOVE = 1000
 
--- The head of key's entries: (member, due ms, queue member), or nil.
-local function fair_head(key)
+-- The head of key's entries: (member, due ms, queue member, the set holding it), or nil;
+-- nil, ..., true when due entries are left to move into the ranked order first (the
+-- priority order, lib/ranked.lua: the move budget mv.left of this call is spent).
+local function fair_head(key, now, aging, mv)
   if key == '' then
+    if aging then
+      -- The default key's due entries were moved into ranked at the start of the call.
+      local r = redis.call('ZRANGE', k.ranked, 0, 0)
+      if r[1] then return r[1], now, r[1], k.ranked end
+    end
     local h = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
     if not h[1] then return nil end
-    return h[1], tonumber(h[2]), h[1]
+    if aging and tonumber(h[2]) <= now then return nil, nil, nil, nil, true end
+    return h[1], tonumber(h[2]), h[1], k.queue
   end
   local p = fair_prefix(key)
+  if aging then
+    -- The key's due entries join its ranked section before its head is read.
+    if mv.left > 0 then
+      local due = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '0',
+        '(' .. p .. string.format('%013x', now + 1), 'LIMIT', 0, mv.left)
+      if #due > 0 then
+        mv.left = mv.left - #due
+        local adds = {}
+        for _, m in ipairs(due) do
+          adds[#adds + 1] = 0
+          adds[#adds + 1] = fairq_ranked_member(p, tonumber(string.sub(m, #p + 1, #p + 13), 16) or 0,
+            string.sub(m, #p + 14), aging)
+        end
+        call_many('ZREM', k.fairq, due)
+        call_many('ZADD', k.fairq, adds)
+      end
+    end
+    local r = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '!', '(' .. p .. '"', 'LIMIT', 0, 1)
+    if r[1] then
+      local _, at, qmember = fairq_parse(r[1])
+      if at then return r[1], at, qmember, k.fairq end
+      return r[1], 0, '', k.fairq
+    end
+  end
   local h = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p, '[' .. p .. '\255', 'LIMIT', 0, 1)
   if not h[1] then return nil end
   local rest = string.sub(h[1], #p + 1)
-  return h[1], tonumber(string.sub(rest, 1, 13), 16) or 0, string.sub(rest, 14)
-end
-
-local function fair_drop(key, member)
-  if key == '' then redis.call('ZREM', k.queue, member) else redis.call('ZREM', k.fairq, member) end
+  local at = tonumber(string.sub(rest, 1, 13), 16) or 0
+  if aging and at <= now then return nil, nil, nil, nil, true end
+  return h[1], at, string.sub(rest, 14), k.fairq
 end
 
 -- Claims of a fair namespace: serve the key of lowest virtual time, one task at a time.
 -- Unlike the queue walk it writes as it goes (each choice depends on the last); a
 -- record that cannot be read, or an id no worker can name, is dropped as stale.
 -- Returns reason, delay (as the reply's), and how many stale entries it dropped.
-local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, c)
+local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
   local vt0 = fair_vt()
   -- Keys whose head came due rejoin the turns.
   local due = redis.call('ZRANGEBYSCORE', k.fairwait, '-inf', now, 'LIMIT', 0, FAIR_MOVE)
@@ -124,14 +154,17 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
   end
   local claimed, dropped, visits, served = 0, 0, 0, nil
   local reason, delay = '', -1
+  local mv = { left = MOVE_MAX }
   while claimed < n do
     local top = redis.call('ZRANGE', k.fairready, 0, 0, 'WITHSCORES')
     if not top[1] then break end
     if visits >= n + FAIR_VISITS then reason = 'not_due'; delay = 0; break end
     visits = visits + 1
     local key, vt = top[1], tonumber(top[2])
-    local member, at, qmember = fair_head(key)
-    if not member then
+    local member, at, qmember, set, unmoved = fair_head(key, now, aging, mv)
+    if unmoved then
+      reason = 'not_due'; delay = 0; break
+    elseif not member then
       redis.call('ZREM', k.fairready, key)
     else
       local version, id = parse_member(qmember)
@@ -150,14 +183,14 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
         }
       end
       if not (t and t.state == 'ready' and t.version == version) then
-        fair_drop(key, member)
+        redis.call('ZREM', set, member)
         dropped = dropped + 1
         if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
       elseif at > now then
         redis.call('ZREM', k.fairready, key)
         redis.call('ZADD', k.fairwait, at, key)
       elseif not corrupt and deadlines_on and deadline_at(version, id, now, c.started) then
-        fair_drop(key, member)
+        redis.call('ZREM', set, member)
         c.claimed_ids[id] = true
         c.expiring[#c.expiring + 1] = { id = id, t = t }
       else
@@ -178,7 +211,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           reason = 'capacity'
           break
         else
-          fair_drop(key, member)
+          redis.call('ZREM', set, member)
           if corrupt then
             c.quarantined[id] = cmsgpack.pack('corrupt task record: ' .. corrupt)
             redis.log(redis.LOG_WARNING, 'distsched: claimed the corrupt task record of ' .. id .. ' to fail it')
@@ -270,15 +303,15 @@ return run(function()
   local deadlines_on = redis.call('EXISTS', k.deadlines) == 1
   local expiring, started_with_deadline = {}, {}
 
-  -- A fair namespace (lib/fair.lua; never in the priority order): keys take turns.
-  local fair = not aging and fair_on()
+  -- A fair namespace (lib/fair.lua): keys take turns, each in the namespace's order.
+  local fair = fair_on()
   if fair then
     local c = {
       out = out, records = records, leases = leases, claimed_ids = claimed_ids,
       expiring = expiring, started = started_with_deadline, worker = worker, lease_ms = lease_ms,
       quarantined = quarantined, ready_taken = 0,
     }
-    reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, c)
+    reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
     claimed = #out
     ready_taken = c.ready_taken
     running = running + claimed
@@ -425,7 +458,7 @@ return run(function()
   if channel ~= '' then
     local due_at = delay > 0 and math.floor((now_us + delay) / 1000) or nil
     local room = not limit or running < limit
-    local ready_set = (aging and k.ranked) or (fair and k.fairready) or nil
+    local ready_set = (fair and k.fairready) or (aging and k.ranked) or nil
     if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now, ready_set) then
       delay = -1
     end

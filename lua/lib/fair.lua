@@ -15,7 +15,10 @@
 -- of score 0 ordered by member:
 --   hex3(#key) key hex13(due ms, clamped to [0, 2^52 - 1]) <queue member>
 -- so ZRANGEBYLEX over '[' .. hex3(#key) .. key gives one key's head in O(log N), in the
--- default order (due, -priority, sequence) exactly.
+-- default order (due, -priority, sequence) exactly. In the priority order a claim moves
+-- a key's due entries into its ranked section first (lib/ranked.lua), so that its head is
+-- the entry of lowest rank; the default key's entries are then in queue and ranked, as in
+-- a namespace without keys.
 --
 -- A key with ready work is in exactly one of:
 --   fairready  keys to serve now, scored by virtual time; a claim serves the lowest and
@@ -102,6 +105,19 @@ local function fair_activate(key, due, now)
     return
   end
   redis.call('ZADD', k.fairready, fair_vt(), key)
+end
+
+-- Turn the namespace fair: the default key's entries (queue, and ranked in the priority
+-- order) take their turns from now on.
+local function fair_turn_on(now)
+  redis.call('HSET', k.meta, 'fair', '1')
+  cached_fair = true
+  if order_aging() and redis.call('ZCARD', k.ranked) > 0 then
+    fair_activate('', now, now)
+    return
+  end
+  local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+  if head[1] then fair_activate('', tonumber(head[2]), now) end
 end
 
 -- The fairness key of a task id ('' for the default key).

@@ -5,7 +5,8 @@
 --- @include ranked
 --- @include fair
 --
--- In a fair namespace the entry goes where its fairness key says (lib/fair.lua).
+-- In a fair namespace the entry goes where its fairness key says (lib/fair.lua); a
+-- keyed entry goes to its key's delayed section in either order (claims rank it).
 -- In a namespace of the priority order a task due now goes straight into the ready set
 -- (ranked), one not due yet into queue, whose due entries claims move (lib/ranked.lua).
 --
@@ -25,6 +26,8 @@ local function enqueue(t, id)
     if key ~= '' then
       member = fair_member(key, t, id)
       redis.call('ZADD', k.fairq, 0, member)
+    elseif aging and t.run_at <= now_ms() then
+      redis.call('ZADD', k.ranked, rank_of(t.run_at, t.priority, aging), member)
     else
       redis.call('ZADD', k.queue, t.run_at, member)
     end
