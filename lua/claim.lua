@@ -87,7 +87,8 @@
 local FAIR_VISITS = 64
 local FAIR_MOVE = 1000
 
--- The head of key's entries: (member, due ms, queue member, the set holding it), or nil;
+-- The head of key's entries: (member, due ms, queue member, the name of the set holding
+-- it: 'queue', 'ranked' or 'fairq'), or nil;
 -- nil, ..., true when due entries are left to move into the ranked order first (the
 -- priority order, lib/ranked.lua: the move budget mv.left of this call is spent).
 local function fair_head(key, now, aging, mv)
@@ -95,12 +96,12 @@ local function fair_head(key, now, aging, mv)
     if aging then
       -- The default key's due entries were moved into ranked at the start of the call.
       local r = redis.call('ZRANGE', k.ranked, 0, 0)
-      if r[1] then return r[1], now, r[1], k.ranked end
+      if r[1] then return r[1], now, r[1], 'ranked' end
     end
     local h = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
     if not h[1] then return nil end
     if aging and tonumber(h[2]) <= now then return nil, nil, nil, nil, true end
-    return h[1], tonumber(h[2]), h[1], k.queue
+    return h[1], tonumber(h[2]), h[1], 'queue'
   end
   local p = fair_prefix(key)
   if aging then
@@ -123,8 +124,8 @@ local function fair_head(key, now, aging, mv)
     local r = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '!', '(' .. p .. '"', 'LIMIT', 0, 1)
     if r[1] then
       local _, at, qmember = fairq_parse(r[1])
-      if at then return r[1], at, qmember, k.fairq end
-      return r[1], 0, '', k.fairq
+      if at then return r[1], at, qmember, 'fairq' end
+      return r[1], 0, '', 'fairq'
     end
   end
   local h = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p, '[' .. p .. '\255', 'LIMIT', 0, 1)
@@ -132,7 +133,17 @@ local function fair_head(key, now, aging, mv)
   local rest = string.sub(h[1], #p + 1)
   local at = tonumber(string.sub(rest, 1, 13), 16) or 0
   if aging and at <= now then return nil, nil, nil, nil, true end
-  return h[1], at, string.sub(rest, 14), k.fairq
+  return h[1], at, string.sub(rest, 14), 'fairq'
+end
+
+local function fair_drop(set, member)
+  if set == 'ranked' then
+    redis.call('ZREM', k.ranked, member)
+  elseif set == 'queue' then
+    redis.call('ZREM', k.queue, member)
+  else
+    redis.call('ZREM', k.fairq, member)
+  end
 end
 
 -- Claims of a fair namespace: serve the key of lowest virtual time, one task at a time.
@@ -183,14 +194,14 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
         }
       end
       if not (t and t.state == 'ready' and t.version == version) then
-        redis.call('ZREM', set, member)
+        fair_drop(set, member)
         dropped = dropped + 1
         if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
       elseif at > now then
         redis.call('ZREM', k.fairready, key)
         redis.call('ZADD', k.fairwait, at, key)
       elseif not corrupt and deadlines_on and deadline_at(version, id, now, c.started) then
-        redis.call('ZREM', set, member)
+        fair_drop(set, member)
         c.claimed_ids[id] = true
         c.expiring[#c.expiring + 1] = { id = id, t = t }
       else
@@ -211,7 +222,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           reason = 'capacity'
           break
         else
-          redis.call('ZREM', set, member)
+          fair_drop(set, member)
           if corrupt then
             c.quarantined[id] = cmsgpack.pack('corrupt task record: ' .. corrupt)
             redis.log(redis.LOG_WARNING, 'distsched: claimed the corrupt task record of ' .. id .. ' to fail it')

@@ -665,10 +665,13 @@ def test_the_cli_schedules_keyed_tasks_and_sets_shows_and_lists_keys(
 # ------------------------------------------------------------------------ explain
 
 
+@pytest.mark.parametrize("order", ["default", "priority"])
 def test_explain_names_the_key_cap_or_rate_window_a_due_task_waits_for(
-    scheduler: Scheduler,
+    scheduler: Scheduler, order: str
 ) -> None:
     from distsched.core import Reason
+
+    scheduler.set_order(order, aging=1.0)
 
     scheduler.set_key("capped", cap=1)
     scheduler.set_key("limited", rate=1, per=60)
@@ -801,8 +804,13 @@ def test_a_corrupt_record_of_a_keyed_task_is_handed_out_to_fail_within_its_key(
     assert scheduler.key_info("t").running == 1
 
 
-def test_explain_finds_a_keyed_task_handed_back_with_a_delay(scheduler: Scheduler) -> None:
+@pytest.mark.parametrize("order", ["default", "priority"])
+def test_explain_finds_a_keyed_task_handed_back_with_a_delay(
+    scheduler: Scheduler, order: str
+) -> None:
     from distsched.core import Reason
+
+    scheduler.set_order(order, aging=1.0)
 
     scheduler.schedule("t", fn="f", key="acme")
     (claim,), _ = scheduler.claim(1, "w")
@@ -810,3 +818,37 @@ def test_explain_finds_a_keyed_task_handed_back_with_a_delay(scheduler: Schedule
     exp = scheduler.explain("t")
     assert exp.reasons[0] is Reason.NOT_DUE
     assert exp.due_at is not None and 25 < exp.due_at - exp.server_time <= 30
+
+
+def test_explain_places_a_keyed_task_in_its_keys_priority_order(scheduler: Scheduler) -> None:
+    from distsched.core import Reason
+
+    scheduler.set_order("priority", aging=1.0)
+    scheduler.schedule_many(
+        [
+            TaskSpec("low", "f", key="t", run_at=1000.0, priority=0),
+            TaskSpec("high", "f", key="t", run_at=1000.5, priority=5),
+            TaskSpec("later", "f", key="t", delay=60, priority=9),
+        ]
+    )
+    high, low, later = (scheduler.explain(i) for i in ("high", "low", "later"))
+    assert (high.ahead, high.due_at, high.fair_key) == (0, 1000.5, "t")
+    assert (low.ahead, low.due_at) == (1, 1000.0)
+    assert later.reasons[0] is Reason.NOT_DUE
+    info = {i.key: i for i in scheduler.fair_keys()}["t"]
+    assert (info.queued, info.head_due_at) == (3, 1000.5)
+
+
+def test_the_default_keys_ready_wait_in_the_priority_order_is_its_next_claims(
+    scheduler: Scheduler,
+) -> None:
+    scheduler.set_key("", cap=None)
+    scheduler.set_order("priority", aging=1.0)
+    scheduler.schedule_many(
+        [
+            TaskSpec("low", "f", run_at=1000.0, priority=0),
+            TaskSpec("high", "f", run_at=1000.5, priority=5),
+        ]
+    )
+    info = {i.key: i for i in scheduler.fair_keys()}[""]
+    assert (info.queued, info.head_due_at) == (2, 1000.5)

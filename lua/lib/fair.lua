@@ -51,10 +51,13 @@ local function fair_prefix(key)
   return string.format('%03x', #key) .. key
 end
 
+local function fair_due(due)
+  if due < 0 then return 0 elseif due > FAIR_DUE_MAX then return FAIR_DUE_MAX end
+  return due
+end
+
 local function fair_member(key, t, id)
-  local due = t.run_at
-  if due < 0 then due = 0 elseif due > FAIR_DUE_MAX then due = FAIR_DUE_MAX end
-  return fair_prefix(key) .. string.format('%013x', due) .. queue_member(t, id)
+  return fairq_delayed_member(fair_prefix(key), fair_due(t.run_at), queue_member(t, id))
 end
 
 local function fair_vt()
