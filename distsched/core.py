@@ -1936,7 +1936,8 @@ def fire_call(
     args: list[Any] = [
         PROPAGATE_BUDGET, d.name, rev, mode,
         "" if expected_ms is None else expected_ms, "" if next_ms is None else next_ms,
-        missed, d.overlap.value, f"{d.priority} {d.max_attempts} {d.backoff_ms}", payload,
+        missed, d.overlap.value,
+        f"{d.priority} {d.max_attempts} {d.backoff_ms}{_key_suffix(d.key)}", payload,
         max_payload_bytes, len(slots),
     ]  # fmt: skip
     for slot, run_at in slots:

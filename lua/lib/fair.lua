@@ -123,6 +123,17 @@ local function fair_turn_on(now)
   if head[1] then fair_activate('', tonumber(head[2]), now) end
 end
 
+-- A fairness key sent in hex (its UTF-8 bytes): the key, or nil and why not.
+local FAIR_KEY_MAX = 256
+local function fair_key_from_hex(hex)
+  if #hex < 2 or #hex > 2 * FAIR_KEY_MAX or #hex % 2 ~= 0 or not string.match(hex, '^%x+$') then
+    return nil, 'must be 1..' .. FAIR_KEY_MAX .. ' bytes in hex'
+  end
+  local key = string.gsub(hex, '%x%x', function(c) return string.char(tonumber(c, 16)) end)
+  if not valid_utf8(key) then return nil, 'must be valid UTF-8' end
+  return key, nil
+end
+
 -- The fairness key of a task id ('' for the default key).
 local function fair_key_of(id)
   return redis.call('HGET', k.fairkeys, id) or ''
