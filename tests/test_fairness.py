@@ -852,3 +852,56 @@ def test_the_default_keys_ready_wait_in_the_priority_order_is_its_next_claims(
     )
     info = {i.key: i for i in scheduler.fair_keys()}[""]
     assert (info.queued, info.head_due_at) == (2, 1000.5)
+
+
+# ------------------------------------------------------------------------ compaction
+
+
+@pytest.mark.parametrize("order", ["default", "priority"])
+def test_stale_keyed_entries_are_compacted_and_do_not_grow_without_bound(
+    redis_client: redis.Redis, scheduler: Scheduler, order: str
+) -> None:
+    """A keyed task replaced while queued leaves its old entry in fairq, behind its key's
+    live head, where no claim reaches it: housekeeping's compaction removes them, so
+    round after round of replacements keeps fairq bounded."""
+    from distsched import core
+
+    scheduler.set_order(order, aging=1.0)
+    live = 300
+    specs = [TaskSpec(f"t{i}", "f", key="t", run_at=1000.0 + i) for i in range(live)]
+    scheduler.schedule_many(specs)
+    (head,), _ = scheduler.claim(1, "w")  # ranks the key's entries in the priority order
+    assert head.task_id == "t0"
+    sizes = []
+    for _ in range(10):
+        scheduler.schedule_many(specs[1:])  # new versions: the old entries go stale
+        scheduler.housekeeping()
+        sizes.append(int(redis_client.zcard(scheduler.keys.fairq)))
+    # Each round adds live - 1 stale entries: without compaction 10 rounds would leave
+    # 10 * (live - 1) of them; compaction walks once they are at least COMPACT_MINIMUM
+    # and the majority, so they stay below that bound plus a round or two.
+    assert max(sizes) <= live + core.COMPACT_MINIMUM + 2 * live
+    while scheduler._drive(scheduler._ops.run(core.compact_call(scheduler.keys, 10_000, 0)))[0]:
+        pass
+    assert redis_client.zcard(scheduler.keys.fairq) == live - 1
+    claims, _ = scheduler.claim(live, "w")
+    assert [c.task_id for c in claims] == [f"t{i}" for i in range(1, live)]
+
+
+def test_compaction_removes_every_stale_keyed_entry_once_they_are_the_majority(
+    redis_client: redis.Redis, scheduler: Scheduler
+) -> None:
+    from distsched import core
+
+    scheduler.schedule_many([TaskSpec(f"c{i}", "f", key="k") for i in range(50)])
+    scheduler.schedule_many([TaskSpec("live", "f", key="k")])
+    for i in range(50):
+        scheduler.cancel(f"c{i}")
+    assert redis_client.zcard(scheduler.keys.fairq) == 51
+    removed = 0
+    for _ in range(20):
+        removed += scheduler._drive(scheduler._ops.run(core.compact_call(scheduler.keys, 7, 0)))[0]
+    assert removed == 50
+    assert redis_client.zcard(scheduler.keys.fairq) == 1
+    claims, _ = scheduler.claim(5, "w")
+    assert [c.task_id for c in claims] == ["live"]
