@@ -144,6 +144,9 @@ class Claim:
     trace: Mapping[str, str] | None = None
     """The producer's W3C trace context (``traceparent``, maybe ``tracestate``), when
     the payload carries one (see ``lua/README.md``, Payload)."""
+    key: str | None = None
+    """The task's fairness key in a fair namespace (``""``: the default key); None in a
+    namespace without keys."""
 
     @property
     def token(self) -> tuple[str, int, int]:
@@ -1345,6 +1348,9 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
     """Decode the claim script's reply into claims and, when short, why."""
     count, reason, delay_us = int(reply[0]), _text(reply[1]), int(reply[2])
     claims: list[Claim] = []
+    # A fair claim's reply ends with the fairness key of each task, in order.
+    keys_at = 3 + CLAIM_FIELDS * count
+    fair_keys = list(reply[keys_at : keys_at + count])
     for i in range(count):
         base = 3 + CLAIM_FIELDS * i
         task_id, version, attempt, priority, run_at, raw = reply[base : base + CLAIM_FIELDS]
@@ -1373,6 +1379,7 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
                 run_at=int(run_at) / 1000.0,
                 payload_error=error,
                 trace=trace,
+                key=_bytes(fair_keys[i]).decode("utf-8", "replace") if i < len(fair_keys) else None,
             )
         )
     wait = None

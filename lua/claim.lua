@@ -62,7 +62,7 @@
 --         caller whose reply was lost hands them back (release.lua)
 --
 -- Reply: { jobs left (0 unless a task expired), claimed, reason, delay_us,
---          (id, version, attempt, priority, run_at_ms, payload) * claimed }
+--          (id, version, attempt, priority, run_at_ms, payload) * claimed, keys }
 --   payload  the stored payload; a msgpack string instead of a map for a corrupt record
 --           (the text of the error to fail the task with)
 --   reason  '' when n were claimed; else why not more:
@@ -72,6 +72,9 @@
 --           one (delay_us until the head of queue, 0 when due entries are left to move);
 --           'fire' (whatever was claimed): a schedule's slot is due (the head of fires),
 --           run fire.lua, then claim again; delay_us is then 0
+--   keys    in a fair namespace only: after the claimed tasks, the fairness key of each
+--           ('' for the default key), in the same order (a reply sent again for a kept
+--           request id, ARGV[7], has none)
 --   delay_us microseconds (from the server clock's microseconds, so a waiting worker does
 --           not oversleep by the part of a millisecond already gone) until the queue head
 --           or the next fire time (the head of fires), whichever comes first, when fewer
@@ -239,6 +242,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           c.leases[#c.leases + 1] = id
           c.claimed_ids[id] = true
           c.out[#c.out + 1] = { id, t.version, t.attempt, t.priority, t.run_at }
+          c.keys[#c.keys + 1] = key
           claimed = claimed + 1
           redis.call('HINCRBY', k.fair, 'run:' .. key, 1)
           redis.call('HSET', k.fairrun, id, key)
@@ -313,6 +317,8 @@ return run(function()
   -- Deadlines cost one EXISTS per call while no task has one.
   local deadlines_on = redis.call('EXISTS', k.deadlines) == 1
   local expiring, started_with_deadline = {}, {}
+  -- The fairness key of each task a fair claim starts, in claim order (for the reply).
+  local fair_keys = {}
 
   -- A fair namespace (lib/fair.lua): keys take turns, each in the namespace's order.
   local fair = fair_on()
@@ -320,7 +326,7 @@ return run(function()
     local c = {
       out = out, records = records, leases = leases, claimed_ids = claimed_ids,
       expiring = expiring, started = started_with_deadline, worker = worker, lease_ms = lease_ms,
-      quarantined = quarantined, ready_taken = 0,
+      quarantined = quarantined, ready_taken = 0, keys = fair_keys,
     }
     reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
     claimed = #out
@@ -481,5 +487,6 @@ return run(function()
     for _, value in ipairs(c) do reply[#reply + 1] = value end
     reply[#reply + 1] = payloads[i] or ''
   end
+  for _, key in ipairs(fair_keys) do reply[#reply + 1] = key end
   return reply
 end)

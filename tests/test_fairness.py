@@ -905,3 +905,56 @@ def test_compaction_removes_every_stale_keyed_entry_once_they_are_the_majority(
     assert redis_client.zcard(scheduler.keys.fairq) == 1
     claims, _ = scheduler.claim(5, "w")
     assert [c.task_id for c in claims] == ["live"]
+
+
+def test_claims_carry_their_key_only_in_a_fair_namespace(scheduler: Scheduler) -> None:
+    scheduler.schedule("plain", fn="f")
+    (claim,), _ = scheduler.claim(1, "w")
+    assert claim.key is None
+    scheduler.schedule_many([TaskSpec("k", "f", key="tenant:1"), TaskSpec("d", "f")])
+    claims, _ = scheduler.claim(2, "w")
+    assert {c.task_id: c.key for c in claims} == {"k": "tenant:1", "d": ""}
+
+
+def test_per_key_ready_waits_are_a_histogram_of_at_most_the_top_keys_and_other(
+    scheduler: Scheduler,
+) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from distsched.core import STATS_TOP_KEYS
+    from distsched.metrics import OTHER_KEYS_LABEL, PrometheusMetrics
+
+    # 30 keys, key i with i + 1 queued tasks; stats shows STATS_TOP_KEYS of them.
+    scheduler.schedule_many(
+        [TaskSpec(f"t{i}-{j}", "f", key=f"k{i}") for i in range(30) for j in range(i + 1)]
+    )
+    registry = prometheus_client.CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    shown = {load["key"] for load in scheduler.stats()["keys"]}
+    assert len(shown) == STATS_TOP_KEYS
+    metrics.on_stats(scheduler.stats())
+    claims, _ = scheduler.claim(60, "w")
+    assert len({c.key for c in claims}) == 30
+    for c in claims:
+        metrics.on_started(c, 0.02)
+    counts = {
+        sample.labels["key"]: sample.value
+        for metric in registry.collect()
+        if metric.name == "distsched_key_task_ready_wait_seconds"
+        for sample in metric.samples
+        if sample.name.endswith("_count")
+    }
+    top = shown
+    assert set(counts) == top | {OTHER_KEYS_LABEL}
+    per_key = Counter(c.key for c in claims)
+    assert counts[OTHER_KEYS_LABEL] == sum(n for key, n in per_key.items() if key not in top)
+    assert all(counts[key] == per_key[key] for key in top)
+    # A key no longer shown loses its series: the label set stays bounded.
+    gone = next(iter(top))
+    metrics.on_stats({**scheduler.stats(), "keys": []})
+    assert (
+        registry.get_sample_value("distsched_key_task_ready_wait_seconds_count", {"key": gone})
+        is None
+    )
+    assert registry.get_sample_value(
+        "distsched_key_task_ready_wait_seconds_count", {"key": OTHER_KEYS_LABEL}
+    ) == float(len(claims) - sum(per_key[key] for key in top))
