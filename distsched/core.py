@@ -1881,8 +1881,9 @@ def translate_error(message: str) -> Exception:
             return ConflictError(f"task {detail!r} has no cancellation request")
         if what == "queued":
             return ConflictError(
-                f"the ready set holds {detail} entries, more than a change of order rewrites "
-                "at once; let the workers drain it first"
+                f"the ready set (with the keyed tasks of a fair namespace) holds {detail} "
+                "entries, more than a change of order rewrites at once; let the workers "
+                "drain it first"
             )
         if what == "state":
             state, _, task_id = detail.partition(" ")
