@@ -30,7 +30,10 @@
 --
 -- A fair namespace (meta fair = '1'; lib/fair.lua) claims by fairness key instead: the
 -- key of lowest virtual time in fairready gives its head (queue for the default key, fairq
--- for the others), one task at a time, each key within its cap and rate limit; keys whose
+-- for the others; in the priority order ranked for the default key, and for the others
+-- the key's ranked section of fairq, into which the visit first moves the key's due
+-- entries, at most MOVE_MAX per call over all keys: when due entries of the key are left
+-- unranked the call stops, 'not_due' with delay 0), one task at a time, each key within its cap and rate limit; keys whose
 -- head is not due, at their cap or over their rate leave fairready (for fairwait or
 -- fairfull), and the head of fairwait joins the delay hint. At most n + 64 keys are
 -- visited per call ('not_due', delay 0, when that bound stops it); 'capacity' also when
@@ -96,22 +99,23 @@ local FAIR_MOVE = 1000
 -- priority order, lib/ranked.lua: the move budget mv.left of this call is spent).
 local function fair_head(key, now, aging, mv)
   if key == '' then
+    local h = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
     if aging then
-      -- The default key's due entries were moved into ranked at the start of the call.
+      -- The default key's due entries were moved into ranked at the start of the call;
+      -- while some are left (more than its move took), its head may not be the lowest.
+      if h[1] and tonumber(h[2]) <= now then return nil, nil, nil, nil, true end
       local r = redis.call('ZRANGE', k.ranked, 0, 0)
       if r[1] then return r[1], now, r[1], 'ranked' end
     end
-    local h = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
     if not h[1] then return nil end
-    if aging and tonumber(h[2]) <= now then return nil, nil, nil, nil, true end
     return h[1], tonumber(h[2]), h[1], 'queue'
   end
   local p = fair_prefix(key)
   if aging then
     -- The key's due entries join its ranked section before its head is read.
+    local due_max = '(' .. p .. string.format('%013x', now + 1)
     if mv.left > 0 then
-      local due = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '0',
-        '(' .. p .. string.format('%013x', now + 1), 'LIMIT', 0, mv.left)
+      local due = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '0', due_max, 'LIMIT', 0, mv.left)
       if #due > 0 then
         mv.left = mv.left - #due
         local adds = {}
@@ -124,6 +128,10 @@ local function fair_head(key, now, aging, mv)
         call_many('ZADD', k.fairq, adds)
       end
     end
+    -- The budget spent: a due entry left unranked could rank before the ranked head.
+    if mv.left == 0 and redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '0', due_max, 'LIMIT', 0, 1)[1] then
+      return nil, nil, nil, nil, true
+    end
     local r = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '!', '(' .. p .. '"', 'LIMIT', 0, 1)
     if r[1] then
       local _, at, qmember = fairq_parse(r[1])
@@ -134,8 +142,9 @@ local function fair_head(key, now, aging, mv)
   local h = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p, '[' .. p .. '\255', 'LIMIT', 0, 1)
   if not h[1] then return nil end
   local rest = string.sub(h[1], #p + 1)
-  local at = tonumber(string.sub(rest, 1, 13), 16) or 0
-  if aging and at <= now then return nil, nil, nil, nil, true end
+  local at = tonumber(string.sub(rest, 1, 13), 16)
+  -- A member of neither form (junk) is handed back as an entry no task matches: dropped.
+  if not at then return h[1], 0, '', 'fairq' end
   return h[1], at, string.sub(rest, 14), 'fairq'
 end
 

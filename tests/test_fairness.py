@@ -958,3 +958,41 @@ def test_per_key_ready_waits_are_a_histogram_of_at_most_the_top_keys_and_other(
     assert registry.get_sample_value(
         "distsched_key_task_ready_wait_seconds_count", {"key": OTHER_KEYS_LABEL}
     ) == float(len(claims) - sum(per_key[key] for key in top))
+
+
+@pytest.mark.parametrize("key", ["t", None])
+def test_a_key_with_more_due_tasks_than_one_claim_ranks_is_served_in_exact_rank_order(
+    scheduler: Scheduler, key: str | None
+) -> None:
+    """More due tasks than a claim call ranks (1,000): the calls rank them in steps and
+    serve the key only once all are ranked, so its highest priority still goes first."""
+    from distsched.core import WaitReason
+
+    scheduler.set_key("t")
+    total = 1500
+    for first in range(0, total, 500):
+        scheduler.schedule_many(
+            [
+                # Due 1 ms apart; the last one due has the highest priority by far.
+                TaskSpec(
+                    f"x{i}",
+                    "f",
+                    key=key,
+                    run_at=1000.0 + i / 1000,
+                    priority=10**6 * (i == total - 1),
+                )
+                for i in range(first, first + 500)
+            ]
+        )
+    # Queued in the default order, so that none is ranked yet when the order changes.
+    scheduler.set_order("priority", aging=0.001)
+    got = None
+    for _ in range(5):
+        claims, wait = scheduler.claim(1, "w")
+        if claims:
+            got = claims[0].task_id
+            break
+        assert wait is not None and wait.reason is WaitReason.NOT_DUE and wait.delay == 0
+    assert got == f"x{total - 1}"
+    claims, _ = scheduler.claim(3, "w")
+    assert [c.task_id for c in claims] == ["x0", "x1", "x2"]
