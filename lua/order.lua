@@ -29,7 +29,8 @@
 -- ARGV[2] aging_ms, an integer in [0, 1000000000] (ignored for 'default'; send 0)
 -- ARGV[3] the most entries of ranked this call may rewrite (>= 0)
 --
--- Reply: { 0, 1 when the order or aging changed, else 0, entries of ranked rewritten }
+-- Reply: { 0, 1 when the order or aging changed, else 0, entries of ranked rewritten, plus
+--          in a fair namespace the entries of fairq examined }
 -- Errors (nothing written):
 --   BADARG order|aging_ms|most ...
 --   CONFLICT queued <entries>   ranked is larger than ARGV[3]
