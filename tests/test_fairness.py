@@ -996,3 +996,31 @@ def test_a_key_with_more_due_tasks_than_one_claim_ranks_is_served_in_exact_rank_
     assert got == f"x{total - 1}"
     claims, _ = scheduler.claim(3, "w")
     assert [c.task_id for c in claims] == ["x0", "x1", "x2"]
+
+
+@pytest.mark.parametrize(
+    ("priority", "aging_s"),
+    [(0, 1.0), (5, 1.0), (-7, 3.0), (2_000_000, 1_000_000.0), (-(2**31), 1_000_000.0)],
+)
+def test_a_ranked_keyed_entry_is_the_member_python_builds_for_explain(
+    redis_client: redis.Redis, scheduler: Scheduler, priority: int, aging_s: float
+) -> None:
+    """Negative ranks and ranks beyond 2^53 included: the scripts and the Python side
+    encode a key's ranked entry alike, so explain finds it."""
+    from distsched.core import fair_ranked_member, queue_member
+
+    scheduler.set_order("priority", aging=aging_s)
+    version = scheduler.schedule("x", fn="f", key="t", run_at=1000.0, priority=priority)
+    member = queue_member(priority, version, "x")
+    expected = fair_ranked_member("t", 1_000_000, member, priority, round(aging_s * 1000))
+    assert redis_client.zrange(scheduler.keys.fairq, 0, -1) == [expected]
+    assert scheduler.explain("x").ahead == 0
+
+
+def test_ranked_keyed_entries_sort_as_their_ranks_across_the_sign() -> None:
+    from distsched.core import fair_ranked_member
+
+    ranks = [-(2**61), -(2**53) - 2, -5000, -1, 0, 1, 5000, 2**53 + 2, 2**61]
+    # Due 0 and priority -rank at one ms of aging: the rank is the given one.
+    members = [fair_ranked_member("t", 0, b"m", -rank, 1) for rank in ranks]
+    assert sorted(members) == members
