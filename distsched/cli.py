@@ -1472,12 +1472,16 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
     "--catchup-window", type=Duration("catchup_window"), default=3600.0, show_default=True,
     help="How far back missed slots still fire (older ones are counted as missed).",
 )  # fmt: skip
+@click.option(
+    "--key", "fair_key", metavar="KEY",
+    help="Fairness key (tenant) of the tasks it fires (default: the default key).",
+)  # fmt: skip
 @click.pass_context
 def schedules_add(
     ctx: click.Context, name: str, fn: str, args_json: str, kwargs_json: str, cron: str | None,
     tz: str, interval: float | None, priority: int, max_attempts: int, backoff: float,
     start: str | None, end: str | None, jitter: float, paused: bool, overlap: str, catchup: str,
-    catchup_window: float,
+    catchup_window: float, fair_key: str | None,
 ) -> None:  # fmt: skip
     """Add (or replace) schedule NAME; print its next fire time."""
     options: ScheduleOptions = {
@@ -1488,7 +1492,7 @@ def schedules_add(
         "start": None if start is None else parse_when(start, "start"),
         "end": None if end is None else parse_when(end, "end"),
         "jitter": jitter, "paused": paused, "overlap": overlap, "catchup": catchup,
-        "catchup_window": catchup_window,
+        "catchup_window": catchup_window, "key": fair_key,
     }  # fmt: skip
     scheduler = _connect(ctx)
     sc = scheduler.add_schedule(name, fn, **options)

@@ -585,7 +585,9 @@ class Scheduler(BaseScheduler):
         The order may change while tasks are queued: switching to ``"priority"`` ranks the
         queued tasks as claims reach them; switching back, or a new ``aging``, rewrites the
         ready set in the same call, and is refused (``ConflictError``) while it holds more
-        than 100,000 entries. Last writer wins.
+        than 100,000 entries (in a namespace with fairness keys, counted with the keyed
+        tasks' entries). Inside each fairness key claims follow this order; across keys
+        they take turns (README, "Tenants and fairness"). Last writer wins.
         """
         return self._drive(self._ops.set_order(order, aging))
 

@@ -144,6 +144,9 @@ class Claim:
     trace: Mapping[str, str] | None = None
     """The producer's W3C trace context (``traceparent``, maybe ``tracestate``), when
     the payload carries one (see ``lua/README.md``, Payload)."""
+    key: str | None = None
+    """The task's fairness key in a fair namespace (``""``: the default key); None in a
+    namespace without keys."""
 
     @property
     def token(self) -> tuple[str, int, int]:
@@ -288,7 +291,7 @@ class TaskSpec:
     - ``key``: the fairness key (tenant) of the task, any text of 1..256 bytes in UTF-8;
       tasks given none share the default key. Keys take turns at the claims in proportion
       to their weights, each within its concurrency cap (``Scheduler.set_key``; README,
-      "Tenants and fairness"). Not in a namespace of the priority order.
+      "Tenants and fairness"). Inside a key, claims follow the namespace's order.
     """
 
     task_id: str
@@ -655,36 +658,89 @@ def _fair_prefix(key: str) -> bytes:
     return b"%03x" % len(raw) + raw
 
 
+FAIR_DUE_MAX = 2**52 - 1
+"""The largest due time a fairq entry encodes (``FAIR_DUE_MAX`` in ``lua/lib/fair.lua``)."""
+
+
+def _fair_due(due_ms: int) -> int:
+    return max(0, min(due_ms, FAIR_DUE_MAX))
+
+
+def fair_delayed_member(key: str, due_ms: int, member: bytes) -> bytes:
+    """A keyed entry of fairq in its key's delayed section (``fairq_delayed_member``)."""
+    return _fair_prefix(key) + b"%013x" % _fair_due(due_ms) + member
+
+
+def _rank_hex(rank: float) -> bytes:
+    # As rank_hex in lua/lib/ranked.lua: a sign digit, then 16 hex digits of the size,
+    # complemented for a negative rank, so that the text sorts as the number does.
+    if rank >= 0:
+        return b"1%016x" % int(rank)
+    return b"0" + (b"%016x" % int(-rank)).translate(_HEX_FLIP)
+
+
+_HEX_FLIP = bytes.maketrans(b"0123456789abcdef", b"fedcba9876543210")
+
+
+def fair_ranked_member(key: str, due_ms: int, member: bytes, priority: int, aging_ms: int) -> bytes:
+    """A keyed entry of fairq in its key's ranked section (priority order;
+    ``fairq_ranked_member`` in ``lua/lib/ranked.lua``). The rank is computed in floats,
+    as the scripts compute it."""
+    due = _fair_due(due_ms)
+    rank = float(due) - float(priority) * float(aging_ms)
+    return _fair_prefix(key) + b"!" + _rank_hex(rank) + member + b"%013x" % due
+
+
+def _fairq_entry_due(prefix: bytes, entry: bytes) -> int | None:
+    """The due ms of one key's fairq entry (either section); None for junk."""
+    rest = entry[len(prefix) :]
+    raw = rest[-13:] if rest.startswith(b"!") else rest[:13]
+    try:
+        return int(raw, 16)
+    except ValueError:
+        return None
+
+
 def _key_reads(keys: Keys, key: str) -> list[tuple[Any, ...]]:
     """The reads of :func:`_decode_key_info`, for one key."""
     prefix = _fair_prefix(key)
-    if key == "":
-        queued: tuple[Any, ...] = ("ZCARD", keys.queue)
-        head: tuple[Any, ...] = ("ZRANGE", keys.queue, 0, 0, "WITHSCORES")
-    else:
-        queued = ("ZLEXCOUNT", keys.fairq, b"[" + prefix, b"[" + prefix + b"\xff")
-        head = (
-            "ZRANGE",
-            keys.fairq,
-            b"[" + prefix,
-            b"[" + prefix + b"\xff",
-            "BYLEX",
-            "LIMIT",
-            0,
-            1,
-        )
-    return [
-        ("HMGET", keys.fair, f"cap:{key}", "cap", f"w:{key}", f"run:{key}", f"rate:{key}"),
-        queued,
+    settings: tuple[Any, ...] = (
+        "HMGET",
+        keys.fair,
+        f"cap:{key}",
+        "cap",
+        f"w:{key}",
+        f"run:{key}",
+        f"rate:{key}",
+    )
+    turns = [
         ("ZSCORE", keys.fairready, key),
         ("ZSCORE", keys.fairwait, key),
         ("ZSCORE", keys.fairfull, key),
-        head,
+    ]
+    if key == "":
+        # The default key's entries: queue, and in the priority order ranked, whose head
+        # is the next claimed (its due time is rank + priority * aging).
+        return [
+            settings,
+            ("ZCARD", keys.queue),
+            *turns,
+            ("ZRANGE", keys.queue, 0, 0, "WITHSCORES"),
+            ("ZCARD", keys.ranked),
+            ("ZRANGE", keys.ranked, 0, 0, "WITHSCORES"),
+            ("HMGET", keys.meta, "order", "aging_ms"),
+        ]
+    # A keyed entry's ranked section sorts first: the first entry is the next claimed.
+    return [
+        settings,
+        ("ZLEXCOUNT", keys.fairq, b"[" + prefix, b"[" + prefix + b"\xff"),
+        *turns,
+        ("ZRANGE", keys.fairq, b"[" + prefix, b"[" + prefix + b"\xff", "BYLEX", "LIMIT", 0, 1),
     ]
 
 
 def _decode_key_info(key: str, replies: Sequence[Any]) -> KeyInfo:
-    fields, queued, ready, waiting, full, head = replies
+    fields, queued, ready, waiting, full, head = replies[:6]
     turn = "idle"
     if ready is not None:
         turn = "ready"
@@ -693,27 +749,42 @@ def _decode_key_info(key: str, replies: Sequence[Any]) -> KeyInfo:
     elif full is not None:
         turn = "capped"
     head_due: float | None = None
-    if head:
-        if key == "":
-            head_due = float(head[0][1] if isinstance(head[0], (list, tuple)) else head[1]) / 1000
-        else:
-            member = _bytes(head[0])
-            due = member[len(_fair_prefix(key)) : len(_fair_prefix(key)) + 13]
+    total = int(queued)
+    if key == "":
+        ranked_count, ranked_head, order_fields = replies[6:]
+        total += int(ranked_count)
+        order = decode_order(order_fields[0], order_fields[1])
+        if ranked_head and order.order is Order.PRIORITY:
+            member, rank = _pair_of(ranked_head)
             try:
-                head_due = int(due, 16) / 1000.0
-            except ValueError:
-                head_due = None
+                priority = PRIORITY_MAX - int(member[:8], 16)
+            except ValueError:  # junk: no credit, as member_priority in the scripts
+                priority = 0
+            head_due = (rank + priority * round(order.aging_s * 1000)) / 1000
+        elif head:
+            head_due = _pair_of(head)[1] / 1000
+    elif head:
+        due = _fairq_entry_due(_fair_prefix(key), _bytes(head[0]))
+        head_due = None if due is None else due / 1000.0
     return KeyInfo(
         key,
         _count_or_none(fields[0]),
         _count_or_none(fields[1]),
         _count_or_none(fields[2]) or 1,
         _count_or_none(fields[3]) or 0,
-        int(queued),
+        total,
         turn,
         *_decode_rate(fields[4]),
         head_due_at=head_due,
     )
+
+
+def _pair_of(reply: Any) -> tuple[bytes, float]:
+    """(member, score) of a one-entry ZRANGE ... WITHSCORES reply, in either shape."""
+    first = reply[0]
+    if isinstance(first, (list, tuple)):
+        return _bytes(first[0]), float(first[1])
+    return _bytes(first), float(reply[1])
 
 
 def _decode_rate(raw: Any) -> tuple[int | None, float | None]:
@@ -1277,6 +1348,9 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
     """Decode the claim script's reply into claims and, when short, why."""
     count, reason, delay_us = int(reply[0]), _text(reply[1]), int(reply[2])
     claims: list[Claim] = []
+    # A fair claim's reply ends with the fairness key of each task, in order.
+    keys_at = 3 + CLAIM_FIELDS * count
+    fair_keys = list(reply[keys_at : keys_at + count])
     for i in range(count):
         base = 3 + CLAIM_FIELDS * i
         task_id, version, attempt, priority, run_at, raw = reply[base : base + CLAIM_FIELDS]
@@ -1305,6 +1379,7 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
                 run_at=int(run_at) / 1000.0,
                 payload_error=error,
                 trace=trace,
+                key=_bytes(fair_keys[i]).decode("utf-8", "replace") if i < len(fair_keys) else None,
             )
         )
     wait = None
@@ -1806,8 +1881,9 @@ def translate_error(message: str) -> Exception:
             return ConflictError(f"task {detail!r} has no cancellation request")
         if what == "queued":
             return ConflictError(
-                f"the ready set holds {detail} entries, more than a change of order rewrites "
-                "at once; let the workers drain it first"
+                f"the ready set (with the keyed tasks of a fair namespace) holds {detail} "
+                "entries, more than a change of order rewrites at once; let the workers "
+                "drain it first"
             )
         if what == "state":
             state, _, task_id = detail.partition(" ")
@@ -1868,7 +1944,8 @@ def fire_call(
     args: list[Any] = [
         PROPAGATE_BUDGET, d.name, rev, mode,
         "" if expected_ms is None else expected_ms, "" if next_ms is None else next_ms,
-        missed, d.overlap.value, f"{d.priority} {d.max_attempts} {d.backoff_ms}", payload,
+        missed, d.overlap.value,
+        f"{d.priority} {d.max_attempts} {d.backoff_ms}{_key_suffix(d.key)}", payload,
         max_payload_bytes, len(slots),
     ]  # fmt: skip
     for slot, run_at in slots:
@@ -2442,13 +2519,12 @@ class Ops:
         unique = list(dict.fromkeys(names))[:limit]
         if not unique:
             return []
-        reads = [read for name in unique for read in _key_reads(k, name)]
-        replies = yield from self.read(*reads)
-        per = len(reads) // len(unique)
-        infos = [
-            _decode_key_info(name, replies[i * per : (i + 1) * per])
-            for i, name in enumerate(unique)
-        ]
+        per_key = [_key_reads(k, name) for name in unique]
+        replies = yield from self.read(*[read for reads in per_key for read in reads])
+        infos, at = [], 0
+        for name, reads in zip(unique, per_key, strict=True):
+            infos.append(_decode_key_info(name, replies[at : at + len(reads)]))
+            at += len(reads)
         return sorted(infos, key=lambda info: (-info.running, -info.queued, info.key))
 
     def uses_sharded_pubsub(self) -> Op[bool]:
@@ -2739,14 +2815,20 @@ class Ops:
             fair_key = "" if raw_key is None else _text(raw_key)
         if queued and fair_key:
             # A keyed task of a fair namespace: its entry in fairq, behind its key's
-            # entries before it (lua/lib/fair.lua).
-            prefix = f"{len(fair_key.encode('utf-8')):03x}".encode() + fair_key.encode("utf-8")
-            fair_member = prefix + b"%013x" % max(0, min(rec.run_at_ms, 2**52 - 1)) + member
+            # entries before it (lua/lib/fair.lua), in its key's delayed section or, in
+            # the priority order, its ranked section (lua/lib/ranked.lua).
+            prefix = _fair_prefix(fair_key)
+            aging_ms = round(order.aging_s * 1000)
+            fair_member = fair_delayed_member(fair_key, rec.run_at_ms, member)
+            ranked_member = fair_ranked_member(
+                fair_key, rec.run_at_ms, member, rec.priority, aging_ms
+            )
             reads += [
                 ("ZSCORE", k.fairq, fair_member),
                 ("ZLEXCOUNT", k.fairq, b"[" + prefix, b"(" + fair_member),
+                ("ZSCORE", k.fairq, ranked_member),
+                ("ZLEXCOUNT", k.fairq, b"[" + prefix, b"(" + ranked_member),
             ]
-            reads += [("ZSCORE", k.ranked, member), ("ZRANK", k.ranked, member)]
         elif queued:
             reads += [("ZSCORE", k.queue, member), ("ZRANK", k.queue, member)]
             reads += [("ZSCORE", k.ranked, member), ("ZRANK", k.ranked, member)]
@@ -2770,12 +2852,24 @@ class Ops:
             ranked_score, ranked_rank = replies.pop(0), replies.pop(0)
             aging_ms = round(order.aging_s * 1000)
             if fair_key:
-                if score is not None:
+                prefix = _fair_prefix(fair_key)
+                if ranked_score is not None:
+                    due_at, ahead = rec.run_at_ms / 1000.0, int(ranked_rank)
+                elif (
+                    score is not None and order.order is Order.PRIORITY and rec.run_at_ms <= now_ms
+                ):
+                    # Due, not ranked yet (the next claim that visits the key ranks it):
+                    # behind the key's ranked entries of a lower rank.
+                    mark = fair_ranked_member(fair_key, rec.run_at_ms, b"", rec.priority, aging_ms)
+                    (before,) = yield from self.read(
+                        ("ZLEXCOUNT", k.fairq, b"[" + prefix + b"!", b"(" + mark)
+                    )
+                    due_at, ahead = rec.run_at_ms / 1000.0, int(before)
+                elif score is not None:
                     due_at, ahead = rec.run_at_ms / 1000.0, int(rank)
                 else:
                     # Handed back with a delay: its entry's due time is not run_at. It is
                     # looked for among the key's first EXPLAIN_LIMIT entries.
-                    prefix = _fair_prefix(fair_key)
                     (head,) = yield from self.read(
                         (
                             "ZRANGEBYLEX",
@@ -2789,9 +2883,16 @@ class Ops:
                     )
                     for position, raw_member in enumerate(head):
                         entry = _bytes(raw_member)
-                        if entry.endswith(member) and len(entry) == len(prefix) + 13 + len(member):
-                            due_hex = entry[len(prefix) : len(prefix) + 13]
-                            due_at, ahead = int(due_hex, 16) / 1000.0, position
+                        delayed = entry.endswith(member) and len(entry) == len(prefix) + 13 + len(
+                            member
+                        )
+                        ranked = (
+                            entry.startswith(prefix + b"!")
+                            and entry[len(prefix) + 18 : -13] == member
+                        )
+                        due = _fairq_entry_due(prefix, entry)
+                        if (delayed or ranked) and due is not None:
+                            due_at, ahead = due / 1000.0, position
                             break
             elif ranked_score is not None:
                 # In the ready set of the priority order: due, behind the entries ranked

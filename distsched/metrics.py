@@ -12,6 +12,7 @@ without metrics never loads it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +28,8 @@ INSTALL_HINT = "pip install 'distsched[metrics]'"
 CLAIM_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 RUN_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
+OTHER_KEYS_LABEL = "(other)"
+"""The ``key`` label of ready waits of the fairness keys outside the top keys."""
 
 
 class MetricsUnavailable(DistschedError):
@@ -214,6 +217,17 @@ class PrometheusMetrics(WorkerMetrics):
             "How long the first due task of each fairness key has waited (top keys).",
             ("key",),
         )
+        # Every start's ready wait in a fair namespace, per key for the top keys of the
+        # last stats read, the rest under OTHER_KEYS_LABEL: at most 11 series.
+        self.key_task_wait = prom.Histogram(
+            "distsched_key_task_ready_wait_seconds",
+            "From a task's run_at (server clock) to its function starting, per fairness "
+            f"key (the top keys of stats; the others as {OTHER_KEYS_LABEL!r}).",
+            ("key",),
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        self.key_task_wait.labels(OTHER_KEYS_LABEL)
         self._key_labels: set[str] = set()
         self.pool = gauge(
             "distsched_worker_slots",
@@ -243,6 +257,9 @@ class PrometheusMetrics(WorkerMetrics):
     def on_started(self, claim: Claim, wait_s: float) -> None:
         self.start_wait.observe(max(0.0, wait_s))
         self.ready_wait.labels(priority_bucket(claim.priority)).observe(max(0.0, wait_s))
+        if claim.key is not None:
+            label = claim.key if claim.key in self._key_labels else OTHER_KEYS_LABEL
+            self.key_task_wait.labels(label).observe(max(0.0, wait_s))
 
     def on_finished(self, claim: Claim, duration_s: float) -> None:
         # Only registered functions run, so the label's values are bounded.
@@ -291,6 +308,10 @@ class PrometheusMetrics(WorkerMetrics):
         for label in self._key_labels - shown:
             for metric in (self.key_running, self.key_queued, self.key_ready_wait):
                 metric.remove(label)
+            if label != OTHER_KEYS_LABEL:
+                # KeyError: no task of that key started while it was shown.
+                with contextlib.suppress(KeyError):
+                    self.key_task_wait.remove(label)
         self._key_labels = shown
 
     def on_pool(self, snapshot: Mapping[str, int]) -> None:

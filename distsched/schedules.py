@@ -88,6 +88,7 @@ class ScheduleOptions(TypedDict, total=False):
     overlap: Overlap | str
     catchup: Catchup | str
     catchup_window: float
+    key: str | None
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ class Schedule:
     - ``overlap``: an :class:`Overlap` policy; ``catchup`` and ``catchup_window``: after
       an outage, the slots of the last ``catchup_window`` seconds fire (``all`` of them,
       or only the ``latest``); the others are counted in ``missed``.
+    - ``key``: the fairness key (tenant) of every task it fires (``None``: the default
+      key), as ``Scheduler.schedule``'s ``key``.
     - ``next_fire``: the next slot (epoch seconds), ``None`` while paused or ended.
     - ``fired``, ``skipped``, ``missed``: tasks created, slots skipped by the overlap
       policy, slots not fired; ``last_task``: the id of the last run it started.
@@ -130,6 +133,7 @@ class Schedule:
     skipped: int = 0
     missed: int = 0
     last_task: str | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,7 @@ class Definition:
     overlap: Overlap
     catchup: Catchup
     window_ms: int
+    key: str | None = None
 
     def encode(self) -> bytes:
         data = {
@@ -165,6 +170,8 @@ class Definition:
             "paused": self.paused, "overlap": self.overlap.value, "catchup": self.catchup.value,
             "window_ms": self.window_ms,
         }  # fmt: skip
+        if self.key is not None:  # absent without one: definitions stored before read alike
+            data["key"] = self.key
         packed: bytes = msgpack.packb(data, use_bin_type=True)
         return packed
 
@@ -181,6 +188,7 @@ class Definition:
                 start_ms=d["start_ms"], end_ms=d["end_ms"], jitter_ms=int(d["jitter_ms"]),
                 paused=bool(d["paused"]), overlap=Overlap(d["overlap"]),
                 catchup=Catchup(d["catchup"]), window_ms=int(d["window_ms"]),
+                key=None if d.get("key") is None else str(d["key"]),
             )  # fmt: skip
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
             raise ValueError(
@@ -205,7 +213,7 @@ class Definition:
             jitter=self.jitter_ms / 1000.0, paused=self.paused, overlap=self.overlap,
             catchup=self.catchup, catchup_window=self.window_ms / 1000.0,
             next_fire=sec(next_ms), fired=state.fired, skipped=state.skipped,
-            missed=state.missed, last_task=state.last or None,
+            missed=state.missed, last_task=state.last or None, key=self.key,
         )  # fmt: skip
 
     def jitter_for(self, slot_ms: int) -> int:
@@ -321,6 +329,7 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
         PRIORITY_MIN,
         _is_int,
         encode_payload,
+        validate_fair_key,
     )
 
     unknown = sorted(set(options) - set(ScheduleOptions.__annotations__))
@@ -369,6 +378,9 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
     window = _seconds(
         options.get("catchup_window", DEFAULT_CATCHUP_WINDOW_S), "catchup_window", 0.0, 2**40
     )
+    key = options.get("key")
+    if key is not None:
+        key = validate_fair_key(key)
     anchor = start_ms if start_ms is not None else now_ms + (interval_ms or 0)
     return Definition(
         name=name, fn=str(fn), args=tuple(args), kwargs=dict(kwargs or {}), priority=priority,
@@ -376,6 +388,7 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
         cron=cron_expr if interval is None else None, tz=str(tz_name), interval_ms=interval_ms,
         anchor_ms=anchor, start_ms=start_ms, end_ms=end_ms, jitter_ms=round(jitter * 1000),
         paused=paused, overlap=overlap, catchup=catchup, window_ms=round(window * 1000),
+        key=key,
     )  # fmt: skip
 
 

@@ -30,7 +30,10 @@
 --
 -- A fair namespace (meta fair = '1'; lib/fair.lua) claims by fairness key instead: the
 -- key of lowest virtual time in fairready gives its head (queue for the default key, fairq
--- for the others), one task at a time, each key within its cap and rate limit; keys whose
+-- for the others; in the priority order ranked for the default key, and for the others
+-- the key's ranked section of fairq, into which the visit first moves the key's due
+-- entries, at most MOVE_MAX per call over all keys: when due entries of the key are left
+-- unranked the call stops, 'not_due' with delay 0), one task at a time, each key within its cap and rate limit; keys whose
 -- head is not due, at their cap or over their rate leave fairready (for fairwait or
 -- fairfull), and the head of fairwait joins the delay hint. At most n + 64 keys are
 -- visited per call ('not_due', delay 0, when that bound stops it); 'capacity' also when
@@ -62,7 +65,7 @@
 --         caller whose reply was lost hands them back (release.lua)
 --
 -- Reply: { jobs left (0 unless a task expired), claimed, reason, delay_us,
---          (id, version, attempt, priority, run_at_ms, payload) * claimed }
+--          (id, version, attempt, priority, run_at_ms, payload) * claimed, keys }
 --   payload  the stored payload; a msgpack string instead of a map for a corrupt record
 --           (the text of the error to fail the task with)
 --   reason  '' when n were claimed; else why not more:
@@ -72,6 +75,9 @@
 --           one (delay_us until the head of queue, 0 when due entries are left to move);
 --           'fire' (whatever was claimed): a schedule's slot is due (the head of fires),
 --           run fire.lua, then claim again; delay_us is then 0
+--   keys    in a fair namespace only: after the claimed tasks, the fairness key of each
+--           ('' for the default key), in the same order (a reply sent again for a kept
+--           request id, ARGV[7], has none)
 --   delay_us microseconds (from the server clock's microseconds, so a waiting worker does
 --           not oversleep by the part of a millisecond already gone) until the queue head
 --           or the next fire time (the head of fires), whichever comes first, when fewer
@@ -87,29 +93,76 @@
 local FAIR_VISITS = 64
 local FAIR_MOVE = 1000
 
--- The head of key's entries: (member, due ms, queue member), or nil.
-local function fair_head(key)
+-- The head of key's entries: (member, due ms, queue member, the name of the set holding
+-- it: 'queue', 'ranked' or 'fairq'), or nil;
+-- nil, ..., true when due entries are left to move into the ranked order first (the
+-- priority order, lib/ranked.lua: the move budget mv.left of this call is spent).
+local function fair_head(key, now, aging, mv)
   if key == '' then
     local h = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+    if aging then
+      -- The default key's due entries were moved into ranked at the start of the call;
+      -- while some are left (more than its move took), its head may not be the lowest.
+      if h[1] and tonumber(h[2]) <= now then return nil, nil, nil, nil, true end
+      local r = redis.call('ZRANGE', k.ranked, 0, 0)
+      if r[1] then return r[1], now, r[1], 'ranked' end
+    end
     if not h[1] then return nil end
-    return h[1], tonumber(h[2]), h[1]
+    return h[1], tonumber(h[2]), h[1], 'queue'
   end
   local p = fair_prefix(key)
+  if aging then
+    -- The key's due entries join its ranked section before its head is read.
+    local due_max = '(' .. p .. string.format('%013x', now + 1)
+    if mv.left > 0 then
+      local due = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '0', due_max, 'LIMIT', 0, mv.left)
+      if #due > 0 then
+        mv.left = mv.left - #due
+        local adds = {}
+        for _, m in ipairs(due) do
+          adds[#adds + 1] = 0
+          adds[#adds + 1] = fairq_ranked_member(p, tonumber(string.sub(m, #p + 1, #p + 13), 16) or 0,
+            string.sub(m, #p + 14), aging)
+        end
+        call_many('ZREM', k.fairq, due)
+        call_many('ZADD', k.fairq, adds)
+      end
+    end
+    -- The budget spent: a due entry left unranked could rank before the ranked head.
+    if mv.left == 0 and redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '0', due_max, 'LIMIT', 0, 1)[1] then
+      return nil, nil, nil, nil, true
+    end
+    local r = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '!', '(' .. p .. '"', 'LIMIT', 0, 1)
+    if r[1] then
+      local _, at, qmember = fairq_parse(r[1])
+      if at then return r[1], at, qmember, 'fairq' end
+      return r[1], 0, '', 'fairq'
+    end
+  end
   local h = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p, '[' .. p .. '\255', 'LIMIT', 0, 1)
   if not h[1] then return nil end
   local rest = string.sub(h[1], #p + 1)
-  return h[1], tonumber(string.sub(rest, 1, 13), 16) or 0, string.sub(rest, 14)
+  local at = tonumber(string.sub(rest, 1, 13), 16)
+  -- A member of neither form (junk) is handed back as an entry no task matches: dropped.
+  if not at then return h[1], 0, '', 'fairq' end
+  return h[1], at, string.sub(rest, 14), 'fairq'
 end
 
-local function fair_drop(key, member)
-  if key == '' then redis.call('ZREM', k.queue, member) else redis.call('ZREM', k.fairq, member) end
+local function fair_drop(set, member)
+  if set == 'ranked' then
+    redis.call('ZREM', k.ranked, member)
+  elseif set == 'queue' then
+    redis.call('ZREM', k.queue, member)
+  else
+    redis.call('ZREM', k.fairq, member)
+  end
 end
 
 -- Claims of a fair namespace: serve the key of lowest virtual time, one task at a time.
 -- Unlike the queue walk it writes as it goes (each choice depends on the last); a
 -- record that cannot be read, or an id no worker can name, is dropped as stale.
 -- Returns reason, delay (as the reply's), and how many stale entries it dropped.
-local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, c)
+local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
   local vt0 = fair_vt()
   -- Keys whose head came due rejoin the turns.
   local due = redis.call('ZRANGEBYSCORE', k.fairwait, '-inf', now, 'LIMIT', 0, FAIR_MOVE)
@@ -124,14 +177,17 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
   end
   local claimed, dropped, visits, served = 0, 0, 0, nil
   local reason, delay = '', -1
+  local mv = { left = MOVE_MAX }
   while claimed < n do
     local top = redis.call('ZRANGE', k.fairready, 0, 0, 'WITHSCORES')
     if not top[1] then break end
     if visits >= n + FAIR_VISITS then reason = 'not_due'; delay = 0; break end
     visits = visits + 1
     local key, vt = top[1], tonumber(top[2])
-    local member, at, qmember = fair_head(key)
-    if not member then
+    local member, at, qmember, set, unmoved = fair_head(key, now, aging, mv)
+    if unmoved then
+      reason = 'not_due'; delay = 0; break
+    elseif not member then
       redis.call('ZREM', k.fairready, key)
     else
       local version, id = parse_member(qmember)
@@ -150,14 +206,14 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
         }
       end
       if not (t and t.state == 'ready' and t.version == version) then
-        fair_drop(key, member)
+        fair_drop(set, member)
         dropped = dropped + 1
         if dropped >= max_drop then reason = 'not_due'; delay = 0; break end
       elseif at > now then
         redis.call('ZREM', k.fairready, key)
         redis.call('ZADD', k.fairwait, at, key)
       elseif not corrupt and deadlines_on and deadline_at(version, id, now, c.started) then
-        fair_drop(key, member)
+        fair_drop(set, member)
         c.claimed_ids[id] = true
         c.expiring[#c.expiring + 1] = { id = id, t = t }
       else
@@ -178,7 +234,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           reason = 'capacity'
           break
         else
-          fair_drop(key, member)
+          fair_drop(set, member)
           if corrupt then
             c.quarantined[id] = cmsgpack.pack('corrupt task record: ' .. corrupt)
             redis.log(redis.LOG_WARNING, 'distsched: claimed the corrupt task record of ' .. id .. ' to fail it')
@@ -195,6 +251,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           c.leases[#c.leases + 1] = id
           c.claimed_ids[id] = true
           c.out[#c.out + 1] = { id, t.version, t.attempt, t.priority, t.run_at }
+          c.keys[#c.keys + 1] = key
           claimed = claimed + 1
           redis.call('HINCRBY', k.fair, 'run:' .. key, 1)
           redis.call('HSET', k.fairrun, id, key)
@@ -269,16 +326,18 @@ return run(function()
   -- Deadlines cost one EXISTS per call while no task has one.
   local deadlines_on = redis.call('EXISTS', k.deadlines) == 1
   local expiring, started_with_deadline = {}, {}
+  -- The fairness key of each task a fair claim starts, in claim order (for the reply).
+  local fair_keys = {}
 
-  -- A fair namespace (lib/fair.lua; never in the priority order): keys take turns.
-  local fair = not aging and fair_on()
+  -- A fair namespace (lib/fair.lua): keys take turns, each in the namespace's order.
+  local fair = fair_on()
   if fair then
     local c = {
       out = out, records = records, leases = leases, claimed_ids = claimed_ids,
       expiring = expiring, started = started_with_deadline, worker = worker, lease_ms = lease_ms,
-      quarantined = quarantined, ready_taken = 0,
+      quarantined = quarantined, ready_taken = 0, keys = fair_keys,
     }
-    reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, c)
+    reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
     claimed = #out
     ready_taken = c.ready_taken
     running = running + claimed
@@ -425,7 +484,7 @@ return run(function()
   if channel ~= '' then
     local due_at = delay > 0 and math.floor((now_us + delay) / 1000) or nil
     local room = not limit or running < limit
-    local ready_set = (aging and k.ranked) or (fair and k.fairready) or nil
+    local ready_set = (fair and k.fairready) or (aging and k.ranked) or nil
     if not idle_after_claim(channel, now + idle_ms, claimed < n, due_at, room, now, ready_set) then
       delay = -1
     end
@@ -437,5 +496,6 @@ return run(function()
     for _, value in ipairs(c) do reply[#reply + 1] = value end
     reply[#reply + 1] = payloads[i] or ''
   end
+  for _, key in ipairs(fair_keys) do reply[#reply + 1] = key end
   return reply
 end)

@@ -1,19 +1,24 @@
 -- compact.lua: drop stale queue entries in bounded steps when they pile up.
 --
 --- @include record
---- @keys tasks queue meta ranked
+--- @include ranked
+--- @keys tasks queue meta ranked fairq
 --
 -- No state changes. A queue entry is stale when its task's record is gone, not
 -- ready, or of another version (replaced or cancelled tasks leave theirs, which
 -- the claim script drops lazily when they reach the head). When stale entries
--- (of queue and ranked together: the ready set of the priority order, lib/ranked.lua)
--- are more than half of the entries and at least ARGV[2], this walks queue, then
--- ranked, with ZSCAN from a cursor kept in meta (compact_cursor for queue,
--- compact_ranked for ranked), at most ARGV[1] entries per call, removing the stale
--- ones; a walk in progress goes on until it has wrapped in both.
+-- (of queue, ranked and fairq together: the ready set of the priority order,
+-- lib/ranked.lua, and the entries of a fair namespace's keyed tasks, lib/fair.lua) are
+-- more than half of the entries and at least ARGV[2], this walks queue, then ranked,
+-- then fairq, with ZSCAN from a cursor kept in meta (compact_cursor for queue,
+-- compact_ranked for ranked, compact_fairq for fairq), at most ARGV[1] entries per call,
+-- removing the stale ones (in fairq also members of neither form); a walk in progress
+-- goes on until it has wrapped in all three. A claim drops a stale fairq entry only when
+-- it reaches its key's head, so without this a key's replaced or cancelled tasks could
+-- pile up behind its live ones.
 --
--- Reads tasks, meta (count:ready); writes queue, ranked, meta (compact_cursor,
--- compact_ranked).
+-- Reads tasks, meta (count:ready); writes queue, ranked, fairq, meta (compact_cursor,
+-- compact_ranked, compact_fairq).
 --
 -- ARGV[1] the most entries to examine in this call (>= 1)
 -- ARGV[2] the least number of stale entries worth a walk (>= 0)
@@ -26,28 +31,47 @@ return run(function()
   local minimum = to_int(ARGV[2], 'minimum')
   if budget < 1 then error({ err = 'BADARG budget must be >= 1' }) end
   local entries = redis.call('ZCARD', k.queue) + redis.call('ZCARD', k.ranked)
+    + redis.call('ZCARD', k.fairq)
   local live = tonumber(redis.call('HGET', k.meta, 'count:ready')) or 0
   local stale = entries - live
-  local cursors = redis.call('HMGET', k.meta, 'compact_cursor', 'compact_ranked')
-  local queue_cursor, ranked_cursor = cursors[1], cursors[2]
-  if not queue_cursor and not ranked_cursor then
+  local cursors = redis.call('HMGET', k.meta, 'compact_cursor', 'compact_ranked', 'compact_fairq')
+  local queue_cursor, ranked_cursor, fairq_cursor = cursors[1], cursors[2], cursors[3]
+  if not queue_cursor and not ranked_cursor and not fairq_cursor then
     if stale < minimum or stale * 2 <= entries then return { 0, 0, stale } end
     queue_cursor = '0'
   end
   local removed, seen = 0, 0
   -- Walks `key` from `cursor` within the budget left; the cursor to go on from, or nil
   -- once the walk wrapped.
+  -- A page of `key` from `cursor`: its members, and the cursor ZSCAN gave.
+  local function page_of(key, cursor)
+    if key == 'fairq' then
+      local page = redis.call('ZSCAN', k.fairq, cursor, 'COUNT', math.min(budget - seen, 500))
+      return page[2], page[1]
+    elseif key == 'ranked' then
+      local page = redis.call('ZSCAN', k.ranked, cursor, 'COUNT', math.min(budget - seen, 500))
+      return page[2], page[1]
+    end
+    local page = redis.call('ZSCAN', k.queue, cursor, 'COUNT', math.min(budget - seen, 500))
+    return page[2], page[1]
+  end
+  local function drop(key, member)
+    if key == 'fairq' then return redis.call('ZREM', k.fairq, member) end
+    if key == 'ranked' then return redis.call('ZREM', k.ranked, member) end
+    return redis.call('ZREM', k.queue, member)
+  end
   local function walk(key, cursor)
     repeat
-      local page = redis.call('ZSCAN', key, cursor, 'COUNT', math.min(budget - seen, 500))
-      cursor = page[1]
-      local items = page[2]
+      local items
+      items, cursor = page_of(key, cursor)
       for i = 1, #items, 2 do
         local member = items[i]
-        local version, id = parse_member(member)
-        local t = load_task(id)
+        local qmember = member
+        if key == 'fairq' then qmember = select(3, fairq_parse(member)) or '' end
+        local version, id = parse_member(qmember)
+        local t = version and load_task(id) or nil
         if not t or t.state ~= 'ready' or t.version ~= version then
-          removed = removed + redis.call('ZREM', key, member)
+          removed = removed + drop(key, member)
         end
         seen = seen + 1
       end
@@ -56,11 +80,18 @@ return run(function()
     return cursor
   end
   if queue_cursor then
-    queue_cursor = walk(k.queue, queue_cursor)
+    queue_cursor = walk('queue', queue_cursor)
     if not queue_cursor and redis.call('EXISTS', k.ranked) == 1 then ranked_cursor = '0' end
+    if not queue_cursor and not ranked_cursor and redis.call('EXISTS', k.fairq) == 1 then
+      fairq_cursor = '0'
+    end
   end
   if ranked_cursor and not queue_cursor and seen < budget then
-    ranked_cursor = walk(k.ranked, ranked_cursor)
+    ranked_cursor = walk('ranked', ranked_cursor)
+    if not ranked_cursor and redis.call('EXISTS', k.fairq) == 1 then fairq_cursor = '0' end
+  end
+  if fairq_cursor and not queue_cursor and not ranked_cursor and seen < budget then
+    fairq_cursor = walk('fairq', fairq_cursor)
   end
   if queue_cursor then
     redis.call('HSET', k.meta, 'compact_cursor', queue_cursor)
@@ -71,6 +102,11 @@ return run(function()
     redis.call('HSET', k.meta, 'compact_ranked', ranked_cursor)
   else
     redis.call('HDEL', k.meta, 'compact_ranked')
+  end
+  if fairq_cursor then
+    redis.call('HSET', k.meta, 'compact_fairq', fairq_cursor)
+  else
+    redis.call('HDEL', k.meta, 'compact_fairq')
   end
   return { 0, removed, stale - removed }
 end)

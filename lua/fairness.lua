@@ -2,15 +2,17 @@
 --
 --- @include fair
 --- @keys queue meta idle
---- @keys fair fairready fairwait fairfull fairkeys fairrun
+--- @keys fair fairready fairwait fairfull fairkeys fairrun ranked
 --
 -- Turns the namespace fair (meta fair = '1'; lib/fair.lua) if it is not yet: the default
--- key ('') then takes its turns with the queue's entries. Since a cap may have been
+-- key ('') then takes its turns with the entries of queue (and ranked, in the priority
+-- order). Since a cap may have been
 -- raised or cleared, every key waiting at its cap (fairfull) goes back to the turns at
 -- the current virtual time (a claim moves those still at their cap back, without
 -- claiming from them) and one idle worker per key moved is woken.
 --
--- Reads and writes meta (fair), fair, fairready, fairfull, idle; reads queue, fairwait.
+-- Reads and writes meta (fair), fair, fairready, fairfull, idle; reads queue, fairwait,
+-- ranked, meta (order, aging_ms).
 --
 -- ARGV[1] 'key': set ARGV[2]'s cap, weight and rate limit; 'default': set the default cap
 -- ARGV[2] the key (UTF-8, 0..256 bytes; '' is the default key of tasks given none);
@@ -25,7 +27,6 @@
 -- Reply: { 0, keys moved back from fairfull }
 -- Errors (nothing written):
 --   BADARG kind|key|cap|weight|rate|interval_ms ...
---   CONFLICT order ...   the namespace follows the priority order (lib/ranked.lua)
 -- Cost: O(1 + keys at their cap * log K).
 
 local MAX_CAP = 1000000000
@@ -56,16 +57,8 @@ return run(function()
       error({ err = 'BADARG interval_ms must be in [1, ' .. MAX_INTERVAL_MS .. ']' })
     end
   end
-  if redis.call('HGET', k.meta, 'order') == 'priority' then
-    error({ err = 'CONFLICT order the priority order does not combine with fairness keys' })
-  end
   local now = now_ms()
-  if not fair_on() then
-    redis.call('HSET', k.meta, 'fair', '1')
-    cached_fair = true
-    local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
-    if head[1] then fair_activate('', tonumber(head[2]), now) end
-  end
+  if not fair_on() then fair_turn_on(now) end
   local field = kind == 'default' and 'cap' or 'cap:' .. key
   if cap then redis.call('HSET', k.fair, field, cap) else redis.call('HDEL', k.fair, field) end
   if kind == 'key' then

@@ -29,7 +29,8 @@
 -- the next fire time. Mode 'backfill' creates the tasks of the
 -- given past slots as they are (no policy; they do not become the last task).
 --
--- Writes tasks, payloads, queue, meta, fires, firing; cancel_previous also finished,
+-- Writes tasks, payloads, queue, meta, fires, firing (with a key: meta fair, fairkeys and
+-- the keys' turns, lib/fair.lua); cancel_previous also finished,
 -- wake and, for dependents, the propagation keys. Wakes one idle worker per task due
 -- now (lib/queue.lua), and the timer worker when the next fire time moved earlier than
 -- what it waits for (lib/fires.lua).
@@ -43,7 +44,10 @@
 --         ended); else ''
 -- ARGV[7] the number of slots counted as missed (older than the catch-up window), >= 0
 -- ARGV[8] overlap policy: skip | buffer_one | buffer_all | cancel_previous | allow
--- ARGV[9] task spec: 'priority max_attempts backoff_ms' (ranges as in schedule.lua)
+-- ARGV[9] task spec: 'priority max_attempts backoff_ms' (ranges as in schedule.lua),
+--         optionally followed by ' key=<hex>': the fairness key of the tasks created (its
+--         UTF-8 bytes in hex, 1..256 bytes; lib/fair.lua). A key turns the namespace fair
+--         and each task created is written to fairkeys before it is queued.
 -- ARGV[10] payload (msgpack map, as in schedule.lua)
 -- ARGV[11] the largest payload accepted, in bytes (>= 1)
 -- ARGV[12] m, the number of slots (0..1000; 0 only in mode 'fire': the next fire time
@@ -54,7 +58,7 @@
 -- Reply: { propagating jobs left, outcome ('fired' or 'moved'), tasks created,
 --          slots skipped, the last task created or '' }.
 -- Errors (nothing written): BADARG <field> <why> (name, rev, mode, expected_ms,
--- next_ms, missed, policy, spec, priority, max_attempts, backoff, payload, m, slot).
+-- next_ms, missed, policy, spec, priority, max_attempts, backoff, key, payload, m, slot).
 -- Cost: O(m log N), plus what cancel_previous settles within the budget.
 
 local POLICIES = { skip = true, buffer_one = true, buffer_all = true, cancel_previous = true,
@@ -88,13 +92,21 @@ return run(function()
   -- time moves, and the task fields are not read.
   local p, payload = {}, ''
   if m > 0 then
-    local pr, ma, bo = string.match(ARGV[9] or '', '^(-?%d+) (%d+) (%d+)$')
-    if not pr then error({ err = 'BADARG spec must be: priority max_attempts backoff_ms' }) end
+    local pr, ma, bo, rest = string.match(ARGV[9] or '', '^(-?%d+) (%d+) (%d+)(.*)$')
+    local key_hex = rest and string.match(rest, '^ key=(%x*)$')
+    if not pr or (rest ~= '' and not key_hex) then
+      error({ err = 'BADARG spec must be: priority max_attempts backoff_ms [key=<hex>]' })
+    end
     p = {
       priority = bounded(pr, 'priority', -2147483648, 2147483647),
       max_attempts = bounded(ma, 'max_attempts', 1, MAX_ATTEMPTS),
       backoff = bounded(bo, 'backoff', 0, MAX_MS),
     }
+    if key_hex then
+      local key, why = fair_key_from_hex(key_hex)
+      if not key then error({ err = 'BADARG key ' .. why }) end
+      p.key = key
+    end
     payload = ARGV[10] or ''
     local limit = int_arg(ARGV[11], 'max_payload_bytes', 1, MAX_MS)
     local problem = payload_problem(payload, limit)
@@ -170,6 +182,11 @@ return run(function()
       if make then
         local spec = { run_at = s.run_at, priority = p.priority, max_attempts = p.max_attempts,
                        backoff = p.backoff }
+        if p.key then
+          -- The schedule's fairness key: read by enqueue, kept for the task's retries.
+          if not fair_on() then fair_turn_on(now) end
+          redis.call('HSET', k.fairkeys, id, p.key)
+        end
         write_version(id, nil, spec, deps, now, record_state)
         redis.call('HSET', k.payloads, id, payload)
         created = created + 1

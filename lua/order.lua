@@ -1,7 +1,7 @@
 -- order.lua: choose the order in which claims take a namespace's due tasks.
 --
 --- @include ranked
---- @keys queue meta ranked
+--- @keys queue meta ranked fairq
 --
 -- The default order is (due time, -priority, sequence); 'priority' ranks each due task
 -- by due time - priority * aging_ms, then -priority, then sequence (lib/ranked.lua).
@@ -14,19 +14,27 @@
 --   a new aging_ms       the entries of ranked are ranked again with it
 -- Either of the last two rewrites ranked in this call, so it is refused with
 -- CONFLICT queued <entries> while ranked holds more than ARGV[3] entries.
+-- In a fair namespace (meta fair, lib/fair.lua) each key other than the default one
+-- keeps its entries in fairq, in a delayed section and, in the priority order, a ranked
+-- section (lib/ranked.lua): switching to 'priority' moves nothing (claims rank a key's
+-- due entries when they visit it); switching back puts every ranked-section entry back
+-- into its key's delayed section at its due time, and a new aging_ms ranks them again,
+-- both in this call, so fairq's entries count with ranked's against ARGV[3]. The keys'
+-- turns (fairready, fairwait, fairfull) stay as they are: a key with a ranked entry has a
+-- due head in either order.
 --
--- Reads and writes meta (order, aging_ms), queue, ranked.
+-- Reads and writes meta (order, aging_ms), queue, ranked, fairq; reads meta (fair).
 --
 -- ARGV[1] 'default' or 'priority'
 -- ARGV[2] aging_ms, an integer in [0, 1000000000] (ignored for 'default'; send 0)
 -- ARGV[3] the most entries of ranked this call may rewrite (>= 0)
 --
--- Reply: { 0, 1 when the order or aging changed, else 0, entries of ranked rewritten }
+-- Reply: { 0, 1 when the order or aging changed, else 0, entries of ranked rewritten, plus
+--          in a fair namespace the entries of fairq examined }
 -- Errors (nothing written):
 --   BADARG order|aging_ms|most ...
 --   CONFLICT queued <entries>   ranked is larger than ARGV[3]
---   CONFLICT fair ...           'priority' in a fair namespace (lib/fair.lua)
--- Cost: O(1), or O(entries of ranked * log N) when they are rewritten.
+-- Cost: O(1), or O((entries of ranked and fairq) * log N) when they are rewritten.
 
 local MAX_AGING_MS = 1000000000
 
@@ -34,9 +42,6 @@ return run(function()
   local order = ARGV[1]
   if order ~= 'default' and order ~= 'priority' then
     error({ err = 'BADARG order must be default or priority' })
-  end
-  if order == 'priority' and redis.call('HGET', k.meta, 'fair') == '1' then
-    error({ err = 'CONFLICT fair the priority order does not combine with fairness keys' })
   end
   local aging = to_int(ARGV[2], 'aging_ms')
   if aging < 0 or aging > MAX_AGING_MS then
@@ -48,7 +53,27 @@ return run(function()
   local old = order_aging()
   if old == aging then return { 0, 0, 0 } end
   local size = old and redis.call('ZCARD', k.ranked) or 0
-  if size > most then error({ err = 'CONFLICT queued ' .. size }) end
+  local keyed = (old and cached_fair) and redis.call('ZCARD', k.fairq) or 0
+  if size + keyed > most then error({ err = 'CONFLICT queued ' .. (size + keyed) }) end
+  if keyed > 0 then
+    -- Only the ranked sections change; a delayed entry keeps its member.
+    local entries = redis.call('ZRANGE', k.fairq, 0, -1)
+    local gone, adds = {}, {}
+    for _, member in ipairs(entries) do
+      local prefix, due, qmember, ranked = fairq_parse(member)
+      if ranked then
+        gone[#gone + 1] = member
+        adds[#adds + 1] = 0
+        if aging then
+          adds[#adds + 1] = fairq_ranked_member(prefix, due, qmember, aging)
+        else
+          adds[#adds + 1] = fairq_delayed_member(prefix, due, qmember)
+        end
+      end
+    end
+    call_many('ZREM', k.fairq, gone)
+    call_many('ZADD', k.fairq, adds)
+  end
   if size > 0 then
     local entries = redis.call('ZRANGE', k.ranked, 0, -1, 'WITHSCORES')
     local adds = {}
@@ -70,5 +95,5 @@ return run(function()
   else
     redis.call('HDEL', k.meta, 'order', 'aging_ms')
   end
-  return { 0, 1, size }
+  return { 0, 1, size + keyed }
 end)

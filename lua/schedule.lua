@@ -236,15 +236,6 @@ return run(function()
     end
   end
 
-  -- Fairness keys and the priority order do not combine (lib/fair.lua).
-  if order_aging() then
-    for _, s in ipairs(specs) do
-      if s.opts and s.opts.key then
-        error({ err = 'BADARG key of ' .. s.id .. ' cannot be used in a namespace of the priority order' })
-      end
-    end
-  end
-
   -- Versions follow the submission order (they are the queue's sequence numbers),
   -- whatever order the dependencies make us write the tasks in.
   local fresh = #specs
@@ -275,12 +266,7 @@ return run(function()
   for _, s in ipairs(specs) do
     if s.opts and s.opts.key then fair_keys[#fair_keys + 1] = s end
   end
-  if #fair_keys > 0 and not fair_on() then
-    redis.call('HSET', k.meta, 'fair', '1')
-    cached_fair = true
-    local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
-    if head[1] then fair_activate('', tonumber(head[2]), now) end
-  end
+  if #fair_keys > 0 and not fair_on() then fair_turn_on(now) end
   if fair_on() then
     for _, s in ipairs(specs) do
       if s.opts and s.opts.key then

@@ -63,8 +63,9 @@ def check_report(report: dict[str, Any], throwaway: bool) -> None:
     assert [size["queued"] for size in sections["claim"]["priority"]] == [60, 120]
     assert [size["queued"] for size in sections["claim"]["fair"]] == [60, 120]
     assert [size["keys"] for size in sections["claim"]["fair"]] == [2, 2]
+    assert [size["queued"] for size in sections["claim"]["fair_priority"]] == [60, 120]
     claim = sections["claim"]
-    for size in claim["sizes"] + claim["priority"] + claim["fair"]:
+    for size in claim["sizes"] + claim["priority"] + claim["fair"] + claim["fair_priority"]:
         assert size["n1"]["claims"] == 20
         assert size["n100"]["claims"] == 20
     dag = sections["dag"]

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from distsched import Claim, Scheduler, TaskSpec
-from distsched.errors import ConflictError, InvalidArgument
+from distsched.errors import InvalidArgument
 from tests.conftest import RedisServer, python_command, subprocess_env
 
 KEYS = ["", "a", "b", "bb"]
@@ -62,6 +62,20 @@ class Model:
     rates: dict[str, int | None] = field(default_factory=dict)
     tokens: dict[str, int] = field(default_factory=dict)
     waiting: set[str] = field(default_factory=set)
+    # The namespace's order inside each key: None for the default order, else the ms of
+    # aging one point of priority is worth (lib/ranked.lua).
+    aging_ms: int | None = None
+
+    def order_key(self, entry: tuple[int, int, int, str]) -> tuple[int, int, int]:
+        due_ms, neg_priority, seq, _ = entry
+        if self.aging_ms is None:
+            return (due_ms, neg_priority, seq)
+        return (due_ms + neg_priority * self.aging_ms, neg_priority, seq)
+
+    def set_order(self, aging_ms: int | None) -> None:
+        self.aging_ms = aging_ms
+        for entries in self.queued.values():
+            entries.sort(key=self.order_key)
 
     def cap(self, key: str) -> int | None:
         own = self.caps.get(key)
@@ -69,7 +83,7 @@ class Model:
 
     def schedule(self, key: str, due_ms: int, priority: int, seq: int, task_id: str) -> None:
         self.queued.setdefault(key, []).append((due_ms, -priority, seq, task_id))
-        self.queued[key].sort()
+        self.queued[key].sort(key=self.order_key)
         # A key waiting for its token is looked at again (its new task is due).
         self.waiting.discard(key)
         if key not in self.ready and key not in self.full:
@@ -208,6 +222,15 @@ class FairMachine(RuleBasedStateMachine):
         self.s.set_key(key, cap=cap, weight=weight, rate=rate, per=RATE_PER_S)
         self.model.set_key(key, cap, weight, rate)
 
+    @rule(aging_ms=st.none() | st.sampled_from([0, 1, 2, 1000]))
+    def set_order(self, aging_ms: int | None) -> None:
+        # Inside each key the order is the namespace's, with tasks queued meanwhile.
+        if aging_ms is None:
+            self.s.set_order("default", aging=0)
+        else:
+            self.s.set_order("priority", aging=aging_ms / 1000)
+        self.model.set_order(aging_ms)
+
     @rule(cap=st.none() | st.integers(0, 3))
     def set_default_cap(self, cap: int | None) -> None:
         self.s.set_default_key_cap(cap)
@@ -220,7 +243,9 @@ class FairMachine(RuleBasedStateMachine):
             assert run_count(self.client, self.ns, key) == self.model.running.get(key, 0)
 
 
-def test_claims_follow_the_fair_rule_of_the_model(redis_server: RedisServer) -> None:
+def test_claims_follow_the_fair_rule_of_the_model_in_either_order(
+    redis_server: RedisServer,
+) -> None:
     client = redis_server.client()
     FairMachine.client = client
     try:
@@ -240,11 +265,14 @@ def test_claims_follow_the_fair_rule_of_the_model(redis_server: RedisServer) -> 
 # ------------------------------------------------------------------------ shares
 
 
+@pytest.mark.parametrize("order", ["default", "priority"])
 def test_backlogged_keys_get_claim_shares_within_five_percent_of_their_weights(
-    scheduler: Scheduler,
+    scheduler: Scheduler, order: str
 ) -> None:
     weights = {"k1": 1, "k2": 1, "k3": 2, "k4": 4, "k5": 8}
     total_claims = 20_000
+    # In the priority order each key's tasks carry mixed priorities: the shares hold.
+    scheduler.set_order(order, aging=1.0)
     for key, weight in weights.items():
         scheduler.set_key(key, weight=weight)
         # More than the key's share, so that every key stays backlogged.
@@ -252,7 +280,7 @@ def test_backlogged_keys_get_claim_shares_within_five_percent_of_their_weights(
         for first in range(0, want, 2000):
             scheduler.schedule_many(
                 [
-                    TaskSpec(f"{key}-{i}", "f", key=key)
+                    TaskSpec(f"{key}-{i}", "f", key=key, priority=(i * 7) % 5)
                     for i in range(first, min(first + 2000, want))
                 ]
             )
@@ -454,19 +482,118 @@ def test_slots_of_killed_workers_come_back_once_when_their_leases_are_reaped(
 # ------------------------------------------------------------------------ edges
 
 
-def test_a_keyed_task_is_refused_in_a_namespace_of_the_priority_order(
+# ------------------------------------------------------------------------ priority order
+
+# One op of a run compared between a namespace without keys and one whose tasks all
+# share one key: ("schedule", due offset ms, priority, count), ("claim", n), or
+# ("order", aging ms or None for the default order).
+ORDER_OPS = st.one_of(
+    st.tuples(st.just("schedule"), st.integers(-3000, 3000), st.integers(-3, 3), st.integers(1, 4)),
+    st.tuples(st.just("claim"), st.integers(1, 6)),
+    st.tuples(st.just("order"), st.none() | st.sampled_from([0, 1, 500, 1000, 5000])),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ops=st.lists(ORDER_OPS, min_size=1, max_size=25))
+def test_inside_a_key_claims_follow_the_namespace_order_as_without_keys(
+    redis_server: RedisServer, ops: list[tuple[Any, ...]]
+) -> None:
+    """Inside one key the order (either one, switched while tasks are queued, with
+    tasks due at mixed past times and priorities) is the one a namespace without keys
+    follows: the same claims in the same order, nothing lost."""
+    client = redis_server.client()
+    suffix = uuid.uuid4().hex[:10]
+    plain = Scheduler(client, namespace="op" + suffix, lease_s=60.0)
+    keyed = Scheduler(client, namespace="ok" + suffix, lease_s=60.0)
+    base = 1_000_000.0  # seconds: every task is due, at times a few seconds apart
+    seq = 0
+    scheduled = 0
+    try:
+        for op in [*ops, ("claim", 1000)]:
+            if op[0] == "schedule":
+                _, offset, priority, count = op
+                specs = []
+                for _ in range(count):
+                    seq += 1
+                    specs.append((f"t{seq}", base + offset / 1000, priority))
+                plain.schedule_many([TaskSpec(i, "f", run_at=at, priority=p) for i, at, p in specs])
+                keyed.schedule_many(
+                    [TaskSpec(i, "f", run_at=at, priority=p, key="t") for i, at, p in specs]
+                )
+                scheduled += count
+            elif op[0] == "claim":
+                want = [c.task_id for c in plain.claim(op[1], "w")[0]]
+                got = [c.task_id for c in keyed.claim(op[1], "w")[0]]
+                assert got == want
+                scheduled -= len(got)
+            else:
+                for s in (plain, keyed):
+                    if op[1] is None:
+                        s.set_order("default", aging=0)
+                    else:
+                        s.set_order("priority", aging=op[1] / 1000)
+        assert scheduled == 0
+        assert keyed.stats()["counts"]["ready"] == 0
+    finally:
+        plain.close()
+        keyed.close()
+        client.close()
+
+
+def test_a_keyed_task_and_the_priority_order_combine_either_way_round(
     scheduler: Scheduler,
 ) -> None:
     scheduler.set_order("priority", aging=1.0)
-    with pytest.raises(InvalidArgument):
-        scheduler.schedule("x", fn="f", key="t")
+    scheduler.schedule("low", fn="f", key="t", run_at=1000.0, priority=0)
+    scheduler.schedule("high", fn="f", key="t", run_at=1000.5, priority=5)
+    scheduler.schedule("plain", fn="f", run_at=999.0, priority=1)
+    claims, _ = scheduler.claim(3, "w")
+    # Keys take turns (the default key first: it was served first); inside key t the
+    # higher priority goes first although it became due later.
+    assert [c.task_id for c in claims] == ["plain", "high", "low"]
+
+
+def test_switching_order_with_ranked_keyed_tasks_queued_loses_none_and_keeps_the_order(
+    scheduler: Scheduler,
+) -> None:
+    scheduler.set_key("t")
+    scheduler.set_order("priority", aging=10.0)
+    scheduler.schedule_many(
+        [TaskSpec(f"a{i}", "f", key="t", run_at=1000.0 + 100 * i, priority=i) for i in range(5)]
+    )
+    scheduler.schedule_many(
+        [
+            TaskSpec(f"b{i}", "f", key="t", run_at=1000.0 + 100 * i, priority=20 * i)
+            for i in range(5)
+        ]
+    )
+    first, _ = scheduler.claim(1, "w")  # ranks the key's due entries
+    assert [c.task_id for c in first] == ["b4"]
+    scheduler.set_order("default", aging=0)
+    rest, _ = scheduler.claim(100, "w")
+    # Due time first, then the higher priority, then the earlier submitted.
+    assert [c.task_id for c in rest] == ["a0", "b0", "b1", "a1", "b2", "a2", "b3", "a3", "a4"]
     assert scheduler.stats()["counts"]["ready"] == 0
 
 
-def test_the_priority_order_is_refused_in_a_fair_namespace(scheduler: Scheduler) -> None:
-    scheduler.schedule("x", fn="f", key="t")
-    with pytest.raises(ConflictError):
-        scheduler.set_order("priority", aging=1.0)
+def test_a_new_aging_ranks_the_queued_keyed_tasks_again(scheduler: Scheduler) -> None:
+    scheduler.set_key("t")
+    scheduler.set_order("priority", aging=1000.0)
+    scheduler.schedule_many(
+        [
+            TaskSpec("old", "f", key="t", run_at=1000.0, priority=0),
+            TaskSpec("mid", "f", key="t", run_at=1500.0, priority=1),
+            TaskSpec("new", "f", key="t", run_at=2000.0, priority=2),
+            TaskSpec("x", "f", key="t", run_at=2000.0, priority=3),
+        ]
+    )
+    (first,), _ = scheduler.claim(1, "w")
+    assert first.task_id == "x"
+    # With no credit for priority the earliest due goes first.
+    scheduler.set_order("priority", aging=0.0)
+    claims, _ = scheduler.claim(3, "w")
+    assert [c.task_id for c in claims] == ["old", "mid", "new"]
 
 
 def test_tasks_queued_before_fairness_join_the_turns_as_the_default_key(
@@ -538,10 +665,13 @@ def test_the_cli_schedules_keyed_tasks_and_sets_shows_and_lists_keys(
 # ------------------------------------------------------------------------ explain
 
 
+@pytest.mark.parametrize("order", ["default", "priority"])
 def test_explain_names_the_key_cap_or_rate_window_a_due_task_waits_for(
-    scheduler: Scheduler,
+    scheduler: Scheduler, order: str
 ) -> None:
     from distsched.core import Reason
+
+    scheduler.set_order(order, aging=1.0)
 
     scheduler.set_key("capped", cap=1)
     scheduler.set_key("limited", rate=1, per=60)
@@ -674,8 +804,13 @@ def test_a_corrupt_record_of_a_keyed_task_is_handed_out_to_fail_within_its_key(
     assert scheduler.key_info("t").running == 1
 
 
-def test_explain_finds_a_keyed_task_handed_back_with_a_delay(scheduler: Scheduler) -> None:
+@pytest.mark.parametrize("order", ["default", "priority"])
+def test_explain_finds_a_keyed_task_handed_back_with_a_delay(
+    scheduler: Scheduler, order: str
+) -> None:
     from distsched.core import Reason
+
+    scheduler.set_order(order, aging=1.0)
 
     scheduler.schedule("t", fn="f", key="acme")
     (claim,), _ = scheduler.claim(1, "w")
@@ -683,3 +818,209 @@ def test_explain_finds_a_keyed_task_handed_back_with_a_delay(scheduler: Schedule
     exp = scheduler.explain("t")
     assert exp.reasons[0] is Reason.NOT_DUE
     assert exp.due_at is not None and 25 < exp.due_at - exp.server_time <= 30
+
+
+def test_explain_places_a_keyed_task_in_its_keys_priority_order(scheduler: Scheduler) -> None:
+    from distsched.core import Reason
+
+    scheduler.set_order("priority", aging=1.0)
+    scheduler.schedule_many(
+        [
+            TaskSpec("low", "f", key="t", run_at=1000.0, priority=0),
+            TaskSpec("high", "f", key="t", run_at=1000.5, priority=5),
+            TaskSpec("later", "f", key="t", delay=60, priority=9),
+        ]
+    )
+    high, low, later = (scheduler.explain(i) for i in ("high", "low", "later"))
+    assert (high.ahead, high.due_at, high.fair_key) == (0, 1000.5, "t")
+    assert (low.ahead, low.due_at) == (1, 1000.0)
+    assert later.reasons[0] is Reason.NOT_DUE
+    info = {i.key: i for i in scheduler.fair_keys()}["t"]
+    assert (info.queued, info.head_due_at) == (3, 1000.5)
+
+
+def test_the_default_keys_ready_wait_in_the_priority_order_is_its_next_claims(
+    scheduler: Scheduler,
+) -> None:
+    scheduler.set_key("", cap=None)
+    scheduler.set_order("priority", aging=1.0)
+    scheduler.schedule_many(
+        [
+            TaskSpec("low", "f", run_at=1000.0, priority=0),
+            TaskSpec("high", "f", run_at=1000.5, priority=5),
+        ]
+    )
+    info = {i.key: i for i in scheduler.fair_keys()}[""]
+    assert (info.queued, info.head_due_at) == (2, 1000.5)
+
+
+# ------------------------------------------------------------------------ compaction
+
+
+@pytest.mark.parametrize("order", ["default", "priority"])
+def test_stale_keyed_entries_are_compacted_and_do_not_grow_without_bound(
+    redis_client: redis.Redis, scheduler: Scheduler, order: str
+) -> None:
+    """A keyed task replaced while queued leaves its old entry in fairq, behind its key's
+    live head, where no claim reaches it: housekeeping's compaction removes them, so
+    round after round of replacements keeps fairq bounded."""
+    from distsched import core
+
+    scheduler.set_order(order, aging=1.0)
+    live = 300
+    specs = [TaskSpec(f"t{i}", "f", key="t", run_at=1000.0 + i) for i in range(live)]
+    scheduler.schedule_many(specs)
+    (head,), _ = scheduler.claim(1, "w")  # ranks the key's entries in the priority order
+    assert head.task_id == "t0"
+    sizes = []
+    for _ in range(10):
+        scheduler.schedule_many(specs[1:])  # new versions: the old entries go stale
+        scheduler.housekeeping()
+        sizes.append(int(redis_client.zcard(scheduler.keys.fairq)))
+    # Each round adds live - 1 stale entries: without compaction 10 rounds would leave
+    # 10 * (live - 1) of them; compaction walks once they are at least COMPACT_MINIMUM
+    # and the majority, so they stay below that bound plus a round or two.
+    assert max(sizes) <= live + core.COMPACT_MINIMUM + 2 * live
+    while scheduler._drive(scheduler._ops.run(core.compact_call(scheduler.keys, 10_000, 0)))[0]:
+        pass
+    assert redis_client.zcard(scheduler.keys.fairq) == live - 1
+    claims, _ = scheduler.claim(live, "w")
+    assert [c.task_id for c in claims] == [f"t{i}" for i in range(1, live)]
+
+
+def test_compaction_removes_every_stale_keyed_entry_once_they_are_the_majority(
+    redis_client: redis.Redis, scheduler: Scheduler
+) -> None:
+    from distsched import core
+
+    scheduler.schedule_many([TaskSpec(f"c{i}", "f", key="k") for i in range(50)])
+    scheduler.schedule_many([TaskSpec("live", "f", key="k")])
+    for i in range(50):
+        scheduler.cancel(f"c{i}")
+    assert redis_client.zcard(scheduler.keys.fairq) == 51
+    removed = 0
+    for _ in range(20):
+        removed += scheduler._drive(scheduler._ops.run(core.compact_call(scheduler.keys, 7, 0)))[0]
+    assert removed == 50
+    assert redis_client.zcard(scheduler.keys.fairq) == 1
+    claims, _ = scheduler.claim(5, "w")
+    assert [c.task_id for c in claims] == ["live"]
+
+
+def test_claims_carry_their_key_only_in_a_fair_namespace(scheduler: Scheduler) -> None:
+    scheduler.schedule("plain", fn="f")
+    (claim,), _ = scheduler.claim(1, "w")
+    assert claim.key is None
+    scheduler.schedule_many([TaskSpec("k", "f", key="tenant:1"), TaskSpec("d", "f")])
+    claims, _ = scheduler.claim(2, "w")
+    assert {c.task_id: c.key for c in claims} == {"k": "tenant:1", "d": ""}
+
+
+def test_per_key_ready_waits_are_a_histogram_of_at_most_the_top_keys_and_other(
+    scheduler: Scheduler,
+) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from distsched.core import STATS_TOP_KEYS
+    from distsched.metrics import OTHER_KEYS_LABEL, PrometheusMetrics
+
+    # 30 keys, key i with i + 1 queued tasks; stats shows STATS_TOP_KEYS of them.
+    scheduler.schedule_many(
+        [TaskSpec(f"t{i}-{j}", "f", key=f"k{i}") for i in range(30) for j in range(i + 1)]
+    )
+    registry = prometheus_client.CollectorRegistry()
+    metrics = PrometheusMetrics(registry)
+    shown = {load["key"] for load in scheduler.stats()["keys"]}
+    assert len(shown) == STATS_TOP_KEYS
+    metrics.on_stats(scheduler.stats())
+    claims, _ = scheduler.claim(60, "w")
+    assert len({c.key for c in claims}) == 30
+    for c in claims:
+        metrics.on_started(c, 0.02)
+    counts = {
+        sample.labels["key"]: sample.value
+        for metric in registry.collect()
+        if metric.name == "distsched_key_task_ready_wait_seconds"
+        for sample in metric.samples
+        if sample.name.endswith("_count")
+    }
+    top = shown
+    assert set(counts) == top | {OTHER_KEYS_LABEL}
+    per_key = Counter(c.key for c in claims)
+    assert counts[OTHER_KEYS_LABEL] == sum(n for key, n in per_key.items() if key not in top)
+    assert all(counts[key] == per_key[key] for key in top)
+    # A key no longer shown loses its series: the label set stays bounded.
+    gone = next(iter(top))
+    metrics.on_stats({**scheduler.stats(), "keys": []})
+    assert (
+        registry.get_sample_value("distsched_key_task_ready_wait_seconds_count", {"key": gone})
+        is None
+    )
+    assert registry.get_sample_value(
+        "distsched_key_task_ready_wait_seconds_count", {"key": OTHER_KEYS_LABEL}
+    ) == float(len(claims) - sum(per_key[key] for key in top))
+
+
+@pytest.mark.parametrize("key", ["t", None])
+def test_a_key_with_more_due_tasks_than_one_claim_ranks_is_served_in_exact_rank_order(
+    scheduler: Scheduler, key: str | None
+) -> None:
+    """More due tasks than a claim call ranks (1,000): the calls rank them in steps and
+    serve the key only once all are ranked, so its highest priority still goes first."""
+    from distsched.core import WaitReason
+
+    scheduler.set_key("t")
+    total = 1500
+    for first in range(0, total, 500):
+        scheduler.schedule_many(
+            [
+                # Due 1 ms apart; the last one due has the highest priority by far.
+                TaskSpec(
+                    f"x{i}",
+                    "f",
+                    key=key,
+                    run_at=1000.0 + i / 1000,
+                    priority=10**6 * (i == total - 1),
+                )
+                for i in range(first, first + 500)
+            ]
+        )
+    # Queued in the default order, so that none is ranked yet when the order changes.
+    scheduler.set_order("priority", aging=0.001)
+    got = None
+    for _ in range(5):
+        claims, wait = scheduler.claim(1, "w")
+        if claims:
+            got = claims[0].task_id
+            break
+        assert wait is not None and wait.reason is WaitReason.NOT_DUE and wait.delay == 0
+    assert got == f"x{total - 1}"
+    claims, _ = scheduler.claim(3, "w")
+    assert [c.task_id for c in claims] == ["x0", "x1", "x2"]
+
+
+@pytest.mark.parametrize(
+    ("priority", "aging_s"),
+    [(0, 1.0), (5, 1.0), (-7, 3.0), (2_000_000, 1_000_000.0), (-(2**31), 1_000_000.0)],
+)
+def test_a_ranked_keyed_entry_is_the_member_python_builds_for_explain(
+    redis_client: redis.Redis, scheduler: Scheduler, priority: int, aging_s: float
+) -> None:
+    """Negative ranks and ranks beyond 2^53 included: the scripts and the Python side
+    encode a key's ranked entry alike, so explain finds it."""
+    from distsched.core import fair_ranked_member, queue_member
+
+    scheduler.set_order("priority", aging=aging_s)
+    version = scheduler.schedule("x", fn="f", key="t", run_at=1000.0, priority=priority)
+    member = queue_member(priority, version, "x")
+    expected = fair_ranked_member("t", 1_000_000, member, priority, round(aging_s * 1000))
+    assert redis_client.zrange(scheduler.keys.fairq, 0, -1) == [expected]
+    assert scheduler.explain("x").ahead == 0
+
+
+def test_ranked_keyed_entries_sort_as_their_ranks_across_the_sign() -> None:
+    from distsched.core import fair_ranked_member
+
+    ranks = [-(2**61), -(2**53) - 2, -5000, -1, 0, 1, 5000, 2**53 + 2, 2**61]
+    # Due 0 and priority -rank at one ms of aging: the rank is the given one.
+    members = [fair_ranked_member("t", 0, b"m", -rank, 1) for rank in ranks]
+    assert sorted(members) == members

@@ -191,6 +191,9 @@ BAD_OPTIONS: list[tuple[str, dict[str, Any]]] = [
     ("paused", {"interval": 60, "paused": "yes"}),
     ("args", {"interval": 60, "args": "abc"}),
     ("colour", {"interval": 60, "colour": "red"}),
+    ("key", {"interval": 60, "key": ""}),
+    ("key", {"interval": 60, "key": "k" * 257}),
+    ("key", {"interval": 60, "key": 7}),
 ]
 
 
@@ -244,6 +247,10 @@ BAD_FIRE_ARGS = [
     (7, "often", "policy"),
     (8, "0 0 1000", "max_attempts"),
     (8, "0 1", "spec"),
+    (8, "0 1 1000 key=", "key"),
+    (8, "0 1 1000 key=" + "6b" * 257, "key"),
+    (8, "0 1 1000 key=ff", "key"),  # not UTF-8
+    (8, "0 1 1000 tenant=6b", "spec"),
     (9, b"\x92\x01\x02", "payload"),
     (11, "1001", "m"),
     (12, "x", "slot"),
@@ -705,3 +712,46 @@ def test_a_catch_up_of_the_latest_of_millions_of_interval_slots_is_one_step(
     assert ([slot for slot, _ in plan.slots], plan.missed) == ([3_600_000], 3_600_000)
     assert plan.next_ms == 3_600_001
     assert len(steps) < 10  # computed, not walked slot by slot
+
+
+# --------------------------------------------------------------------------- fairness keys
+
+
+def test_a_schedule_with_a_key_fires_its_tasks_into_that_key(
+    sync_scheduler: Scheduler, client: redis.Redis
+) -> None:
+    s = sync_scheduler
+    added = s.add_schedule("rep", "f", interval=3600, key="tenant:7", overlap="allow")
+    assert added.key == "tenant:7" and s.get_schedule("rep").key == "tenant:7"
+    s.set_key("tenant:7", cap=1)
+    first, second = s.trigger("rep"), s.trigger("rep")
+    assert first is not None and second is not None
+    assert client.hget(s.keys.fairkeys, first) == b"tenant:7"
+    info = s.key_info("tenant:7")
+    assert info.queued == 2
+    claims, _ = s.claim(5, "w")
+    # The key's cap of one holds the second run back.
+    assert [c.task_id for c in claims] == [first]
+    assert s.explain(second).fair_key == "tenant:7"
+
+
+def test_a_schedule_without_a_key_fires_into_the_default_key(
+    sync_scheduler: Scheduler, client: redis.Redis
+) -> None:
+    s = sync_scheduler
+    s.set_key("other")
+    s.add_schedule("plain", "f", interval=3600)
+    assert s.get_schedule("plain").key is None
+    task = s.trigger("plain")
+    assert task is not None
+    assert client.hget(s.keys.fairkeys, task) is None
+    assert s.explain(task).fair_key == ""
+
+
+def test_the_cli_adds_a_schedule_with_a_key(redis_server: RedisServer, namespace: str) -> None:
+    from tests.test_cli import invoke
+
+    invoke(redis_server, namespace, "schedules", "add", "k", "--fn", "f", "--interval", "1h",
+           "--key", "tenant:9")  # fmt: skip
+    listed = json.loads(invoke(redis_server, namespace, "schedules", "list", "--json").stdout)
+    assert [sc["key"] for sc in listed] == ["tenant:9"]

@@ -70,7 +70,7 @@ Echo = Callable[[str], None]
 # The claim section measures each namespace order (``Scheduler.set_order``), and a fair
 # namespace (fairness keys, README "Tenants and fairness") with a key per 100 tasks queued,
 # at most FAIR_KEYS_MAX keys (1,000,000 queued over 10,000 keys).
-ORDERS = ("default", "priority", "fair")
+ORDERS = ("default", "priority", "fair", "fair_priority")
 FAIR_TASKS_PER_KEY = 100
 FAIR_KEYS_MAX = 10_000
 SECTIONS = (
@@ -555,13 +555,18 @@ class Bench:
             spent += time.perf_counter() - t0
         return spent
 
-    def _fill_keyed(self, scheduler: Scheduler, count: int, keys: int) -> float:
-        """Queue ``count`` no-op tasks spread round robin over ``keys`` fairness keys."""
+    def _fill_keyed(
+        self, scheduler: Scheduler, count: int, keys: int, priorities: bool = False
+    ) -> float:
+        """Queue ``count`` no-op tasks spread round robin over ``keys`` fairness keys
+        (with ``priorities``, of ten priorities in turn)."""
         batch = self.config.batch
         spent = 0.0
         for start in range(0, count, batch):
             specs = [
-                TaskSpec(f"c{i}", NOOP, key=f"tenant:{i % keys}")
+                TaskSpec(
+                    f"c{i}", NOOP, key=f"tenant:{i % keys}", priority=(i // keys) % 10 * priorities
+                )
                 for i in range(start, min(count, start + batch))
             ]
             t0 = time.perf_counter()
@@ -973,6 +978,7 @@ class Bench:
             "sizes": by_order["default"],
             "priority": by_order["priority"],
             "fair": by_order["fair"],
+            "fair_priority": by_order["fair_priority"],
         }
         for order, results in by_order.items():
             smallest = results[0]
@@ -981,6 +987,7 @@ class Bench:
                     "default": "",
                     "priority": ", priority order",
                     "fair": f", fair over {result.get('keys', 0):,} keys",
+                    "fair_priority": f", fair over {result.get('keys', 0):,} keys, priority order",
                 }[order]
                 for key, label in (("n1", "ready(1)"), ("n100", "ready(100)")):
                     rate = result[key]["claims_per_s"]
@@ -1004,10 +1011,11 @@ class Bench:
 
     def _claim_size(self, order: str, size: int) -> dict[str, Any]:
         """Claim rates with ``size`` tasks queued in namespace order ``order``; in the
-        priority order the tasks have ten priorities, so ranks interleave."""
+        priority order the tasks have ten priorities, so ranks interleave (also inside
+        each key for ``fair_priority``, the priority order with fairness keys)."""
         namespace = self._namespace(f"claim{size}{order[0]}")
         with self._scheduler(namespace, lease_s=3600.0) as s:
-            if order == "priority":
+            if order in ("priority", "fair_priority"):
                 s.set_order("priority", aging=1.0)
             before = self._used_memory()
             keys = 0
@@ -1016,9 +1024,9 @@ class Bench:
                     self._fill(s, f"c{p}-", size // 10 + (p < size % 10), priority=p)
                     for p in range(10)
                 )
-            elif order == "fair":
+            elif order in ("fair", "fair_priority"):
                 keys = max(2, min(FAIR_KEYS_MAX, size // FAIR_TASKS_PER_KEY))
-                fill = size / self._fill_keyed(s, size, keys)
+                fill = size / self._fill_keyed(s, size, keys, order == "fair_priority")
             else:
                 fill = size / self._fill(s, "c", size)
             after = self._used_memory()
@@ -1026,7 +1034,9 @@ class Bench:
             one, per_one, one_server = self._claim_rate(s, 1, size)
             many, per_many, many_server = self._claim_rate(s, 100, size)
         self._clean(namespace)
-        how = f"fair over {keys:,} keys" if keys else f"{order} order"
+        how = f"{order} order"
+        if keys:
+            how = f"fair over {keys:,} keys" + (", priority order" if "priority" in order else "")
         self._step(
             f"{size:,} queued, {how} (filled at {fill:,.0f} tasks/s): "
             f"{per_one:,.0f} claims/s one per call, {per_many:,.0f} with 100"

@@ -14,7 +14,7 @@
 --                     epoch ms (lib/deadline.lua)
 --   ttl=<ms>          the same, <ms> after the call (server clock); not with deadline
 --   key=<hex>         the fairness key (tenant) of the new version, its UTF-8 bytes in hex
---                     (1..256 bytes; lib/fair.lua); not in the priority order
+--                     (1..256 bytes; lib/fair.lua)
 -- A spec with no option costs one empty-string comparison.
 --
 -- The burst of a debounced task is kept in the debounce hash (field: task id, value

@@ -15,7 +15,10 @@
 -- of score 0 ordered by member:
 --   hex3(#key) key hex13(due ms, clamped to [0, 2^52 - 1]) <queue member>
 -- so ZRANGEBYLEX over '[' .. hex3(#key) .. key gives one key's head in O(log N), in the
--- default order (due, -priority, sequence) exactly.
+-- default order (due, -priority, sequence) exactly. In the priority order a claim moves
+-- a key's due entries into its ranked section first (lib/ranked.lua), so that its head is
+-- the entry of lowest rank; the default key's entries are then in queue and ranked, as in
+-- a namespace without keys.
 --
 -- A key with ready work is in exactly one of:
 --   fairready  keys to serve now, scored by virtual time; a claim serves the lowest and
@@ -48,10 +51,13 @@ local function fair_prefix(key)
   return string.format('%03x', #key) .. key
 end
 
+local function fair_due(due)
+  if due < 0 then return 0 elseif due > FAIR_DUE_MAX then return FAIR_DUE_MAX end
+  return due
+end
+
 local function fair_member(key, t, id)
-  local due = t.run_at
-  if due < 0 then due = 0 elseif due > FAIR_DUE_MAX then due = FAIR_DUE_MAX end
-  return fair_prefix(key) .. string.format('%013x', due) .. queue_member(t, id)
+  return fairq_delayed_member(fair_prefix(key), fair_due(t.run_at), queue_member(t, id))
 end
 
 local function fair_vt()
@@ -102,6 +108,30 @@ local function fair_activate(key, due, now)
     return
   end
   redis.call('ZADD', k.fairready, fair_vt(), key)
+end
+
+-- Turn the namespace fair: the default key's entries (queue, and ranked in the priority
+-- order) take their turns from now on.
+local function fair_turn_on(now)
+  redis.call('HSET', k.meta, 'fair', '1')
+  cached_fair = true
+  if order_aging() and redis.call('ZCARD', k.ranked) > 0 then
+    fair_activate('', now, now)
+    return
+  end
+  local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+  if head[1] then fair_activate('', tonumber(head[2]), now) end
+end
+
+-- A fairness key sent in hex (its UTF-8 bytes): the key, or nil and why not.
+local FAIR_KEY_MAX = 256
+local function fair_key_from_hex(hex)
+  if #hex < 2 or #hex > 2 * FAIR_KEY_MAX or #hex % 2 ~= 0 or not string.match(hex, '^%x+$') then
+    return nil, 'must be 1..' .. FAIR_KEY_MAX .. ' bytes in hex'
+  end
+  local key = string.gsub(hex, '%x%x', function(c) return string.char(tonumber(c, 16)) end)
+  if not valid_utf8(key) then return nil, 'must be valid UTF-8' end
+  return key, nil
 end
 
 -- The fairness key of a task id ('' for the default key).

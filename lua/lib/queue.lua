@@ -5,7 +5,9 @@
 --- @include ranked
 --- @include fair
 --
--- In a fair namespace the entry goes where its fairness key says (lib/fair.lua).
+-- In a fair namespace the entry goes where its fairness key says (lib/fair.lua); a
+-- keyed entry goes to its key's delayed section, or in the priority order, when due
+-- now, to its ranked section (lib/ranked.lua).
 -- In a namespace of the priority order a task due now goes straight into the ready set
 -- (ranked), one not due yet into queue, whose due entries claims move (lib/ranked.lua).
 --
@@ -24,7 +26,13 @@ local function enqueue(t, id)
     local key = fair_key_of(id)
     if key ~= '' then
       member = fair_member(key, t, id)
+      if aging and t.run_at <= now_ms() then
+        -- Due now in the priority order: straight into its key's ranked section.
+        member = fairq_ranked_member(fair_prefix(key), fair_due(t.run_at), queue_member(t, id), aging)
+      end
       redis.call('ZADD', k.fairq, 0, member)
+    elseif aging and t.run_at <= now_ms() then
+      redis.call('ZADD', k.ranked, rank_of(t.run_at, t.priority, aging), member)
     else
       redis.call('ZADD', k.queue, t.run_at, member)
     end

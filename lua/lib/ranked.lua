@@ -64,3 +64,51 @@ local function move_due(now, aging)
   redis.call('ZREMRANGEBYRANK', k.queue, 0, moved - 1)
   return moved
 end
+
+-- A fair namespace (lib/fair.lua) keeps the entries of each key other than the default
+-- one in fairq, under the key's prefix hex3(#key) key. In the default order an entry is
+--   prefix hex13(due ms) <queue member>                       (the key's delayed section)
+-- In the priority order a claim that visits a key first moves its due entries into the
+-- key's ranked section, which sorts before the delayed one ('!' < any hex digit):
+--   prefix '!' rankhex(rank) <queue member> hex13(due ms)
+-- rank as for ranked above; rankhex is a fixed-width text that sorts as the number does
+-- (a sign digit, then 16 hex digits, complemented for a negative rank), so a key's
+-- ranked head is its entry of lowest rank, equal ranks in queue member order: the order
+-- of the ranked set exactly. The due time is kept at the end to put an entry back.
+local FAIR_RANKED = '!'
+local FLIP = {
+  ['0'] = 'f', ['1'] = 'e', ['2'] = 'd', ['3'] = 'c', ['4'] = 'b', ['5'] = 'a', ['6'] = '9',
+  ['7'] = '8', ['8'] = '7', ['9'] = '6', a = '5', b = '4', c = '3', d = '2', e = '1', f = '0',
+}
+
+local function rank_hex(rank)
+  if rank >= 0 then return '1' .. string.format('%016x', rank) end
+  return '0' .. (string.gsub(string.format('%016x', -rank), '%x', FLIP))
+end
+
+local function fairq_ranked_member(prefix, due, qmember, aging)
+  return prefix .. FAIR_RANKED .. rank_hex(rank_of(due, member_priority(qmember), aging))
+    .. qmember .. string.format('%013x', due)
+end
+
+local function fairq_delayed_member(prefix, due, qmember)
+  return prefix .. string.format('%013x', due) .. qmember
+end
+
+-- A fairq member's parts: its key's prefix, due ms, queue member, and whether it is in
+-- the ranked section; nil for a member that is neither form.
+local function fairq_parse(member)
+  local n = tonumber(string.sub(member, 1, 3), 16)
+  if not n or #member < 3 + n + 14 then return nil end
+  local prefix = string.sub(member, 1, 3 + n)
+  local rest = string.sub(member, 4 + n)
+  if string.sub(rest, 1, 1) == FAIR_RANKED then
+    if #rest < 1 + 17 + 13 then return nil end
+    local due = tonumber(string.sub(rest, -13), 16)
+    if not due then return nil end
+    return prefix, due, string.sub(rest, 19, -14), true
+  end
+  local due = tonumber(string.sub(rest, 1, 13), 16)
+  if not due then return nil end
+  return prefix, due, string.sub(rest, 14), false
+end
