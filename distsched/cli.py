@@ -40,6 +40,7 @@ from distsched.core import (
     State,
     TaskInfo,
     cluster_seed,
+    validate_worker_id,
 )
 from distsched.errors import (
     ConflictError,
@@ -463,8 +464,37 @@ def cli(ctx: click.Context, url: str, namespace: str, cluster: bool) -> None:
     )  # fmt: skip
 
 
+class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2
+    """A number of worker processes: an int >= 1, or ``auto`` for one per core."""
+
+    name = "processes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif str(value).strip().lower() == "auto":
+            return os.cpu_count() or 1
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                number = 0
+        if number < 1:
+            raise InvalidArgument("processes", f"must be an int >= 1 or 'auto', got {value!r}")
+        return number
+
+
 @cli.command()
 @click.argument("app")
+@click.option(
+    "--processes",
+    type=Processes(),
+    default="1",
+    show_default=True,
+    metavar="N|auto",
+    help="Worker processes, each with --concurrency slots, under one supervisor that "
+    "restarts a process that dies and forwards SIGTERM/SIGINT; auto: one per core.",
+)
 @click.option(
     "--concurrency",
     type=int,
@@ -533,9 +563,9 @@ def cli(ctx: click.Context, url: str, namespace: str, cluster: bool) -> None:
 )  # fmt: skip
 @click.pass_context
 def worker(
-    ctx: click.Context, app: str, concurrency: int, lease_s: float, grace: float,
-    worker_id: str | None, metrics_port: int | None, metrics_addr: str, log_level: str,
-    log_format: str, hook_specs: tuple[str, ...], otel: bool,
+    ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
+    grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
+    log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
@@ -547,6 +577,8 @@ def worker(
 
     if not math.isfinite(grace) or grace < 0:
         raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
+    if worker_id is not None:
+        validate_worker_id(worker_id)
     functions = load_app(app)
     hooks = [hook for spec in hook_specs for hook in load_hooks(spec)]
     if otel:
@@ -555,6 +587,13 @@ def worker(
         hooks.append(TracingHooks())
     scheduler = _connect(ctx, lease_s=lease_s)
     scheduler.client.ping()  # an unreachable Redis is an error now, not endless retries
+    if processes > 1:
+        scheduler.close()
+        configure(log_level.upper(), log_format)
+        ctx.exit(_supervise(
+            ctx, app, processes, concurrency, lease_s, grace, worker_id, metrics_port,
+            metrics_addr, log_level, log_format, hook_specs, otel,
+        ))  # fmt: skip
     metrics = _serve_metrics(ctx, metrics_port, metrics_addr)
     pool = Worker(
         scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
@@ -563,6 +602,41 @@ def worker(
     # Last, once nothing can fail with a one-line error any more.
     configure(log_level.upper(), log_format)
     pool.run()  # it logs its start-up line and its shutdown summary
+
+
+def _supervise(
+    ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
+    grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
+    log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
+) -> int:  # fmt: skip
+    """``worker --processes N``: N one-process workers under a supervisor; its exit status."""
+    from distsched.worker.supervisor import Supervisor
+
+    settings = _settings(ctx)
+    command = [
+        sys.executable, "-m", "distsched.cli", "worker", app, "--processes", "1",
+        "--concurrency", str(concurrency), "--lease", repr(lease_s), "--grace", repr(grace),
+        "--metrics-addr", metrics_addr, "--log-level", log_level, "--log-format", log_format,
+        *(arg for spec in hook_specs for arg in ("--hooks", spec)), *(["--otel"] if otel else []),
+    ]  # fmt: skip
+
+    def child_args(index: int) -> list[str]:
+        # Each process its own id and metrics port (PORT + index; 0 stays "any free").
+        args = [] if worker_id is None else ["--worker-id", f"{worker_id}-{index}"]
+        if metrics_port is not None:
+            args += ["--metrics-port", str(metrics_port + index if metrics_port else 0)]
+        return args
+
+    # The URL (it may hold a password) and the namespace travel in the environment,
+    # not on a command line that every local user can read.
+    env = {k: v for k, v in os.environ.items() if k != "DISTSCHED_CLUSTER"}
+    env.update(DISTSCHED_REDIS_URL=settings.url, DISTSCHED_NAMESPACE=settings.namespace)
+    # A child's shutdown: its grace, then the cancel wait and the last reports (10 s
+    # each by default), with a margin.
+    supervisor = Supervisor(
+        command, processes, env=env, stop_timeout=grace + 30.0, child_args=child_args
+    )
+    return supervisor.run()
 
 
 def _serve_metrics(ctx: click.Context, port: int | None, addr: str) -> Any:
