@@ -150,6 +150,10 @@ class ThreadPool:
     def submit(self, job: Job) -> None:
         self._queue.put(job)
 
+    def submit_many(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._queue.put(job)
+
     def _loop(self) -> None:
         while True:
             job = self._queue.get()
@@ -178,6 +182,7 @@ class LoopPool:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="distsched-loop", daemon=True)
 
@@ -186,8 +191,21 @@ class LoopPool:
         self._ready.wait()
 
     def submit(self, job: Job) -> None:
+        self.submit_many([job])
+
+    def submit_many(self, jobs: list[Job]) -> None:
+        """Start ``jobs`` as tasks of the loop: one thread-safe wake-up for them all."""
         assert self._loop is not None
-        asyncio.run_coroutine_threadsafe(self.runner.run_async(job, self._loop), self._loop)
+        self._loop.call_soon_threadsafe(self._start, jobs)
+
+    def _start(self, jobs: list[Job]) -> None:
+        loop = self._loop
+        assert loop is not None
+        for job in jobs:
+            task = loop.create_task(self.runner.run_async(job, loop))
+            # The loop keeps only weak references to its tasks.
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()

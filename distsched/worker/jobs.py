@@ -84,6 +84,16 @@ class Slots:
                 self.cond.notify_all()
         return job
 
+    def add_many(self, claims: Iterable[Claim]) -> list[Job]:
+        """Hold new claims that will run, under one lock for the whole claim reply."""
+        jobs = [Job(claim) for claim in claims]
+        with self.cond:
+            for job in jobs:
+                self._jobs[job.claim.token] = job
+            self._in_phase[Phase.CLAIMED] += len(jobs)
+            self.counts["claimed"] += len(jobs)
+        return jobs
+
     def begin(self, job: Job) -> bool:
         """A pool thread picks ``job`` up; False if the shutdown released it first."""
         with self.cond:
