@@ -102,10 +102,16 @@ class TaskContext:
 
     async def wait_cancelled_async(self, timeout: float | None = None) -> bool:
         """The ``async def`` flavour of :meth:`wait_cancelled`."""
-        event = self._async_signal
-        if event is None:
+        if self._loop is None:
             # Not bound to the worker's loop (a test calling directly): poll the flag.
             return await asyncio.to_thread(self._signal.wait, timeout)
+        event = self._async_signal
+        if event is None:
+            # Made on first use, on the loop; a signal sent meanwhile is seen here.
+            with _SIGNAL_LOCK:
+                event = self._async_signal = asyncio.Event()
+                if self._reasons:
+                    event.set()
         try:
             await asyncio.wait_for(event.wait(), timeout)
         except asyncio.TimeoutError:
@@ -116,18 +122,15 @@ class TaskContext:
 
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._async_signal = asyncio.Event()
-        if self._reasons:
-            self._async_signal.set()
 
     def _signal_stop(self, reason: StopReason) -> None:
         with _SIGNAL_LOCK:
             self._reasons.add(reason)
-            event = self._signal_event
+            event, async_event = self._signal_event, self._async_signal
         if event is not None:
             event.set()
-        if self._loop is not None and self._async_signal is not None:
-            self._loop.call_soon_threadsafe(self._async_signal.set)
+        if self._loop is not None and async_event is not None:
+            self._loop.call_soon_threadsafe(async_event.set)
 
     @property
     def _cancel_was_requested(self) -> bool:
