@@ -2050,6 +2050,8 @@ def _bench_size_options() -> list[click.Option]:
                      help="(j) tasks per light key, one every 100 ms."),
         click.option("--fair-claims", type=int, default=d.fair_claims, show_default=True,
                      help="(j) claims over keys of weights 1, 1, 2, 4, 8."),
+        click.option("--processes", type=int, default=d.processes, show_default=True,
+                     help="(c) worker processes of the last end-to-end run."),
     ]  # fmt: skip
 
     def params(f: Callable[..., Any]) -> list[click.Option]:
@@ -2082,10 +2084,15 @@ class _BenchCommand(click.Command):
     help="Run on this Redis (its own namespaces, removed at the end) instead of an embedded one.",
 )
 @click.option("--json", "json_path", metavar="FILE", default=None, help="Also write JSON here.")
+@click.option(
+    "--quick", is_flag=True,
+    help="Small sizes for a smoke run of every section (under 20 s); sizes given still count.",
+)  # fmt: skip
 @click.pass_context
 def bench(
-    ctx: click.Context, /, bench_url: str | None, json_path: str | None, **sizes: Any
-) -> None:
+    ctx: click.Context, /, bench_url: str | None, json_path: str | None, quick: bool,
+    **sizes: Any,
+) -> None:  # fmt: skip
     """Measure the scheduler against raw Redis: one run, about two minutes.
 
     Script-call ceiling, enqueue, end-to-end no-op tasks through worker
@@ -2100,11 +2107,20 @@ def bench(
     redis-server when one is on PATH, else an in-process fakeredis server.
     Exits 1 when a task did not run exactly once.
     """
-    from distsched.tools.bench import BenchConfig, bench_command
+    from distsched.tools.bench import BenchConfig, bench_command, progress_lines
 
     url = _given_url_checked(ctx, bench_url)
-    config = BenchConfig(**sizes)
-    if not bench_command(url, config, json_path, click.echo, lambda s: click.echo(s, err=True)):
+    if quick:
+        given = {
+            name: value for name, value in sizes.items()
+            if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+        }  # fmt: skip
+        config = dataclasses.replace(BenchConfig.quick(), **given)
+    else:
+        config = BenchConfig(**sizes)
+    with progress_lines(sys.stderr):
+        ok = bench_command(url, config, json_path, click.echo)
+    if not ok:
         ctx.exit(1)
 
 
