@@ -125,7 +125,10 @@ class Consumer:
                 self.fire_retry = backoff()
             if wait is None or wait.delay == 0:
                 continue
-            self.wake.wait(idle_wait(wait.delay))
+            # The delay counts from when the script ran, which was after the call left:
+            # waiting from the send, the next claim reaches Redis when the entry is due,
+            # not a round trip later.
+            self.wake.wait(max(0.0, started + idle_wait(wait.delay) - time.monotonic()))
 
     def fire(self) -> None:
         """Fire the due slots of the namespace's schedules (errors are logged: the next

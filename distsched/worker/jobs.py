@@ -21,7 +21,7 @@ class Phase(enum.Enum):
     RELEASED = "released"  # handed back by the shutdown before it started
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """One claim held by the worker, from the claim until its report was answered."""
 

@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import RedisClusterException
 
@@ -54,12 +54,14 @@ class ReportKind(str, enum.Enum):
         return self.value
 
 
-@dataclass(frozen=True)
+# Slotted and not frozen: one of them is made per run, and a frozen dataclass's
+# __init__ goes through object.__setattr__ field by field.
+@dataclass(slots=True)
 class Returned:
     value: Any
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Raised:
     error: BaseException
 
@@ -89,8 +91,9 @@ def outcome_of(ctx: TaskContext, result: Returned | Raised) -> tuple[ReportKind,
     return ReportKind.FAIL, error
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(NamedTuple):
+    """One outcome on its way to Redis (a tuple: one is made per run)."""
+
     job: Job
     kind: ReportKind
     value: object
