@@ -209,6 +209,12 @@ class LoopPool:
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
+        eager = getattr(asyncio, "eager_task_factory", None)
+        if eager is not None:
+            # Python 3.12+: a run starts at once, in the call that makes its task, and
+            # one that never suspends (no real waiting) ends without a trip through
+            # the loop's queue.
+            loop.set_task_factory(eager)
         self._loop = loop
         asyncio.set_event_loop(loop)
         self._ready.set()
