@@ -307,6 +307,8 @@ class WorkerReport:
     runs: list[Run]
     counts: dict[str, int]
     peak_running: int
+    # CPU seconds of the worker process (all its threads) from "go" to its stop.
+    cpu_s: float = 0.0
 
 
 class WorkerProcesses:
@@ -409,6 +411,7 @@ class WorkerProcesses:
                     runs=[Run(*r) for r in data["runs"]],
                     counts=data["counts"],
                     peak_running=int(data["peak_running"]),
+                    cpu_s=float(data.get("cpu_s", 0.0)),
                 )
             )
         self.close()
@@ -476,7 +479,9 @@ def worker_main(argv: Sequence[str]) -> int:
         print("ready", flush=True)
         if sys.stdin.readline().strip() != "go":
             return 1
+        cpu = time.process_time()
         worker.run()  # on the main thread: SIGTERM shuts it down gracefully
+        cpu = time.process_time() - cpu
         after, _ = clock_offset(scheduler)
         offset = (before + after) / 2.0
         data = {
@@ -485,6 +490,7 @@ def worker_main(argv: Sequence[str]) -> int:
             "runs": [[t, v, a, started + offset, run_at] for t, v, a, started, run_at in runs],
             "counts": worker.counts,
             "peak_running": worker.peak_running,
+            "cpu_s": cpu,
         }
         partial = Path(options.out + ".partial")
         partial.write_text(json.dumps(data), "utf-8")
@@ -682,6 +688,7 @@ class Bench:
             "drain_s": seconds,
             "tasks_per_s": len(ids) / seconds if seconds > 0 else None,
             "redis_cpu_us_per_task": cpu,
+            "worker_cpu_us_per_task": sum(r.cpu_s for r in reports) / len(ids) * 1e6,
             "exactly_once_problems": problems,
             "worker_counts": [r.counts for r in reports],
             "peak_running": [r.peak_running for r in reports],
@@ -950,6 +957,12 @@ class Bench:
                 "us",
                 target="<= 12 us",
                 met=None if cpu is None else cpu <= 12.0,
+            )
+            self._row(
+                "e2e",
+                f"  worker CPU per task ({label})",
+                result["worker_cpu_us_per_task"],
+                "us",
             )
             self._row(
                 "e2e",
