@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -169,3 +170,17 @@ def test_processes_is_a_count_or_auto() -> None:
     for bad in ("0", "-2", "many"):
         with pytest.raises(InvalidArgument, match="processes"):
             p.convert(bad, None, None)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_the_worker_processes_stop_in_order_when_the_supervisor_is_killed(
+    fast: Scheduler, supervised: Callable[..., Supervised]
+) -> None:
+    sup = supervised("tests.procs_app:FUNCS", 2, "--grace", "1")
+    wait_until(lambda: len(worker_pids(fast)) == 2, 30, "two registered worker processes")
+    pids = worker_pids(fast)
+    sup.proc.kill()
+    sup.proc.wait()
+    # Each got SIGTERM: a clean stop, which takes it out of the worker registry.
+    wait_until(lambda: fast.workers() == [], 30, "the processes' clean stops")
+    wait_until(lambda: not any(alive(pid) for pid in pids), 30, "the processes' exits")

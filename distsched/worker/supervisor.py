@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import enum
 import logging
 import os
@@ -83,13 +82,20 @@ def _exit_text(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the supervisor dies (Linux only)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(name, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _parent_death_signal() -> Callable[[], None] | None:
+    """What a child runs before exec to get SIGTERM when the supervisor dies (Linux),
+    looked up here, in the supervisor: between fork and exec the child only calls it."""
+    if sys.platform != "linux":
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return set_signal
 
 
 class Supervisor:
@@ -132,6 +138,7 @@ class Supervisor:
         self.crash_limit = crash_limit
         self.child_args = child_args
         self.children = [Child(i) for i in range(processes)]
+        self._before_exec = _parent_death_signal()
         self._signals: list[int] = []
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -234,9 +241,8 @@ class Supervisor:
         argv = self.command + list(self.child_args(child.index) if self.child_args else ())
         try:
             proc = subprocess.Popen(
-                argv, env=env, start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )  # fmt: skip
+                argv, env=env, start_new_session=True, preexec_fn=self._before_exec
+            )
         except OSError as exc:
             # As a death at start: retried with the same backoff, then given up.
             log.error("worker process %d could not be started: %s", child.index, exc)
