@@ -56,6 +56,8 @@ class Runner:
         self.reporter = reporter
         self.metrics = metrics
         self.hooks = hooks if hooks is not None else HookChain([])
+        # No hook method to call (the default): the run skips the hook chain.
+        self._hooked = bool(self.hooks)
         self._clock_offset = clock_offset
 
     def run_sync(self, job: Job) -> None:
@@ -68,7 +70,7 @@ class Runner:
             started = self._started(job)
             try:
                 value = fn(*job.claim.args, **job.claim.kwargs)
-                if inspect.isawaitable(value):
+                if value is not None and inspect.isawaitable(value):
                     # An async callable not detected as such (e.g. a partial).
                     value = asyncio.run(_await(value))
                 result: Returned | Raised = Returned(value)
@@ -102,7 +104,8 @@ class Runner:
         except Exception:
             # A hook that fails on one task's data must not take the pool thread with it.
             log.exception("metrics hook on_started failed")
-        self.hooks.before(job.ctx)
+        if self._hooked:
+            self.hooks.before(job.ctx)
         return time.monotonic()
 
     def _ended(self, job: Job, started: float, result: Returned | Raised) -> _Ended:
@@ -118,7 +121,8 @@ class Runner:
                 value, encoded = core.encode_result(value), True
             except InvalidArgument as exc:
                 kind, value, told = ReportKind.FAIL, f"result not storable: {exc}", exc
-        self.hooks.after(job.ctx, _RUN_OUTCOME[kind], told)
+        if self._hooked:
+            self.hooks.after(job.ctx, _RUN_OUTCOME[kind], told)
         return _Ended(kind, value, duration, encoded)
 
     def _report(self, job: Job, ended: _Ended) -> None:
