@@ -2093,15 +2093,17 @@ def bench(
     ctx: click.Context, /, bench_url: str | None, json_path: str | None, quick: bool,
     **sizes: Any,
 ) -> None:  # fmt: skip
-    """Measure the scheduler against raw Redis: one run, about two minutes.
+    """Measure the scheduler against raw Redis: one run, about four minutes.
 
-    Script-call ceiling, enqueue, end-to-end no-op tasks through worker
-    processes (each checked to run exactly once), lateness of delayed tasks,
+    Script-call ceiling, enqueue (against a raw LPUSH), end-to-end no-op tasks
+    (def and async def) through worker processes (each checked to run exactly once;
+    Redis and worker CPU per task), lateness of delayed tasks,
     claim rate by queue size, dependency graphs, memory per task, wake-ups,
     the dashboard (Redis commands per page, workers' drain rate while it is
     polled), and fairness keys (light keys' wait behind a heavy key's backlog, with
     and without keys; claim shares by weight). Prints a table with the targets
-    next to the figures; progress goes to stderr.
+    next to the figures, with the machine and library versions; progress goes to
+    stderr. --quick runs every section at small sizes (under 20 s) as a smoke test.
 
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway
     redis-server when one is on PATH, else an in-process fakeredis server.

@@ -132,7 +132,7 @@ class BenchError(DistschedError):
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """The sizes of one run; the defaults take about two minutes on two cores."""
+    """The sizes of one run; the defaults take about four minutes on two cores."""
 
     evalsha_calls: int = 20_000
     pipeline: int = 100
