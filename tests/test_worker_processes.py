@@ -188,3 +188,21 @@ def test_the_worker_processes_stop_in_order_when_the_supervisor_is_killed(
     # Each got SIGTERM: a clean stop, which takes it out of the worker registry.
     wait_until(lambda: fast.workers() == [], 30, "the processes' clean stops")
     wait_until(lambda: not any(alive(pid) for pid in pids), 30, "the processes' exits")
+
+
+def test_a_second_sigint_makes_the_worker_processes_exit_at_once(
+    fast: Scheduler, supervised: Callable[..., Supervised]
+) -> None:
+    sup = supervised("tests.procs_app:FUNCS", 2, "--grace", "30")
+    fast.schedule("long", fn="nap", args=[60])
+    wait_until(lambda: fast.status("long").state is State.RUNNING, 30, "the long task running")
+    pids = worker_pids(fast)
+    sup.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: "SIGINT: stopping 2 worker processes" in sup.stderr(), 10, "the stop")
+    assert sup.proc.poll() is None  # a process waits for its running task: grace 30 s
+    sup.proc.send_signal(signal.SIGINT)
+    assert sup.proc.wait(15) == 130, sup.stderr()
+    assert "second SIGINT" in sup.stderr()
+    # The running task is left to its lease, as if its worker had vanished.
+    assert fast.status("long").state is State.RUNNING
+    wait_until(lambda: not any(alive(pid) for pid in pids), 10, "the processes' exits")
