@@ -43,6 +43,7 @@ from distsched.core import (
     State,
     TaskInfo,
     cluster_seed,
+    validate_worker_id,
 )
 from distsched.errors import (
     ConflictError,
@@ -467,8 +468,37 @@ def cli(ctx: click.Context, url: str, namespace: str, cluster: bool) -> None:
     )  # fmt: skip
 
 
+class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click >= 8.2
+    """A number of worker processes: an int >= 1, or ``auto`` for one per core."""
+
+    name = "processes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif str(value).strip().lower() == "auto":
+            return os.cpu_count() or 1
+        else:
+            try:
+                number = int(str(value).strip())
+            except ValueError:
+                number = 0
+        if number < 1:
+            raise InvalidArgument("processes", f"must be an int >= 1 or 'auto', got {value!r}")
+        return number
+
+
 @cli.command()
 @click.argument("app")
+@click.option(
+    "--processes",
+    type=Processes(),
+    default="1",
+    show_default=True,
+    metavar="N|auto",
+    help="Worker processes, each with --concurrency slots, under one supervisor that "
+    "restarts a process that dies and forwards SIGTERM/SIGINT; auto: one per core.",
+)
 @click.option(
     "--concurrency",
     type=int,
@@ -537,9 +567,9 @@ def cli(ctx: click.Context, url: str, namespace: str, cluster: bool) -> None:
 )  # fmt: skip
 @click.pass_context
 def worker(
-    ctx: click.Context, app: str, concurrency: int, lease_s: float, grace: float,
-    worker_id: str | None, metrics_port: int | None, metrics_addr: str, log_level: str,
-    log_format: str, hook_specs: tuple[str, ...], otel: bool,
+    ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
+    grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
+    log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
@@ -551,6 +581,8 @@ def worker(
 
     if not math.isfinite(grace) or grace < 0:
         raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
+    if worker_id is not None:
+        validate_worker_id(worker_id)
     functions = load_app(app)
     hooks = [hook for spec in hook_specs for hook in load_hooks(spec)]
     if otel:
@@ -559,6 +591,13 @@ def worker(
         hooks.append(TracingHooks())
     scheduler = _connect(ctx, lease_s=lease_s)
     scheduler.client.ping()  # an unreachable Redis is an error now, not endless retries
+    if processes > 1:
+        scheduler.close()
+        configure(log_level.upper(), log_format)
+        ctx.exit(_supervise(
+            ctx, app, processes, concurrency, lease_s, grace, worker_id, metrics_port,
+            metrics_addr, log_level, log_format, hook_specs, otel,
+        ))  # fmt: skip
     metrics = _serve_metrics(ctx, metrics_port, metrics_addr)
     pool = Worker(
         scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
@@ -567,6 +606,41 @@ def worker(
     # Last, once nothing can fail with a one-line error any more.
     configure(log_level.upper(), log_format)
     pool.run()  # it logs its start-up line and its shutdown summary
+
+
+def _supervise(
+    ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
+    grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
+    log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
+) -> int:  # fmt: skip
+    """``worker --processes N``: N one-process workers under a supervisor; its exit status."""
+    from distsched.worker.supervisor import Supervisor
+
+    settings = _settings(ctx)
+    command = [
+        sys.executable, "-m", "distsched.cli", "worker", app, "--processes", "1",
+        "--concurrency", str(concurrency), "--lease", repr(lease_s), "--grace", repr(grace),
+        "--metrics-addr", metrics_addr, "--log-level", log_level, "--log-format", log_format,
+        *(arg for spec in hook_specs for arg in ("--hooks", spec)), *(["--otel"] if otel else []),
+    ]  # fmt: skip
+
+    def child_args(index: int) -> list[str]:
+        # Each process its own id and metrics port (PORT + index; 0 stays "any free").
+        args = [] if worker_id is None else ["--worker-id", f"{worker_id}-{index}"]
+        if metrics_port is not None:
+            args += ["--metrics-port", str(metrics_port + index if metrics_port else 0)]
+        return args
+
+    # The URL (it may hold a password) and the namespace travel in the environment,
+    # not on a command line that every local user can read.
+    env = {k: v for k, v in os.environ.items() if k != "DISTSCHED_CLUSTER"}
+    env.update(DISTSCHED_REDIS_URL=settings.url, DISTSCHED_NAMESPACE=settings.namespace)
+    # A child's shutdown: its grace, then the cancel wait and the last reports (10 s
+    # each by default), with a margin.
+    supervisor = Supervisor(
+        command, processes, env=env, stop_timeout=grace + 30.0, child_args=child_args
+    )
+    return supervisor.run()
 
 
 def _serve_metrics(ctx: click.Context, port: int | None, addr: str) -> Any:
@@ -2013,6 +2087,8 @@ def _bench_size_options() -> list[click.Option]:
                      help="(j) tasks per light key, one every 100 ms."),
         click.option("--fair-claims", type=int, default=d.fair_claims, show_default=True,
                      help="(j) claims over keys of weights 1, 1, 2, 4, 8."),
+        click.option("--processes", type=int, default=d.processes, show_default=True,
+                     help="(c) worker processes of the last end-to-end run."),
     ]  # fmt: skip
 
     def params(f: Callable[..., Any]) -> list[click.Option]:
@@ -2045,29 +2121,45 @@ class _BenchCommand(click.Command):
     help="Run on this Redis (its own namespaces, removed at the end) instead of an embedded one.",
 )
 @click.option("--json", "json_path", metavar="FILE", default=None, help="Also write JSON here.")
+@click.option(
+    "--quick", is_flag=True,
+    help="Small sizes for a smoke run of every section (under 20 s); sizes given still count.",
+)  # fmt: skip
 @click.pass_context
 def bench(
-    ctx: click.Context, /, bench_url: str | None, json_path: str | None, **sizes: Any
-) -> None:
-    """Measure the scheduler against raw Redis: one run, about two minutes.
+    ctx: click.Context, /, bench_url: str | None, json_path: str | None, quick: bool,
+    **sizes: Any,
+) -> None:  # fmt: skip
+    """Measure the scheduler against raw Redis: one run, about four minutes.
 
-    Script-call ceiling, enqueue, end-to-end no-op tasks through worker
-    processes (each checked to run exactly once), lateness of delayed tasks,
+    Script-call ceiling, enqueue (against a raw LPUSH), end-to-end no-op tasks
+    (def and async def) through worker processes (each checked to run exactly once;
+    Redis and worker CPU per task), lateness of delayed tasks,
     claim rate by queue size, dependency graphs, memory per task, wake-ups,
     the dashboard (Redis commands per page, workers' drain rate while it is
     polled), and fairness keys (light keys' wait behind a heavy key's backlog, with
     and without keys; claim shares by weight). Prints a table with the targets
-    next to the figures; progress goes to stderr.
+    next to the figures, with the machine and library versions; progress goes to
+    stderr. --quick runs every section at small sizes (under 20 s) as a smoke test.
 
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway
     redis-server when one is on PATH, else an in-process fakeredis server.
     Exits 1 when a task did not run exactly once.
     """
-    from distsched.tools.bench import BenchConfig, bench_command
+    from distsched.tools.bench import BenchConfig, bench_command, progress_lines
 
     url = _given_url_checked(ctx, bench_url)
-    config = BenchConfig(**sizes)
-    if not bench_command(url, config, json_path, click.echo, lambda s: click.echo(s, err=True)):
+    if quick:
+        given = {
+            name: value for name, value in sizes.items()
+            if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
+        }  # fmt: skip
+        config = dataclasses.replace(BenchConfig.quick(), **given)
+    else:
+        config = BenchConfig(**sizes)
+    with progress_lines(sys.stderr):
+        ok = bench_command(url, config, json_path, click.echo)
+    if not ok:
         ctx.exit(1)
 
 

@@ -26,12 +26,18 @@ class StopReason(enum.Enum):
     SHUTDOWN = "shutdown"  # the worker is shutting down and the grace period is over
 
 
+# Guards the lazy creation of a context's signal event against a signal sent meanwhile.
+_SIGNAL_LOCK = threading.Lock()
+
+
 class TaskContext:
     """What a task function may know and watch about its own run."""
 
     def __init__(self, claim: Claim) -> None:
         self.claim = claim
-        self._signal = threading.Event()
+        # Made on first use: most runs never wait for a signal, and an Event (a lock
+        # and a condition) per task is a measurable part of a no-op task's cost.
+        self._signal_event: threading.Event | None = None
         self._reasons: set[StopReason] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async_signal: asyncio.Event | None = None
@@ -53,7 +59,19 @@ class TaskContext:
     def cancel_requested(self) -> bool:
         """True once the function should stop soon: cancellation was requested, the
         lease was lost, or the worker is shutting down and its grace period is over."""
-        return self._signal.is_set()
+        return bool(self._reasons)
+
+    @property
+    def _signal(self) -> threading.Event:
+        event = self._signal_event
+        if event is None:
+            with _SIGNAL_LOCK:
+                if self._signal_event is None:
+                    self._signal_event = threading.Event()
+                    if self._reasons:
+                        self._signal_event.set()
+                event = self._signal_event
+        return event
 
     @property
     def lease_lost(self) -> bool:
@@ -75,7 +93,7 @@ class TaskContext:
             raise LeaseLost(f"lease of {self.task_id!r} attempt {self.attempt} was lost")
         if StopReason.CANCEL in self._reasons:
             raise Cancelled(f"task {self.task_id!r} was cancelled")
-        if self._signal.is_set():
+        if self._reasons:
             raise Cancelled(f"task {self.task_id!r} was stopped: the worker is shutting down")
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
@@ -84,29 +102,35 @@ class TaskContext:
 
     async def wait_cancelled_async(self, timeout: float | None = None) -> bool:
         """The ``async def`` flavour of :meth:`wait_cancelled`."""
-        event = self._async_signal
-        if event is None:
+        if self._loop is None:
             # Not bound to the worker's loop (a test calling directly): poll the flag.
             return await asyncio.to_thread(self._signal.wait, timeout)
+        event = self._async_signal
+        if event is None:
+            # Made on first use, on the loop; a signal sent meanwhile is seen here.
+            with _SIGNAL_LOCK:
+                event = self._async_signal = asyncio.Event()
+                if self._reasons:
+                    event.set()
         try:
             await asyncio.wait_for(event.wait(), timeout)
         except asyncio.TimeoutError:
-            return self._signal.is_set()
+            return bool(self._reasons)
         return True
 
     # -- used by the worker
 
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._async_signal = asyncio.Event()
-        if self._signal.is_set():
-            self._async_signal.set()
 
     def _signal_stop(self, reason: StopReason) -> None:
-        self._reasons.add(reason)
-        self._signal.set()
-        if self._loop is not None and self._async_signal is not None:
-            self._loop.call_soon_threadsafe(self._async_signal.set)
+        with _SIGNAL_LOCK:
+            self._reasons.add(reason)
+            event, async_event = self._signal_event, self._async_signal
+        if event is not None:
+            event.set()
+        if self._loop is not None and async_event is not None:
+            self._loop.call_soon_threadsafe(async_event.set)
 
     @property
     def _cancel_was_requested(self) -> bool:

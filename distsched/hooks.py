@@ -92,10 +92,10 @@ class HookChain:
     """Calls every hook's method for one run, logging and skipping any that raises."""
 
     def __init__(self, hooks: Sequence[Any]) -> None:
-        self._before = [h.before_task for h in hooks if callable(getattr(h, "before_task", None))]
+        self._before = [h.before_task for h in hooks if _implements(h, "before_task")]
         reverse = list(reversed(hooks))
-        self._after = [h.after_task for h in reverse if callable(getattr(h, "after_task", None))]
-        self._failure = [h.on_failure for h in reverse if callable(getattr(h, "on_failure", None))]
+        self._after = [h.after_task for h in reverse if _implements(h, "after_task")]
+        self._failure = [h.on_failure for h in reverse if _implements(h, "on_failure")]
 
     def __bool__(self) -> bool:
         return bool(self._before or self._after or self._failure)
@@ -110,6 +110,14 @@ class HookChain:
                 _call(method, ctx, value)
         for method in self._after:
             _call(method, ctx, outcome, value)
+
+
+def _implements(hook: Any, name: str) -> bool:
+    """Whether ``hook`` has its own method ``name``: WorkerHooks' no-ops (inherited by a
+    hook that implements only some methods) would only cost a call per task."""
+    if not callable(getattr(hook, name, None)):
+        return False
+    return getattr(type(hook), name, None) is not getattr(WorkerHooks, name)
 
 
 def _call(method: Any, ctx: TaskContext, *args: Any) -> None:

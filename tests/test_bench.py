@@ -13,7 +13,7 @@ from typing import Any
 from click.testing import CliRunner, Result
 
 from distsched.cli import cli
-from distsched.tools.bench import SECTIONS, Run, check_exactly_once
+from distsched.tools.bench import SECTIONS, BenchConfig, Run, check_exactly_once
 from tests.conftest import RedisServer
 
 TINY = [
@@ -46,13 +46,24 @@ def check_report(report: dict[str, Any], throwaway: bool) -> None:
     assert report["redis"]["throwaway"] is throwaway
     sections = report["sections"]
     assert sections["ceiling"]["sequential_per_s"] > 0
-    assert sections["enqueue"]["single_calls"] == 50
-    assert [run["processes"] for run in sections["e2e"]["runs"]] == [1, 2]
-    for run in sections["e2e"]["runs"]:
+    runs = sections["e2e"]["runs"]
+    assert [(run["processes"], run["fn"]) for run in runs] == [
+        (1, "def"), (1, "async def"), (2, "def"),
+    ]  # fmt: skip
+    for run in runs:
         assert run["tasks"] == 200
         assert run["exactly_once_problems"] == []
         assert sum(counts["succeeded"] for counts in run["worker_counts"]) == 200
         assert run["tasks_per_s"] > 0
+        if report["redis"]["backend"] != "fakeredis":
+            assert run["redis_cpu_us_per_task"] > 0
+    enqueue = sections["enqueue"]
+    assert enqueue["lpush_per_s"] > 0 and enqueue["single_vs_lpush"] > 0
+    env = report["environment"]
+    assert env["machine"]["cores"] >= 1 and env["machine"]["cpu_model"]
+    assert env["libraries"]["redis"] and env["libraries"]["msgpack"]
+    assert env["python"]
+    assert sections["enqueue"]["single_calls"] == 50
     late = sections["lateness"]
     assert late["tasks"] == 40
     assert late["p50_ms"] <= late["p99_ms"] <= late["max_ms"]
@@ -117,7 +128,9 @@ def test_bench_runs_every_section_on_a_given_redis_and_removes_its_namespaces(
         report = json.loads(out.read_text("utf-8"))
         check_report(report, throwaway=False)
         # The table on stdout, one progress line per section on stderr.
-        assert "end to end, 2 worker processes" in result.stdout
+        assert "end to end, 2 worker processes, def" in result.stdout
+        assert "end to end, 1 worker process, async def" in result.stdout
+        assert "machine: " in result.stdout and "redis-py " in result.stdout
         assert "bytes" in result.stdout
         for i in range(1, len(SECTIONS) + 1):
             assert f"[{i}/{len(SECTIONS)}]" in result.stderr
@@ -139,6 +152,44 @@ def test_bench_without_a_url_runs_on_a_throwaway_server(tmp_path: Path) -> None:
     check_report(report, throwaway=True)
     assert report["redis"]["backend"] in ("redis-server", "fakeredis")
     assert "running on a throwaway" in result.stderr
+
+
+def test_bench_quick_runs_every_section_and_reports_each_ones_rows(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench.json"
+    result = bench("--redis", redis_server.url, "--quick", "--json", str(out))
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(out.read_text("utf-8"))
+    assert report["problems"] == []
+    assert report["config"]["tasks"] == BenchConfig.quick().tasks
+    assert {row["section"] for row in report["rows"]} == set(SECTIONS)
+    assert set(report["sections"]) == set(SECTIONS)
+    names = [row["name"] for row in report["rows"]]
+    for expected in (
+        "  Redis CPU per schedule call",
+        "  schedule against the raw LPUSH",
+        "end to end, 1 worker process, def",
+        "end to end, 1 worker process, async def",
+        "end to end, 2 worker processes, def",
+        "  Redis CPU per drained task (1 worker process, def)",
+        "delayed task start - run_at, p99",
+        "Redis memory per queued task, one small argument",
+    ):
+        assert expected in names, names
+    # Every row is in the table on stdout, with the machine and library versions above it.
+    for name in names:
+        assert name.strip() in result.stdout
+    assert "machine: " in result.stdout and "msgpack " in result.stdout
+    for i in range(1, len(SECTIONS) + 1):
+        assert f"[{i}/{len(SECTIONS)}]" in result.stderr
+
+
+def test_bench_quick_keeps_a_size_given_with_it(redis_server: RedisServer) -> None:
+    # A size given with --quick is used, not the quick one: a bad one is refused as such.
+    result = bench("--redis", redis_server.url, "--quick", "--tasks", "0")
+    assert result.exit_code == 1
+    assert "tasks" in result.stderr
 
 
 def test_bench_refuses_a_fan_in_wider_than_the_dependency_limit() -> None:

@@ -68,6 +68,8 @@ class Consumer:
         self.lost: str | None = None
         self.fire_retry = backoff()
         self.fruitless = 0
+        # Which functions are ``async def`` (asked once per name).
+        self._async: dict[str, bool] = {}
 
     def run(self) -> None:
         """Claim and dispatch until the worker stops; then leave the idle set."""
@@ -111,8 +113,8 @@ class Consumer:
                 self.stopping.wait(pause)
                 continue
             retry = backoff()
-            for claim in claims:
-                self.dispatch(claim)
+            if claims:
+                self.dispatch_many(claims)
             if wait is not None and wait.reason is WaitReason.FIRE:
                 # A schedule's slot is due: every worker that sees it may fire it (one
                 # wins each slot), then claims again, the slot's task among the rest.
@@ -123,7 +125,10 @@ class Consumer:
                 self.fire_retry = backoff()
             if wait is None or wait.delay == 0:
                 continue
-            self.wake.wait(idle_wait(wait.delay))
+            # The delay counts from when the script ran, which was after the call left:
+            # waiting from the send, the next claim reaches Redis when the entry is due,
+            # not a round trip later.
+            self.wake.wait(max(0.0, started + idle_wait(wait.delay) - time.monotonic()))
 
     def fire(self) -> None:
         """Fire the due slots of the namespace's schedules (errors are logged: the next
@@ -161,6 +166,33 @@ class Consumer:
         except Exception as exc:
             # Its entry expires by itself within core.IDLE_MS.
             log.warning("could not leave the idle set: %s", exc)
+
+    def dispatch_many(self, claims: list[Claim]) -> None:
+        """Start the claims of one reply: held under one lock, handed to each executor
+        in one call (one wake-up of the event loop for all its ``async def`` runs)."""
+        runnable: list[Claim] = []
+        for claim in claims:
+            if claim.payload_error is None and claim.fn in self.functions:
+                runnable.append(claim)
+            else:
+                self.dispatch(claim)
+        if not runnable:
+            return
+        jobs = self.slots.add_many(runnable)
+        if self.loop is None:
+            self.threads.submit_many(jobs)
+            return
+        on_loop = [j for j in jobs if self._is_async(j.claim.fn)]
+        if on_loop:
+            self.loop.submit_many(on_loop)
+        if len(on_loop) < len(jobs):
+            self.threads.submit_many([j for j in jobs if not self._is_async(j.claim.fn)])
+
+    def _is_async(self, fn: str) -> bool:
+        known = self._async.get(fn)
+        if known is None:
+            known = self._async[fn] = inspect.iscoroutinefunction(self.functions[fn])
+        return known
 
     def dispatch(self, claim: Claim) -> None:
         """Start ``claim`` on its executor, or report at once a claim that cannot run here."""

@@ -56,6 +56,8 @@ class Runner:
         self.reporter = reporter
         self.metrics = metrics
         self.hooks = hooks if hooks is not None else HookChain([])
+        # No hook method to call (the default): the run skips the hook chain.
+        self._hooked = bool(self.hooks)
         self._clock_offset = clock_offset
 
     def run_sync(self, job: Job) -> None:
@@ -68,7 +70,7 @@ class Runner:
             started = self._started(job)
             try:
                 value = fn(*job.claim.args, **job.claim.kwargs)
-                if inspect.isawaitable(value):
+                if value is not None and inspect.isawaitable(value):
                     # An async callable not detected as such (e.g. a partial).
                     value = asyncio.run(_await(value))
                 result: Returned | Raised = Returned(value)
@@ -102,7 +104,8 @@ class Runner:
         except Exception:
             # A hook that fails on one task's data must not take the pool thread with it.
             log.exception("metrics hook on_started failed")
-        self.hooks.before(job.ctx)
+        if self._hooked:
+            self.hooks.before(job.ctx)
         return time.monotonic()
 
     def _ended(self, job: Job, started: float, result: Returned | Raised) -> _Ended:
@@ -118,7 +121,8 @@ class Runner:
                 value, encoded = core.encode_result(value), True
             except InvalidArgument as exc:
                 kind, value, told = ReportKind.FAIL, f"result not storable: {exc}", exc
-        self.hooks.after(job.ctx, _RUN_OUTCOME[kind], told)
+        if self._hooked:
+            self.hooks.after(job.ctx, _RUN_OUTCOME[kind], told)
         return _Ended(kind, value, duration, encoded)
 
     def _report(self, job: Job, ended: _Ended) -> None:
@@ -150,6 +154,10 @@ class ThreadPool:
     def submit(self, job: Job) -> None:
         self._queue.put(job)
 
+    def submit_many(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._queue.put(job)
+
     def _loop(self) -> None:
         while True:
             job = self._queue.get()
@@ -178,6 +186,7 @@ class LoopPool:
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="distsched-loop", daemon=True)
 
@@ -186,11 +195,30 @@ class LoopPool:
         self._ready.wait()
 
     def submit(self, job: Job) -> None:
+        self.submit_many([job])
+
+    def submit_many(self, jobs: list[Job]) -> None:
+        """Start ``jobs`` as tasks of the loop: one thread-safe wake-up for them all."""
         assert self._loop is not None
-        asyncio.run_coroutine_threadsafe(self.runner.run_async(job, self._loop), self._loop)
+        self._loop.call_soon_threadsafe(self._start, jobs)
+
+    def _start(self, jobs: list[Job]) -> None:
+        loop = self._loop
+        assert loop is not None
+        for job in jobs:
+            task = loop.create_task(self.runner.run_async(job, loop))
+            # The loop keeps only weak references to its tasks.
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
+        eager = getattr(asyncio, "eager_task_factory", None)
+        if eager is not None:
+            # Python 3.12+: a run starts at once, in the call that makes its task, and
+            # one that never suspends (no real waiting) ends without a trip through
+            # the loop's queue.
+            loop.set_task_factory(eager)
         self._loop = loop
         asyncio.set_event_loop(loop)
         self._ready.set()

@@ -21,7 +21,7 @@ class Phase(enum.Enum):
     RELEASED = "released"  # handed back by the shutdown before it started
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """One claim held by the worker, from the claim until its report was answered."""
 
@@ -83,6 +83,16 @@ class Slots:
             if phase is Phase.REPORTING:
                 self.cond.notify_all()
         return job
+
+    def add_many(self, claims: Iterable[Claim]) -> list[Job]:
+        """Hold new claims that will run, under one lock for the whole claim reply."""
+        jobs = [Job(claim) for claim in claims]
+        with self.cond:
+            for job in jobs:
+                self._jobs[job.claim.token] = job
+            self._in_phase[Phase.CLAIMED] += len(jobs)
+            self.counts["claimed"] += len(jobs)
+        return jobs
 
     def begin(self, job: Job) -> bool:
         """A pool thread picks ``job`` up; False if the shutdown released it first."""

@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import RedisClusterException
 
@@ -54,12 +54,14 @@ class ReportKind(str, enum.Enum):
         return self.value
 
 
-@dataclass(frozen=True)
+# Slotted and not frozen: one of them is made per run, and a frozen dataclass's
+# __init__ goes through object.__setattr__ field by field.
+@dataclass(slots=True)
 class Returned:
     value: Any
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Raised:
     error: BaseException
 
@@ -89,8 +91,9 @@ def outcome_of(ctx: TaskContext, result: Returned | Raised) -> tuple[ReportKind,
     return ReportKind.FAIL, error
 
 
-@dataclass(frozen=True)
-class Report:
+class Report(NamedTuple):
+    """One outcome on its way to Redis (a tuple: one is made per run)."""
+
     job: Job
     kind: ReportKind
     value: object
@@ -307,8 +310,7 @@ class Reporter:
         except Exception as exc:
             self._again(reports, tries, exc, transient=False)
             return
-        for outcome in outcomes:
-            self._count(kind, outcome)
+        self._count_all(kind, outcomes)
         try:
             self._log_outcomes(kind, reports, outcomes)
         except Exception:
@@ -375,6 +377,12 @@ class Reporter:
                 stale, len(reports), kind,
             )  # fmt: skip
             return
+        if (
+            kind is ReportKind.COMPLETE
+            and not tasks_log.isEnabledFor(logging.DEBUG)
+            and all(o is Outcome.APPLIED for o in outcomes)
+        ):
+            return  # successes are logged at DEBUG only: nothing to build
         failed = [
             r for r, o in zip(reports, outcomes, strict=False)
             if kind is ReportKind.FAIL and o is Outcome.APPLIED
@@ -458,6 +466,16 @@ class Reporter:
                 State.READY, State.RUNNING, State.PENDING,
             )  # fmt: skip
         return again
+
+    def _count_all(self, kind: ReportKind, outcomes: list[Outcome]) -> None:
+        if kind is ReportKind.COMPLETE and all(o is Outcome.APPLIED for o in outcomes):
+            # The common case, counted under one lock for the whole batch.
+            self.slots.count("succeeded", len(outcomes))
+            for outcome in outcomes:
+                self.metrics.on_outcome(kind.value, outcome)
+            return
+        for outcome in outcomes:
+            self._count(kind, outcome)
 
     def _count(self, kind: ReportKind, outcome: Outcome) -> None:
         if kind is ReportKind.RELEASE or kind is ReportKind.HAND_BACK:
