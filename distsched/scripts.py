@@ -14,7 +14,9 @@ producers written in other languages.
 
 from __future__ import annotations
 
+import enum
 import functools
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +24,11 @@ from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any
+
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import NoPermissionError, ResponseError
 
 from distsched.keys import KEY_NAMES
 
@@ -167,11 +174,236 @@ def script_keys(name: str) -> tuple[str, ...]:
     return parse_directives(_script_text(name)).keys
 
 
+# --------------------------------------------------------------------------- Redis Functions
+
+_BODY_START = "\nreturn run(function()\n"
+_BODY_END = "end)\n"
+
+
+@functools.cache
+def library_hash() -> str:
+    """16 hex digits naming this version of the scripts (a SHA1 of their full texts)."""
+    digest = hashlib.sha1(usedforsecurity=False)
+    for name in SCRIPT_NAMES:
+        digest.update(name.encode() + b"\0" + source(name).encode("utf-8") + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def library_name() -> str:
+    """The name of the Redis Functions library of this version: ``distsched_<hash>``."""
+    return f"distsched_{library_hash()}"
+
+
+def function_name(name: str) -> str:
+    """The Redis Function that runs script ``name``: ``distsched_<hash>_<name>``."""
+    if name not in SCRIPT_NAMES:
+        raise KeyError(name)
+    return f"{library_name()}_{name}"
+
+
+def _function_block(name: str) -> str:
+    """Script ``name`` as one ``do ... end`` block of the library.
+
+    The block declares ``KEYS``, ``ARGV`` and ``k`` as locals (Functions allow no
+    globals), then the library parts and the script's own definitions, run once when
+    the library loads; the script's body becomes a local function, and the registered
+    callback binds the call's keys and arguments, then runs the body as EVALSHA would.
+    Each script keeps its own copy of the parts in its own block: no block holds more
+    locals than the script assembled for EVALSHA does (Lua allows 200 per function).
+    """
+    text = _script_text(name)
+    keys = script_keys(name)
+    head, found, tail = text.partition(_BODY_START)
+    if not found or not tail.endswith(_BODY_END) or _BODY_START in tail:
+        raise ValueError(f"{name}.lua must end with one 'return run(function() ... end)'")
+    fields = ", ".join(f"{key} = keys[{i}]" for i, key in enumerate(keys, 1))
+    parts = [part_text(part) for part in includes(name)]
+    return "\n".join(
+        [
+            "do",
+            "local KEYS, ARGV, k",
+            *parts,
+            head,
+            "local function body()",
+            tail[: -len(_BODY_END)] + "end",
+            f"redis.register_function{{function_name = '{function_name(name)}', "
+            "callback = function(keys, args)",
+            f"  if #keys ~= {len(keys)} then return redis.error_reply("
+            f"'BADARG KEYS expected {len(keys)}: {' '.join(keys)}') end",
+            "  KEYS, ARGV = keys, args",
+            f"  k = {{ {fields} }}",
+            "  return run(body)",
+            "end}",
+            "end",
+        ]
+    )
+
+
+@functools.cache
+def library() -> str:
+    """The text of the Redis Functions library (``FUNCTION LOAD``) holding every script."""
+    blocks = [_function_block(name) for name in SCRIPT_NAMES]
+    return "\n".join([f"#!lua name={library_name()}", *blocks]) + "\n"
+
+
+class Recovery(enum.Enum):
+    """What a script call does after an error from ``FCALL`` or ``FUNCTION LOAD``."""
+
+    LOAD = "load"  # the server lacks the library: load it, then call once more
+    EVALSHA = "evalsha"  # the server (or the user's ACL) has no Functions: use EVALSHA
+    RAISE = "raise"  # the script's own error, or any other: the caller gets it
+
+
+def recovery(exc: BaseException) -> Recovery:
+    """How to go on after ``exc``, raised by ``FCALL`` or by ``FUNCTION LOAD``.
+
+    "Function not found": a server that restarted, ran ``FUNCTION FLUSH``, or a
+    cluster master that never loaded the library (a new one, a promoted replica).
+    "unknown command" (Redis < 7) or an ACL refusing the command itself: Functions are
+    unavailable, and EVALSHA runs the same scripts. A library loaded meanwhile by
+    another client ("already exists") is loaded.
+    """
+    if not isinstance(exc, ResponseError):
+        return Recovery.RAISE
+    message = str(exc)
+    if message.startswith("Function not found"):
+        return Recovery.LOAD
+    if "already exists" in message and "Library" in message:
+        return Recovery.LOAD
+    lowered = message.lower()
+    if lowered.startswith("unknown command") or lowered.startswith("unknown subcommand"):
+        return Recovery.EVALSHA
+    if isinstance(exc, NoPermissionError) and (
+        "'fcall'" in lowered or "'function|load'" in lowered
+    ):
+        return Recovery.EVALSHA
+    return Recovery.RAISE
+
+
+class _Mode:
+    """Whether a client's server takes ``FCALL`` (shared by its scripts)."""
+
+    __slots__ = ("functions",)
+
+    def __init__(self) -> None:
+        self.functions = True
+
+
+def _load_target(client: Any, key: str) -> dict[str, Any]:
+    """Where ``FUNCTION LOAD`` goes: the node owning ``key``'s slot in a cluster (the node
+    that answered), else the one server."""
+    if isinstance(client, (RedisCluster, AsyncRedisCluster)):
+        return {"target_nodes": client.get_node_from_key(key)}
+    return {}
+
+
+class Script:
+    """One script of a sync redis-py client (plain or cluster)."""
+
+    def __init__(self, client: Any, name: str, mode: _Mode | None = None) -> None:
+        self.client = client
+        self.name = name
+        self.function = function_name(name)
+        self.mode = mode or _Mode()
+        # The EVALSHA path: redis-py reloads the script on NOSCRIPT.
+        self.fallback = client.register_script(source(name))
+
+    @property
+    def sha(self) -> str:
+        """The SHA1 of the text EVALSHA runs."""
+        return str(self.fallback.sha)
+
+    def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if self.mode.functions:
+            try:
+                return self.client.execute_command("FCALL", self.function, len(keys), *keys, *args)
+            except ResponseError as exc:
+                step = recovery(exc)
+                if step is Recovery.RAISE:
+                    raise
+                if step is Recovery.LOAD and self._load(keys[0]):
+                    return self.client.execute_command(
+                        "FCALL", self.function, len(keys), *keys, *args
+                    )
+                self.mode.functions = False
+        return self.fallback(keys=keys, args=args)
+
+    def _load(self, key: str) -> bool:
+        """Load the library where ``key`` lives; False when Functions are unavailable."""
+        try:
+            self.client.execute_command(
+                "FUNCTION", "LOAD", library(), **_load_target(self.client, key)
+            )
+        except ResponseError as exc:
+            step = recovery(exc)
+            if step is Recovery.RAISE:
+                raise
+            return step is Recovery.LOAD
+        return True
+
+
+class AsyncScript:
+    """One script of an asyncio redis-py client (plain or cluster); see :class:`Script`."""
+
+    def __init__(self, client: Any, name: str, mode: _Mode | None = None) -> None:
+        self.client = client
+        self.name = name
+        self.function = function_name(name)
+        self.mode = mode or _Mode()
+        self.fallback = client.register_script(source(name))
+
+    @property
+    def sha(self) -> str:
+        """The SHA1 of the text EVALSHA runs."""
+        return str(self.fallback.sha)
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if self.mode.functions:
+            try:
+                return await self.client.execute_command(
+                    "FCALL", self.function, len(keys), *keys, *args
+                )
+            except ResponseError as exc:
+                step = recovery(exc)
+                if step is Recovery.RAISE:
+                    raise
+                if step is Recovery.LOAD and await self._load(keys[0]):
+                    return await self.client.execute_command(
+                        "FCALL", self.function, len(keys), *keys, *args
+                    )
+                self.mode.functions = False
+        return await self.fallback(keys=keys, args=args)
+
+    async def _load(self, key: str) -> bool:
+        try:
+            await self.client.execute_command(
+                "FUNCTION", "LOAD", library(), **_load_target(self.client, key)
+            )
+        except ResponseError as exc:
+            step = recovery(exc)
+            if step is Recovery.RAISE:
+                raise
+            return step is Recovery.LOAD
+        return True
+
+
 class Registry:
-    """The registered scripts of one client (sync or asyncio), by name."""
+    """The scripts of one client (sync or asyncio), by name.
+
+    Each call is an ``FCALL`` of the script's function in the library; the library is
+    loaded on the first "Function not found" (and again after a restart or a flush, on
+    the node that answered). Where Functions are unavailable the scripts run with
+    ``EVALSHA`` instead, for the rest of the client's life.
+    """
 
     def __init__(self, client: Any) -> None:
-        self.scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+        mode = _Mode()
+        kind = AsyncScript if _is_async(client) else Script
+        self.scripts: dict[str, Any] = {name: kind(client, name, mode) for name in SCRIPT_NAMES}
 
     def __getitem__(self, name: str) -> Any:
         return self.scripts[name]
+
+
+def _is_async(client: Any) -> bool:
+    return isinstance(client, (AsyncRedis, AsyncRedisCluster))

@@ -106,9 +106,10 @@ end
 local INDEXED = { p = true, s = true, f = true, c = true, b = true }
 
 -- id -> the index member of its record as this script first read it (false: none).
-local indexed = {}
+local indexed
 -- id -> the state of its record as this script first read it.
-local first_state = {}
+local first_state
+on_each_call(function() indexed, first_state = {}, {} end)
 
 local function index_member(t, id)
   local code = STATE_CODE[t.state]

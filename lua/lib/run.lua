@@ -8,6 +8,21 @@
 
 local success_hooks = {}
 
+-- State a part keeps for one call (tallies, caches read once) is reset by a function
+-- registered with on_each_call, which run calls first. A script sent with EVALSHA starts
+-- from a fresh chunk anyway; as a Redis Function (FCALL) the library's parts are defined
+-- once and shared by every call, so without the reset one call's state would leak into
+-- the next.
+local call_hooks = {}
+
+local function on_each_call(fn)
+  call_hooks[#call_hooks + 1] = fn
+end
+
+local function begin_call()
+  for _, hook in ipairs(call_hooks) do hook() end
+end
+
 local function after_success(fn)
   success_hooks[#success_hooks + 1] = fn
 end
@@ -34,6 +49,7 @@ local function before_body(fn)
 end
 
 local function run(body)
+  begin_call()
   for _, hook in ipairs(before_hooks) do hook() end
   local ok, res = pcall(body)
   if ok then
