@@ -27,9 +27,37 @@ local function after_success(fn)
   success_hooks[#success_hooks + 1] = fn
 end
 
+-- The server clock is read once per call: a call is one atomic moment.
+local call_now
+on_each_call(function() call_now = nil end)
+
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not call_now then
+    local t = redis.call('TIME')
+    call_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return call_now
+end
+
+-- Meta fields read once when a call begins (lib/repair.lua reads them along with the
+-- counters it checks): field -> value, false when absent; nil before that read.
+local meta_start
+on_each_call(function() meta_start = nil end)
+
+-- HMGET of meta fields as the call found them: from meta_start when it holds them all,
+-- else read now. Only for fields the script has not written yet (settings, counters
+-- before the call's own changes, which lib/counts.lua writes at the end).
+local function meta_fields(...)
+  local fields = { ... }
+  if meta_start then
+    local values = {}
+    for i, field in ipairs(fields) do
+      values[i] = meta_start[field]
+      if values[i] == nil then return redis.call('HMGET', k.meta, ...) end
+    end
+    return values
+  end
+  return redis.call('HMGET', k.meta, ...)
 end
 
 local function to_int(value, field)

@@ -251,7 +251,11 @@ end
 -- Tasks that just became terminal: queue their dependents' propagation and settle a
 -- budget of it now. Returns the number of propagating jobs left (0: all settled).
 local function settle_after_terminal(ids, now, budget)
-  for _, id in ipairs(ids) do needs_propagation(id) end
+  -- A task no dependent waits for has nothing to tell: no job (as in block_task).
+  for _, id in ipairs(ids) do
+    if has_waiting_edges(id) then needs_propagation(id) end
+  end
+  if redis.call('ZCARD', k.propagating) == 0 then return 0 end
   propagate(budget, now)
   return redis.call('ZCARD', k.propagating)
 end
