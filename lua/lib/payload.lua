@@ -37,6 +37,12 @@ local function be_uint(p, pos, size)
   return n
 end
 
+local SIZED = { [196] = { 'other', 1 }, [197] = { 'other', 2 }, [198] = { 'other', 4 },
+                [199] = { 'ext', 1 }, [200] = { 'ext', 2 }, [201] = { 'ext', 4 },
+                [217] = { 'str', 1 }, [218] = { 'str', 2 }, [219] = { 'str', 4 },
+                [220] = { 'array', 2 }, [221] = { 'array', 4 },
+                [222] = { 'map', 2 }, [223] = { 'map', 4 } }
+
 local function head(p, pos)
   local b = string.byte(p, pos)
   if not b then return nil end
@@ -45,12 +51,7 @@ local function head(p, pos)
   if b < 160 then return 'array', b - 144, pos + 1 end
   if b < 192 then return 'str', b - 160, pos + 1 end
   if FIXED[b] then return 'other', FIXED[b], pos + 1 end
-  local sized = { [196] = { 'other', 1 }, [197] = { 'other', 2 }, [198] = { 'other', 4 },
-                  [199] = { 'ext', 1 }, [200] = { 'ext', 2 }, [201] = { 'ext', 4 },
-                  [217] = { 'str', 1 }, [218] = { 'str', 2 }, [219] = { 'str', 4 },
-                  [220] = { 'array', 2 }, [221] = { 'array', 4 },
-                  [222] = { 'map', 2 }, [223] = { 'map', 4 } }
-  local entry = sized[b]
+  local entry = SIZED[b]
   if not entry then return nil end
   local n = be_uint(p, pos + 1, entry[2])
   if not n then return nil end
