@@ -6,10 +6,17 @@ A script file declares, in its header, the library parts it uses (``--- @include
 list). A library part may declare includes of its own. The text sent to Redis is
 a generated prelude that binds the declared keys (:func:`prelude`), then every part
 the script needs, dependencies first and each once (:func:`resolve_includes`),
-then the script file, joined by newlines. It runs with EVALSHA; redis-py's
-``register_script`` reloads it transparently on ``NOSCRIPT`` (after a server
-restart or ``SCRIPT FLUSH``). ``lua/README.md`` states the same rules for
-producers written in other languages.
+then the script file, joined by newlines.
+
+Clients run the scripts as Redis Functions: :func:`library` puts every script into
+one library, each in a block of its own with its parts, registered as
+:func:`function_name`; the library loads once per server and each call is an
+``FCALL``, so the parts are not rebuilt per call. A missing library ("Function not
+found": a restart, ``FUNCTION FLUSH``, a new cluster master) is loaded on the node
+that answered and the call sent again; where Functions are unavailable (Redis < 7,
+an ACL without ``FCALL``) the assembled text runs with EVALSHA, which redis-py's
+``register_script`` reloads on ``NOSCRIPT``. ``lua/README.md`` states the same rules
+for producers written in other languages.
 """
 
 from __future__ import annotations

@@ -992,3 +992,44 @@ def test_the_readme_lists_each_scripts_includes_and_keys_as_its_header_declares(
     for name, words in replies.items():
         first = "`[0," if name in NEVER_PROPAGATE else "`[left,"
         assert words[0] == first, name
+
+
+def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> None:
+    """lua/README.md, "As Redis Functions": rebuilt here from the files and that page."""
+    order = (
+        "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
+        "retry add_deps purge forget compact leave recur fire order expire fairness"
+    ).split()
+    assert tuple(order) == SCRIPT_NAMES
+    digest = hashlib.sha1(usedforsecurity=False)
+    for name in order:
+        digest.update(name.encode() + b"\0" + source(name).encode() + b"\0")
+    h = digest.hexdigest()[:16]
+    lines = [f"#!lua name=distsched_{h}"]
+    for name in order:
+        text = script_files()[name]
+        keys = scripts.script_keys(name)
+        head, body = text.split("\nreturn run(function()\n")
+        assert body.endswith("\nend)\n")
+        fields = ", ".join(f"{key} = keys[{i}]" for i, key in enumerate(keys, 1))
+        lines += [
+            "do",
+            "local KEYS, ARGV, k",
+            *(library_files()[f"{part}.lua"] for part in scripts.includes(name)),
+            head,
+            "local function body()",
+            body[: -len("end)\n")] + "end",
+            f"redis.register_function{{function_name = 'distsched_{h}_{name}', "
+            "callback = function(keys, args)",
+            f"  if #keys ~= {len(keys)} then return redis.error_reply("
+            f"'BADARG KEYS expected {len(keys)}: {' '.join(keys)}') end",
+            "  KEYS, ARGV = keys, args",
+            f"  k = {{ {fields} }}",
+            "  return run(body)",
+            "end}",
+            "end",
+        ]
+        assert scripts.function_name(name) == f"distsched_{h}_{name}"
+    assert scripts.library() == "\n".join(lines) + "\n"
+    readme = (LUA / "README.md").read_text("utf-8")
+    assert " ".join(order) in " ".join(readme.split())
