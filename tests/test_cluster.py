@@ -6,12 +6,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from redis.cluster import RedisCluster
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, scripts
 from distsched.aio import AsyncScheduler
+from distsched.keys import Keys
 from tests.cluster_fixtures import LocalCluster
 
 
@@ -148,3 +150,27 @@ def test_a_worker_on_a_cluster_fires_a_schedule_each_slot_once(cluster: RedisClu
     assert sorted(ran) == sorted(f"tick@{first + 50 * i}" for i in range(10))
     assert s.get_schedule("tick").next_fire is None
     s.clear()
+
+
+def test_each_master_loads_the_script_library_when_a_call_there_first_needs_it(
+    cluster: RedisCluster,
+) -> None:
+    def has_library(node: Any) -> bool:
+        listed = node.redis_connection.function_list()
+        return any(scripts.library_name().encode() in entry for entry in listed)
+
+    masters = cluster.get_primaries()  # type: ignore[no-untyped-call]
+    namespaces: dict[str, str] = {}
+    for i in range(10_000):
+        owner = cluster.get_node_from_key(Keys(f"lib{i}").meta).name  # type: ignore[no-untyped-call]
+        namespaces.setdefault(owner, f"lib{i}")
+        if len(namespaces) == len(masters):
+            break
+    cluster.function_flush()  # every master, as after a restart without persistence
+    assert not any(has_library(node) for node in masters)
+    for count, node in enumerate(masters, 1):
+        s = Scheduler(cluster, namespace=namespaces[node.name])
+        s.schedule("a", fn="f")
+        assert s.status("a").state is State.READY
+        # Loaded where the call went, and nowhere else yet.
+        assert [has_library(m) for m in masters] == [i < count for i in range(len(masters))]
