@@ -84,8 +84,44 @@ end
 -- Why a payload is not one a worker can run, or nil: one msgpack map with a non-empty
 -- UTF-8 string fn, args an array and kwargs a map with string keys (each may be left
 -- out or nil, which is how JavaScript encoders send undefined).
+-- One pass over a payload: true only when payload_problem finds nothing (it then has
+-- nothing to say; anything else goes to its slower walk, which names the problem).
+local function payload_fine(p)
+  local kind, n, pos = head(p, 1)
+  if kind ~= 'map' then return false end
+  local fn = false
+  for _ = 1, n do
+    local key_kind, key_len, key_at = head(p, pos)
+    local value_at = key_kind and skip(p, pos)
+    local vkind, vn, vat = nil, nil, nil
+    if value_at then vkind, vn, vat = head(p, value_at) end
+    if not vkind then return false end
+    local key = key_kind == 'str' and string.sub(p, key_at, key_at + key_len - 1)
+    local is_nil = string.byte(p, value_at) == 192
+    if key == 'fn' then
+      if vkind ~= 'str' or vn == 0 then return false end
+      fn = true
+    elseif key == 'args' and not is_nil and vkind ~= 'array' then
+      return false
+    elseif key == 'kwargs' and not is_nil then
+      if vkind ~= 'map' then return false end
+      local at = vat
+      for _ = 1, vn do
+        if head(p, at) ~= 'str' then return false end
+        at = skip(p, at)
+        at = at and skip(p, at)
+        if not at then return false end
+      end
+    end
+    pos = skip(p, value_at)
+    if not pos then return false end
+  end
+  return fn and pos == #p + 1
+end
+
 local function payload_problem(p, limit)
   if #p > limit then return string.format('is %d bytes, limit %d', #p, limit) end
+  if payload_fine(p) then return nil end
   if skip(p, 1) ~= #p + 1 then return 'must be one valid msgpack value' end
   local kind, n, pos = head(p, 1)
   if kind ~= 'map' then return 'must be a msgpack map' end
