@@ -296,9 +296,11 @@ class _Mode:
         self.functions = True
 
 
-def _load_target(client: Any, key: str) -> dict[str, Any]:
-    """Where ``FUNCTION LOAD`` goes: the node owning ``key``'s slot in a cluster (the node
-    that answered), else the one server."""
+def _route(client: Any, key: str) -> dict[str, Any]:
+    """Where a call for ``key`` goes: in a cluster, the node owning its slot, named
+    explicitly. redis-py finds the keys of an FCALL by asking a node (``COMMAND GETKEYS``,
+    a round trip more per call, sent to a default node that may be the one that died),
+    where it reads those of an EVALSHA from its arguments."""
     if isinstance(client, (RedisCluster, AsyncRedisCluster)):
         return {"target_nodes": client.get_node_from_key(key)}
     return {}
@@ -323,14 +325,21 @@ class Script:
     def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if self.mode.functions:
             try:
-                return self.client.execute_command("FCALL", self.function, len(keys), *keys, *args)
+                return self.client.execute_command(
+                    "FCALL", self.function, len(keys), *keys, *args, **_route(self.client, keys[0])
+                )
             except ResponseError as exc:
                 step = recovery(exc)
                 if step is Recovery.RAISE:
                     raise
                 if step is Recovery.LOAD and self._load(keys[0]):
                     return self.client.execute_command(
-                        "FCALL", self.function, len(keys), *keys, *args
+                        "FCALL",
+                        self.function,
+                        len(keys),
+                        *keys,
+                        *args,
+                        **_route(self.client, keys[0]),
                     )
                 self.mode.functions = False
         return self.fallback(keys=keys, args=args)
@@ -338,9 +347,7 @@ class Script:
     def _load(self, key: str) -> bool:
         """Load the library where ``key`` lives; False when Functions are unavailable."""
         try:
-            self.client.execute_command(
-                "FUNCTION", "LOAD", library(), **_load_target(self.client, key)
-            )
+            self.client.execute_command("FUNCTION", "LOAD", library(), **_route(self.client, key))
         except ResponseError as exc:
             step = recovery(exc)
             if step is Recovery.RAISE:
@@ -368,7 +375,7 @@ class AsyncScript:
         if self.mode.functions:
             try:
                 return await self.client.execute_command(
-                    "FCALL", self.function, len(keys), *keys, *args
+                    "FCALL", self.function, len(keys), *keys, *args, **_route(self.client, keys[0])
                 )
             except ResponseError as exc:
                 step = recovery(exc)
@@ -376,7 +383,12 @@ class AsyncScript:
                     raise
                 if step is Recovery.LOAD and await self._load(keys[0]):
                     return await self.client.execute_command(
-                        "FCALL", self.function, len(keys), *keys, *args
+                        "FCALL",
+                        self.function,
+                        len(keys),
+                        *keys,
+                        *args,
+                        **_route(self.client, keys[0]),
                     )
                 self.mode.functions = False
         return await self.fallback(keys=keys, args=args)
@@ -384,7 +396,7 @@ class AsyncScript:
     async def _load(self, key: str) -> bool:
         try:
             await self.client.execute_command(
-                "FUNCTION", "LOAD", library(), **_load_target(self.client, key)
+                "FUNCTION", "LOAD", library(), **_route(self.client, key)
             )
         except ResponseError as exc:
             step = recovery(exc)
