@@ -12,8 +12,8 @@ Clients run the scripts as Redis Functions: :func:`library` puts every script in
 one library, each in a block of its own with its parts, registered as
 :func:`function_name`; the library loads once per server and each call is an
 ``FCALL``, so the parts are not rebuilt per call. A missing library ("Function not
-found": a restart, ``FUNCTION FLUSH``, a new cluster master) is loaded on the node
-that answered and the call sent again; where Functions are unavailable (Redis < 7,
+found": a restart, ``FUNCTION FLUSH``, a new cluster master) is loaded (on every
+master of a cluster lacking it) and the call sent again; where Functions are unavailable (Redis < 7,
 an ACL without ``FCALL``) the assembled text runs with EVALSHA, which redis-py's
 ``register_script`` reloads on ``NOSCRIPT``. ``lua/README.md`` states the same rules
 for producers written in other languages.
@@ -306,6 +306,15 @@ def _route(client: Any, key: str) -> dict[str, Any]:
     return {}
 
 
+def _load_targets(client: Any) -> list[dict[str, Any]]:
+    """Where a missing library is loaded: every master of a cluster, one at a time (the
+    node that answered "Function not found" may be one a redirect led to, which redis-py
+    does not name), else the one server."""
+    if isinstance(client, (RedisCluster, AsyncRedisCluster)):
+        return [{"target_nodes": node} for node in client.get_primaries()]
+    return [{}]
+
+
 class Script:
     """One script of a sync redis-py client (plain or cluster)."""
 
@@ -332,7 +341,7 @@ class Script:
                 step = recovery(exc)
                 if step is Recovery.RAISE:
                     raise
-                if step is Recovery.LOAD and self._load(keys[0]):
+                if step is Recovery.LOAD and self._load():
                     return self.client.execute_command(
                         "FCALL",
                         self.function,
@@ -344,15 +353,17 @@ class Script:
                 self.mode.functions = False
         return self.fallback(keys=keys, args=args)
 
-    def _load(self, key: str) -> bool:
-        """Load the library where ``key`` lives; False when Functions are unavailable."""
-        try:
-            self.client.execute_command("FUNCTION", "LOAD", library(), **_route(self.client, key))
-        except ResponseError as exc:
-            step = recovery(exc)
-            if step is Recovery.RAISE:
-                raise
-            return step is Recovery.LOAD
+    def _load(self) -> bool:
+        """Load the library (see :func:`_load_targets`); False when Functions are unavailable."""
+        for target in _load_targets(self.client):
+            try:
+                self.client.execute_command("FUNCTION", "LOAD", library(), **target)
+            except ResponseError as exc:
+                step = recovery(exc)
+                if step is Recovery.RAISE:
+                    raise
+                if step is Recovery.EVALSHA:
+                    return False
         return True
 
 
@@ -381,7 +392,7 @@ class AsyncScript:
                 step = recovery(exc)
                 if step is Recovery.RAISE:
                     raise
-                if step is Recovery.LOAD and await self._load(keys[0]):
+                if step is Recovery.LOAD and await self._load():
                     return await self.client.execute_command(
                         "FCALL",
                         self.function,
@@ -393,16 +404,16 @@ class AsyncScript:
                 self.mode.functions = False
         return await self.fallback(keys=keys, args=args)
 
-    async def _load(self, key: str) -> bool:
-        try:
-            await self.client.execute_command(
-                "FUNCTION", "LOAD", library(), **_route(self.client, key)
-            )
-        except ResponseError as exc:
-            step = recovery(exc)
-            if step is Recovery.RAISE:
-                raise
-            return step is Recovery.LOAD
+    async def _load(self) -> bool:
+        for target in _load_targets(self.client):
+            try:
+                await self.client.execute_command("FUNCTION", "LOAD", library(), **target)
+            except ResponseError as exc:
+                step = recovery(exc)
+                if step is Recovery.RAISE:
+                    raise
+                if step is Recovery.EVALSHA:
+                    return False
         return True
 
 
@@ -410,8 +421,8 @@ class Registry:
     """The scripts of one client (sync or asyncio), by name.
 
     Each call is an ``FCALL`` of the script's function in the library; the library is
-    loaded on the first "Function not found" (and again after a restart or a flush, on
-    the node that answered). Where Functions are unavailable the scripts run with
+    loaded on the first "Function not found" (and again after a restart or a flush; in
+    a cluster, on every master that lacks it). Where Functions are unavailable the scripts run with
     ``EVALSHA`` instead, for the rest of the client's life.
     """
 
