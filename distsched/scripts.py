@@ -383,6 +383,9 @@ class AsyncScript:
         return str(self.fallback.sha)
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if isinstance(self.client, AsyncRedisCluster):
+            # Its slot map is read on the first command; routing needs it before that.
+            await self.client.initialize()
         if self.mode.functions:
             try:
                 return await self.client.execute_command(

@@ -178,3 +178,20 @@ def test_a_call_that_finds_the_script_library_missing_loads_it_on_every_master(
     other.schedule("b", fn="f")
     assert other.status("b").state is State.READY
     assert all(has_library(node) for node in masters)
+
+
+def test_an_asyncio_scheduler_loads_the_library_with_its_first_command(
+    cluster: RedisCluster,
+) -> None:
+    seed = cluster.get_nodes()[-1]  # type: ignore[no-untyped-call]
+    url = f"redis+cluster://{seed.host}:{seed.port}"
+    cluster.function_flush()
+
+    async def story() -> None:
+        async with AsyncScheduler.from_url(url, namespace="aio-first") as a:
+            version = await a.schedule("a", fn="f")  # the client's first command
+            assert (await a.status("a")).version == version
+
+    asyncio.run(story())
+    listed = [node.redis_connection.function_list() for node in cluster.get_primaries()]  # type: ignore[no-untyped-call]
+    assert all(any(scripts.library_name().encode() in e for e in lib) for lib in listed)
