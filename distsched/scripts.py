@@ -6,15 +6,24 @@ A script file declares, in its header, the library parts it uses (``--- @include
 list). A library part may declare includes of its own. The text sent to Redis is
 a generated prelude that binds the declared keys (:func:`prelude`), then every part
 the script needs, dependencies first and each once (:func:`resolve_includes`),
-then the script file, joined by newlines. It runs with EVALSHA; redis-py's
-``register_script`` reloads it transparently on ``NOSCRIPT`` (after a server
-restart or ``SCRIPT FLUSH``). ``lua/README.md`` states the same rules for
-producers written in other languages.
+then the script file, joined by newlines.
+
+Clients run the scripts as Redis Functions: :func:`library` puts every script into
+one library, each in a block of its own with its parts, registered as
+:func:`function_name`; the library loads once per server and each call is an
+``FCALL``, so the parts are not rebuilt per call. A missing library ("Function not
+found": a restart, ``FUNCTION FLUSH``, a new cluster master) is loaded (on every
+master of a cluster lacking it) and the call sent again; where Functions are unavailable (Redis < 7,
+an ACL without ``FCALL``) the assembled text runs with EVALSHA, which redis-py's
+``register_script`` reloads on ``NOSCRIPT``. ``lua/README.md`` states the same rules
+for producers written in other languages.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +31,11 @@ from importlib import resources
 from importlib.abc import Traversable
 from pathlib import Path
 from typing import Any
+
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import NoPermissionError, ResponseError
 
 from distsched.keys import KEY_NAMES
 
@@ -167,11 +181,262 @@ def script_keys(name: str) -> tuple[str, ...]:
     return parse_directives(_script_text(name)).keys
 
 
+# --------------------------------------------------------------------------- Redis Functions
+
+_BODY_START = "\nreturn run(function()\n"
+_BODY_END = "end)\n"
+
+
+@functools.cache
+def library_hash() -> str:
+    """16 hex digits naming this version of the scripts (a SHA1 of their full texts)."""
+    digest = hashlib.sha1(usedforsecurity=False)
+    for name in SCRIPT_NAMES:
+        digest.update(name.encode() + b"\0" + source(name).encode("utf-8") + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def library_name() -> str:
+    """The name of the Redis Functions library of this version: ``distsched_<hash>``."""
+    return f"distsched_{library_hash()}"
+
+
+def function_name(name: str) -> str:
+    """The Redis Function that runs script ``name``: ``distsched_<hash>_<name>``."""
+    if name not in SCRIPT_NAMES:
+        raise KeyError(name)
+    return f"{library_name()}_{name}"
+
+
+def _function_block(name: str) -> str:
+    """Script ``name`` as one ``do ... end`` block of the library.
+
+    The block declares ``KEYS``, ``ARGV`` and ``k`` as locals (Functions allow no
+    globals), then the library parts and the script's own definitions, run once when
+    the library loads; the script's body becomes a local function, and the registered
+    callback binds the call's keys and arguments, then runs the body as EVALSHA would.
+    Each script keeps its own copy of the parts in its own block: no block holds more
+    locals than the script assembled for EVALSHA does (Lua allows 200 per function).
+    """
+    text = _script_text(name)
+    keys = script_keys(name)
+    head, found, tail = text.partition(_BODY_START)
+    if not found or not tail.endswith(_BODY_END) or _BODY_START in tail:
+        raise ValueError(f"{name}.lua must end with one 'return run(function() ... end)'")
+    fields = ", ".join(f"{key} = keys[{i}]" for i, key in enumerate(keys, 1))
+    parts = [part_text(part) for part in includes(name)]
+    return "\n".join(
+        [
+            "do",
+            "local KEYS, ARGV, k",
+            *parts,
+            head,
+            "local function body()",
+            tail[: -len(_BODY_END)] + "end",
+            f"redis.register_function{{function_name = '{function_name(name)}', "
+            "callback = function(keys, args)",
+            f"  if #keys ~= {len(keys)} then return redis.error_reply("
+            f"'BADARG KEYS expected {len(keys)}: {' '.join(keys)}') end",
+            "  KEYS, ARGV = keys, args",
+            f"  k = {{ {fields} }}",
+            "  return run(body)",
+            "end}",
+            "end",
+        ]
+    )
+
+
+@functools.cache
+def library() -> str:
+    """The text of the Redis Functions library (``FUNCTION LOAD``) holding every script."""
+    blocks = [_function_block(name) for name in SCRIPT_NAMES]
+    return "\n".join([f"#!lua name={library_name()}", *blocks]) + "\n"
+
+
+class Recovery(enum.Enum):
+    """What a script call does after an error from ``FCALL`` or ``FUNCTION LOAD``."""
+
+    LOAD = "load"  # the server lacks the library: load it, then call once more
+    EVALSHA = "evalsha"  # the server (or the user's ACL) has no Functions: use EVALSHA
+    RAISE = "raise"  # the script's own error, or any other: the caller gets it
+
+
+def recovery(exc: BaseException) -> Recovery:
+    """How to go on after ``exc``, raised by ``FCALL`` or by ``FUNCTION LOAD``.
+
+    "Function not found": a server that restarted, ran ``FUNCTION FLUSH``, or a
+    cluster master that never loaded the library (a new one, a promoted replica).
+    "unknown command" (Redis < 7) or an ACL refusing the command itself: Functions are
+    unavailable, and EVALSHA runs the same scripts. A library loaded meanwhile by
+    another client ("already exists") is loaded.
+    """
+    if not isinstance(exc, ResponseError):
+        return Recovery.RAISE
+    message = str(exc)
+    if message.startswith("Function not found"):
+        return Recovery.LOAD
+    if "already exists" in message and "Library" in message:
+        return Recovery.LOAD
+    lowered = message.lower()
+    if lowered.startswith("unknown command") or lowered.startswith("unknown subcommand"):
+        return Recovery.EVALSHA
+    if isinstance(exc, NoPermissionError) and (
+        "'fcall'" in lowered or "'function|load'" in lowered
+    ):
+        return Recovery.EVALSHA
+    return Recovery.RAISE
+
+
+class _Mode:
+    """Whether a client's server takes ``FCALL`` (shared by its scripts)."""
+
+    __slots__ = ("functions",)
+
+    def __init__(self) -> None:
+        self.functions = True
+
+
+def _route(client: Any, key: str) -> dict[str, Any]:
+    """Where a call for ``key`` goes: in a cluster, the node owning its slot, named
+    explicitly. redis-py finds the keys of an FCALL by asking a node (``COMMAND GETKEYS``,
+    a round trip more per call, sent to a default node that may be the one that died),
+    where it reads those of an EVALSHA from its arguments."""
+    if isinstance(client, (RedisCluster, AsyncRedisCluster)):
+        return {"target_nodes": client.get_node_from_key(key)}
+    return {}
+
+
+def _load_targets(client: Any) -> list[dict[str, Any]]:
+    """Where a missing library is loaded: every master of a cluster, one at a time (the
+    node that answered "Function not found" may be one a redirect led to, which redis-py
+    does not name), else the one server."""
+    if isinstance(client, (RedisCluster, AsyncRedisCluster)):
+        return [{"target_nodes": node} for node in client.get_primaries()]
+    return [{}]
+
+
+class Script:
+    """One script of a sync redis-py client (plain or cluster)."""
+
+    def __init__(self, client: Any, name: str, mode: _Mode | None = None) -> None:
+        self.client = client
+        self.name = name
+        self.function = function_name(name)
+        self.mode = mode or _Mode()
+        # The EVALSHA path: redis-py reloads the script on NOSCRIPT.
+        self.fallback = client.register_script(source(name))
+
+    @property
+    def sha(self) -> str:
+        """The SHA1 of the text EVALSHA runs."""
+        return str(self.fallback.sha)
+
+    def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if self.mode.functions:
+            try:
+                return self.client.execute_command(
+                    "FCALL", self.function, len(keys), *keys, *args, **_route(self.client, keys[0])
+                )
+            except ResponseError as exc:
+                step = recovery(exc)
+                if step is Recovery.RAISE:
+                    raise
+                if step is Recovery.LOAD and self._load():
+                    return self.client.execute_command(
+                        "FCALL",
+                        self.function,
+                        len(keys),
+                        *keys,
+                        *args,
+                        **_route(self.client, keys[0]),
+                    )
+                self.mode.functions = False
+        return self.fallback(keys=keys, args=args)
+
+    def _load(self) -> bool:
+        """Load the library (see :func:`_load_targets`); False when Functions are unavailable."""
+        for target in _load_targets(self.client):
+            try:
+                self.client.execute_command("FUNCTION", "LOAD", library(), **target)
+            except ResponseError as exc:
+                step = recovery(exc)
+                if step is Recovery.RAISE:
+                    raise
+                if step is Recovery.EVALSHA:
+                    return False
+        return True
+
+
+class AsyncScript:
+    """One script of an asyncio redis-py client (plain or cluster); see :class:`Script`."""
+
+    def __init__(self, client: Any, name: str, mode: _Mode | None = None) -> None:
+        self.client = client
+        self.name = name
+        self.function = function_name(name)
+        self.mode = mode or _Mode()
+        self.fallback = client.register_script(source(name))
+
+    @property
+    def sha(self) -> str:
+        """The SHA1 of the text EVALSHA runs."""
+        return str(self.fallback.sha)
+
+    async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        if isinstance(self.client, AsyncRedisCluster):
+            # Its slot map is read on the first command; routing needs it before that.
+            await self.client.initialize()
+        if self.mode.functions:
+            try:
+                return await self.client.execute_command(
+                    "FCALL", self.function, len(keys), *keys, *args, **_route(self.client, keys[0])
+                )
+            except ResponseError as exc:
+                step = recovery(exc)
+                if step is Recovery.RAISE:
+                    raise
+                if step is Recovery.LOAD and await self._load():
+                    return await self.client.execute_command(
+                        "FCALL",
+                        self.function,
+                        len(keys),
+                        *keys,
+                        *args,
+                        **_route(self.client, keys[0]),
+                    )
+                self.mode.functions = False
+        return await self.fallback(keys=keys, args=args)
+
+    async def _load(self) -> bool:
+        for target in _load_targets(self.client):
+            try:
+                await self.client.execute_command("FUNCTION", "LOAD", library(), **target)
+            except ResponseError as exc:
+                step = recovery(exc)
+                if step is Recovery.RAISE:
+                    raise
+                if step is Recovery.EVALSHA:
+                    return False
+        return True
+
+
 class Registry:
-    """The registered scripts of one client (sync or asyncio), by name."""
+    """The scripts of one client (sync or asyncio), by name.
+
+    Each call is an ``FCALL`` of the script's function in the library; the library is
+    loaded on the first "Function not found" (and again after a restart or a flush; in
+    a cluster, on every master that lacks it). Where Functions are unavailable the scripts run with
+    ``EVALSHA`` instead, for the rest of the client's life.
+    """
 
     def __init__(self, client: Any) -> None:
-        self.scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+        mode = _Mode()
+        kind = AsyncScript if _is_async(client) else Script
+        self.scripts: dict[str, Any] = {name: kind(client, name, mode) for name in SCRIPT_NAMES}
 
     def __getitem__(self, name: str) -> Any:
         return self.scripts[name]
+
+
+def _is_async(client: Any) -> bool:
+    return isinstance(client, (AsyncRedis, AsyncRedisCluster))

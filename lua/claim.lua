@@ -305,7 +305,7 @@ return run(function()
   local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local now = math.floor(now_us / 1000)
   -- A max_running that is not a count (junk) is ignored, as if none were set.
-  local settings = redis.call('HMGET', k.meta, 'max_running', 'order', 'aging_ms', 'fair')
+  local settings = meta_fields('max_running', 'order', 'aging_ms', 'fair')
   cached_fair = settings[4] == '1'
   local limit = tonumber(settings[1])
   if limit and (limit < 0 or limit ~= math.floor(limit)) then limit = nil end

@@ -78,6 +78,9 @@
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
 -- cycle check; blocked tasks' dependents are settled within the propagation budget.
 
+-- The dependency list of every task given none (never written to).
+local NO_DEPS = {}
+
 local SPEC_PATTERN = '^(%l%l) (-?%d+) (-?%d+) (%d+) (%d+) ([01]) (%d+) (%d+)(.*)$'
 
 return run(function()
@@ -107,15 +110,17 @@ return run(function()
       priority = bounded(pr, 'priority', -2147483648, 2147483647),
       max_attempts = bounded(ma, 'max_attempts', 1, MAX_ATTEMPTS),
       backoff = bounded(bo, 'backoff', 0, MAX_MS),
-      payload = ARGV[pos + 2], allow_unknown = au == '1', deps = {}, opts = opts,
+      payload = ARGV[pos + 2], allow_unknown = au == '1', opts = opts,
     }
     if not s.payload then error({ err = 'BADARG payload missing for ' .. id }) end
     s.run_at = s.time
     if mode == 'in' then s.run_at = now + s.time end
     r = bounded(r, 'deps', 0, MAX_DEPS)
     o = bounded(o, 'optional_deps', 0, MAX_DEPS)
+    -- Most tasks have none: they share one empty list (never written to).
+    s.deps = (r + o == 0) and NO_DEPS or {}
     pos = pos + 3
-    local seen = {}
+    local seen = r + o > 0 and {} or nil
     for j = 1, r + o do
       local d = ARGV[pos]
       local field = (j <= r) and 'deps' or 'optional_deps'
@@ -218,7 +223,13 @@ return run(function()
   -- state its batch dependencies get.
   local placed = {}
   for _, root in ipairs(specs) do
-    if not placed[root.id] then
+    if #root.deps == 0 then
+      -- Nothing to place before it.
+      if not placed[root.id] then
+        placed[root.id] = true
+        order[#order + 1] = root
+      end
+    elseif not placed[root.id] then
       placed[root.id] = true
       local stack = { { s = root, i = 0 } }
       while #stack > 0 do

@@ -6,12 +6,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from redis.cluster import RedisCluster
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, scripts
 from distsched.aio import AsyncScheduler
+from distsched.keys import Keys
 from tests.cluster_fixtures import LocalCluster
 
 
@@ -148,3 +150,48 @@ def test_a_worker_on_a_cluster_fires_a_schedule_each_slot_once(cluster: RedisClu
     assert sorted(ran) == sorted(f"tick@{first + 50 * i}" for i in range(10))
     assert s.get_schedule("tick").next_fire is None
     s.clear()
+
+
+def test_a_call_that_finds_the_script_library_missing_loads_it_on_every_master(
+    cluster: RedisCluster,
+) -> None:
+    def has_library(node: Any) -> bool:
+        listed = node.redis_connection.function_list()
+        return any(scripts.library_name().encode() in entry for entry in listed)
+
+    masters = cluster.get_primaries()  # type: ignore[no-untyped-call]
+    namespaces: dict[str, str] = {}
+    for i in range(10_000):
+        owner = cluster.get_node_from_key(Keys(f"lib{i}").meta).name  # type: ignore[no-untyped-call]
+        namespaces.setdefault(owner, f"lib{i}")
+        if len(namespaces) == len(masters):
+            break
+    cluster.function_flush()  # every master, as after a restart without persistence
+    assert not any(has_library(node) for node in masters)
+    s = Scheduler(cluster, namespace=namespaces[masters[0].name])
+    s.schedule("a", fn="f")
+    assert all(has_library(node) for node in masters)
+    # One master loses it (a node that never had it): the next call there loads it again.
+    last = masters[-1]
+    last.redis_connection.function_flush()
+    other = Scheduler(cluster, namespace=namespaces[last.name])
+    other.schedule("b", fn="f")
+    assert other.status("b").state is State.READY
+    assert all(has_library(node) for node in masters)
+
+
+def test_an_asyncio_scheduler_loads_the_library_with_its_first_command(
+    cluster: RedisCluster,
+) -> None:
+    seed = cluster.get_nodes()[-1]  # type: ignore[no-untyped-call]
+    url = f"redis+cluster://{seed.host}:{seed.port}"
+    cluster.function_flush()
+
+    async def story() -> None:
+        async with AsyncScheduler.from_url(url, namespace="aio-first") as a:
+            version = await a.schedule("a", fn="f")  # the client's first command
+            assert (await a.status("a")).version == version
+
+    asyncio.run(story())
+    listed = [node.redis_connection.function_list() for node in cluster.get_primaries()]  # type: ignore[no-untyped-call]
+    assert all(any(scripts.library_name().encode() in e for e in lib) for lib in listed)

@@ -543,21 +543,94 @@ def test_every_script_loads_by_sha_on_a_real_server(own_client: redis.Redis) -> 
     assert all(own_client.script_exists(*(registry[n].sha for n in SCRIPT_NAMES)))
 
 
-def test_scripts_reload_transparently_after_script_flush(own_client: redis.Redis) -> None:
+def functions_loaded(client: redis.Redis) -> dict[str, set[str]]:
+    """FUNCTION LIST as library name -> its function names (RESP2 flat pairs)."""
+    listed = cast(list[list[Any]], client.function_list())
+    libraries = [dict(zip(entry[::2], entry[1::2], strict=True)) for entry in listed]
+    return {
+        lib[b"library_name"].decode(): {
+            dict(zip(f[::2], f[1::2], strict=True))[b"name"].decode() for f in lib[b"functions"]
+        }
+        for lib in libraries
+    }
+
+
+def library_loaded(client: redis.Redis) -> bool:
+    return scripts.library_name() in functions_loaded(client)
+
+
+def test_every_script_is_a_function_of_one_library_that_runs_it_like_evalsha(
+    own_client: redis.Redis,
+) -> None:
+    text = scripts.library()
+    assert text.startswith(f"#!lua name={scripts.library_name()}\n")
+    assert own_client.function_load(text) == scripts.library_name().encode()
+    assert functions_loaded(own_client) == {
+        scripts.library_name(): {scripts.function_name(name) for name in SCRIPT_NAMES}
+    }
+    # The same call gets the same reply either way (one namespace each, same state).
+    for ns, via in (("by-fcall", "fcall"), ("by-evalsha", "evalsha")):
+        call = core.schedule_call(Keys(ns), [TaskSpec("a", "f", priority=3)], 1 << 20)
+        if via == "fcall":
+            name = scripts.function_name("schedule")
+            reply = own_client.fcall(name, len(call.keys), *call.keys, *call.args)
+        else:
+            sha = own_client.script_load(source("schedule"))
+            reply = own_client.evalsha(sha, len(call.keys), *call.keys, *call.args)
+        assert reply == [0, 1]
+    fields = [
+        cast(bytes, own_client.hget(Keys(ns).tasks, "a")).split(b"|")
+        for ns in ("by-fcall", "by-evalsha")
+    ]
+    assert fields[0][:5] + fields[0][6:] == fields[1][:5] + fields[1][6:]  # all but run_at
+
+
+def test_scripts_reload_transparently_after_function_flush(own_client: redis.Redis) -> None:
     s = Scheduler(own_client, namespace="flush")
     warm = Scheduler(own_client, namespace="warm")
     try:
-        warm.schedule("warm", fn="f")  # the server knows one script
-        own_client.script_flush()
-        shas = [s._scripts[name].sha for name in SCRIPT_NAMES]
-        assert not any(own_client.script_exists(*shas))
-        lifecycle(s)  # every call meets NOSCRIPT first and reloads
-        assert all(own_client.script_exists(*shas))
-        own_client.script_flush()
+        warm.schedule("warm", fn="f")  # the server has the library
+        assert library_loaded(own_client)
+        own_client.function_flush()
+        assert not library_loaded(own_client)
+        lifecycle(s)  # the first call meets "Function not found" and loads the library
+        assert library_loaded(own_client)
+        own_client.function_flush()
         assert s.cancel("d") is State.CANCELLED
+        # Each client reloads on its own.
+        own_client.function_flush()
+        version = warm.schedule("warm", fn="f", priority=7)
+        assert (warm.status("warm").version, warm.status("warm").priority) == (version, 7)
+        assert library_loaded(own_client)
     finally:
         s.close()
         warm.close()
+    # EVALSHA was never needed.
+    assert own_client.script_exists(*(Registry(own_client)[n].sha for n in SCRIPT_NAMES)) == [
+        False
+    ] * len(SCRIPT_NAMES)
+
+
+def test_a_user_refused_functions_runs_the_scripts_by_sha_and_reloads_them_after_script_flush(
+    own_redis: RedisServer, own_client: redis.Redis
+) -> None:
+    own_client.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "nofn", "reset", "on", ">pw", "~*", "&*", "+@all", "-fcall", "-function"
+    )
+    client = own_redis.client(username="nofn", password="pw")
+    s = Scheduler(client, namespace="flush")
+    try:
+        shas = [s._scripts[name].sha for name in SCRIPT_NAMES]
+        lifecycle(s)
+        assert not library_loaded(own_client)
+        assert all(own_client.script_exists(*shas))
+        own_client.script_flush()
+        assert not any(own_client.script_exists(*shas))
+        assert s.cancel("d") is State.CANCELLED  # meets NOSCRIPT first and reloads
+        assert own_client.script_exists(s._scripts["cancel"].sha) == [True]
+    finally:
+        s.close()
+        client.close()
 
 
 def run_worker_until(s: Scheduler, worker: Worker, done: Callable[[], bool]) -> None:
@@ -704,7 +777,7 @@ def test_each_script_runs_as_a_user_allowed_only_its_declared_keys(
             )
             client = own_redis.client(username=f"s-{name}", password="pw")
             clients.append(client)
-            s._scripts.scripts[name] = client.register_script(source(name))
+            s._scripts.scripts[name] = scripts.Script(client, name)
         # The limit is real: heartbeat's user cannot even read the meta hash.
         with pytest.raises(redis.exceptions.NoPermissionError):
             clients[SCRIPT_NAMES.index("heartbeat")].hgetall(keys.meta)
@@ -735,10 +808,11 @@ def test_each_script_runs_as_a_user_allowed_only_its_declared_keys(
 
 
 def lua_eval(client: redis.Redis, body: str, *args: Any) -> Any:
-    """Run ``body`` with the whole library included (keys of namespace 'twins')."""
+    """Run ``body`` with the whole library included (keys of namespace 'twins'), its
+    per-call state set up as ``run`` does."""
     text = (
         "--- @include settle\n--- @include tokens\n--- @include attempt\n"
-        f"--- @keys {' '.join(KEY_NAMES)}\n" + body
+        f"--- @keys {' '.join(KEY_NAMES)}\nbegin_call()\n" + body
     )
     return client.eval(scripts.assemble(text), len(KEY_NAMES), *Keys("twins").script_keys(), *args)
 
@@ -918,3 +992,45 @@ def test_the_readme_lists_each_scripts_includes_and_keys_as_its_header_declares(
     for name, words in replies.items():
         first = "`[0," if name in NEVER_PROPAGATE else "`[left,"
         assert words[0] == first, name
+
+
+def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> None:
+    """lua/README.md, "As Redis Functions": rebuilt here from the files and that page."""
+    listed = (
+        "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
+        "retry add_deps purge forget compact leave recur fire order expire fairness"
+    )
+    order = listed.split(" ")
+    assert tuple(order) == SCRIPT_NAMES
+    digest = hashlib.sha1(usedforsecurity=False)
+    for name in order:
+        digest.update(name.encode() + b"\0" + source(name).encode() + b"\0")
+    h = digest.hexdigest()[:16]
+    lines = [f"#!lua name=distsched_{h}"]
+    for name in order:
+        text = script_files()[name]
+        keys = scripts.script_keys(name)
+        head, body = text.split("\nreturn run(function()\n")
+        assert body.endswith("\nend)\n")
+        fields = ", ".join(f"{key} = keys[{i}]" for i, key in enumerate(keys, 1))
+        lines += [
+            "do",
+            "local KEYS, ARGV, k",
+            *(library_files()[f"{part}.lua"] for part in scripts.includes(name)),
+            head,
+            "local function body()",
+            body[: -len("end)\n")] + "end",
+            f"redis.register_function{{function_name = 'distsched_{h}_{name}', "
+            "callback = function(keys, args)",
+            f"  if #keys ~= {len(keys)} then return redis.error_reply("
+            f"'BADARG KEYS expected {len(keys)}: {' '.join(keys)}') end",
+            "  KEYS, ARGV = keys, args",
+            f"  k = {{ {fields} }}",
+            "  return run(body)",
+            "end}",
+            "end",
+        ]
+        assert scripts.function_name(name) == f"distsched_{h}_{name}"
+    assert scripts.library() == "\n".join(lines) + "\n"
+    readme = (LUA / "README.md").read_text("utf-8")
+    assert listed in " ".join(readme.split())

@@ -507,8 +507,8 @@ def test_a_worker_whose_claims_are_refused_stays_up_and_claims_once_allowed(
     namespace = new_namespace()
     user, password = f"noscript-{namespace}", uuid.uuid4().hex
     admin = own_redis.client()
-    rules = ["resetkeys", "~ds:*", "resetchannels", "&ds:*", "+@all"]
-    admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules, "-evalsha")  # type: ignore[no-untyped-call]
+    rules = ["resetkeys", "~ds:*", "resetchannels", "&ds:*", "+@all", "-evalsha", "-fcall"]
+    admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", *rules)  # type: ignore[no-untyped-call]
     s = Scheduler(own_redis.client(username=user, password=password), namespace=namespace)
     producer = Scheduler(admin, namespace=namespace)
     ran: list[str] = []
@@ -518,6 +518,7 @@ def test_a_worker_whose_claims_are_refused_stays_up_and_claims_once_allowed(
         with running(worker) as thread:
             time.sleep(0.5)  # claims refused (NOPERM), again and again
             assert thread.is_alive() and ran == []
+            # FCALL was refused: the client runs the scripts by EVALSHA from now on.
             admin.execute_command("ACL", "SETUSER", user, "+evalsha")  # type: ignore[no-untyped-call]
             wait_state(producer, "t", State.SUCCEEDED, timeout=10.0)
         assert ran == ["t"]

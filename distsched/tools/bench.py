@@ -1402,16 +1402,21 @@ class Bench:
             server.usec -= after[1] - before[1]
 
     def _script_stats(self) -> tuple[int, int] | None:
-        """(calls, microseconds) of EVALSHA from INFO commandstats; scripts' inner
-        commands are counted apart, so this is the whole script calls' time."""
+        """(calls, microseconds) of FCALL and EVALSHA from INFO commandstats; scripts'
+        inner commands are counted apart, so this is the whole script calls' time."""
         try:
             stats = self.client.info("commandstats")
         except redis.RedisError:
             return None
-        entry = stats.get("cmdstat_evalsha")
-        if not isinstance(entry, dict):
+        entries: list[dict[str, Any]] = [
+            entry
+            for entry in (stats.get("cmdstat_fcall"), stats.get("cmdstat_evalsha"))
+            if isinstance(entry, dict)
+        ]
+        if not entries:
             return None
-        return int(entry.get("calls", 0)), int(entry.get("usec", 0))
+        calls = sum(int(entry.get("calls", 0)) for entry in entries)
+        return calls, sum(int(entry.get("usec", 0)) for entry in entries)
 
     def _slowlog_threshold_ms(self) -> float | None:
         try:

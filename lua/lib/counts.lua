@@ -7,7 +7,8 @@
 -- Per-state counters live in the meta hash as count:<state>. A script tallies its
 -- moves and writes each changed counter once, when its body has succeeded.
 
-local count_delta = {}
+local count_delta
+on_each_call(function() count_delta = {} end)
 
 local function count_move(from_state, to_state)
   if from_state then count_delta[from_state] = (count_delta[from_state] or 0) - 1 end
@@ -21,13 +22,13 @@ after_success(function()
 end)
 
 local function running_count()
-  return (tonumber(redis.call('HGET', k.meta, 'count:running')) or 0) + (count_delta.running or 0)
+  return (tonumber(meta_fields('count:running')[1]) or 0) + (count_delta.running or 0)
 end
 
 -- When the fleet-wide capacity was full and slots free, wake one idle worker per free
 -- slot (no more than there are queue entries).
 local function capacity_freed(running_before)
-  local limit = tonumber(redis.call('HGET', k.meta, 'max_running'))
+  local limit = tonumber(meta_fields('max_running')[1])
   if limit and running_before >= limit then
     local queued = redis.call('ZCARD', k.queue)
     if fair_on() then queued = queued + redis.call('ZCARD', k.fairq) end

@@ -141,6 +141,7 @@ end
 
 -- A running task leaves running: its key's slot comes back (once).
 on_running_left = function(id)
+  if not fair_on() then return end  -- fairrun is only written in a fair namespace
   local key = redis.call('HGET', k.fairrun, id)
   if not key then return end
   redis.call('HDEL', k.fairrun, id)

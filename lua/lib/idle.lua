@@ -26,10 +26,23 @@ end
 -- Wake at most r idle workers; returns how many were woken.
 local function wake_idle(r, now)
   if r < 1 then return 0 end
-  redis.call('ZREMRANGEBYSCORE', k.idle, '-inf', '(' .. now)
+  -- Stale entries have the lowest scores, so they come out first: when one does, the
+  -- rest of them go in one command and the live entries still wanted are popped after.
   local popped = redis.call('ZPOPMIN', k.idle, r)
-  for i = 1, #popped, 2 do publish(popped[i], 'ready') end
-  return #popped / 2
+  local woken = 0
+  for i = 1, #popped, 2 do
+    if tonumber(popped[i + 1]) >= now then
+      publish(popped[i], 'ready')
+      woken = woken + 1
+    end
+  end
+  if woken < #popped / 2 then
+    redis.call('ZREMRANGEBYSCORE', k.idle, '-inf', '(' .. now)
+    popped = redis.call('ZPOPMIN', k.idle, r - woken)
+    for i = 1, #popped, 2 do publish(popped[i], 'ready') end
+    woken = woken + #popped / 2
+  end
+  return woken
 end
 
 -- Whether the worker on `channel` is still idle (so still waiting by its timer).

@@ -37,6 +37,12 @@ local function be_uint(p, pos, size)
   return n
 end
 
+local SIZED = { [196] = { 'other', 1 }, [197] = { 'other', 2 }, [198] = { 'other', 4 },
+                [199] = { 'ext', 1 }, [200] = { 'ext', 2 }, [201] = { 'ext', 4 },
+                [217] = { 'str', 1 }, [218] = { 'str', 2 }, [219] = { 'str', 4 },
+                [220] = { 'array', 2 }, [221] = { 'array', 4 },
+                [222] = { 'map', 2 }, [223] = { 'map', 4 } }
+
 local function head(p, pos)
   local b = string.byte(p, pos)
   if not b then return nil end
@@ -45,12 +51,7 @@ local function head(p, pos)
   if b < 160 then return 'array', b - 144, pos + 1 end
   if b < 192 then return 'str', b - 160, pos + 1 end
   if FIXED[b] then return 'other', FIXED[b], pos + 1 end
-  local sized = { [196] = { 'other', 1 }, [197] = { 'other', 2 }, [198] = { 'other', 4 },
-                  [199] = { 'ext', 1 }, [200] = { 'ext', 2 }, [201] = { 'ext', 4 },
-                  [217] = { 'str', 1 }, [218] = { 'str', 2 }, [219] = { 'str', 4 },
-                  [220] = { 'array', 2 }, [221] = { 'array', 4 },
-                  [222] = { 'map', 2 }, [223] = { 'map', 4 } }
-  local entry = sized[b]
+  local entry = SIZED[b]
   if not entry then return nil end
   local n = be_uint(p, pos + 1, entry[2])
   if not n then return nil end
@@ -83,8 +84,44 @@ end
 -- Why a payload is not one a worker can run, or nil: one msgpack map with a non-empty
 -- UTF-8 string fn, args an array and kwargs a map with string keys (each may be left
 -- out or nil, which is how JavaScript encoders send undefined).
+-- One pass over a payload: true only when payload_problem finds nothing (it then has
+-- nothing to say; anything else goes to its slower walk, which names the problem).
+local function payload_fine(p)
+  local kind, n, pos = head(p, 1)
+  if kind ~= 'map' then return false end
+  local fn = false
+  for _ = 1, n do
+    local key_kind, key_len, key_at = head(p, pos)
+    local value_at = key_kind and skip(p, pos)
+    local vkind, vn, vat = nil, nil, nil
+    if value_at then vkind, vn, vat = head(p, value_at) end
+    if not vkind then return false end
+    local key = key_kind == 'str' and string.sub(p, key_at, key_at + key_len - 1)
+    local is_nil = string.byte(p, value_at) == 192
+    if key == 'fn' then
+      if vkind ~= 'str' or vn == 0 then return false end
+      fn = true
+    elseif key == 'args' and not is_nil and vkind ~= 'array' then
+      return false
+    elseif key == 'kwargs' and not is_nil then
+      if vkind ~= 'map' then return false end
+      local at = vat
+      for _ = 1, vn do
+        if head(p, at) ~= 'str' then return false end
+        at = skip(p, at)
+        at = at and skip(p, at)
+        if not at then return false end
+      end
+    end
+    pos = skip(p, value_at)
+    if not pos then return false end
+  end
+  return fn and pos == #p + 1
+end
+
 local function payload_problem(p, limit)
   if #p > limit then return string.format('is %d bytes, limit %d', #p, limit) end
+  if payload_fine(p) then return nil end
   if skip(p, 1) ~= #p + 1 then return 'must be one valid msgpack value' end
   local kind, n, pos = head(p, 1)
   if kind ~= 'map' then return 'must be a msgpack map' end

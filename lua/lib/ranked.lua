@@ -26,11 +26,11 @@ end
 
 -- aging_of the namespace's meta fields, read once per call; with them the meta field
 -- fair (lib/fair.lua), so that a namespace's settings cost one read per call.
-local cached_aging = false
-local cached_fair = nil
+local cached_aging, cached_fair
+on_each_call(function() cached_aging, cached_fair = false, nil end)
 local function order_aging()
   if cached_aging == false then
-    local fields = redis.call('HMGET', k.meta, 'order', 'aging_ms', 'fair')
+    local fields = meta_fields('order', 'aging_ms', 'fair')
     cached_aging = aging_of(fields[1], fields[2])
     if cached_fair == nil then cached_fair = fields[3] == '1' end
   end

@@ -105,10 +105,15 @@ end
 
 local INDEXED = { p = true, s = true, f = true, c = true, b = true }
 
+-- The integer fields of a record, in the order their range errors are reported.
+local RECORD_INTS = { 'version', 'attempt', 'max_attempts', 'backoff_ms', 'run_at', 'priority',
+                      'cancel', 'remaining', 'optional' }
+
 -- id -> the index member of its record as this script first read it (false: none).
-local indexed = {}
+local indexed
 -- id -> the state of its record as this script first read it.
-local first_state = {}
+local first_state
+on_each_call(function() indexed, first_state = {}, {} end)
 
 local function index_member(t, id)
   local code = STATE_CODE[t.state]
@@ -136,12 +141,14 @@ local function read_task(id, raw)
   }
   -- updated - run_at: a run_at far in the past or future makes it up to 2^53 + now.
   local delta = record_int(ut, -2 * MAX_EXACT, 2 * MAX_EXACT)
-  for _, field in ipairs({ 'version', 'attempt', 'max_attempts', 'backoff_ms', 'run_at', 'priority',
-                           'cancel', 'remaining', 'optional' }) do
-    if not t[field] then return nil, field .. ' out of range' end
+  if not (t.version and t.attempt and t.max_attempts and t.backoff_ms and t.run_at and t.priority
+          and t.cancel and t.remaining and t.optional) then
+    for _, field in ipairs(RECORD_INTS) do
+      if not t[field] then return nil, field .. ' out of range' end
+    end
   end
   if not delta then return nil, 'updated out of range' end
-  if not valid_utf8(w) then return nil, 'worker is not valid UTF-8' end
+  if w ~= '' and not valid_utf8(w) then return nil, 'worker is not valid UTF-8' end
   t.updated = t.run_at + delta
   if indexed[id] == nil then indexed[id] = index_member(t, id) end
   if first_state[id] == nil then first_state[id] = t.state end

@@ -14,10 +14,17 @@ local function is_int64_text(text)
   return text == '0' or (#text <= 18 and string.match(text, '^%-?[1-9]%d*$') ~= nil)
 end
 
+-- Read with the counters, for meta_fields (lib/run.lua): one HMGET per call.
+local START_FIELDS = { 'seq', 'pseq', 'count:pending', 'count:ready', 'count:running',
+                       'count:succeeded', 'count:failed', 'count:cancelled', 'count:blocked',
+                       'order', 'aging_ms', 'fair', 'max_running' }
+
 local function repair_meta()
-  local values = redis.call('HMGET', k.meta, unpack(COUNTED))
-  for i, field in ipairs(COUNTED) do
-    local value = values[i]
+  local values = redis.call('HMGET', k.meta, unpack(START_FIELDS))
+  meta_start = {}
+  for i, field in ipairs(START_FIELDS) do meta_start[field] = values[i] end
+  for _, field in ipairs(COUNTED) do
+    local value = meta_start[field]
     if value and not is_int64_text(value) then
       -- A count restarts at 0 (it is only shown). Versions and job numbers only grow:
       -- they restart above any a namespace reaches by counting, the server clock in
@@ -28,7 +35,8 @@ local function repair_meta()
         fixed = tonumber(t[1]) * 1000000 + tonumber(t[2])
       end
       redis.log(redis.LOG_WARNING, 'distsched: repaired meta field ' .. field .. ' holding junk')
-      redis.call('HSET', k.meta, field, string.format('%d', fixed), 'corrupt:' .. field, value)
+      meta_start[field] = string.format('%d', fixed)
+      redis.call('HSET', k.meta, field, meta_start[field], 'corrupt:' .. field, value)
     end
   end
 end

@@ -8,13 +8,56 @@
 
 local success_hooks = {}
 
+-- State a part keeps for one call (tallies, caches read once) is reset by a function
+-- registered with on_each_call, which run calls first. A script sent with EVALSHA starts
+-- from a fresh chunk anyway; as a Redis Function (FCALL) the library's parts are defined
+-- once and shared by every call, so without the reset one call's state would leak into
+-- the next.
+local call_hooks = {}
+
+local function on_each_call(fn)
+  call_hooks[#call_hooks + 1] = fn
+end
+
+local function begin_call()
+  for _, hook in ipairs(call_hooks) do hook() end
+end
+
 local function after_success(fn)
   success_hooks[#success_hooks + 1] = fn
 end
 
+-- The server clock is read once per call: a call is one atomic moment.
+local call_now
+on_each_call(function() call_now = nil end)
+
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not call_now then
+    local t = redis.call('TIME')
+    call_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return call_now
+end
+
+-- Meta fields read once when a call begins (lib/repair.lua reads them along with the
+-- counters it checks): field -> value, false when absent; nil before that read.
+local meta_start
+on_each_call(function() meta_start = nil end)
+
+-- HMGET of meta fields as the call found them: from meta_start when it holds them all,
+-- else read now. Only for fields the script has not written yet (settings, counters
+-- before the call's own changes, which lib/counts.lua writes at the end).
+local function meta_fields(...)
+  local fields = { ... }
+  if meta_start then
+    local values = {}
+    for i, field in ipairs(fields) do
+      values[i] = meta_start[field]
+      if values[i] == nil then return redis.call('HMGET', k.meta, ...) end
+    end
+    return values
+  end
+  return redis.call('HMGET', k.meta, ...)
 end
 
 local function to_int(value, field)
@@ -34,6 +77,7 @@ local function before_body(fn)
 end
 
 local function run(body)
+  begin_call()
   for _, hook in ipairs(before_hooks) do hook() end
   local ok, res = pcall(body)
   if ok then

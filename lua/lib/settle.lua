@@ -7,9 +7,9 @@
 -- Propagation. When a task becomes terminal, its waiting edges must be settled:
 -- success releases dependents (remaining - 1; ready at 0), any terminal state
 -- releases optional edges, and failure, cancellation or block blocks the pending
--- dependents of its required edges (which then propagate in turn). The terminal
--- id enters the propagating set, and each script call settles at most a budget of
--- edges, so no call runs long however many dependents there are.
+-- dependents of its required edges (which then propagate in turn). A terminal
+-- id with waiting edges enters the propagating set, and each script call settles
+-- at most a budget of edges, so no call runs long however many dependents there are.
 -- Invariant that keeps the chunks correct under concurrent calls: an id with a
 -- 'p' job is terminal and cannot get a new version (schedule and retry refuse it
 -- with BUSY until its job ends), and no waiting edge to a terminal task is ever
@@ -251,7 +251,11 @@ end
 -- Tasks that just became terminal: queue their dependents' propagation and settle a
 -- budget of it now. Returns the number of propagating jobs left (0: all settled).
 local function settle_after_terminal(ids, now, budget)
-  for _, id in ipairs(ids) do needs_propagation(id) end
+  -- A task no dependent waits for has nothing to tell: no job (as in block_task).
+  for _, id in ipairs(ids) do
+    if has_waiting_edges(id) then needs_propagation(id) end
+  end
+  if redis.call('ZCARD', k.propagating) == 0 then return 0 end
   propagate(budget, now)
   return redis.call('ZCARD', k.propagating)
 end
