@@ -2147,9 +2147,11 @@ def advance(op: Op[T], reply: Any) -> Request | Done[T]:
         return Done(stop.value)
 
 
-def _placed_in_parts(spec: TaskSpec) -> bool:
-    """Whether ``spec``, scheduled alone, is placed in parts (invalid lists are not:
+def _placed_in_parts(spec: object) -> bool:
+    """Whether ``spec``, scheduled alone, is placed in parts (invalid values are not:
     the one call refuses them)."""
+    if not isinstance(spec, TaskSpec):
+        return False
     lists = (spec.deps, spec.optional_deps)
     if any(isinstance(x, (str, bytes)) or not isinstance(x, Sequence) for x in lists):
         return False
@@ -2278,7 +2280,7 @@ class Ops:
     def admit_many(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted]]:
         # Read here, where the operation starts: in the caller's thread or asyncio task.
         trace = self.trace_context() if self.trace_context is not None else None
-        if len(specs) == 1 and isinstance(specs[0], TaskSpec) and _placed_in_parts(specs[0]):
+        if isinstance(specs, Sequence) and len(specs) == 1 and _placed_in_parts(specs[0]):
             return [(yield from self._place(specs[0], trace))]
         call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
         if not specs:

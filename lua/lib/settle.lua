@@ -138,10 +138,11 @@ end
 local function closes_cycle(id, deps, state_of)
   local children = {}
   for _, d in ipairs(deps) do
-    local st = state_of(d.id)
+    -- The hold (lib/graph.lua) is no edge: it closes no cycle.
+    local st = d.kind ~= 'h' and state_of(d.id)
     -- Blocked at once: it will await nothing.
     if d.kind == 'r' and TERMINAL[st] and st ~= 'succeeded' then return false end
-    if not TERMINAL[st] then children[d.id] = { id } end
+    if st ~= false and not TERMINAL[st] then children[d.id] = { id } end
   end
   local ok, err = pcall(check_cycles, { { id = id } }, { [id] = true }, children)
   if ok then return false end
