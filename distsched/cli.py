@@ -385,7 +385,11 @@ def _status_lines(
         ("result", "-" if info.result is None else js(info.result)),
         ("deps", ids(info.deps)),
         ("optional_deps", ids(info.optional_deps)),
-        ("remaining", f"{info.remaining} required, {info.optional_remaining} optional"),
+        (
+            "remaining",
+            f"{info.remaining} required, {info.optional_remaining} optional"
+            + ("; held while its dependencies are placed in parts" if info.placing else ""),
+        ),
         ("dependents", ids(info.dependents)),
         ("blocked_by", blocked),
         *_attempt_lines(info.attempts, limit),

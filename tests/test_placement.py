@@ -11,8 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
-from distsched import Outcome, Scheduler, State, TaskSpec, core
+from distsched import Outcome, Scheduler, State, TaskSpec, core, views
 from distsched.core import PLACE_PART, Reason
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 
@@ -203,3 +204,29 @@ def test_a_part_naming_another_version_than_the_held_one_is_refused(
     with pytest.raises(ConflictError):
         scheduler._drive(scheduler._ops.run(stale))
     assert scheduler.status("sink").placing
+
+
+def test_status_and_the_graph_view_show_a_held_task_as_being_placed(
+    scheduler: Scheduler,
+) -> None:
+    ids = ready_deps(scheduler, WIDE)
+    place(scheduler, TaskSpec("sink", "f", deps=ids), stop_after=1)
+    info = scheduler.status("sink")
+    assert (info.placing, info.remaining, len(info.deps)) == (True, PLACE_PART, PLACE_PART)
+    assert views.describe(info) == "pending (held while its dependencies are placed in parts)"
+
+
+def test_a_task_of_a_striped_namespace_is_placed_in_parts_on_its_stripe(
+    redis_client: redis.Redis, namespace: str
+) -> None:
+    with Scheduler(redis_client, namespace=namespace, stripes=3) as s:
+        ids = [f"{{g}}d{i}" for i in range(WIDE)]
+        for start in range(0, WIDE, PLACE_PART):
+            s.submit_graph([TaskSpec(i, "f") for i in ids[start : start + PLACE_PART]])
+        _, calls = place(s, TaskSpec("{g}sink", "f", deps=ids))
+        assert len(calls) == 4
+        assert all(deps_of(c) <= PLACE_PART for c in calls)
+        assert s.status("{g}sink").deps == tuple(ids)
+        order = complete_ready(s)
+        assert sorted(order[:-1]) == sorted(ids)
+        assert order[-1] == "{g}sink"
