@@ -222,9 +222,9 @@ class Scheduler(BaseScheduler):
     def schedule_many(self, specs: Sequence[TaskSpec]) -> list[int]:
         """Schedule a batch atomically in one round trip; return the versions in order.
 
-        In a striped namespace, one atomic call per stripe the batch's ids map to. A batch
-        of one task is scheduled as :meth:`schedule` does it (in parts when it has more
-        than 1,000 required dependencies).
+        In a striped namespace, one atomic call per stripe the batch's ids map to. A task
+        with more than 1,000 required dependencies is placed in parts as :meth:`schedule`
+        does it, after the batch's call, held until its last part.
         """
         return self._drive(self._ops.schedule_many(specs))
 
@@ -233,8 +233,8 @@ class Scheduler(BaseScheduler):
 
         In a striped namespace every id of the graph must map to one stripe (give them
         the same ``{tag}``); otherwise ``InvalidArgument`` names two ids, and nothing
-        is written. A graph of one task is scheduled as :meth:`schedule` does it (in parts
-        when it has more than 1,000 required dependencies).
+        is written. A task with more than 1,000 required dependencies is placed in parts as
+        :meth:`schedule` does it, after the graph's call, held until its last part.
         """
         return self._drive(self._ops.submit_graph(specs))
 

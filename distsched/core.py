@@ -13,7 +13,7 @@ import math
 import re
 import traceback
 import uuid
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
@@ -63,7 +63,7 @@ MAX_DEPS = 10_000
 # The most dependency edges one script call settles (see lua/lib/settle.lua); sent as
 # ARGV[1] to every script that settles dependents.
 PROPAGATE_BUDGET = 1000
-# A task scheduled alone with more required dependencies than this is placed in parts of
+# A task scheduled with more required dependencies than this is placed in parts of
 # at most this many, each its own script call (lua/add_deps.lua), so that no call holds
 # Redis for the whole list; it is held (never claimable) until the last part.
 PLACE_PART = 1000
@@ -1001,18 +1001,19 @@ def schedule_call(
     specs: Sequence[TaskSpec],
     max_payload_bytes: int,
     trace: Mapping[str, str] | None = None,
-    hold: bool = False,
+    held: Collection[int] = (),
 ) -> Call:
-    """The schedule script's call; with ``hold`` each new version stays pending until
-    the last part of its placement (:func:`add_deps_call` with ``placing``)."""
+    """The schedule script's call; the new versions of the specs at the indices ``held``
+    stay pending until the last part of their placement (:func:`add_deps_call` with
+    ``placing``)."""
     if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
         raise InvalidArgument("specs", "must be a sequence of TaskSpec")
     args: list[Any] = [PROPAGATE_BUDGET, len(specs)]
     seen: set[str] = set()
-    for spec in specs:
+    for i, spec in enumerate(specs):
         if not isinstance(spec, TaskSpec):
             raise InvalidArgument("specs", f"must hold TaskSpec values, got {type(spec).__name__}")
-        values = schedule_values(spec, max_payload_bytes, trace, hold)
+        values = schedule_values(spec, max_payload_bytes, trace, i in held)
         if values[0] in seen:
             raise InvalidArgument("task_id", f"{values[0]!r} appears twice in one batch")
         seen.add(values[0])
@@ -2147,15 +2148,21 @@ def advance(op: Op[T], reply: Any) -> Request | Done[T]:
         return Done(stop.value)
 
 
-def _placed_in_parts(spec: object) -> bool:
-    """Whether ``spec``, scheduled alone, is placed in parts (invalid values are not:
-    the one call refuses them)."""
-    if not isinstance(spec, TaskSpec):
-        return False
-    lists = (spec.deps, spec.optional_deps)
-    if any(isinstance(x, (str, bytes)) or not isinstance(x, Sequence) for x in lists):
-        return False
-    return PLACE_PART < len(spec.deps) <= MAX_DEPS
+def placed_in_parts(specs: object) -> list[int]:
+    """The indices of the specs of a batch placed in parts: those with more required
+    dependencies than one part. Invalid values are not: the one call refuses them."""
+    if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
+        return []
+    wide = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, TaskSpec):
+            continue
+        lists = (spec.deps, spec.optional_deps)
+        if any(isinstance(x, (str, bytes)) or not isinstance(x, Sequence) for x in lists):
+            continue
+        if PLACE_PART < len(spec.deps) <= MAX_DEPS:
+            wide.append(i)
+    return wide
 
 
 def decode_schedule_reply(specs: Sequence[TaskSpec], values: Sequence[Any]) -> list[Admitted]:
@@ -2280,43 +2287,48 @@ class Ops:
     def admit_many(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted]]:
         # Read here, where the operation starts: in the caller's thread or asyncio task.
         trace = self.trace_context() if self.trace_context is not None else None
-        if isinstance(specs, Sequence) and len(specs) == 1 and _placed_in_parts(specs[0]):
-            return [(yield from self._place(specs[0], trace))]
-        call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
-        if not specs:
-            return []
-        values = yield from self.run(call)
-        return decode_schedule_reply(specs, values)
+        wide = placed_in_parts(specs)
+        if not wide:
+            call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
+            if not specs:
+                return []
+            values = yield from self.run(call)
+            return decode_schedule_reply(specs, values)
+        # A task with more required dependencies than one part goes into the batch's one
+        # call held, with its first part; each further part is a call of its own, the last
+        # lifting the hold. No call makes it claimable before the last part, so claims see
+        # the batch as if it had been scheduled in one call. Everything is checked first.
+        firsts, rests = list(specs), {}
+        for i in wide:
+            spec = specs[i]
+            schedule_values(spec, self.max_payload_bytes, trace)
+            first_size = max(0, PLACE_PART - len(spec.optional_deps))
+            firsts[i] = replace(spec, deps=list(spec.deps)[:first_size])
+            rests[i] = list(spec.deps)[first_size:]
+        call = schedule_call(self.keys, firsts, self.max_payload_bytes, trace, held=wide)
+        admitted = decode_schedule_reply(firsts, (yield from self.run(call)))
+        for i in wide:
+            if admitted[i].created:
+                yield from self._place_rest(specs[i], admitted[i].version, rests[i])
+        return admitted
 
-    def _place(self, spec: TaskSpec, trace: Mapping[str, str] | None) -> Op[Admitted]:
-        """Schedule one task with many dependencies in parts of at most PLACE_PART: the
-        first call writes the version held with the first part, each later call adds a
-        part, the last also lifts the hold. No call can make the task claimable before
-        the last part, so claims see it as if it had been scheduled in one call."""
-        # Everything is checked before the first call, which writes.
-        required = validate_deps(spec.deps, "deps", validate_task_id(spec.task_id))
-        first_size = max(0, PLACE_PART - len(spec.optional_deps))
-        first = replace(spec, deps=required[:first_size])
-        schedule_values(spec, self.max_payload_bytes, trace)
-        call = schedule_call(self.keys, [first], self.max_payload_bytes, trace, hold=True)
-        (admitted,) = decode_schedule_reply([first], (yield from self.run(call)))
-        rest = required[first_size:]
-        for start in range(0, len(rest) if admitted.created else 0, PLACE_PART):
+    def _place_rest(self, spec: TaskSpec, version: int, rest: list[str]) -> Op[None]:
+        """Add ``rest`` to the held ``version`` in parts; the last lifts the hold."""
+        for start in range(0, len(rest), PLACE_PART):
             last = start + PLACE_PART >= len(rest)
             part = add_deps_call(
                 self.keys,
                 spec.task_id,
                 rest[start : start + PLACE_PART],
                 spec.allow_unknown,
-                (admitted.version, last),
+                (version, last),
             )
             try:
                 yield from self.run(part)
             except ConflictError:
                 # The version ended (a dependency had failed, or it was cancelled) or
                 # was replaced meanwhile: it never runs, and the rest has nothing to add.
-                break
-        return admitted
+                return
 
     def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
         return [a.version for a in (yield from self.admit_many(specs))]
@@ -3556,8 +3568,8 @@ class Reason(str, enum.Enum):
     BLOCKED = "blocked"
     """A required dependency chain failed or was cancelled (``blocked_by``)."""
     PLACING = "placing"
-    """It is held: its dependencies are being placed in parts (a task scheduled alone with
-    more than ``PLACE_PART`` of them), and it cannot run before the last part. A hold that
+    """It is held: its dependencies are being placed in parts (a task scheduled with more
+    than ``PLACE_PART`` of them), and it cannot run before the last part. A hold that
     stays means the submission stopped part way: schedule the task again (or cancel it)."""
     WAITING_ON_DEPS = "waiting_on_deps"
     """It is pending: ``remaining`` required (and ``optional_remaining`` optional)

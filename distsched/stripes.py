@@ -282,10 +282,6 @@ class StripedOps:
         if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
             raise InvalidArgument("specs", "must be a sequence of TaskSpec")
         self._check_deps(specs, len(stripes))
-        if len(specs) == 1 and isinstance(specs[0], TaskSpec):
-            # One task is its stripe's own call: placed in parts there when it has many
-            # dependencies.
-            return (yield from (yield from self.for_id(specs[0].task_id)).admit_many(specs))
         groups = yield from self._groups(specs, _task_id_of)
         if one_stripe and len(groups) > 1:
             (a, first), (b, second) = list(groups.items())[:2]
@@ -304,11 +300,14 @@ class StripedOps:
         }
         result: list[Admitted | None] = [None] * len(specs)
         for s, at in groups.items():
-            values = yield from stripes[s].run(calls[s])
-            for i, admitted in zip(
-                at, core.decode_schedule_reply([specs[i] for i in at], values), strict=True
-            ):
-                result[i] = admitted
+            group = [specs[i] for i in at]
+            if core.placed_in_parts(group):
+                # Its stripe places the tasks with many dependencies in parts.
+                admitted = yield from stripes[s].admit_many(group)
+            else:
+                admitted = core.decode_schedule_reply(group, (yield from stripes[s].run(calls[s])))
+            for i, one in zip(at, admitted, strict=True):
+                result[i] = one
         return [a for a in result if a is not None]
 
     def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:

@@ -8,7 +8,6 @@ The placement is driven call by call, so a test can act between two parts.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 import redis
@@ -39,7 +38,18 @@ def place(
 ) -> tuple[int | None, list[core.Call]]:
     """Schedule ``spec`` alone, calling ``between(n)`` after the n-th call that places
     it; ``stop_after`` drops the submission after that call, as a crashed client would."""
-    op = s._ops.admit_many([spec])
+    versions, calls = place_batch(s, [spec], between, stop_after)
+    return (versions[0] if versions else None), calls
+
+
+def place_batch(
+    s: Scheduler,
+    specs: list[TaskSpec],
+    between: Callable[[int], None] = lambda part: None,
+    stop_after: int | None = None,
+) -> tuple[list[int], list[core.Call]]:
+    """``place`` for a batch: the versions (none when stopped) and the calls sent."""
+    op = s._ops.admit_many(specs)
     calls: list[core.Call] = []
     step = core.advance(op, None)
     while not isinstance(step, core.Done):
@@ -49,10 +59,10 @@ def place(
             between(len(calls))
             if stop_after == len(calls):
                 op.close()
-                return None, calls
+                return [], calls
         step = core.advance(op, reply)
     admitted: list[core.Admitted] = step.value
-    return admitted[0].version, calls
+    return [a.version for a in admitted], calls
 
 
 def ready_deps(s: Scheduler, n: int) -> list[str]:
@@ -170,16 +180,21 @@ def test_a_submission_stopped_part_way_leaves_the_task_held_and_scheduling_it_ag
     assert complete_ready(scheduler) == ["sink"]
 
 
-def test_a_batch_of_several_tasks_stays_one_atomic_call(scheduler: Scheduler) -> None:
-    ids = ready_deps(scheduler, PLACE_PART + 1)
-    sent: list[Any] = []
-    op = scheduler._ops.admit_many([TaskSpec("a", "f"), TaskSpec("sink", "f", deps=ids)])
-    step = core.advance(op, None)
-    while not isinstance(step, core.Done):
-        sent.append(step)
-        step = core.advance(op, scheduler._send(step))
-    assert [c.script for c in sent if isinstance(c, core.Call)] == ["schedule"]
-    assert scheduler.status("sink").placing is False
+def test_a_batch_writes_every_task_in_one_call_and_places_the_wide_one_after_it(
+    scheduler: Scheduler,
+) -> None:
+    ids = ready_deps(scheduler, WIDE)
+    batch = [TaskSpec("last", "f"), TaskSpec("sink", "f", deps=[*ids, "last"])]
+    claimed: list[list[str]] = []
+    versions, calls = place_batch(
+        scheduler, batch, lambda part: claimed.append(complete_ready(scheduler))
+    )
+    assert [c.script for c in calls] == ["schedule", "add_deps", "add_deps", "add_deps"]
+    assert all(deps_of(c) <= PLACE_PART for c in calls)
+    assert versions[1] == scheduler.status("sink").version
+    assert "last" in claimed[0]
+    assert all("sink" not in got for got in claimed[:-1])
+    assert claimed[-1] == ["sink"]
 
 
 @pytest.mark.parametrize("hold", ["0", "2"])

@@ -1271,7 +1271,7 @@ class Bench:
             )
             self._row(
                 "dag",
-                f"  submit_graph of all {data['tasks']:,} tasks at once (atomic, one call)",
+                f"  submit_graph of all {data['tasks']:,} tasks at once (atomic)",
                 data["submit_ms"],
                 "ms",
                 server_us=data["submit_server_us"],
