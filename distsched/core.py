@@ -1914,6 +1914,10 @@ def translate_error(message: str) -> Exception:
                 "entries, more than a change of order rewrites at once; let the workers "
                 "drain it first"
             )
+        if what == "placed":
+            return ConflictError(
+                f"task {detail!r} has another version, or its dependencies are all placed"
+            )
         if what == "state":
             state, _, task_id = detail.partition(" ")
             return ConflictError(f"task {task_id!r} is {state}")

@@ -216,7 +216,7 @@ def test_a_part_naming_another_version_than_the_held_one_is_refused(
     place(scheduler, TaskSpec("sink", "f", deps=ids), stop_after=1)
     held = scheduler.status("sink").version
     stale = core.add_deps_call(scheduler.keys, "sink", ids[-1:], False, (held - 1, True))
-    with pytest.raises(ConflictError):
+    with pytest.raises(ConflictError, match="another version"):
         scheduler._drive(scheduler._ops.run(stale))
     assert scheduler.status("sink").placing
 
