@@ -385,7 +385,11 @@ def _status_lines(
         ("result", "-" if info.result is None else js(info.result)),
         ("deps", ids(info.deps)),
         ("optional_deps", ids(info.optional_deps)),
-        ("remaining", f"{info.remaining} required, {info.optional_remaining} optional"),
+        (
+            "remaining",
+            f"{info.remaining} required, {info.optional_remaining} optional"
+            + ("; held while its dependencies are placed in parts" if info.placing else ""),
+        ),
         ("dependents", ids(info.dependents)),
         ("blocked_by", blocked),
         *_attempt_lines(info.attempts, limit),
@@ -969,6 +973,11 @@ def _why_lines(exp: Explanation) -> list[str]:
                     f"it is blocked by {views.show_id(cause.root)} ({root_state}), "
                     f"via {views.show_path(cause.path)}"
                 )
+        elif reason is Reason.PLACING:
+            text = (
+                "it is held while its dependencies are placed in parts; if this stays, "
+                "the submission stopped part way: schedule it again or cancel it"
+            )
         elif reason is Reason.WAITING_ON_DEPS:
             waits = _count(exp.remaining, "required dependency", "required dependencies")
             text = f"it waits on {waits}"

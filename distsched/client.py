@@ -203,6 +203,11 @@ class Scheduler(BaseScheduler):
         running one raises ``ConflictError``; a terminal one starts over as the new version.
         With ``dedupe`` an existing queued or running version is kept and returned instead
         (:meth:`admit` tells which happened).
+
+        With more than 1,000 required ``deps`` the task is placed in parts of 1,000, one
+        script call each, and held (never claimable) until the last part: workers see it
+        as if it had been scheduled at once. Should the call stop part way, the task stays
+        held (``status().placing``) until the id is scheduled again or cancelled.
         """
         return self._drive(self._ops.schedule(task_id, options))
 
@@ -217,7 +222,9 @@ class Scheduler(BaseScheduler):
     def schedule_many(self, specs: Sequence[TaskSpec]) -> list[int]:
         """Schedule a batch atomically in one round trip; return the versions in order.
 
-        In a striped namespace, one atomic call per stripe the batch's ids map to.
+        In a striped namespace, one atomic call per stripe the batch's ids map to. A task
+        with more than 1,000 required dependencies is placed in parts as :meth:`schedule`
+        does it, after the batch's call, held until its last part.
         """
         return self._drive(self._ops.schedule_many(specs))
 
@@ -226,7 +233,8 @@ class Scheduler(BaseScheduler):
 
         In a striped namespace every id of the graph must map to one stripe (give them
         the same ``{tag}``); otherwise ``InvalidArgument`` names two ids, and nothing
-        is written.
+        is written. A task with more than 1,000 required dependencies is placed in parts as
+        :meth:`schedule` does it, after the graph's call, held until its last part.
         """
         return self._drive(self._ops.submit_graph(specs))
 

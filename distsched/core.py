@@ -13,8 +13,8 @@ import math
 import re
 import traceback
 import uuid
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field, replace
 from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 
 import msgpack
@@ -63,6 +63,10 @@ MAX_DEPS = 10_000
 # The most dependency edges one script call settles (see lua/lib/settle.lua); sent as
 # ARGV[1] to every script that settles dependents.
 PROPAGATE_BUDGET = 1000
+# A task scheduled with more required dependencies than this is placed in parts of
+# at most this many, each its own script call (lua/add_deps.lua), so that no call holds
+# Redis for the whole list; it is held (never claimable) until the last part.
+PLACE_PART = 1000
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
 CLAIM_MAX_DROP = 1000
@@ -204,7 +208,12 @@ class AttemptInfo:
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """A snapshot of one task (``Scheduler.status``)."""
+    """A snapshot of one task (``Scheduler.status``).
+
+    ``placing`` is True while the version is held because its dependencies are being
+    placed in parts (it cannot run before the last part); ``deps`` then lists those
+    placed so far.
+    """
 
     task_id: str
     state: State
@@ -230,6 +239,7 @@ class TaskInfo:
     dependents: tuple[str, ...] = ()
     blocked_by: BlockedBy | None = None
     attempts: tuple[AttemptInfo, ...] = ()
+    placing: bool = False
 
 
 @dataclass(frozen=True)
@@ -934,7 +944,10 @@ def encode_payload(
 
 
 def schedule_values(
-    spec: TaskSpec, max_payload_bytes: int, trace: Mapping[str, str] | None = None
+    spec: TaskSpec,
+    max_payload_bytes: int,
+    trace: Mapping[str, str] | None = None,
+    hold: bool = False,
 ) -> list[Any]:
     """Validate one task and return its schedule-script values (see lua/schedule.lua)."""
     task_id = validate_task_id(spec.task_id)
@@ -958,7 +971,7 @@ def schedule_values(
     fields = (
         f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
         f" {1 if spec.allow_unknown else 0} {len(required)} {len(optional)}"
-        f"{admission_suffix(spec)}"
+        f"{admission_suffix(spec)}{' hold=1' if hold else ''}"
     )
     return [task_id, fields, payload, *required, *optional]
 
@@ -988,15 +1001,19 @@ def schedule_call(
     specs: Sequence[TaskSpec],
     max_payload_bytes: int,
     trace: Mapping[str, str] | None = None,
+    held: Collection[int] = (),
 ) -> Call:
+    """The schedule script's call; the new versions of the specs at the indices ``held``
+    stay pending until the last part of their placement (:func:`add_deps_call` with
+    ``placing``)."""
     if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
         raise InvalidArgument("specs", "must be a sequence of TaskSpec")
     args: list[Any] = [PROPAGATE_BUDGET, len(specs)]
     seen: set[str] = set()
-    for spec in specs:
+    for i, spec in enumerate(specs):
         if not isinstance(spec, TaskSpec):
             raise InvalidArgument("specs", f"must hold TaskSpec values, got {type(spec).__name__}")
-        values = schedule_values(spec, max_payload_bytes, trace)
+        values = schedule_values(spec, max_payload_bytes, trace, i in held)
         if values[0] in seen:
             raise InvalidArgument("task_id", f"{values[0]!r} appears twice in one batch")
         seen.add(values[0])
@@ -1275,18 +1292,26 @@ def retry_call(keys: Keys, task_id: object, cascade: object) -> Call:
     )
 
 
-def add_deps_call(keys: Keys, task_id: object, deps: object, allow_unknown: object) -> Call:
+def add_deps_call(
+    keys: Keys,
+    task_id: object,
+    deps: object,
+    allow_unknown: object,
+    placing: tuple[int, bool] | None = None,
+) -> Call:
+    """The add_deps script's call; ``placing`` is (the held version, whether this is the
+    last part, which lifts the hold) for a part of a placement."""
     task_id = validate_task_id(task_id)
     ids = validate_deps(deps, "deps", task_id)
     if not ids:
         raise InvalidArgument("deps", "must name at least one dependency")
     if not isinstance(allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
-    return Call(
-        "add_deps",
-        keys.for_script("add_deps"),
-        [PROPAGATE_BUDGET, task_id, "1" if allow_unknown else "0", *ids],
-    )
+    mode = "1" if allow_unknown else "0"
+    if placing is not None:
+        version, last = placing
+        mode += f" {version} {'last' if last else 'more'}"
+    return Call("add_deps", keys.for_script("add_deps"), [PROPAGATE_BUDGET, task_id, mode, *ids])
 
 
 # --------------------------------------------------------------------------- replies
@@ -1607,6 +1632,7 @@ def decode_status(
     except ValueError:
         fn, args, kwargs = None, (), {}
     deps_list = decode_deps_list(raw_deps)
+    placing = int(bool(deps_list) and deps_list[0][0] == "h")
     error: str | None = None
     result: Any = None
     if raw_result:
@@ -1638,8 +1664,10 @@ def decode_status(
         updated_at=rec.updated_ms / 1000.0,
         error=error,
         result=result,
-        remaining=rec.remaining,
+        # The hold counts in the record as one more awaited dependency.
+        remaining=rec.remaining - placing,
         optional_remaining=rec.optional_remaining,
+        placing=bool(placing),
         deps=tuple(d for kind, d in deps_list if kind == "r"),
         optional_deps=tuple(d for kind, d in deps_list if kind == "o"),
         dependents=dependents,
@@ -1847,7 +1875,8 @@ def decode_id_list(raw: str) -> list[str]:
 
 
 def decode_deps_list(raw: bytes | None) -> list[tuple[str, str]]:
-    """Decode a stored dependency list into ``(kind, id)`` pairs, kind 'r' or 'o'.
+    """Decode a stored dependency list into ``(kind, id)`` pairs, kind 'r' or 'o', or
+    'h' for the hold of a version whose dependencies are still being placed (first).
 
     A list with junk in it ends at its first unreadable entry, as in the scripts.
     """
@@ -1859,7 +1888,7 @@ def decode_deps_list(raw: bytes | None) -> list[tuple[str, str]]:
         kind = chr(raw[pos])
         try:
             size = int(raw[pos + 1 : pos + 4], 16)
-            if kind not in "ro" or size == 0 or pos + 4 + size > len(raw):
+            if kind not in "roh" or size == 0 or pos + 4 + size > len(raw):
                 break
             out.append((kind, raw[pos + 4 : pos + 4 + size].decode("utf-8")))
         except ValueError:  # UnicodeDecodeError included
@@ -1884,6 +1913,10 @@ def translate_error(message: str) -> Exception:
                 f"the ready set (with the keyed tasks of a fair namespace) holds {detail} "
                 "entries, more than a change of order rewrites at once; let the workers "
                 "drain it first"
+            )
+        if what == "placed":
+            return ConflictError(
+                f"task {detail!r} has another version, or its dependencies are all placed"
             )
         if what == "state":
             state, _, task_id = detail.partition(" ")
@@ -2119,6 +2152,23 @@ def advance(op: Op[T], reply: Any) -> Request | Done[T]:
         return Done(stop.value)
 
 
+def placed_in_parts(specs: object) -> list[int]:
+    """The indices of the specs of a batch placed in parts: those with more required
+    dependencies than one part. Invalid values are not: the one call refuses them."""
+    if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
+        return []
+    wide = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, TaskSpec):
+            continue
+        lists = (spec.deps, spec.optional_deps)
+        if any(isinstance(x, (str, bytes)) or not isinstance(x, Sequence) for x in lists):
+            continue
+        if PLACE_PART < len(spec.deps) <= MAX_DEPS:
+            wide.append(i)
+    return wide
+
+
 def decode_schedule_reply(specs: Sequence[TaskSpec], values: Sequence[Any]) -> list[Admitted]:
     """The :class:`Admitted` of each task from schedule.lua's own values: the versions,
     then, when a spec had an admission option, one letter per task (``n`` new, ``k`` kept)."""
@@ -2241,11 +2291,48 @@ class Ops:
     def admit_many(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted]]:
         # Read here, where the operation starts: in the caller's thread or asyncio task.
         trace = self.trace_context() if self.trace_context is not None else None
-        call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
-        if not specs:
-            return []
-        values = yield from self.run(call)
-        return decode_schedule_reply(specs, values)
+        wide = placed_in_parts(specs)
+        if not wide:
+            call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
+            if not specs:
+                return []
+            values = yield from self.run(call)
+            return decode_schedule_reply(specs, values)
+        # A task with more required dependencies than one part goes into the batch's one
+        # call held, with its first part; each further part is a call of its own, the last
+        # lifting the hold. No call makes it claimable before the last part, so claims see
+        # the batch as if it had been scheduled in one call. Everything is checked first.
+        firsts, rests = list(specs), {}
+        for i in wide:
+            spec = specs[i]
+            schedule_values(spec, self.max_payload_bytes, trace)
+            first_size = max(0, PLACE_PART - len(spec.optional_deps))
+            firsts[i] = replace(spec, deps=list(spec.deps)[:first_size])
+            rests[i] = list(spec.deps)[first_size:]
+        call = schedule_call(self.keys, firsts, self.max_payload_bytes, trace, held=wide)
+        admitted = decode_schedule_reply(firsts, (yield from self.run(call)))
+        for i in wide:
+            if admitted[i].created:
+                yield from self._place_rest(specs[i], admitted[i].version, rests[i])
+        return admitted
+
+    def _place_rest(self, spec: TaskSpec, version: int, rest: list[str]) -> Op[None]:
+        """Add ``rest`` to the held ``version`` in parts; the last lifts the hold."""
+        for start in range(0, len(rest), PLACE_PART):
+            last = start + PLACE_PART >= len(rest)
+            part = add_deps_call(
+                self.keys,
+                spec.task_id,
+                rest[start : start + PLACE_PART],
+                spec.allow_unknown,
+                (version, last),
+            )
+            try:
+                yield from self.run(part)
+            except ConflictError:
+                # The version ended (a dependency had failed, or it was cancelled) or
+                # was replaced meanwhile: it never runs, and the rest has nothing to add.
+                return
 
     def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
         return [a.version for a in (yield from self.admit_many(specs))]
@@ -2796,6 +2883,8 @@ class Ops:
             fn = None
         max_running, running = (_count_or_none(value) for value in meta)
         deps_list = decode_deps_list(raw_deps)
+        placing = int(bool(deps_list) and deps_list[0][0] == "h")
+        deps_list = deps_list[placing:]
         shown = deps_list[:EXPLAIN_LIMIT] if rec.state is State.PENDING else []
         root: str | None = None
         if rec.state is State.BLOCKED and cause:
@@ -2956,6 +3045,8 @@ class Ops:
             if expired:
                 reasons.append(Reason.EXPIRED)
         elif rec.state is State.PENDING:
+            if placing:
+                reasons.append(Reason.PLACING)
             reasons.append(Reason.WAITING_ON_DEPS)
             if unserved:
                 reasons.append(Reason.UNSERVED)
@@ -2996,7 +3087,7 @@ class Ops:
             running=running or 0,
             max_running=max_running,
             served_at=served_at,
-            remaining=rec.remaining,
+            remaining=rec.remaining - placing,
             optional_remaining=rec.optional_remaining,
             deps=tuple(deps),
             deps_not_shown=len(deps_list) - len(shown) if rec.state is State.PENDING else 0,
@@ -3480,6 +3571,10 @@ class Reason(str, enum.Enum):
     or, after ``blocked``, its root cause was."""
     BLOCKED = "blocked"
     """A required dependency chain failed or was cancelled (``blocked_by``)."""
+    PLACING = "placing"
+    """It is held: its dependencies are being placed in parts (a task scheduled with more
+    than ``PLACE_PART`` of them), and it cannot run before the last part. A hold that
+    stays means the submission stopped part way: schedule the task again (or cancel it)."""
     WAITING_ON_DEPS = "waiting_on_deps"
     """It is pending: ``remaining`` required (and ``optional_remaining`` optional)
     dependencies have not finished (``deps`` lists their states)."""

@@ -300,11 +300,14 @@ class StripedOps:
         }
         result: list[Admitted | None] = [None] * len(specs)
         for s, at in groups.items():
-            values = yield from stripes[s].run(calls[s])
-            for i, admitted in zip(
-                at, core.decode_schedule_reply([specs[i] for i in at], values), strict=True
-            ):
-                result[i] = admitted
+            group = [specs[i] for i in at]
+            if core.placed_in_parts(group):
+                # Its stripe places the tasks with many dependencies in parts.
+                admitted = yield from stripes[s].admit_many(group)
+            else:
+                admitted = core.decode_schedule_reply(group, (yield from stripes[s].run(calls[s])))
+            for i, one in zip(at, admitted, strict=True):
+                result[i] = one
         return [a for a in result if a is not None]
 
     def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:

@@ -222,6 +222,8 @@ def describe(info: TaskInfo | None) -> str:
     if info is None:
         return "not submitted yet"
     state = info.state
+    if state is State.PENDING and info.placing:
+        return "pending (held while its dependencies are placed in parts)"
     if state is State.PENDING:
         waits = [f"{info.remaining} required"] if info.remaining else []
         if info.optional_remaining:

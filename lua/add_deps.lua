@@ -10,6 +10,9 @@
 -- already failed, was cancelled or is blocked. Only a pending task takes new
 -- dependencies. A dependency that closes a cycle of awaited dependencies is
 -- refused with the cycle's path; nothing is written on any error.
+-- Placing in parts: a task scheduled with hold=1 (lib/admit.lua) takes its further
+-- dependencies as parts of this call, each naming the held version; the last part also
+-- lifts the hold (lib/graph.lua), pending -> ready when nothing else is awaited.
 --
 -- Writes tasks, deps, edges, and when it blocks finished, meta, blocked, blockedby,
 -- propagating (then more, as propagate.lua).
@@ -20,12 +23,14 @@
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
 -- ARGV[2] task id
--- ARGV[3] allow_unknown: '1' or '0'
+-- ARGV[3] allow_unknown: '1' or '0'; for a part of a placement followed by
+--   ' <version> more' or, for the last part (which lifts the hold), ' <version> last'
 -- ARGV[4..] the new dependency ids
 --
 -- Reply: { propagating jobs left, the task's state after the call }.
 -- Ids are valid UTF-8 of 1..512 bytes; at most 10000 new dependencies per call.
 -- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not pending);
+--   CONFLICT placed <id> (a part for a version that is not the current one or not held);
 --   CORRUPT task record of <id> <why> (the task's or a new dependency's record);
 --   UNKNOWN <id> <dep>; CYCLE <id> <id> ... (ids in hex, as in schedule.lua); BADARG deps ...
 -- Cost: O(deps log N) plus the task's pending descendants for the cycle check.
@@ -35,8 +40,13 @@ local MAX_ADDED = 10000
 return run(function()
   local budget = budget_arg(ARGV[1])
   local id = check_id(ARGV[2], 'task_id')
-  if ARGV[3] ~= '1' and ARGV[3] ~= '0' then error({ err = 'BADARG allow_unknown must be 0 or 1' }) end
-  local allow_unknown = ARGV[3] == '1'
+  local au, placing, part = string.match(ARGV[3] or '', '^([01])$')
+  if not au then au, placing, part = string.match(ARGV[3] or '', '^([01]) (%d+) (%l+)$') end
+  if not au then error({ err = 'BADARG allow_unknown must be 0 or 1' }) end
+  if placing and ((part ~= 'more' and part ~= 'last') or #placing > 16) then
+    error({ err = 'BADARG placement must be <version> more|last' })
+  end
+  local allow_unknown = au == '1'
   if #ARGV - 3 > MAX_ADDED then
     error({ err = 'BADARG deps at most ' .. MAX_ADDED .. ' dependencies per call' })
   end
@@ -46,6 +56,10 @@ return run(function()
   if not t then error({ err = 'NOTFOUND ' .. id }) end
   if t.state ~= 'pending' then error({ err = 'CONFLICT state ' .. t.state .. ' ' .. id }) end
   local deps = decode_deps(redis.call('HGET', k.deps, id))
+  local held = deps[1] ~= nil and deps[1].kind == 'h'
+  if placing and (not held or t.version ~= tonumber(placing)) then
+    error({ err = 'CONFLICT placed ' .. id })
+  end
   local seen = {}
   for _, d in ipairs(deps) do seen[d.id] = true end
   local added, states = {}, {}
@@ -82,10 +96,20 @@ return run(function()
     redis.call('ZADD', k.edges, 0, edge_member(d.id, flag, 'r', id))
     deps[#deps + 1] = d
   end
+  local lift = part == 'last'
+  if lift then
+    table.remove(deps, 1)
+    t.remaining = t.remaining - 1
+  end
   redis.call('HSET', k.deps, id, encode_deps(deps))
   t.updated = now
   if cause then
     block_task(id, t, cause.root, cause.parent, now)
+  elseif lift and t.remaining <= 0 and t.optional <= 0 then
+    count_move('pending', 'ready')
+    t.state = 'ready'
+    save_task(id, t)
+    enqueue(t, id)
   else
     save_task(id, t)
   end

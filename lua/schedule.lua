@@ -48,7 +48,7 @@
 --     r (number of required deps), o (number of optional deps);
 --     then optionally options, each ' dedupe=<window ms>', ' debounce=<max wait ms>'
 --     (not both), ' deadline=<epoch ms>' or ' ttl=<ms>' (not both), ' key=<hex>' (the
---     fairness key; lib/admit.lua);
+--     fairness key), ' hold=1' (held until add_deps.lua's last part lifts it; lib/admit.lua);
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the largest payload accepted in bytes (1048576 when left out).
@@ -118,7 +118,10 @@ return run(function()
     r = bounded(r, 'deps', 0, MAX_DEPS)
     o = bounded(o, 'optional_deps', 0, MAX_DEPS)
     -- Most tasks have none: they share one empty list (never written to).
-    s.deps = (r + o == 0) and NO_DEPS or {}
+    s.deps = (r + o == 0 and not (opts and opts.hold)) and NO_DEPS or {}
+    -- The hold leads the list (lib/graph.lua): it waits like a dependency nothing settles.
+    local held = (opts and opts.hold) and 1 or 0
+    if held == 1 then s.deps[1] = { kind = 'h', id = id } end
     pos = pos + 3
     local seen = r + o > 0 and {} or nil
     for j = 1, r + o do
@@ -129,7 +132,7 @@ return run(function()
       if d == id then error({ err = 'BADARG ' .. field .. ' ' .. id .. ' depends on itself' }) end
       if seen[d] then error({ err = 'BADARG ' .. field .. ' ' .. d .. ' listed twice' }) end
       seen[d] = true
-      s.deps[j] = { kind = (j <= r) and 'r' or 'o', id = d }
+      s.deps[held + j] = { kind = (j <= r) and 'r' or 'o', id = d }
       pos = pos + 1
     end
     batch[id] = s
@@ -189,7 +192,7 @@ return run(function()
   -- and the batch's own edges (parent -> batch children).
   for _, s in ipairs(specs) do
     for _, d in ipairs(s.deps) do
-      if not batch[d.id] and outside[d.id] == nil then
+      if d.kind ~= 'h' and not batch[d.id] and outside[d.id] == nil then
         outside[d.id] = false
         outside_ids[#outside_ids + 1] = d.id
       end
@@ -204,11 +207,13 @@ return run(function()
   local children = {}
   for _, s in ipairs(specs) do
     for _, d in ipairs(s.deps) do
-      if not batch[d.id] and not outside[d.id] and not s.allow_unknown then
-        error({ err = 'UNKNOWN ' .. hex_id(s.id) .. ' ' .. hex_id(d.id) })
+      if d.kind ~= 'h' then
+        if not batch[d.id] and not outside[d.id] and not s.allow_unknown then
+          error({ err = 'UNKNOWN ' .. hex_id(s.id) .. ' ' .. hex_id(d.id) })
+        end
+        children[d.id] = children[d.id] or {}
+        table.insert(children[d.id], s.id)
       end
-      children[d.id] = children[d.id] or {}
-      table.insert(children[d.id], s.id)
     end
   end
 

@@ -1271,7 +1271,7 @@ class Bench:
             )
             self._row(
                 "dag",
-                f"  submit_graph of all {data['tasks']:,} tasks at once (atomic, one call)",
+                f"  submit_graph of all {data['tasks']:,} tasks at once (atomic)",
                 data["submit_ms"],
                 "ms",
                 server_us=data["submit_server_us"],
@@ -1314,12 +1314,18 @@ class Bench:
 
     def _submit_parts(self, s: Scheduler, specs: Sequence[TaskSpec]) -> dict[str, Any]:
         """submit_graph in parts, dependencies first, as a large graph should be submitted
-        when Redis must not be held long: the longest call in ms."""
+        when Redis must not be held long: the longest script call in ms. A task with more
+        dependencies than one part is itself placed in parts: each call is timed alone."""
         times = []
         for start in range(0, len(specs), GRAPH_PART):
-            t0 = time.perf_counter()
-            s.submit_graph(specs[start : start + GRAPH_PART])
-            times.append((time.perf_counter() - t0) * 1000.0)
+            op = s._ops.submit_graph(specs[start : start + GRAPH_PART])
+            step = core.advance(op, None)
+            while not isinstance(step, core.Done):
+                t0 = time.perf_counter()
+                reply = s._send(step)
+                if isinstance(step, core.Call):
+                    times.append((time.perf_counter() - t0) * 1000.0)
+                step = core.advance(op, reply)
         return {"part_max_ms": max(times), "parts": len(times)}
 
     def _submit_graph(self, s: Scheduler, specs: Sequence[TaskSpec]) -> list[float]:

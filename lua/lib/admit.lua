@@ -15,6 +15,8 @@
 --   ttl=<ms>          the same, <ms> after the call (server clock); not with deadline
 --   key=<hex>         the fairness key (tenant) of the new version, its UTF-8 bytes in hex
 --                     (1..256 bytes; lib/fair.lua)
+--   hold=1            the new version is held (pending) until add_deps.lua's last part
+--                     lifts the hold: its dependencies are placed in parts (lib/graph.lua)
 -- A spec with no option costs one empty-string comparison.
 --
 -- The burst of a debounced task is kept in the debounce hash (field: task id, value
@@ -26,7 +28,9 @@
 
 local MAX_ADMIT_MS = 9007199254740991
 local MAX_KEY_BYTES = 256
-local OPTION_FIELD = { dedupe = 'dedupe_window', debounce = 'debounce', deadline = 'deadline', ttl = 'ttl' }
+local OPTION_FIELD = {
+  dedupe = 'dedupe_window', debounce = 'debounce', deadline = 'deadline', ttl = 'ttl', hold = 'hold',
+}
 
 -- The options of a spec from the text after its eight fields; nil when there is none.
 local function admission_options(rest, id)
@@ -48,7 +52,7 @@ local function admission_options(rest, id)
     if pos > #rest then break end
     local a, b, name, value = string.find(rest, '^ (%l+)=(%d+)', pos)
     if not a then
-      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms>, debounce=<max wait ms>, deadline=<epoch ms>, ttl=<ms> or key=<hex>' })
+      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms>, debounce=<max wait ms>, deadline=<epoch ms>, ttl=<ms>, hold=1 or key=<hex>' })
     end
     if not OPTION_FIELD[name] then
       error({ err = 'BADARG spec of ' .. id .. ' unknown option ' .. name })
@@ -57,6 +61,7 @@ local function admission_options(rest, id)
     local field = OPTION_FIELD[name]
     if #value > 16 then error({ err = 'BADARG ' .. field .. ' of ' .. id .. ' out of range' }) end
     local ms = tonumber(value)
+    if name == 'hold' and ms ~= 1 then error({ err = 'BADARG hold of ' .. id .. ' must be 1' }) end
     if ms > MAX_ADMIT_MS then error({ err = 'BADARG ' .. field .. ' of ' .. id .. ' out of range' }) end
     opts[name] = ms
     pos = b + 1

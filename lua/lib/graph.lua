@@ -12,6 +12,11 @@
 -- contain byte 0xFF, so '(' .. prefix .. '\255' closes a prefix range.
 --
 -- Dependency list (deps hash): kind .. hex3(#id) .. id, concatenated, in the order given.
+-- Kind 'h' (the hold, always first, its id the task's own) marks a version whose
+-- dependencies are still being placed in parts: it counts as one required dependency
+-- that nothing settles and has no edge; the last part removes it (add_deps.lua). A new
+-- version made from the stored list (retry, cascade) keeps it, so no version of a
+-- partly placed task can run.
 -- Block cause (blocked hash): hex3(#root) .. root .. parent, where parent is the
 -- dependency the block came through; following parents back to root is the path.
 -- blockedby member: hex3(#root) .. root .. child, for each task root blocked.
@@ -52,7 +57,7 @@ local function decode_deps(raw)
   while pos <= #raw do
     local kind = string.sub(raw, pos, pos)
     local len = hex3_at(raw, pos + 1)
-    if (kind ~= 'r' and kind ~= 'o') or not len or len == 0 or pos + 3 + len > #raw then
+    if (kind ~= 'r' and kind ~= 'o' and kind ~= 'h') or not len or len == 0 or pos + 3 + len > #raw then
       redis.log(redis.LOG_WARNING, 'distsched: ignored the unreadable rest of a dependency list')
       break
     end
@@ -123,7 +128,7 @@ end
 -- Forget what an old version of id knew: its edges and its block cause.
 local function clear_version(id)
   for _, d in ipairs(decode_deps(redis.call('HGET', k.deps, id))) do
-    redis.call('ZREM', k.edges, edge_member(d.id, 'w', d.kind, id), edge_member(d.id, 's', d.kind, id))
+    if d.kind ~= 'h' then redis.call('ZREM', k.edges, edge_member(d.id, 'w', d.kind, id), edge_member(d.id, 's', d.kind, id)) end
   end
   redis.call('HDEL', k.deps, id)
   local root = block_cause(id)

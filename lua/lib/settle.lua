@@ -45,8 +45,10 @@ local function write_version(id, old, p, deps, now, state_of, version)
   version = version or redis.call('HINCRBY', k.meta, 'seq', 1)
   local remaining, optional, cause, waits = 0, 0, nil, {}
   for j, d in ipairs(deps) do
-    local st = state_of(d.id)
-    if d.kind == 'o' then
+    local st = d.kind ~= 'h' and state_of(d.id)
+    if d.kind == 'h' then
+      remaining = remaining + 1
+    elseif d.kind == 'o' then
       if not TERMINAL[st] then optional = optional + 1; waits[j] = true end
     elseif st == 'succeeded' then
       -- already satisfied
@@ -78,9 +80,11 @@ local function write_version(id, old, p, deps, now, state_of, version)
   local edges, listed = {}, {}
   for j, d in ipairs(deps) do
     local prefix = id_prefix(d.id)
-    local flag = (waits[j] and not cause) and 'w' or 's'
-    edges[2 * j - 1] = 0
-    edges[2 * j] = prefix .. flag .. d.kind .. id
+    if d.kind ~= 'h' then
+      local flag = (waits[j] and not cause) and 'w' or 's'
+      edges[#edges + 1] = 0
+      edges[#edges + 1] = prefix .. flag .. d.kind .. id
+    end
     listed[j] = d.kind .. prefix
   end
   call_many('ZADD', k.edges, edges)
@@ -134,10 +138,11 @@ end
 local function closes_cycle(id, deps, state_of)
   local children = {}
   for _, d in ipairs(deps) do
-    local st = state_of(d.id)
+    -- The hold (lib/graph.lua) is no edge: it closes no cycle.
+    local st = d.kind ~= 'h' and state_of(d.id)
     -- Blocked at once: it will await nothing.
     if d.kind == 'r' and TERMINAL[st] and st ~= 'succeeded' then return false end
-    if not TERMINAL[st] then children[d.id] = { id } end
+    if st ~= false and not TERMINAL[st] then children[d.id] = { id } end
   end
   local ok, err = pcall(check_cycles, { { id = id } }, { [id] = true }, children)
   if ok then return false end
