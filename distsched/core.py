@@ -2224,8 +2224,27 @@ def _one(command: tuple[Any, ...]) -> Commands:
 SERVER_TIME_LUA = "return redis.call('TIME')"
 
 
+class ClaimShortcuts:
+    """``ready`` and ``next``, written once over an operations class's ``claim``."""
+
+    def claim(
+        self, n: int, worker_id: str, listening: bool = False, request_id: str | None = None
+    ) -> Op[tuple[list[Claim], Wait | None]]:
+        raise NotImplementedError
+
+    def ready(self, n: int, worker_id: str) -> Op[list[Claim]]:
+        return (yield from self.claim(n, worker_id))[0]
+
+    def next(self, worker_id: str) -> Op[Claim | Wait]:
+        claims, wait = yield from self.claim(1, worker_id)
+        if claims:
+            return claims[0]
+        assert wait is not None
+        return wait
+
+
 @dataclass(frozen=True)
-class Ops:
+class Ops(ClaimShortcuts):
     """The operations of one namespace, with the scheduler's settings (pure, no I/O)."""
 
     keys: Keys
@@ -2364,16 +2383,6 @@ class Ops:
         call = claim_call(self.keys, worker_id, n, self.lease_ms, listening, request_id)
         reply = yield from self.run(call)
         return decode_claim_reply(reply)
-
-    def ready(self, n: int, worker_id: str) -> Op[list[Claim]]:
-        return (yield from self.claim(n, worker_id))[0]
-
-    def next(self, worker_id: str) -> Op[Claim | Wait]:
-        claims, wait = yield from self.claim(1, worker_id)
-        if claims:
-            return claims[0]
-        assert wait is not None
-        return wait
 
     def heartbeat_many(self, claims: Sequence[Claim]) -> Op[list[bool | None]]:
         call = heartbeat_call(self.keys, claims, self.lease_ms)  # validates even when empty

@@ -34,6 +34,7 @@ from distsched.core import (
     Call,
     Chores,
     Claim,
+    ClaimShortcuts,
     Explanation,
     KeyInfo,
     MinuteCount,
@@ -118,7 +119,7 @@ def _task_id_of(item: Any) -> Any:
     return getattr(item, "task_id", None)
 
 
-class StripedOps:
+class StripedOps(ClaimShortcuts):
     """The operations of one namespace over its stripes (pure, no I/O).
 
     ``stripes``: the count this scheduler expects (None: the stored one, 1 if none).
@@ -381,16 +382,6 @@ class StripedOps:
                     delay = min(delay, wait.delay)
                 return claims, Wait(WaitReason.CAPACITY, delay)
         return claims, combine_waits(waits)
-
-    def ready(self, n: int, worker_id: str) -> Op[list[Claim]]:
-        return (yield from self.claim(n, worker_id))[0]
-
-    def next(self, worker_id: str) -> Op[Claim | Wait]:
-        claims, wait = yield from self.claim(1, worker_id)
-        if claims:
-            return claims[0]
-        assert wait is not None
-        return wait
 
     def heartbeat_many(self, claims: Sequence[Claim]) -> Op[list[bool | None]]:
         stripes = yield from self.resolve()
