@@ -99,12 +99,12 @@ local FAIR_MOVE = 1000
 -- priority order, lib/ranked.lua: the move budget mv.left of this call is spent).
 local function fair_head(key, now, aging, mv)
   if key == '' then
-    local h = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+    local h = redis.call('ZRANGE', k.queue, '0', '0', 'WITHSCORES')
     if aging then
       -- The default key's due entries were moved into ranked at the start of the call;
       -- while some are left (more than its move took), its head may not be the lowest.
       if h[1] and tonumber(h[2]) <= now then return nil, nil, nil, nil, true end
-      local r = redis.call('ZRANGE', k.ranked, 0, 0)
+      local r = redis.call('ZRANGE', k.ranked, '0', '0')
       if r[1] then return r[1], now, r[1], 'ranked' end
     end
     if not h[1] then return nil end
@@ -129,17 +129,17 @@ local function fair_head(key, now, aging, mv)
       end
     end
     -- The budget spent: a due entry left unranked could rank before the ranked head.
-    if mv.left == 0 and redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '0', due_max, 'LIMIT', 0, 1)[1] then
+    if mv.left == 0 and redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '0', due_max, 'LIMIT', '0', '1')[1] then
       return nil, nil, nil, nil, true
     end
-    local r = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '!', '(' .. p .. '"', 'LIMIT', 0, 1)
+    local r = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p .. '!', '(' .. p .. '"', 'LIMIT', '0', '1')
     if r[1] then
       local _, at, qmember = fairq_parse(r[1])
       if at then return r[1], at, qmember, 'fairq' end
       return r[1], 0, '', 'fairq'
     end
   end
-  local h = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p, '[' .. p .. '\255', 'LIMIT', 0, 1)
+  local h = redis.call('ZRANGEBYLEX', k.fairq, '[' .. p, '[' .. p .. '\255', 'LIMIT', '0', '1')
   if not h[1] then return nil end
   local rest = string.sub(h[1], #p + 1)
   local at = tonumber(string.sub(rest, 1, 13), 16)
@@ -179,7 +179,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
   local reason, delay = '', -1
   local mv = { left = MOVE_MAX }
   while claimed < n do
-    local top = redis.call('ZRANGE', k.fairready, 0, 0, 'WITHSCORES')
+    local top = redis.call('ZRANGE', k.fairready, '0', '0', 'WITHSCORES')
     if not top[1] then break end
     if visits >= n + FAIR_VISITS then reason = 'not_due'; delay = 0; break end
     visits = visits + 1
@@ -247,13 +247,13 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           t.updated = now
           c.records[#c.records + 1] = id
           c.records[#c.records + 1] = encode_task(t)
-          c.leases[#c.leases + 1] = now + c.lease_ms
+          c.leases[#c.leases + 1] = c.lease_at
           c.leases[#c.leases + 1] = id
           c.claimed_ids[id] = true
           c.out[#c.out + 1] = { id, t.version, t.attempt, t.priority, t.run_at }
           c.keys[#c.keys + 1] = key
           claimed = claimed + 1
-          redis.call('HINCRBY', k.fair, 'run:' .. key, 1)
+          redis.call('HINCRBY', k.fair, 'run:' .. key, '1')
           redis.call('HSET', k.fairrun, id, key)
           if tokens then
             redis.call('HSET', k.fair, 'tb:' .. key, string.format('%.17g %d', tokens - 1, now))
@@ -272,7 +272,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
   end
   if served then redis.call('HSET', k.fair, 'vt', served) end
   if claimed < n and reason == '' then
-    local head = redis.call('ZRANGE', k.fairwait, 0, 0, 'WITHSCORES')
+    local head = redis.call('ZRANGE', k.fairwait, '0', '0', 'WITHSCORES')
     if head[1] then
       reason = 'not_due'
       delay = math.max(0, tonumber(head[2]) * 1000 - now_us)
@@ -315,11 +315,13 @@ return run(function()
   if aging then move_due(now, aging) end
   -- The set claims walk: the ready set in the priority order, else the queue.
   local function head_page(first, last)
-    if aging then return redis.call('ZRANGE', k.ranked, first, last, 'WITHSCORES') end
-    return redis.call('ZRANGE', k.queue, first, last, 'WITHSCORES')
+    if aging then return redis.call('ZRANGE', k.ranked, itoa(first), itoa(last), 'WITHSCORES') end
+    return redis.call('ZRANGE', k.queue, itoa(first), itoa(last), 'WITHSCORES')
   end
   local running = running_count()
   local out, records, leases, claimed_ids = {}, {}, {}, {}
+  -- Every lease of the call ends at the same time: its text is formatted once.
+  local lease_at = itoa(now + lease_ms)
   local claimed, dropped, handled, failed_here, ready_taken = 0, 0, 0, 0, 0
   local quarantined = {}
   local reason, delay = '', -1
@@ -334,7 +336,7 @@ return run(function()
   if fair then
     local c = {
       out = out, records = records, leases = leases, claimed_ids = claimed_ids,
-      expiring = expiring, started = started_with_deadline, worker = worker, lease_ms = lease_ms,
+      expiring = expiring, started = started_with_deadline, worker = worker, lease_at = lease_at,
       quarantined = quarantined, ready_taken = 0, keys = fair_keys,
     }
     reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
@@ -354,7 +356,7 @@ return run(function()
       if aging then
         -- No due entry ranked: the delayed set's head says when to come back (0: due
         -- entries beyond this call's move are left, call again at once).
-        local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+        local head = redis.call('ZRANGE', k.queue, '0', '0', 'WITHSCORES')
         if head[1] then
           reason = 'not_due'
           delay = math.max(0, tonumber(head[2]) * 1000 - now_us)
@@ -371,8 +373,9 @@ return run(function()
       local version, id = parse_member(member)
       local raw = raws[(i + 1) / 2]
       local t, corrupt = nil, nil
-      if version and not id_problem(id) and raw then t, corrupt = read_task(id, raw) end
-      if version and id ~= '' and id_problem(id) and raw and not claimed_ids[id] then
+      local bad_id = version and id_problem(id)
+      if version and not bad_id and raw then t, corrupt = read_task(id, raw) end
+      if bad_id and id ~= '' and raw and not claimed_ids[id] then
         -- An id no worker can name in its reports (a producer that skipped the checks):
         -- its current entry is dropped and the task ends failed where it is.
         t = load_task(id, raw)
@@ -426,7 +429,7 @@ return run(function()
         t.updated = now
         records[#records + 1] = id
         records[#records + 1] = encode_task(t)
-        leases[#leases + 1] = now + lease_ms
+        leases[#leases + 1] = lease_at
         leases[#leases + 1] = id
         claimed_ids[id] = true
         running = running + 1
@@ -449,18 +452,18 @@ return run(function()
   -- Writes, only now that every read and check is done.
   if handled > 0 then
     if aging then
-      redis.call('ZREMRANGEBYRANK', k.ranked, 0, handled - 1)
+      redis.call('ZREMRANGEBYRANK', k.ranked, '0', itoa(handled - 1))
     else
-      redis.call('ZREMRANGEBYRANK', k.queue, 0, handled - 1)
+      redis.call('ZREMRANGEBYRANK', k.queue, '0', itoa(handled - 1))
     end
   end
   call_many('HSET', k.tasks, records)
   call_many('ZADD', k.leases, leases)
   if ready_taken + failed_here > 0 then
-    redis.call('HINCRBY', k.meta, 'count:ready', -(ready_taken + failed_here))
+    redis.call('HINCRBY', k.meta, 'count:ready', itoa(-(ready_taken + failed_here)))
   end
-  if failed_here > 0 then redis.call('HINCRBY', k.meta, 'count:failed', failed_here) end
-  if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:running', claimed) end
+  if failed_here > 0 then redis.call('HINCRBY', k.meta, 'count:failed', itoa(failed_here)) end
+  if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:running', itoa(claimed)) end
   for _, e in ipairs(expiring) do expire_task(e.id, e.t, now) end
   if next(started_with_deadline) then
     for _, c in ipairs(out) do
@@ -471,7 +474,7 @@ return run(function()
   -- A schedule's next fire time (the head of fires; one ZRANGE on an absent key when
   -- there is no schedule): due, the worker fires it first; else it counts like a queue
   -- head not due yet for the delay hint and the timer.
-  local fire_head = redis.call('ZRANGE', k.fires, 0, 0, 'WITHSCORES')
+  local fire_head = redis.call('ZRANGE', k.fires, '0', '0', 'WITHSCORES')
   if fire_head[1] then
     local fire_us = tonumber(fire_head[2]) * 1000 - now_us
     if fire_us <= 0 then

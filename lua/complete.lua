@@ -63,7 +63,7 @@ return run(function()
         redis.call('HDEL', k.results, id)
       end
       remember_token(id, version, attempt)
-      redis.call('ZADD', k.finished, now, id)
+      redis.call('ZADD', k.finished, now_text(), id)
       ended[#ended + 1] = id
     end
     reply[i + 1] = outcome

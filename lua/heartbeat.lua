@@ -22,7 +22,7 @@ return run(function()
   local n = to_int(ARGV[2], 'n')
   if #ARGV ~= 2 + 3 * n then error({ err = 'BADARG ARGV expected 3 values per token' }) end
 
-  local deadline = now_ms() + lease_ms
+  local deadline = itoa(now_ms() + lease_ms)
   local reply = { 0 }
   for i = 1, n do
     local base = 2 + 3 * (i - 1)

@@ -255,7 +255,7 @@ return run(function()
   -- Versions follow the submission order (they are the queue's sequence numbers),
   -- whatever order the dependencies make us write the tasks in.
   local fresh = #specs
-  local last = fresh > 0 and redis.call('HINCRBY', k.meta, 'seq', fresh) or 0
+  local last = fresh > 0 and redis.call('HINCRBY', k.meta, 'seq', itoa(fresh)) or 0
   local reply, written, blocked_any = { 0 }, {}, false
   for i, s in ipairs(specs) do
     s.version = last - fresh + i
@@ -319,7 +319,7 @@ return run(function()
         ranks[#ranks + 1] = rank_of(s.run_at, s.priority, aging)
         ranks[#ranks + 1] = member
       else
-        entries[#entries + 1] = s.run_at
+        entries[#entries + 1] = itoa(s.run_at)
         entries[#entries + 1] = member
       end
       written[s.id] = 'ready'

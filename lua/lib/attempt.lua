@@ -29,7 +29,7 @@ local function end_attempt_failed(id, t, now, reason, cap_ms, outcome)
     t.state = 'failed'
     count_move('running', 'failed')
     save_task(id, t)
-    redis.call('ZADD', k.finished, now, id)
+    redis.call('ZADD', k.finished, itoa(now), id)
     terminal = true
   end
   redis.call('HSET', k.results, id, 'E' .. reason)

@@ -17,7 +17,7 @@ end
 
 after_success(function()
   for state, delta in pairs(count_delta) do
-    if delta ~= 0 then redis.call('HINCRBY', k.meta, 'count:' .. state, delta) end
+    if delta ~= 0 then redis.call('HINCRBY', k.meta, 'count:' .. state, itoa(delta)) end
   end
 end)
 

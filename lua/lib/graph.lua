@@ -78,7 +78,7 @@ end
 
 local function has_waiting_edges(id)
   local prefix = id_prefix(id) .. 'w'
-  return #redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255', 'LIMIT', 0, 1) > 0
+  return #redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255', 'LIMIT', '0', '1') > 0
 end
 
 -- Jobs in the propagating set: 'p' .. id settles the waiting edges of terminal id;
@@ -86,7 +86,7 @@ end
 -- in meta field 'cascade:' .. id as '<version threshold>|<last blockedby member>'.
 local function add_job(member)
   if not redis.call('ZSCORE', k.propagating, member) then
-    redis.call('ZADD', k.propagating, redis.call('HINCRBY', k.meta, 'pseq', 1), member)
+    redis.call('ZADD', k.propagating, itoa(redis.call('HINCRBY', k.meta, 'pseq', '1')), member)
   end
 end
 
@@ -114,9 +114,9 @@ local function block_task(id, t, root, parent, now)
   t.state = 'blocked'
   t.updated = now
   save_task(id, t)
-  redis.call('ZADD', k.finished, now, id)
+  redis.call('ZADD', k.finished, itoa(now), id)
   redis.call('HSET', k.blocked, id, id_prefix(root) .. parent)
-  redis.call('ZADD', k.blockedby, 0, id_prefix(root) .. id)
+  redis.call('ZADD', k.blockedby, '0', id_prefix(root) .. id)
   if has_waiting_edges(id) then needs_propagation(id) end
 end
 

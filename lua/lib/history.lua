@@ -85,6 +85,6 @@ end
 -- Count n attempts that ended with kind ('s' succeeded, 'f' failed) at time now.
 local function count_minute(kind, n, now)
   if n > 0 then
-    redis.call('HINCRBY', k.minutes, string.format('%d:%s', math.floor(now / 60000), kind), n)
+    redis.call('HINCRBY', k.minutes, string.format('%d:%s', math.floor(now / 60000), kind), itoa(n))
   end
 end

@@ -28,7 +28,7 @@ local function wake_idle(r, now)
   if r < 1 then return 0 end
   -- Stale entries have the lowest scores, so they come out first: when one does, the
   -- rest of them go in one command and the live entries still wanted are popped after.
-  local popped = redis.call('ZPOPMIN', k.idle, r)
+  local popped = redis.call('ZPOPMIN', k.idle, itoa(r))
   local woken = 0
   for i = 1, #popped, 2 do
     if tonumber(popped[i + 1]) >= now then
@@ -37,8 +37,8 @@ local function wake_idle(r, now)
     end
   end
   if woken < #popped / 2 then
-    redis.call('ZREMRANGEBYSCORE', k.idle, '-inf', '(' .. now)
-    popped = redis.call('ZPOPMIN', k.idle, r - woken)
+    redis.call('ZREMRANGEBYSCORE', k.idle, '-inf', '(' .. itoa(now))
+    popped = redis.call('ZPOPMIN', k.idle, itoa(r - woken))
     for i = 1, #popped, 2 do publish(popped[i], 'ready') end
     woken = woken + #popped / 2
   end
@@ -69,7 +69,7 @@ local function idle_after_claim(channel, until_ms, short, due_at, room, now, rea
     redis.call('ZREM', k.idle, channel)
     -- A full batch: when more tasks are due, or a head nobody waits for, wake one more
     -- idle worker (which does the same after its own claim: a chain, not a herd).
-    local head = redis.call('ZRANGE', k.queue, 0, 0, 'WITHSCORES')
+    local head = redis.call('ZRANGE', k.queue, '0', '0', 'WITHSCORES')
     local more = head[1] and tonumber(head[2]) <= now
     if not more and ready_set then more = redis.call('ZCARD', ready_set) > 0 end
     if room and (more or (head[1] and not idle_live(holder, now))) then
@@ -77,9 +77,9 @@ local function idle_after_claim(channel, until_ms, short, due_at, room, now, rea
     end
     return true
   end
-  redis.call('ZADD', k.idle, until_ms, channel)
+  redis.call('ZADD', k.idle, itoa(until_ms), channel)
   if not due_at then return true end
   if idle_live(holder, now) and timer_at and timer_at <= due_at then return false end
-  redis.call('HSET', k.meta, 'timer', channel, 'timer_at', due_at)
+  redis.call('HSET', k.meta, 'timer', channel, 'timer_at', itoa(due_at))
   return true
 end

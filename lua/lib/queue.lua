@@ -31,17 +31,17 @@ local function enqueue(t, id)
         -- Due now in the priority order: straight into its key's ranked section.
         member = fairq_ranked_member(fair_prefix(key), fair_due(t.run_at), queue_member(t, id), aging)
       end
-      redis.call('ZADD', k.fairq, 0, member)
+      redis.call('ZADD', k.fairq, '0', member)
     elseif aging and t.run_at <= now_ms() then
       redis.call('ZADD', k.ranked, rank_of(t.run_at, t.priority, aging), member)
     else
-      redis.call('ZADD', k.queue, t.run_at, member)
+      redis.call('ZADD', k.queue, itoa(t.run_at), member)
     end
     fair_activate(key, t.run_at, now_ms())
   elseif aging and t.run_at <= now_ms() then
     redis.call('ZADD', k.ranked, rank_of(t.run_at, t.priority, aging), member)
   else
-    redis.call('ZADD', k.queue, t.run_at, member)
+    redis.call('ZADD', k.queue, itoa(t.run_at), member)
   end
   enqueued[member] = t.run_at
 end
@@ -54,7 +54,7 @@ after_success(function()
       if type(score) == 'number' and score <= now then due = due + 1 end
     end
     if due == 0 then
-      local head = redis.call('ZRANGE', k.queue, 0, 0)
+      local head = redis.call('ZRANGE', k.queue, '0', '0')
       if head[1] and enqueued[head[1]] then due = 1 end
     end
     wake_idle(due, now)

@@ -205,7 +205,7 @@ local function save_task(id, t)
   local old, member = indexed[id] or false, index_member(t, id)
   if old ~= member then
     if old then redis.call('ZREM', k.states, old) end
-    if member then redis.call('ZADD', k.states, 0, member) end
+    if member then redis.call('ZADD', k.states, '0', member) end
     indexed[id] = member
   end
   if on_terminal_save and TERMINAL[t.state] then on_terminal_save(id, t.state) end

@@ -42,7 +42,7 @@ local function write_version(id, old, p, deps, now, state_of, version)
     if TERMINAL[old.state] then redis.call('ZREM', k.finished, id) end
     clear_version(id)
   end
-  version = version or redis.call('HINCRBY', k.meta, 'seq', 1)
+  version = version or redis.call('HINCRBY', k.meta, 'seq', '1')
   local remaining, optional, cause, waits = 0, 0, nil, {}
   for j, d in ipairs(deps) do
     local st = d.kind ~= 'h' and state_of(d.id)
@@ -105,7 +105,7 @@ local function settle_edges(p, want, now)
     local kind = string.sub(m, #prefix + 1, #prefix + 1)
     local c = string.sub(m, #prefix + 2)
     redis.call('ZREM', k.edges, m)
-    redis.call('ZADD', k.edges, 0, edge_member(p, 's', kind, c))
+    redis.call('ZADD', k.edges, '0', edge_member(p, 's', kind, c))
     local ct = load_task(c)
     if p_state and ct and ct.state == 'pending' then
       if kind == 'o' then
@@ -235,7 +235,7 @@ end
 local function propagate(budget, now)
   local used = 0
   while used < budget do
-    local head = redis.call('ZRANGE', k.propagating, 0, 0)
+    local head = redis.call('ZRANGE', k.propagating, '0', '0')
     if #head == 0 then break end
     local job = head[1]
     local want = budget - used
