@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import itertools
 import math
 import re
 import traceback
@@ -1452,7 +1453,7 @@ def decode_record(raw: bytes | str, task_id: str = "") -> Record:
     naming ``task_id``."""
     try:
         return _decode_record(raw)
-    except (KeyError, ValueError, IndexError) as exc:
+    except (KeyError, ValueError, IndexError, TypeError) as exc:
         shown = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
         raise ScriptError(
             f"corrupt task record of {task_id!r}: {shown[:100]!r} ({type(exc).__name__})"
@@ -1467,26 +1468,56 @@ _RECORD_RANGES = (
 )  # fmt: skip
 
 
+# What the scripts write: twelve msgpack values in a row, the state letter (a one-byte
+# string, so the first byte is always this) first. A record that starts otherwise was
+# written as text by an earlier version: the same fields joined by "|".
+_PACKED_RECORD = b"\xa1"
+
+
 def _decode_record(raw: bytes | str) -> Record:
+    if isinstance(raw, bytes) and raw[:1] == _PACKED_RECORD:
+        return _record_of(_packed_fields(raw))
     parts = _text(raw).split("|", 11)
     if len(parts) != 12:
         raise ValueError("not 12 fields")
-    for text, (low, high) in zip(parts[1:11], _RECORD_RANGES, strict=True):
-        if not _RECORD_INT.fullmatch(text) or not low <= int(text) <= high:
-            raise ValueError(f"field {text!r} out of range")
+    for text in parts[1:11]:
+        if not _RECORD_INT.fullmatch(text):
+            raise ValueError(f"field {text!r} is not an integer")
+    return _record_of([parts[0], *(int(text) for text in parts[1:11]), parts[11]])
+
+
+def _packed_fields(raw: bytes) -> list[Any]:
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(raw)
+    values = list(itertools.islice(unpacker, 13))
+    if len(values) != 12:
+        raise ValueError(f"{len(values)} msgpack values, not 12")
+    if not isinstance(values[11], str):
+        raise ValueError("worker is not a string")
+    return values
+
+
+def _record_of(fields: list[Any]) -> Record:
+    """The record of its twelve fields: state letter, ten integers, worker."""
+    state, *ints, worker = fields
+    for value, (low, high) in zip(ints, _RECORD_RANGES, strict=True):
+        if type(value) is not int or not low <= value <= high:
+            raise ValueError(f"field {value!r} out of range")
+    (version, attempt, max_attempts, backoff_ms, run_at_ms, priority, cancel, delta,
+     remaining, optional_remaining) = ints  # fmt: skip
     return Record(
-        state=_STATE_BY_CODE[parts[0]],
-        version=int(parts[1]),
-        attempt=int(parts[2]),
-        max_attempts=int(parts[3]),
-        backoff_ms=int(parts[4]),
-        run_at_ms=int(parts[5]),
-        priority=int(parts[6]),
-        cancel_requested=parts[7] == "1",
-        updated_ms=int(parts[5]) + int(parts[8]),
-        remaining=int(parts[9]),
-        optional_remaining=int(parts[10]),
-        worker=parts[11],
+        state=_STATE_BY_CODE[state],
+        version=version,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        backoff_ms=backoff_ms,
+        run_at_ms=run_at_ms,
+        priority=priority,
+        cancel_requested=cancel == 1,
+        updated_ms=run_at_ms + delta,
+        remaining=remaining,
+        optional_remaining=optional_remaining,
+        worker=worker,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import msgpack
 import pytest
 import redis
 
@@ -89,9 +90,11 @@ def test_bulk_retry_since_takes_only_recent_failures(
     for task_id in ("old0", "old1"):
         raw = redis_client.hget(scheduler.keys.tasks, task_id)
         assert isinstance(raw, bytes)
-        fields = raw.split(b"|")
-        fields[8] = str(int(fields[8]) - 7_200_000).encode()
-        redis_client.hset(scheduler.keys.tasks, task_id, b"|".join(fields))
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(raw)
+        fields = list(unpacker)
+        fields[8] -= 7_200_000  # updated_delta_ms
+        redis_client.hset(scheduler.keys.tasks, task_id, b"".join(msgpack.packb(f) for f in fields))
         (member,) = [
             m
             for m in redis_client.zrange(scheduler.keys.states, 0, -1)

@@ -180,6 +180,49 @@ JUNK_RECORDS = [
 ]
 
 
+def packed(*values: object) -> bytes:
+    """A record as the scripts write it: msgpack values one after the other."""
+    return b"".join(msgpack.packb(value) for value in values)
+
+
+READY = ("r", 1, 0, 1, 0, 0, 0, 0, 0, 0, 0, "")
+JUNK_RECORDS += [
+    packed(*READY[:11]),  # eleven values
+    packed(*READY, 0),  # thirteen values
+    packed(*READY)[:-1] + b"\xa5ab",  # a worker cut short
+    packed("q", *READY[1:]),  # no such state
+    packed("r", 1, 0, 1.5, *READY[4:]),  # max_attempts not an integer
+    packed("r", "1", *READY[2:]),  # version a string
+    packed("r", True, *READY[2:]),  # version a boolean
+    packed(*READY[:7], 2, *READY[8:]),  # cancel_requested neither 0 nor 1
+    packed(*READY[:6], 2**31, *READY[7:]),  # priority beyond 32 bits
+    packed(*READY[:11]) + b"\xa2\xff\xfe",  # a worker id that is not UTF-8
+    packed(*READY[:11], b"w"),  # a worker id that is not a string
+]
+
+
+def test_a_record_written_as_text_by_an_earlier_version_is_read_and_saved_as_msgpack(
+    s: Scheduler, redis_client: redis.Redis
+) -> None:
+    s.schedule("old", fn="f", args=(1,), priority=5, max_attempts=3, backoff=2)
+    before = s.status("old")
+    rec = core.decode_record(cast(bytes, redis_client.hget(s.keys.tasks, "old")))
+    # The same record as earlier versions stored it: its fields joined by "|".
+    text = f"r|{rec.version}|0|3|2000|{rec.run_at_ms}|5|0|{rec.updated_ms - rec.run_at_ms}|0|0|"
+    redis_client.hset(s.keys.tasks, "old", text)
+    assert core.decode_record(text.encode()) == rec
+    assert s.status("old") == before
+    claims, _ = s.claim(1, "w")
+    assert [(c.task_id, c.version, c.attempt, c.priority, c.args) for c in claims] == [
+        ("old", rec.version, 1, 5, (1,))
+    ]
+    raw = cast(bytes, redis_client.hget(s.keys.tasks, "old"))
+    assert raw[:1] == b"\xa1"  # saved as msgpack
+    assert core.decode_record(raw).state is State.RUNNING
+    assert s.complete(claims[0]) is core.Outcome.APPLIED
+    assert s.status("old").state is State.SUCCEEDED
+
+
 def put_junk_record(client: redis.Redis, s: Scheduler, task_id: str, raw: bytes) -> None:
     """Overwrite a scheduled task's record with junk, its queue entry left in place."""
     client.hset(s.keys.tasks, task_id, raw)
@@ -234,7 +277,7 @@ def test_junk_queue_members_are_dropped_and_the_claim_goes_on(
     assert redis_client.zcard(s.keys.queue) == 0
     # An id no report could name ends failed where it is.
     raw: Any = redis_client.hget(s.keys.tasks, b"\xff\xfe")
-    assert raw.startswith(b"f|")
+    assert core.decode_record(raw).state is State.FAILED
 
 
 def test_a_junk_meta_counter_strands_no_task(s: Scheduler, redis_client: redis.Redis) -> None:
@@ -418,7 +461,7 @@ def test_junk_in_every_field_of_a_namespace_fails_only_its_own_tasks_and_two_wor
         assert info.state is State.FAILED and info.error is not None, task_id
         assert "payload decode error" in info.error, (task_id, info.error)
     quarantined: Any = redis_client.hget(k.tasks, b"bad-\xff")
-    assert quarantined.startswith(b"f|")
+    assert core.decode_record(quarantined).state is State.FAILED
     with pytest.raises(ScriptError, match="corrupt task record of 'bad-leased'"):
         s.status("bad-leased")
     assert sum(c["failed"] for c in counts) == len(bad_records) + len(bad_payloads)
