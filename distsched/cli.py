@@ -2096,6 +2096,9 @@ def _bench_size_options() -> list[click.Option]:
                      help="(j) tasks per light key, one every 100 ms."),
         click.option("--fair-claims", type=int, default=d.fair_claims, show_default=True,
                      help="(j) claims over keys of weights 1, 1, 2, 4, 8."),
+        click.option("--profile-tasks", type=int, default=d.profile_tasks, show_default=True,
+                     help="(k) tasks scheduled one per call, then drained, every command in "
+                          "SLOWLOG (the bench's own server only)."),
         click.option("--processes", type=int, default=d.processes, show_default=True,
                      help="(c) worker processes of the last end-to-end run."),
     ]  # fmt: skip
@@ -2147,9 +2150,10 @@ def bench(
     claim rate by queue size, dependency graphs, memory per task, wake-ups,
     the dashboard (Redis commands per page, workers' drain rate while it is
     polled), and fairness keys (light keys' wait behind a heavy key's backlog, with
-    and without keys; claim shares by weight). Prints a table with the targets
-    next to the figures, with the machine and library versions; progress goes to
-    stderr. --quick runs every section at small sizes (under 20 s) as a smoke test.
+    and without keys; claim shares by weight), and where Redis time goes per script
+    (SLOWLOG; on the bench's own server only, its settings restored). Prints a table
+    with the targets next to the figures, with the machine and library versions;
+    progress goes to stderr. --quick runs every section at small sizes (under 20 s) as a smoke test.
 
     Without --redis (or DISTSCHED_REDIS_URL) it starts a throwaway
     redis-server when one is on PATH, else an in-process fakeredis server.

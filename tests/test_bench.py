@@ -7,13 +7,22 @@ and cleans up after itself, never how fast anything is.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner, Result
 
+from distsched import scripts
 from distsched.cli import cli
-from distsched.tools.bench import SECTIONS, BenchConfig, Run, check_exactly_once
+from distsched.tools.bench import (
+    SECTIONS,
+    BenchConfig,
+    Run,
+    check_exactly_once,
+    profile_slowlog,
+)
 from tests.conftest import RedisServer
 
 TINY = [
@@ -24,6 +33,7 @@ TINY = [
     "--dependents", "1500", "--memory-tasks", "200", "--wake-tasks", "30",
     "--wake-processes", "1,3", "--dashboard-tasks", "300", "--dashboard-drain", "200",
     "--fair-heavy", "300", "--fair-rounds", "3", "--fair-claims", "320",
+    "--profile-tasks", "50",
 ]  # fmt: skip
 
 
@@ -113,6 +123,33 @@ def check_report(report: dict[str, Any], throwaway: bool) -> None:
     assert [key["weight"] for key in shares["keys"]] == [1, 1, 2, 4, 8]
     assert sum(key["claims"] for key in shares["keys"]) == 320
     assert {row["section"] for row in report["rows"]} == set(SECTIONS)
+    profile = sections["profile"]
+    if throwaway and report["redis"]["backend"] == "redis-server":
+        check_profile(report, tasks=50)
+    else:
+        assert "SLOWLOG" in profile["skipped"]
+
+
+def check_profile(report: dict[str, Any], tasks: int) -> None:
+    """The profile section's figures: per script, split into inner commands and Lua."""
+    profile = report["sections"]["profile"]
+    assert profile["tasks"] == tasks and profile["slowlog_full"] == []
+    schedule, drain = profile["schedule"], profile["drain"]
+    assert schedule["scripts"]["schedule"]["calls"] == tasks
+    assert {"claim", "complete"} <= set(drain["scripts"])
+    assert drain["exactly_once_problems"] == []
+    for phase in (schedule, drain):
+        total = sum(script["us"] for script in phase["scripts"].values())
+        assert total == phase["script_us"] > 0
+        assert 0 < phase["inner_us"] < phase["script_us"]
+        assert phase["lua_us"] == phase["script_us"] - phase["inner_us"]
+    assert drain["scripts"]["claim"]["calls_per_task"] > 0
+    names = [row["name"] for row in report["rows"] if row["section"] == "profile"]
+    assert "schedule: Redis time per call" in names
+    assert "  of which the script's own Lua" in names
+    assert any(name.startswith("drain: claim (") for name in names), names
+    assert any(name.startswith("drain: complete (") for name in names), names
+    assert "  Lua of the scripts, per drained task" in names
 
 
 def test_bench_runs_every_section_on_a_given_redis_and_removes_its_namespaces(
@@ -121,7 +158,7 @@ def test_bench_runs_every_section_on_a_given_redis_and_removes_its_namespaces(
     client = redis_server.client()
     try:
         client.set("someone-else:key", "kept")
-        slowlog_before = client.config_get("slowlog-log-slower-than")
+        slowlog_before = client.config_get("slowlog-*")
         out = tmp_path / "bench.json"
         result = bench("--redis", redis_server.url, *TINY, "--json", str(out))
         assert result.exit_code == 0, result.stderr
@@ -138,7 +175,9 @@ def test_bench_runs_every_section_on_a_given_redis_and_removes_its_namespaces(
         # no setting changed.
         assert not list(client.scan_iter(match=f"ds:{{{report['namespace_prefix']}*"))
         assert client.get("someone-else:key") == b"kept"
-        assert client.config_get("slowlog-log-slower-than") == slowlog_before
+        assert client.config_get("slowlog-*") == slowlog_before
+        assert report["sections"]["profile"]["skipped"]
+        assert "profile    skipped: " in result.stdout
     finally:
         client.delete("someone-else:key")
         client.close()
@@ -185,6 +224,20 @@ def test_bench_quick_runs_every_section_and_reports_each_ones_rows(
         assert f"[{i}/{len(SECTIONS)}]" in result.stderr
 
 
+def test_bench_quick_on_its_own_server_profiles_redis_time_per_script(tmp_path: Path) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("the profile section needs a throwaway redis-server")
+    out = tmp_path / "bench.json"
+    result = bench("--quick", "--json", str(out))
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(out.read_text("utf-8"))
+    assert report["problems"] == []
+    check_profile(report, tasks=BenchConfig.quick().profile_tasks)
+    restored = report["sections"]["profile"]["settings_restored"]
+    assert set(restored) == {"slowlog-log-slower-than", "slowlog-max-len"}
+    assert "schedule: Redis time per call" in result.stdout
+
+
 def test_bench_quick_keeps_a_size_given_with_it(redis_server: RedisServer) -> None:
     # A size given with --quick is used, not the quick one: a bad one is refused as such.
     result = bench("--redis", redis_server.url, "--quick", "--tasks", "0")
@@ -222,3 +275,73 @@ def test_exactly_once_check_reports_a_stray_run_and_a_run_on_a_later_attempt() -
     assert len(problems) == 2, problems
     assert any("'a'" in p and "attempt 2" in p for p in problems)
     assert any("'zz'" in p and "not part of the run" in p for p in problems)
+
+
+# --------------------------------------------------------------------------- SLOWLOG profile
+
+
+def _entry(
+    id: int, usec: int, command: bytes, address: bytes = b"127.0.0.1:5000", name: bytes = b""
+) -> dict[str, Any]:
+    return {
+        "id": id,
+        "start_time": 0,
+        "duration": usec,
+        "command": command,
+        "client_address": address,
+        "client_name": name,
+    }
+
+
+def test_slowlog_profile_counts_script_calls_by_script_and_their_commands_apart() -> None:
+    claim = scripts.function_name("claim").encode()
+    sha = "ab" * 20
+    inner = b"?:0"
+    entries = [
+        # A claim and the two commands it ran (logged before it: each when it ended).
+        _entry(1, 3, b"ZRANGE ds:{n}:queue 0 9", inner),
+        _entry(2, 2, b"HSET ds:{n}:t:a state running", inner),
+        _entry(3, 20, b"FCALL " + claim + b" 7 k1 k2 ... (40 more arguments)"),
+        # A script whose name holds "_", from an older library (another hash).
+        _entry(4, 1, b"HDEL ds:{n}:x a", inner),
+        _entry(5, 6, b"FCALL distsched_0123456789abcdef_confirm_cancel 2 a b"),
+        # The EVALSHA path, its argv cut by Redis.
+        _entry(6, 4, b"HSET ds:{n}:t:b state done", inner),
+        _entry(7, 10, f"EVALSHA {sha} 3 a b c".encode() + b" ... (33 more arguments)"),
+        # Plain top-level commands are not script time.
+        _entry(8, 5, b"HGETALL ds:{n}:meta"),
+        # The bench's own polling, with a script and its command, is left out.
+        _entry(9, 7, b"ZCARD ds:{n}:queue", inner),
+        _entry(10, 9, b"FCALL " + claim + b" 7 k", name=b"bench-poller"),
+        _entry(11, 1, b"EVAL return redis.call('TIME') 1 ds:{n}:meta"),
+    ]
+    # SLOWLOG GET lists the newest first.
+    got = profile_slowlog(reversed(entries), {sha: "complete"}, skip_clients=["bench-poller"])
+    assert got["entries"] == len(entries)
+    assert got["scripts"] == {
+        "claim": {"calls": 1, "us": 20},
+        "confirm_cancel": {"calls": 1, "us": 6},
+        "complete": {"calls": 1, "us": 10},
+        "server clock (EVAL)": {"calls": 1, "us": 1},
+    }
+    assert got["script_us"] == 37 and got["script_calls"] == 4
+    assert got["inner"] == {
+        "ZRANGE": {"calls": 1, "us": 3},
+        "HSET": {"calls": 2, "us": 6},
+        "HDEL": {"calls": 1, "us": 1},
+    }
+    assert got["inner_us"] == 10
+    assert got["other"] == {"HGETALL": {"calls": 1, "us": 5}}
+
+
+def test_slowlog_profile_names_scripts_it_does_not_know_as_other() -> None:
+    entries = [
+        _entry(1, 4, b"FCALL mylib_myfunction 0"),
+        _entry(2, 5, b"EVALSHA " + b"cd" * 20 + b" 0"),
+    ]
+    got = profile_slowlog(entries, {})
+    assert got["scripts"] == {
+        "other function mylib_myfunction": {"calls": 1, "us": 4},
+        "other script cdcdcdcdcdcd": {"calls": 1, "us": 5},
+    }
+    assert got["inner"] == {} and got["other"] == {}

@@ -25,7 +25,12 @@ Sections (each on fresh namespaces):
 - ``fairness``: starvation (light keys' tasks trickling in behind one heavy key's backlog,
   drained by one worker process, with fairness keys and without: the light tasks' wait)
   and shares (backlogged keys of weights 1, 1, 2, 4, 8: each key's share of the claims
-  against its weight's share).
+  against its weight's share);
+- ``profile``: on the bench's own server only (it changes SLOWLOG settings, restored
+  after), every command logged while ``schedule`` is called once per task, then while
+  one worker process drains those tasks: Redis time per script (INFO commandstats
+  counts every FCALL as one command), split into the commands the scripts run and
+  their own Lua.
 
 Worker processes run ``python -m distsched.tools.bench worker URL NAMESPACE``: a
 ``Worker`` whose no-op records each run (task id, version, attempt, start time,
@@ -65,7 +70,7 @@ from typing import IO, Any, NamedTuple
 
 import redis
 
-from distsched import __version__, core, views
+from distsched import __version__, core, scripts, views
 from distsched.client import Scheduler
 from distsched.core import TaskSpec
 from distsched.errors import DistschedError, InvalidArgument
@@ -82,7 +87,7 @@ FAIR_TASKS_PER_KEY = 100
 FAIR_KEYS_MAX = 10_000
 SECTIONS = (
     "ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake", "dashboard",
-    "fairness",
+    "fairness", "profile",
 )  # fmt: skip
 # The dashboard pages the bench counts Redis commands for.
 DASHBOARD_PAGES = (
@@ -124,6 +129,14 @@ FAIR_WEIGHTS = (1, 1, 2, 4, 8)
 FAIR_CLAIM_BATCH = 100
 # The interval of the schedule whose slots the lateness section fires.
 SLOT_INTERVAL_S = 0.1
+# The profile section logs every command: SLOWLOG must hold the whole of a phase, about
+# this many entries per task (script calls and their inner commands) and a margin.
+PROFILE_ENTRIES_PER_TASK = 20
+PROFILE_ENTRIES_MARGIN = 10_000
+# The name of the profile section's own client, whose polling SLOWLOG entries leave out.
+PROFILE_CLIENT = "distsched-bench-profile"
+# Inner commands shown one per row, the costliest first.
+PROFILE_TOP_COMMANDS = 5
 
 
 class BenchError(DistschedError):
@@ -158,6 +171,7 @@ class BenchConfig:
     fair_heavy: int = 20_000
     fair_rounds: int = 20
     fair_claims: int = 20_000
+    profile_tasks: int = 3_000
     # Worker processes of the e2e section's last run (its first runs use one).
     processes: int = 2
 
@@ -170,7 +184,7 @@ class BenchConfig:
             slots=5, claim_sizes=(100, 1_000), claims=50, chain=30, fanout=30,
             dependents=1_500, memory_tasks=1_000, wake_tasks=20, wake_processes=(1, 2),
             dashboard_tasks=300, dashboard_drain=200, fair_heavy=300, fair_rounds=2,
-            fair_claims=320, processes=2,
+            fair_claims=320, profile_tasks=300, processes=2,
         )  # fmt: skip
 
     def validate(self) -> None:
@@ -195,6 +209,7 @@ class BenchConfig:
             "fair_heavy",
             "fair_rounds",
             "fair_claims",
+            "profile_tasks",
             "processes",
         ):
             value = getattr(self, name)
@@ -1882,6 +1897,164 @@ class Bench:
         )
         return {"claims": claimed, "batch": FAIR_CLAIM_BATCH, "keys": shares}
 
+    # -- (k) profile
+
+    def profile(self) -> None:
+        cfg = self.config
+        n = cfg.profile_tasks
+        self._phase(
+            11,
+            f"profile: Redis time per script (SLOWLOG), {n:,} schedule calls, "
+            "then those tasks drained by one worker process",
+        )
+        why = self._profile_unavailable()
+        if why is not None:
+            self._step(f"skipped: {why}")
+            self.sections["profile"] = {"skipped": why}
+            self._row("profile", f"skipped: {why}", None, "")
+            return
+        namespace = self._namespace("profile")
+        max_len = n * PROFILE_ENTRIES_PER_TASK + PROFILE_ENTRIES_MARGIN
+        shas = {script.sha: name for name, script in scripts.Registry(self.client).scripts.items()}
+        ids = [f"p{i}" for i in range(n)]
+        saved = self._slowlog_settings()
+        # The bench's own polling during the drain goes through a client of its own name,
+        # so that its commands are not counted as the drain's.
+        own = redis.Redis.from_url(self.url, client_name=PROFILE_CLIENT)
+        try:
+            self.client.config_set("slowlog-max-len", max_len)
+            self.client.config_set("slowlog-log-slower-than", 0)
+            with Scheduler(own, namespace=namespace) as s:
+                self.client.slowlog_reset()
+                for task_id in ids:
+                    s.schedule(task_id, fn=NOOP)
+                enqueue = self._slowlog_read(max_len)
+                self._step(f"schedule: {len(enqueue):,} SLOWLOG entries")
+                self.client.slowlog_reset()
+                drain = self._drain("profile", namespace, s, ids, 1)
+                drained = self._slowlog_read(max_len)
+                self._step(f"drain: {len(drained):,} SLOWLOG entries")
+        finally:
+            for name, value in saved.items():
+                self.client.config_set(name, value)
+            self.client.slowlog_reset()  # its entries' memory back
+            own.close()
+        self._clean(namespace)
+        cut = [
+            phase
+            for phase, got in (("schedule", enqueue), ("drain", drained))
+            if len(got) >= max_len
+        ]
+        if cut:
+            # Figures too low, not a wrong run: said, and kept in the JSON.
+            self._step(f"WARNING: SLOWLOG of {max_len:,} entries was full ({', '.join(cut)})")
+        sched = profile_slowlog(enqueue, shas)
+        dr = profile_slowlog(drained, shas, skip_clients=[PROFILE_CLIENT])
+        self._profile_rows(n, sched, dr)
+        self.sections["profile"] = {
+            "tasks": n,
+            "slowlog_max_len": max_len,
+            "slowlog_full": cut,
+            "settings_restored": saved,
+            "schedule": self._per(sched, n),
+            "drain": {
+                **self._per(dr, n),
+                "tasks_per_s": drain["tasks_per_s"],
+                "exactly_once_problems": drain["exactly_once_problems"],
+            },
+        }
+
+    def _profile_unavailable(self) -> str | None:
+        """Why the profile section cannot run here, None when it can."""
+        if not self.throwaway:
+            return "it changes SLOWLOG settings: only on the bench's own server, not --redis"
+        if self.backend != "redis-server":
+            return f"{self.backend} does not log scripts' commands in SLOWLOG"
+        return None
+
+    def _slowlog_settings(self) -> dict[str, str]:
+        got = self.client.config_get("slowlog-*")
+        return {
+            name: str(_text_of(got[name]))
+            for name in ("slowlog-log-slower-than", "slowlog-max-len")
+            if name in got
+        }
+
+    def _slowlog_read(self, count: int) -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = self.client.slowlog_get(count)
+        return entries
+
+    @staticmethod
+    def _per(profile: dict[str, Any], n: int) -> dict[str, Any]:
+        """A ``profile_slowlog`` result with its figures per task too."""
+
+        def each(items: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+            return {
+                key: {**value, "calls_per_task": value["calls"] / n, "us_per_task": value["us"] / n}
+                for key, value in sorted(items.items(), key=lambda kv: -kv[1]["us"])
+            }
+
+        return {
+            "entries": profile["entries"],
+            "scripts": each(profile["scripts"]),
+            "inner": each(profile["inner"]),
+            "other": each(profile["other"]),
+            "script_us": profile["script_us"],
+            "inner_us": profile["inner_us"],
+            "lua_us": profile["script_us"] - profile["inner_us"],
+            "script_calls": profile["script_calls"],
+            "script_us_per_task": profile["script_us"] / n,
+            "inner_us_per_task": profile["inner_us"] / n,
+            "lua_us_per_task": (profile["script_us"] - profile["inner_us"]) / n,
+        }
+
+    def _profile_rows(self, n: int, sched: dict[str, Any], dr: dict[str, Any]) -> None:
+        calls = max(1, int(sched["scripts"].get("schedule", {}).get("calls", 0)))
+        schedule_us = sched["scripts"].get("schedule", {}).get("us", 0)
+        # The schedule phase runs the schedule script only: its inner commands are its own.
+        self._row("profile", "schedule: Redis time per call", schedule_us / calls, "us/call")
+        self._row(
+            "profile", "  of which commands run by the script", sched["inner_us"] / calls, "us/call"
+        )
+        self._row(
+            "profile",
+            "  of which the script's own Lua",
+            (schedule_us - sched["inner_us"]) / calls,
+            "us/call",
+        )
+        self._step(
+            f"schedule: {schedule_us / calls:.1f} us/call, "
+            f"{sched['inner_us'] / calls:.1f} us of it in its commands"
+        )
+        for name, value in sorted(dr["scripts"].items(), key=lambda kv: -kv[1]["us"]):
+            self._row(
+                "profile",
+                f"drain: {name} ({value['calls'] / n:.2f} calls/task), Redis time per drained task",
+                value["us"] / n,
+                "us/task",
+            )
+        self._row(
+            "profile", "  commands run by scripts, per drained task", dr["inner_us"] / n, "us/task"
+        )
+        top = sorted(dr["inner"].items(), key=lambda kv: -kv[1]["us"])[:PROFILE_TOP_COMMANDS]
+        for name, value in top:
+            self._row(
+                "profile",
+                f"  {name} per drained task ({value['calls'] / n:.2f} calls/task)",
+                value["us"] / n,
+                "us/task",
+            )
+        self._row(
+            "profile",
+            "  Lua of the scripts, per drained task",
+            (dr["script_us"] - dr["inner_us"]) / n,
+            "us/task",
+        )
+        self._step(
+            f"drain: {dr['script_us'] / n:.1f} us/task in scripts, "
+            f"{dr['inner_us'] / n:.1f} us of it in their commands"
+        )
+
     def run(self) -> dict[str, Any]:
         started = time.time()
         t0 = time.perf_counter()
@@ -1944,6 +2117,138 @@ class _Poller:
         self._thread.join(30)
 
 
+# --------------------------------------------------------------------------- SLOWLOG profile
+
+# Script calls as SLOWLOG names them (argv[0], upper case).
+_FUNCTION_CALLS = (b"FCALL", b"FCALL_RO")
+_EVALSHA_CALLS = (b"EVALSHA", b"EVALSHA_RO")
+_EVAL_CALLS = (b"EVAL", b"EVAL_RO")
+
+
+def _argv_head(command: Any) -> tuple[bytes, bytes]:
+    """argv[0] (upper case) and argv[1] of a SLOWLOG entry's command: a list of
+    arguments, or the one string redis-py joins them into (neither a command name, a
+    function name nor a SHA1 holds a space, so the first two words are exact)."""
+    words: list[bytes] = []
+    items = command if isinstance(command, (list, tuple)) else [command]
+    for item in items:
+        if isinstance(item, str):
+            item = item.encode()
+        if not isinstance(item, bytes):
+            break
+        words.extend(item.split(b" ", 2 - len(words))[: 2 - len(words)])
+        if len(words) >= 2:
+            break
+    words += [b""] * (2 - len(words))
+    return words[0].upper(), words[1]
+
+
+def _text_of(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
+
+
+def script_of(command: Any, shas: dict[str, str]) -> str | None:
+    """The distsched script a SLOWLOG entry called, None when it is no script call.
+
+    An FCALL names the function ``distsched_<hash>_<script>`` (scripts.function_name; the
+    hash is ignored, so an older library's calls count too: script names may hold
+    ``_``, hence the split after the hash rather than at the last ``_``); an EVALSHA
+    names the SHA1 of the script's text (``shas``: SHA1 to script name). Any other
+    script call is named ``other ...`` with its function or the start of its SHA1."""
+    name, first = _argv_head(command)
+    if name in _FUNCTION_CALLS:
+        parts = first.decode("utf-8", "replace").split("_", 2)
+        if len(parts) == 3 and parts[0] == "distsched" and parts[2] in scripts.SCRIPT_NAMES:
+            return parts[2]
+        return f"other function {'_'.join(parts)}"
+    if name in _EVALSHA_CALLS:
+        sha = first.decode("ascii", "replace").lower()
+        return shas.get(sha, f"other script {sha[:12]}")
+    if name in _EVAL_CALLS:
+        # The one script distsched sends as text: the server clock (core.SERVER_TIME_LUA).
+        text = command if isinstance(command, bytes) else b" ".join(_words(command))
+        return "server clock (EVAL)" if _SERVER_TIME in text else "other script (EVAL)"
+    return None
+
+
+_SERVER_TIME = core.SERVER_TIME_LUA.encode()
+
+
+def _words(command: Any) -> list[bytes]:
+    items = command if isinstance(command, (list, tuple)) else [command]
+    return [
+        item.encode() if isinstance(item, str) else item
+        for item in items
+        if isinstance(item, (str, bytes))
+    ]
+
+
+def _is_script_client(address: Any) -> bool:
+    """Whether a SLOWLOG entry's client is a script's own (its commands are a script's
+    inner commands): Redis names that client's address ``?:0``."""
+    return _text_of(address).startswith("?")
+
+
+def profile_slowlog(
+    entries: Iterable[dict[str, Any]],
+    shas: dict[str, str],
+    skip_clients: Iterable[str] = (),
+) -> dict[str, Any]:
+    """Where Redis time went, from SLOWLOG entries logged with ``slowlog-log-slower-than 0``.
+
+    Each script call is counted under its script (calls, microseconds: its inner commands
+    included); the commands a script runs are logged too, just before the script call
+    itself (Redis logs a command when it ends), and are summed by command name under
+    ``inner``. Calls from ``skip_clients`` (client names: the bench's own polling) are
+    left out with their inner commands; other top-level commands go under ``other``."""
+    skip = set(skip_clients)
+    by_script: dict[str, dict[str, int]] = {}
+    inner: dict[str, dict[str, int]] = {}
+    other: dict[str, dict[str, int]] = {}
+    pending: list[tuple[str, int]] = []
+    count = 0
+
+    def add(table_: dict[str, dict[str, int]], key: str, usec: int) -> None:
+        slot = table_.setdefault(key, {"calls": 0, "us": 0})
+        slot["calls"] += 1
+        slot["us"] += usec
+
+    # SLOWLOG GET lists the newest first; the inner commands must come before their call.
+    for entry in sorted(entries, key=lambda e: int(e["id"])):
+        count += 1
+        usec = int(entry["duration"])
+        command = entry.get("command")
+        if _is_script_client(entry.get("client_address")):
+            pending.append((_argv_head(command)[0].decode("utf-8", "replace"), usec))
+            continue
+        skipped = _text_of(entry.get("client_name")) in skip
+        script = script_of(command, shas)
+        if not skipped:
+            if script is not None:
+                add(by_script, script, usec)
+            else:
+                add(other, _argv_head(command)[0].decode("utf-8", "replace"), usec)
+        if script is not None:
+            if not skipped:
+                for name, inner_us in pending:
+                    add(inner, name, inner_us)
+            pending = []
+    # Inner commands with no script call after them (none, unless the log was cut).
+    for name, inner_us in pending:
+        add(inner, name, inner_us)
+    return {
+        "entries": count,
+        "scripts": by_script,
+        "script_us": sum(s["us"] for s in by_script.values()),
+        "script_calls": sum(s["calls"] for s in by_script.values()),
+        "inner": inner,
+        "inner_us": sum(s["us"] for s in inner.values()),
+        "other": other,
+    }
+
+
 def _command_name(command: Any) -> bytes:
     if isinstance(command, (list, tuple)):
         command = command[0] if command else b""
@@ -1962,6 +2267,8 @@ def _value_text(value: float | None, unit: str) -> str:
         return "-"
     if unit == "ms":
         return f"{value:,.2f}"
+    if unit.startswith("us/"):
+        return f"{value:,.1f}"
     return f"{value:,.0f}"
 
 
