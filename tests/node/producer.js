@@ -15,7 +15,7 @@ const crypto = require('node:crypto');
 const fs = require('node:fs');
 const path = require('node:path');
 const Redis = require('ioredis');
-const { encode, decode } = require('@msgpack/msgpack');
+const { encode, decode, decodeMulti } = require('@msgpack/msgpack');
 
 const LUA_DIR = process.env.DISTSCHED_LUA_DIR || path.join(__dirname, '..', '..', 'lua');
 const BUDGET = 1000;
@@ -154,15 +154,15 @@ class Producer {
   }
 
   async record(taskId) {
-    const raw = await this.redis.hget(this.key('tasks'), taskId);
+    const raw = await this.redis.hgetBuffer(this.key('tasks'), taskId);
     if (raw === null) return null;
-    const parts = raw.split('|');
+    // Twelve msgpack values one after the other, the worker id last.
+    const values = [...decodeMulti(raw)];
     const out = {};
     RECORD_FIELDS.forEach((field, i) => {
-      out[field] = i === 0 ? parts[0] : Number(parts[i]);
+      out[field] = values[i];
     });
-    // The worker id is last and may itself contain '|'.
-    out.worker = parts.slice(RECORD_FIELDS.length).join('|');
+    out.worker = values[RECORD_FIELDS.length];
     out.updated_ms = out.run_at_ms + out.updated_delta_ms;
     return out;
   }
