@@ -7,8 +7,9 @@
 -- Per-state counters live in the meta hash as count:<state>. A script tallies its
 -- moves and writes each changed counter once, when its body has succeeded.
 
-local count_delta
-on_each_call(function() count_delta = {} end)
+local count_delta = {}
+-- A fresh table only after a call that used it: most calls leave it empty.
+on_each_call(function() if next(count_delta) then count_delta = {} end end)
 
 local function count_move(from_state, to_state)
   if from_state then count_delta[from_state] = (count_delta[from_state] or 0) - 1 end

@@ -12,8 +12,10 @@
 -- as '<state> <id>' on ended. A task nobody waits for costs a ZMSCORE. Entries whose
 -- time has passed are dropped by reap.lua (housekeeping), a bounded number per call.
 
-local ended_ids, ended_state
-on_each_call(function() ended_ids, ended_state = {}, {} end)
+local ended_ids, ended_state = {}, {}
+on_each_call(function()
+  if next(ended_ids) or next(ended_state) then ended_ids, ended_state = {}, {} end
+end)
 
 on_terminal_save = function(id, state)
   if not ended_state[id] then ended_ids[#ended_ids + 1] = id end

@@ -16,8 +16,8 @@
 -- worker is woken to wait for it by its timer.
 
 -- queue member -> its score (run_at, ms); a member marked true counts only as a new head
-local enqueued
-on_each_call(function() enqueued = {} end)
+local enqueued = {}
+on_each_call(function() if next(enqueued) then enqueued = {} end end)
 
 local function enqueue(t, id)
   local member = queue_member(t, id)

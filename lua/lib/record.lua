@@ -131,10 +131,12 @@ local RECORD_INTS = { 'version', 'attempt', 'max_attempts', 'backoff_ms', 'run_a
                       'cancel', 'remaining', 'optional' }
 
 -- id -> the index member of its record as this script first read it (false: none).
-local indexed
+local indexed = {}
 -- id -> the state of its record as this script first read it.
-local first_state
-on_each_call(function() indexed, first_state = {}, {} end)
+local first_state = {}
+on_each_call(function()
+  if next(indexed) or next(first_state) then indexed, first_state = {}, {} end
+end)
 
 local function index_member(t, id)
   local code = STATE_CODE[t.state]

@@ -19,10 +19,13 @@ local START_FIELDS = { 'seq', 'pseq', 'count:pending', 'count:ready', 'count:run
                        'count:succeeded', 'count:failed', 'count:cancelled', 'count:blocked',
                        'order', 'aging_ms', 'fair', 'max_running' }
 
+-- Filled in place on every call: its fields never change, so no call builds a table.
+local meta_read = {}
+
 local function repair_meta()
   local values = redis.call('HMGET', k.meta, unpack(START_FIELDS))
-  meta_start = {}
-  for i, field in ipairs(START_FIELDS) do meta_start[field] = values[i] end
+  for i = 1, #START_FIELDS do meta_read[START_FIELDS[i]] = values[i] end
+  meta_start = meta_read
   for _, field in ipairs(COUNTED) do
     local value = meta_start[field]
     if value and not is_int64_text(value) then
