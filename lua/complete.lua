@@ -3,7 +3,7 @@
 --- @include settle
 --- @include tokens
 --- @include history
---- @keys tasks results done queue leases finished meta idle
+--- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
@@ -17,7 +17,7 @@
 -- propagation budget; the rest is settled by propagate.lua.
 --
 -- Writes tasks, leases, results (the result, or removes an earlier attempt's error),
--- done, finished, meta, idle, and for dependents edges, blocked, blockedby, queue,
+-- history, finished, meta, idle, and for dependents edges, blocked, blockedby, queue,
 -- propagating.
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends),
@@ -62,7 +62,6 @@ return run(function()
         -- An earlier attempt's error must not show on a task that succeeded.
         redis.call('HDEL', k.results, id)
       end
-      remember_token(id, version, attempt)
       redis.call('ZADD', k.finished, now_text(), id)
       ended[#ended + 1] = id
     end

@@ -3,7 +3,7 @@
 --- @include settle
 --- @include tokens
 --- @include history
---- @keys tasks results done queue leases finished meta idle
+--- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
@@ -11,7 +11,7 @@
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.
 --
--- Writes tasks, leases, done, finished, meta, idle, and for dependents edges,
+-- Writes tasks, leases, history, finished, meta, idle, and for dependents edges,
 -- blocked, blockedby, propagating, queue.
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends).
@@ -43,7 +43,6 @@ return run(function()
   t.worker = ''
   t.updated = now
   save_task(id, t)
-  remember_token(id, version, attempt)
   redis.call('ZADD', k.finished, now, id)
   capacity_freed(running_before)
   return { settle_after_terminal({ id }, now, budget), outcome }

@@ -3,7 +3,7 @@
 --- @include settle
 --- @include tokens
 --- @include attempt
---- @keys tasks results done queue leases finished meta idle
+--- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
@@ -14,7 +14,7 @@
 -- required edges become blocked (within the propagation budget). Fenced by the
 -- token exactly as complete.lua.
 --
--- Writes tasks, queue, leases, results, done, finished, meta, idle, and for
+-- Writes tasks, queue, leases, results, history, finished, meta, idle, and for
 -- dependents edges, blocked, blockedby, propagating.
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends),
@@ -47,7 +47,6 @@ return run(function()
     local t = load_task(id)
     local outcome = token_outcome(t, id, version, attempt)
     if outcome == 'applied' then
-      remember_token(id, version, attempt)
       applied = applied + 1
       if end_attempt_failed(id, t, now, ARGV[base + 4], cap_ms, 'failed') then
         ended[#ended + 1] = id

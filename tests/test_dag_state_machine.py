@@ -49,7 +49,9 @@ from tests.test_listing import listing_matches
 
 IDS = ["a", "b", "c", "d", "e"]
 WORKER = "w"
-DONE_KEEP = 8  # duplicates are recognised for the last 8 applied tokens of an id
+# A repeated report is a duplicate while its attempt is among the last 10 attempts in the
+# id's history and was ended by a report (README).
+HISTORY_KEEP = 10
 TERMINAL = {State.SUCCEEDED, State.FAILED, State.CANCELLED, State.BLOCKED}
 
 dep_lists = st.lists(st.sampled_from(IDS), max_size=3, unique=True)
@@ -80,7 +82,8 @@ class Model:
     tasks: dict[str, Task] = field(default_factory=dict)
     seq: int = 0
     jobs: list[str] = field(default_factory=list)  # terminal ids whose dependents are untold
-    applied: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    # Each id's ended attempts, oldest first: (version, attempt, ended by a report).
+    history: dict[str, list[tuple[int, int, bool]]] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ queries
 
@@ -282,7 +285,8 @@ class Model:
         t = self.tasks.get(claim.task_id)
         if t is not None and t.state is State.RUNNING and t.version == claim.version:
             return Outcome.APPLIED
-        if (claim.version, claim.attempt) in self.applied.get(claim.task_id, [])[-DONE_KEEP:]:
+        ended = self.history.get(claim.task_id, [])[-HISTORY_KEEP:]
+        if (claim.version, claim.attempt, True) in ended:
             return Outcome.DUPLICATE
         return Outcome.STALE
 
@@ -493,8 +497,8 @@ class DagMachine(RuleBasedStateMachine):
         else:
             assert self.s.expire_lease(task_id) == 1
             t.state = State.FAILED
-        if how != "expire":
-            self.m.applied.setdefault(task_id, []).append((claim.version, claim.attempt))
+        reported = how != "expire"
+        self.m.history.setdefault(task_id, []).append((claim.version, claim.attempt, reported))
         self.m.ended(task_id)
 
     @precondition(has_running)

@@ -1017,10 +1017,11 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
         keys = scripts.script_keys(name)
         head, body = text.split("\nreturn run(function()\n")
         assert body.endswith("\nend)\n")
-        fields = ", ".join(f"{key} = keys[{i}]" for i, key in enumerate(keys, 1))
+        targets = ", ".join(f"k.{key}" for key in keys)
+        values = ", ".join(f"keys[{i}]" for i in range(1, len(keys) + 1))
         lines += [
             "do",
-            "local KEYS, ARGV, k",
+            "local KEYS, ARGV, k = nil, nil, {}",
             *(library_files()[f"{part}.lua"] for part in scripts.includes(name)),
             head,
             "local function body()",
@@ -1030,7 +1031,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
             f"  if #keys ~= {len(keys)} then return redis.error_reply("
             f"'BADARG KEYS expected {len(keys)}: {' '.join(keys)}') end",
             "  KEYS, ARGV = keys, args",
-            f"  k = {{ {fields} }}",
+            f"  {targets} = {values}",
             "  return run(body)",
             "end}",
             "end",

@@ -35,7 +35,9 @@ IDS = ["a", "b|c", "ü"]  # '|' is the record separator; ü is multi-byte
 WORKERS = ["w1", "w|2"]
 PRIORITIES = [-(2**31), -1, 0, 0, 5, 2**31 - 1]
 BASE_MS = 1_700_000_000_000  # well in the past: every scheduled task is due
-DONE_KEEP = 8  # duplicates are recognised for the last 8 applied tokens of an id (README)
+# A repeated report is a duplicate while its attempt is among the last 10 attempts in the
+# id's history and was ended by a report (README).
+HISTORY_KEEP = 10
 
 Token = tuple[str, int, int]
 
@@ -63,7 +65,8 @@ class Model:
     # Queue entries as Redis holds them: (priority, version, id) -> run_at ms.
     queue: dict[tuple[int, int, str], int] = field(default_factory=dict)
     seq: int = 0
-    applied: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    # Each id's ended attempts, oldest first: (version, attempt, ended by a report).
+    history: dict[str, list[tuple[int, int, bool]]] = field(default_factory=dict)
     max_running: int | None = None
 
     def running(self) -> int:
@@ -88,12 +91,12 @@ class Model:
         if self.is_current(token):
             return Outcome.APPLIED
         task_id, version, attempt = token
-        if (version, attempt) in self.applied.get(task_id, [])[-DONE_KEEP:]:
+        if (version, attempt, True) in self.history.get(task_id, [])[-HISTORY_KEEP:]:
             return Outcome.DUPLICATE
         return Outcome.STALE
 
-    def remember(self, token: Token) -> None:
-        self.applied.setdefault(token[0], []).append(token[1:])
+    def remember(self, token: Token, reported: bool = True) -> None:
+        self.history.setdefault(token[0], []).append((token[1], token[2], reported))
 
     def live(self, entry: tuple[int, int, str]) -> bool:
         _, version, task_id = entry
@@ -343,6 +346,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         current = self.m.is_current(c.token)
         assert self.s.release([c]) == int(current)
         if current:
+            self.m.remember(c.token, reported=False)  # handed back
             t = self.m.tasks[c.task_id]
             t.attempt, t.worker = t.attempt - 1, None
             self.issued.discard(c.token)
@@ -360,6 +364,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         before = self.server_ms()
         assert self.s.expire_lease(task_id) == int(running)
         if running:
+            assert t is not None
+            self.m.remember(t.token(task_id), reported=False)  # lost
             self.end_attempt_failed(task_id, "lease expired", before)
 
     @rule()

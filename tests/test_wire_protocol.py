@@ -137,16 +137,16 @@ class Producer:
     def record(self, task_id: str) -> dict[str, Any]:
         raw = self.client.hget(self.key("tasks"), task_id)
         assert isinstance(raw, bytes)
-        fields = raw.decode("utf-8").split("|", 11)
+        # Twelve msgpack values one after the other, the worker id last.
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(raw)
+        fields = list(unpacker)
         names = [
             "state", "version", "attempt", "max_attempts", "backoff_ms", "run_at_ms",
             "priority", "cancel_requested", "updated_delta_ms", "remaining",
-            "optional_remaining",
+            "optional_remaining", "worker",
         ]  # fmt: skip
-        out: dict[str, Any] = {n: int(v) for n, v in zip(names[1:], fields[1:11], strict=True)}
-        out["state"] = fields[0]
-        out["worker"] = fields[11]
-        return out
+        return dict(zip(names, fields, strict=True))
 
 
 def spec(mode: str = "in", time_ms: int = 0, priority: int = 0, required: int = 0) -> str:

@@ -1,26 +1,28 @@
 -- lib/tokens.lua: fencing of reports by their token (id, version, attempt).
 --
--- The done hash keeps the most recent applied tokens of an id, 'version.attempt'
--- separated by single spaces, so that a repeated report is told apart from a stale one.
+--- @include history
+--
+-- A report applied before is told apart from a stale one by the task's history
+-- (lib/history.lua): every applied report ends its attempt there, as succeeded
+-- (complete), failed (fail) or cancelled (confirm_cancel); an attempt ended by no
+-- report is lost (its lease expired) or handed_back. The history keeps the last ten
+-- attempts, so a repeated report is recognised as long as its attempt is among them.
+-- Earlier versions kept the applied tokens in a done hash of their own: two more
+-- commands per report, and an entry per ended task; scripts no longer write it.
 
-local DONE_KEEP = 8
+local REPORTED = { succeeded = true, failed = true, cancelled = true }
 
 local function token_applied(id, version, attempt)
-  local raw = redis.call('HGET', k.done, id)
+  local raw = redis.call('HGET', k.history, id)
   if not raw then return false end
-  local needle = ' ' .. string.format('%d.%d', version, attempt) .. ' '
-  return string.find(' ' .. raw .. ' ', needle, 1, true) ~= nil
-end
-
-local function remember_token(id, version, attempt)
-  local raw = redis.call('HGET', k.done, id)
-  local tokens = {}
-  if raw then
-    for tok in string.gmatch(raw, '%S+') do tokens[#tokens + 1] = tok end
+  local head = string.format('%d|%d|', version, attempt)
+  for _, start in ipairs((history_starts(raw))) do
+    if string.sub(raw, start, start + #head - 1) == head then
+      local outcome = string.match(raw, '^%d+|%d+|%-?%d+|%-?%d+|([%l_]+)|', start)
+      if REPORTED[outcome] then return true end
+    end
   end
-  tokens[#tokens + 1] = string.format('%d.%d', version, attempt)
-  while #tokens > DONE_KEEP do table.remove(tokens, 1) end
-  redis.call('HSET', k.done, id, table.concat(tokens, ' '))
+  return false
 end
 
 -- Classify a report's token against the current record t (nil: no record).
