@@ -77,8 +77,12 @@ def reaped(*procs: subprocess.Popen[str]) -> Iterator[None]:
 
 
 def done_tokens(client: redis.Redis, s: Scheduler, task_id: str) -> list[str]:
-    raw: Any = client.hget(s.keys.done, task_id)
-    return bytes(raw).decode().split() if raw else []
+    """The tokens of the task's applied reports, "version.attempt", from its history."""
+    return [
+        f"{a.version}.{a.attempt}"
+        for a in s.status(task_id).attempts
+        if a.outcome in ("succeeded", "failed", "cancelled")
+    ]
 
 
 class CountingScheduler(Scheduler):

@@ -116,6 +116,18 @@ end
 -- The first byte of a msgpack record: the state letter as a one-byte string (fixstr 1).
 local PACKED = 161
 
+-- Every Redis and Valkey has cmsgpack; a Lua without it (the in-process fakeredis server of
+-- the embedded default) writes records in the text layout, which every reader also takes.
+-- Found out at the first call: a library may use no global while it loads.
+local has_cmsgpack = nil
+
+local function packs()
+  if has_cmsgpack == nil then
+    has_cmsgpack = pcall(function() return cmsgpack.unpack_limit end)
+  end
+  return has_cmsgpack
+end
+
 -- The twelve values of a msgpack record; nil when it is not exactly twelve values with
 -- a known state first and a string last.
 local function unpack_record(raw)
@@ -218,6 +230,11 @@ local function load_task(id, raw)
 end
 
 local function encode_task(t)
+  if not packs() then
+    return string.format('%s|%d|%d|%d|%d|%d|%d|%d|%d|%d|%d|%s', STATE_CODE[t.state], t.version,
+      t.attempt, t.max_attempts, t.backoff_ms, t.run_at, t.priority, t.cancel,
+      t.updated - t.run_at, t.remaining, t.optional, t.worker)
+  end
   return cmsgpack.pack(STATE_CODE[t.state], t.version, t.attempt, t.max_attempts, t.backoff_ms,
     t.run_at, t.priority, t.cancel, t.updated - t.run_at, t.remaining, t.optional, t.worker)
 end
