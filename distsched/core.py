@@ -1434,6 +1434,9 @@ class Record:
     remaining: int
     optional_remaining: int
     worker: str
+    payload: bytes | None = None
+    """The payload when the record holds it (small payloads since records are msgpack);
+    None when it is in the payloads hash."""
 
 
 # How the task record stores each state (see lua/lib/record.lua).
@@ -1483,23 +1486,26 @@ def _decode_record(raw: bytes | str) -> Record:
     for text in parts[1:11]:
         if not _RECORD_INT.fullmatch(text):
             raise ValueError(f"field {text!r} is not an integer")
-    return _record_of([parts[0], *(int(text) for text in parts[1:11]), parts[11]])
+    return _record_of([parts[0], *(int(text) for text in parts[1:11]), parts[11], None])
 
 
 def _packed_fields(raw: bytes) -> list[Any]:
+    """The twelve values of a msgpack record, then its payload (the bytes after them, or
+    None when there are none)."""
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(raw)
-    values = list(itertools.islice(unpacker, 13))
+    values = list(itertools.islice(unpacker, 12))
     if len(values) != 12:
         raise ValueError(f"{len(values)} msgpack values, not 12")
     if not isinstance(values[11], str):
         raise ValueError("worker is not a string")
-    return values
+    return [*values, raw[unpacker.tell() :] or None]
 
 
 def _record_of(fields: list[Any]) -> Record:
-    """The record of its twelve fields: state letter, ten integers, worker."""
-    state, *ints, worker = fields
+    """The record of its fields: state letter, ten integers, worker, then the payload it
+    holds (None: none)."""
+    state, *ints, worker, payload = fields
     for value, (low, high) in zip(ints, _RECORD_RANGES, strict=True):
         if type(value) is not int or not low <= value <= high:
             raise ValueError(f"field {value!r} out of range")
@@ -1518,6 +1524,7 @@ def _record_of(fields: list[Any]) -> Record:
         remaining=remaining,
         optional_remaining=optional_remaining,
         worker=worker,
+        payload=payload,
     )
 
 
@@ -1657,6 +1664,8 @@ def decode_status(
     if raw_record is None:
         raise NotFoundError(task_id)
     rec = decode_record(raw_record, task_id)
+    if rec.payload is not None:
+        raw_payload = rec.payload
     try:
         fn: str | None
         fn, args, kwargs = decode_payload(raw_payload)
@@ -2918,7 +2927,7 @@ class Ops(ClaimShortcuts):
         meta = meta[:2]
         rec = decode_record(record_raw, task_id)
         try:
-            fn: str | None = decode_payload(payload)[0]
+            fn: str | None = decode_payload(rec.payload or payload)[0]
         except ValueError:
             fn = None
         max_running, running = (_count_or_none(value) for value in meta)

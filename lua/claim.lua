@@ -251,6 +251,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           c.leases[#c.leases + 1] = id
           c.claimed_ids[id] = true
           c.out[#c.out + 1] = { id, t.version, t.attempt, t.priority, t.run_at }
+          c.inline[#c.out] = task_payload(t)
           c.keys[#c.keys + 1] = key
           claimed = claimed + 1
           redis.call('HINCRBY', k.fair, 'run:' .. key, '1')
@@ -320,6 +321,8 @@ return run(function()
   end
   local running = running_count()
   local out, records, leases, claimed_ids = {}, {}, {}, {}
+  -- The payload of each claimed task its record holds (by position in out).
+  local inline = {}
   -- Every lease of the call ends at the same time: its text is formatted once.
   local lease_at = itoa(now + lease_ms)
   local claimed, dropped, handled, failed_here, ready_taken = 0, 0, 0, 0, 0
@@ -337,7 +340,7 @@ return run(function()
     local c = {
       out = out, records = records, leases = leases, claimed_ids = claimed_ids,
       expiring = expiring, started = started_with_deadline, worker = worker, lease_at = lease_at,
-      quarantined = quarantined, ready_taken = 0, keys = fair_keys,
+      quarantined = quarantined, ready_taken = 0, keys = fair_keys, inline = inline,
     }
     reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
     claimed = #out
@@ -435,18 +438,24 @@ return run(function()
         running = running + 1
         claimed = claimed + 1
         out[#out + 1] = { id, t.version, t.attempt, t.priority, t.run_at }
+        inline[#out] = task_payload(t)
         if claimed >= n then break end
       end
     end
   end
-  local payloads = {}
-  if claimed > 0 then
-    local ids = {}
-    for i, c in ipairs(out) do ids[i] = c[1] end
-    payloads = redis.call('HMGET', k.payloads, unpack(ids))
-    for i, c in ipairs(out) do
-      if quarantined[c[1]] then payloads[i] = quarantined[c[1]] end
+  -- The payloads: from the records, else (large ones, tasks stored by earlier versions)
+  -- from the payloads hash in one HMGET.
+  local payloads, ids, at = {}, {}, {}
+  for i, c in ipairs(out) do
+    payloads[i] = quarantined[c[1]] or inline[i]
+    if not payloads[i] then
+      ids[#ids + 1] = c[1]
+      at[#at + 1] = i
     end
+  end
+  if #ids > 0 then
+    local stored = redis.call('HMGET', k.payloads, unpack(ids))
+    for j, i in ipairs(at) do payloads[i] = stored[j] end
   end
 
   -- Writes, only now that every read and check is done.

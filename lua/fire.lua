@@ -181,14 +181,14 @@ return run(function()
       end
       if make then
         local spec = { run_at = s.run_at, priority = p.priority, max_attempts = p.max_attempts,
-                       backoff = p.backoff }
+                       backoff = p.backoff, inline = payload_inline(payload) and payload }
         if p.key then
           -- The schedule's fairness key: read by enqueue, kept for the task's retries.
           if not fair_on() then fair_turn_on(now) end
           redis.call('HSET', k.fairkeys, id, p.key)
         end
         write_version(id, nil, spec, deps, now, record_state)
-        redis.call('HSET', k.payloads, id, payload)
+        if not spec.inline then redis.call('HSET', k.payloads, id, payload) end
         created = created + 1
         last_created = id
         if mode ~= 'backfill' then f.last = id end

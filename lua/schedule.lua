@@ -299,14 +299,17 @@ return run(function()
   end
   -- A new task without dependencies is always ready: its writes are gathered and sent
   -- as one command per key for the whole batch.
-  local records, payloads, entries, ranks = {}, {}, {}, {}
+  -- Payloads go into the records when small (lib/record.lua), else the payloads hash;
+  -- a replaced version's entry there is removed.
+  local records, payloads, entries, ranks, moved = {}, {}, {}, {}, {}
   local aging = order_aging()
   for _, s in ipairs(order) do
+    s.inline = payload_inline(s.payload) and s.payload
     if not s.old and #s.deps == 0 then
       local t = {
         state = 'ready', version = s.version, attempt = 0, max_attempts = s.max_attempts,
         backoff_ms = s.backoff, run_at = s.run_at, priority = s.priority, cancel = 0,
-        updated = now, remaining = 0, optional = 0, worker = '',
+        updated = now, remaining = 0, optional = 0, worker = '', payload = s.inline or nil,
       }
       count_move(nil, 'ready')
       local member = queue_member(t, s.id)
@@ -327,11 +330,16 @@ return run(function()
       written[s.id] = select(2, write_version(s.id, s.old, s, s.deps, now, state_of, s.version))
       if written[s.id] == 'blocked' then blocked_any = true end
     end
-    payloads[#payloads + 1] = s.id
-    payloads[#payloads + 1] = s.payload
+    if not s.inline then
+      payloads[#payloads + 1] = s.id
+      payloads[#payloads + 1] = s.payload
+    elseif s.old and not s.old.payload_at then
+      moved[#moved + 1] = s.id
+    end
   end
   call_many('HSET', k.tasks, records)
   call_many('HSET', k.payloads, payloads)
+  call_many('HDEL', k.payloads, moved)
   call_many('ZADD', k.queue, entries)
   call_many('ZADD', k.ranked, ranks)
   -- Only a blocked task, or work already waiting, needs the propagation budget here.

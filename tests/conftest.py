@@ -30,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar, cast
 
+import msgpack
 import pytest
 import redis
 from redis.backoff import NoBackoff
@@ -37,6 +38,7 @@ from redis.retry import Retry
 
 from distsched import Scheduler, Worker
 from distsched.aio import AsyncScheduler
+from distsched.keys import Keys
 
 T = TypeVar("T")
 
@@ -308,6 +310,44 @@ def api(
         blocking = BlockingAsync(redis_server.url, namespace=namespace, lease_s=5.0)
         yield cast(Scheduler, blocking)
         blocking.shutdown()
+
+
+AnyRedis = redis.Redis | redis.RedisCluster
+
+# The largest payload a record holds (lua/lib/record.lua INLINE_PAYLOAD_MAX).
+INLINE_PAYLOAD_MAX = 512
+
+
+def _record_head(raw: bytes) -> bytes:
+    """A msgpack record without its payload: its first twelve values."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(raw)
+    for _ in range(12):
+        next(unpacker)
+    return raw[: unpacker.tell()]
+
+
+def stored_payload(client: AnyRedis, keys: Keys, task_id: str) -> bytes | None:
+    """A task's payload where the scripts keep it: in its record, else the payloads hash."""
+    raw = cast(bytes | None, client.hget(keys.tasks, task_id))
+    if raw is not None and raw[:1] == b"\xa1":
+        head = _record_head(raw)
+        if len(head) < len(raw):
+            return raw[len(head) :]
+    return cast(bytes | None, client.hget(keys.payloads, task_id))
+
+
+def put_payload(client: AnyRedis, keys: Keys, task_id: str, payload: bytes) -> None:
+    """Replace a scheduled task's payload as a producer that skipped the checks would have
+    stored it: in its msgpack record when small (not empty), else the payloads hash."""
+    raw = cast(bytes, client.hget(keys.tasks, task_id))
+    head = _record_head(raw)
+    if payload and len(payload) <= INLINE_PAYLOAD_MAX:
+        client.hset(keys.tasks, task_id, head + payload)
+        client.hdel(keys.payloads, task_id)
+    else:
+        client.hset(keys.tasks, task_id, head)
+        client.hset(keys.payloads, task_id, payload)
 
 
 def namespace_keys(client: redis.Redis, namespace: str) -> dict[bytes, object]:

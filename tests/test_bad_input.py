@@ -20,7 +20,7 @@ from distsched.errors import (
     InvalidArgument,
     PayloadTooLarge,
 )
-from tests.conftest import RedisServer, namespace_keys
+from tests.conftest import RedisServer, namespace_keys, put_payload
 
 W = "w"
 
@@ -313,7 +313,7 @@ def test_an_undecodable_payload_yields_a_claim_with_payload_error_and_touches_no
     s = scheduler
     s.schedule("bad", fn="f", priority=1)
     s.schedule("good", fn="f", args=(1,), priority=0)
-    redis_client.hset(s.keys.payloads, "bad", raw)
+    put_payload(redis_client, s.keys, "bad", raw)
     good_before = s.status("good")
     claims = s.ready(2, W)
     assert [c.task_id for c in claims] == ["bad", "good"]
@@ -334,7 +334,7 @@ def test_a_worker_fails_an_undecodable_task_with_a_decode_error_and_runs_the_oth
     ran: list[int] = []
     try:
         s.schedule_many([TaskSpec("bad", "f", args=(0,)), TaskSpec("good", "f", args=(1,))])
-        client.hset(s.keys.payloads, "bad", b"\xc1\xc1")
+        put_payload(client, s.keys, "bad", b"\xc1\xc1")
         worker = Worker(s, {"f": ran.append}, concurrency=2)
         thread = threading.Thread(target=worker.run)
         thread.start()

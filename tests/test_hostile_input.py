@@ -29,7 +29,7 @@ from distsched.errors import (
     UnknownDependencyError,
 )
 from distsched.scripts import source
-from tests.conftest import namespace_keys
+from tests.conftest import namespace_keys, put_payload
 
 PAYLOAD_LIMIT = 256
 W = "w"
@@ -497,7 +497,7 @@ def foreign_schedule(client: redis.Redis, s: Scheduler, task_id: str, payload: b
     script itself refuses a payload a worker cannot decode)."""
     call = core.schedule_call(s.keys, [TaskSpec(task_id, "f", priority=1)], s.max_payload_bytes)
     client.register_script(source("schedule"))(keys=call.keys, args=call.args)
-    client.hset(s.keys.payloads, task_id, payload)
+    put_payload(client, s.keys, task_id, payload)
 
 
 @settings(FAST, max_examples=12)

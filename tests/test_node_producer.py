@@ -27,7 +27,7 @@ import pytest
 
 from distsched import Scheduler, State, Worker, core, scripts
 from distsched.keys import KEY_NAMES, MAX_NAMESPACE_BYTES, Keys
-from tests.conftest import IN_CI, RedisServer, running
+from tests.conftest import IN_CI, RedisServer, running, stored_payload
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 NODE_TIMEOUT_S = 60
@@ -128,7 +128,7 @@ def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_run
     # `bare` was sent with kwargs undefined, which the encoder wrote as nil.
     client = own_redis.client()
     try:
-        raw: Any = client.hget(Keys(namespace).payloads, "bare")
+        raw: Any = stored_payload(client, Keys(namespace), "bare")
     finally:
         client.close()
     assert msgpack.unpackb(raw, raw=False) == {"fn": "add", "args": [4, 5], "kwargs": None}

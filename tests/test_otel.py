@@ -18,7 +18,7 @@ from distsched import Scheduler, TaskSpec, Worker, core
 from distsched.aio import AsyncScheduler
 from distsched.errors import TaskFailed
 from distsched.otel import TracingHooks, current_trace
-from tests.conftest import CLI_COMMAND, require_extra, running, subprocess_env
+from tests.conftest import CLI_COMMAND, require_extra, running, stored_payload, subprocess_env
 
 require_extra("opentelemetry.sdk")
 
@@ -77,8 +77,8 @@ FUNCS: dict[str, Callable[..., Any]] = {
 }
 
 
-def stored_payload(client: redis.Redis, s: Scheduler, task_id: str) -> dict[str, Any]:
-    raw = client.hget(s.keys.payloads, task_id)
+def payload_map(client: redis.Redis, s: Scheduler, task_id: str) -> dict[str, Any]:
+    raw = stored_payload(client, s.keys, task_id)
     assert isinstance(raw, bytes)
     data: dict[str, Any] = msgpack.unpackb(raw, raw=False)
     return data
@@ -95,7 +95,7 @@ def test_a_producer_span_travels_in_the_payload_as_w3c_trace_context(
         scheduler.schedule("a", fn="work", args=[1])
         expected = current_trace()
     context = span.get_span_context()
-    carried = stored_payload(redis_client, scheduler, "a")["trace"]
+    carried = payload_map(redis_client, scheduler, "a")["trace"]
     assert carried == expected
     assert carried["traceparent"] == (
         f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
@@ -107,7 +107,7 @@ def test_without_an_active_span_the_payload_is_unchanged(
 ) -> None:
     scheduler.schedule("a", fn="work", args=[1])
     assert current_trace() is None
-    assert redis_client.hget(scheduler.keys.payloads, "a") == core.encode_payload("work", [1], {})
+    assert stored_payload(redis_client, scheduler.keys, "a") == core.encode_payload("work", [1], {})
 
 
 def test_the_worker_span_is_a_child_of_the_producer_span_with_the_run_attributes(
@@ -215,6 +215,6 @@ def test_an_asyncio_producer_sends_the_span_of_its_own_task(
     span_id, trace_id = asyncio.run(story())
     s = Scheduler(redis_client, namespace=namespace)
     for task_id in ("a", "b"):
-        parent = stored_payload(redis_client, s, task_id)["trace"]["traceparent"]
+        parent = payload_map(redis_client, s, task_id)["trace"]["traceparent"]
         assert parent.split("-")[1:3] == [f"{trace_id:032x}", f"{span_id:016x}"]
-    assert "trace" not in stored_payload(redis_client, s, "untraced")
+    assert "trace" not in payload_map(redis_client, s, "untraced")

@@ -137,16 +137,25 @@ class Producer:
     def record(self, task_id: str) -> dict[str, Any]:
         raw = self.client.hget(self.key("tasks"), task_id)
         assert isinstance(raw, bytes)
-        # Twelve msgpack values one after the other, the worker id last.
+        # Twelve msgpack values one after the other, the worker id last, then the payload
+        # when the record holds it.
         unpacker = msgpack.Unpacker(raw=False)
         unpacker.feed(raw)
-        fields = list(unpacker)
         names = [
             "state", "version", "attempt", "max_attempts", "backoff_ms", "run_at_ms",
             "priority", "cancel_requested", "updated_delta_ms", "remaining",
             "optional_remaining", "worker",
         ]  # fmt: skip
-        return dict(zip(names, fields, strict=True))
+        out = {name: next(unpacker) for name in names}
+        out["payload"] = raw[unpacker.tell() :] or None
+        return out
+
+    def payload(self, task_id: str) -> bytes | None:
+        """The payload: in the record when it holds one, else in the payloads hash."""
+        inline = self.record(task_id)["payload"]
+        if inline is not None:
+            return cast(bytes, inline)
+        return cast(bytes | None, self.client.hget(self.key("payloads"), task_id))
 
 
 def spec(mode: str = "in", time_ms: int = 0, priority: int = 0, required: int = 0) -> str:
@@ -209,7 +218,7 @@ def test_a_foreign_producer_enqueues_follows_and_cancels_tasks_a_distsched_worke
     assert (total["state"], total["priority"], total["attempt"]) == ("r", 5, 0)
     member = f"{2147483647 - 5:08x}{sum_version:014x}sum"
     assert client.zscore(p.key("queue"), member) == total["run_at_ms"]
-    assert client.hget(p.key("payloads"), "hi") == payload("greet", kwargs={"name": "wörld"})
+    assert p.payload("hi") == payload("greet", kwargs={"name": "wörld"})
     assert int(cast(bytes, client.hget(p.key("meta"), "count:ready"))) == 4
     assert int(cast(bytes, client.hget(p.key("meta"), "count:pending"))) == 1
 

@@ -24,7 +24,7 @@ import redis
 
 from distsched import Scheduler, State, TaskInfo, Worker, current_task
 from distsched.errors import LeaseLost
-from tests.conftest import RedisServer, python_command, running, subprocess_env
+from tests.conftest import RedisServer, put_payload, python_command, running, subprocess_env
 from tests.worker_procs import HoldingWorker, started_key
 
 PROCS = Path(__file__).with_name("worker_procs.py")
@@ -384,7 +384,7 @@ def test_undecodable_payload_fails_that_task_only(
         fast.schedule(f"ok{i}", fn="record", args=(i,))
     fast.schedule("broken", fn="record", args=(99,), priority=1)
     # A foreign producer's bug: the payload is replaced behind the scheduler's back.
-    redis_client.hset(fast.keys.payloads, "broken", garbage)
+    put_payload(redis_client, fast.keys, "broken", garbage)
     worker = Worker(fast, {"record": calls.append}, concurrency=2)
     with running(worker):
         broken = wait_state(fast, "broken", State.FAILED, State.SUCCEEDED)

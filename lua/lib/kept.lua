@@ -25,23 +25,28 @@ local function kept_reply(worker, request)
   if request == '' then return nil end
   local raw = redis.call('HGET', k.claims, worker)
   if not raw or string.sub(raw, 1, #request + 1) ~= request .. '\n' then return nil end
-  local held = {}
+  local held, payloads, ids, at = {}, {}, {}, {}
   for _, token in ipairs(kept_tokens(raw, #request + 2)) do
     local t = load_task(token[1])
     if t and t.state == 'running' and t.version == token[2] and t.attempt == token[3]
         and t.worker == worker then
       held[#held + 1] = { token[1], t.version, t.attempt, t.priority, t.run_at }
+      -- In the record (lib/record.lua), else in the payloads hash.
+      payloads[#held] = task_payload(t)
+      if not payloads[#held] then
+        ids[#ids + 1] = token[1]
+        at[#at + 1] = #held
+      end
     end
   end
+  if #ids > 0 then
+    local stored = redis.call('HMGET', k.payloads, unpack(ids))
+    for j, i in ipairs(at) do payloads[i] = stored[j] end
+  end
   local reply = { 0, #held, '', -1 }
-  if #held > 0 then
-    local ids = {}
-    for i, c in ipairs(held) do ids[i] = c[1] end
-    local payloads = redis.call('HMGET', k.payloads, unpack(ids))
-    for i, c in ipairs(held) do
-      for _, value in ipairs(c) do reply[#reply + 1] = value end
-      reply[#reply + 1] = payloads[i] or ''
-    end
+  for i, c in ipairs(held) do
+    for _, value in ipairs(c) do reply[#reply + 1] = value end
+    reply[#reply + 1] = payloads[i] or ''
   end
   return reply
 end

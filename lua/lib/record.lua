@@ -128,12 +128,32 @@ local function packs()
   return has_cmsgpack
 end
 
--- The twelve values of a msgpack record; nil when it is not exactly twelve values with
--- a known state first and a string last.
+-- The twelve values of a msgpack record, after where its payload starts (0-based, -1
+-- when it has none); nil when it does not start with twelve values, a known state
+-- first and a string last.
 local function unpack_record(raw)
   local ok, left, s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w = pcall(cmsgpack.unpack_limit, raw, 12)
-  if not ok or left ~= -1 or type(w) ~= 'string' or not STATE_NAME[s] then return nil end
-  return s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w
+  if not ok or type(w) ~= 'string' or not STATE_NAME[s] then return nil end
+  return left, s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w
+end
+
+-- A version's payload is stored in its record, after the twelve values, when the record
+-- is msgpack and the payload is at most this many bytes: one hash entry per task instead
+-- of two (the payloads hash costs some 75 bytes of Redis memory per task). A larger one
+-- goes to the payloads hash, so that saving the record, at every transition, never
+-- copies it.
+local INLINE_PAYLOAD_MAX = 512
+
+local function payload_inline(payload)
+  return #payload <= INLINE_PAYLOAD_MAX and packs()
+end
+
+-- The payload a record holds (t.payload for one a script builds; read_task notes where a
+-- stored one starts); nil when the payload is in the payloads hash.
+local function task_payload(t)
+  if t.payload then return t.payload end
+  if t.payload_at then return string.sub(t.raw, t.payload_at) end
+  return nil
 end
 
 local INDEXED = { p = true, s = true, f = true, c = true, b = true }
@@ -166,8 +186,8 @@ local function read_task(id, raw)
   if not raw then return nil end
   local t, delta
   if string.byte(raw, 1) == PACKED then
-    local s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w = unpack_record(raw)
-    if not s then return nil, 'does not parse' end
+    local left, s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w = unpack_record(raw)
+    if not left then return nil, 'does not parse' end
     t = {
       state = STATE_NAME[s], version = int_field(v, 0, MAX_EXACT),
       attempt = int_field(a, 0, MAX_EXACT), max_attempts = int_field(ma, 1, MAX_EXACT),
@@ -178,6 +198,7 @@ local function read_task(id, raw)
     }
     -- updated - run_at: a run_at far in the past or future makes it up to 2^53 + now.
     delta = int_field(ut, -2 * MAX_EXACT, 2 * MAX_EXACT)
+    if left ~= -1 then t.raw, t.payload_at = raw, left + 1 end
   else
     local s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w = string.match(raw, RECORD_PATTERN)
     if not s or not STATE_NAME[s] then return nil, 'does not parse' end
@@ -235,8 +256,12 @@ local function encode_task(t)
       t.attempt, t.max_attempts, t.backoff_ms, t.run_at, t.priority, t.cancel,
       t.updated - t.run_at, t.remaining, t.optional, t.worker)
   end
-  return cmsgpack.pack(STATE_CODE[t.state], t.version, t.attempt, t.max_attempts, t.backoff_ms,
-    t.run_at, t.priority, t.cancel, t.updated - t.run_at, t.remaining, t.optional, t.worker)
+  local packed = cmsgpack.pack(STATE_CODE[t.state], t.version, t.attempt, t.max_attempts,
+    t.backoff_ms, t.run_at, t.priority, t.cancel, t.updated - t.run_at, t.remaining, t.optional,
+    t.worker)
+  local payload = task_payload(t)
+  if payload then return packed .. payload end
+  return packed
 end
 
 -- Set by lib/ended.lua in every script that can end a task, and called with each

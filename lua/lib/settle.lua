@@ -30,7 +30,7 @@ local function budget_arg(value)
 end
 
 -- Write a new version of id (old: its current record or nil) with parameters p
--- (run_at, priority, max_attempts, backoff) and dependency list deps. state_of(id)
+-- (run_at, priority, max_attempts, backoff, inline) and dependency list deps. state_of(id)
 -- is the state to count a dependency in (its record's, or what a task written in the
 -- same call or awaiting the same cascade will be). version: the one reserved for
 -- it, or nil to take the next from the namespace sequence. The new version is ready,
@@ -64,6 +64,13 @@ local function write_version(id, old, p, deps, now, state_of, version)
     backoff_ms = p.backoff, run_at = p.run_at, priority = p.priority, cancel = 0,
     updated = now, remaining = remaining, optional = optional, worker = '',
   }
+  -- p.inline: the new version's payload when it goes into the record, false when the
+  -- caller put it in the payloads hash; nil (a retry) keeps the old version's.
+  if p.inline ~= nil then
+    t.payload = p.inline or nil
+  elseif old then
+    t.payload = task_payload(old)
+  end
   if cause then
     count_move(nil, 'pending')
     block_task(id, t, cause.root, cause.parent, now)

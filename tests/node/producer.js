@@ -156,13 +156,15 @@ class Producer {
   async record(taskId) {
     const raw = await this.redis.hgetBuffer(this.key('tasks'), taskId);
     if (raw === null) return null;
-    // Twelve msgpack values one after the other, the worker id last.
+    // Twelve msgpack values one after the other, the worker id last, then the payload
+    // when the record holds it (a payload of at most 512 bytes).
     const values = [...decodeMulti(raw)];
     const out = {};
     RECORD_FIELDS.forEach((field, i) => {
       out[field] = values[i];
     });
     out.worker = values[RECORD_FIELDS.length];
+    out.payload = values.length > RECORD_FIELDS.length + 1 ? values[RECORD_FIELDS.length + 1] : null;
     out.updated_ms = out.run_at_ms + out.updated_delta_ms;
     return out;
   }
