@@ -58,8 +58,9 @@ return run(function()
       save_task(id, t)
       if ARGV[base + 4] ~= '' then
         redis.call('HSET', k.results, id, 'R' .. ARGV[base + 4])
-      else
-        -- An earlier attempt's error must not show on a task that succeeded.
+      elseif t.attempt > 1 then
+        -- An earlier attempt's error must not show on a task that succeeded. A first
+        -- attempt has none: every new version starts without a result (write_version).
         redis.call('HDEL', k.results, id)
       end
       redis.call('ZADD', k.finished, now_text(), id)

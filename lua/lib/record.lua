@@ -137,6 +137,19 @@ local function unpack_record(raw)
   return left, s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w
 end
 
+-- Whether the ten integers of a msgpack record are within their ranges, in one chain of
+-- comparisons rather than a call per field. A value that is not a number makes a
+-- comparison raise: the caller's pcall counts that as not fine.
+local function packed_ints_fine(v, a, ma, bo, ra, pr, cr, ut, rem, orem)
+  return v >= 0 and v <= MAX_EXACT and v % 1 == 0 and a >= 0 and a <= MAX_EXACT and a % 1 == 0
+    and ma >= 1 and ma <= MAX_EXACT and ma % 1 == 0 and bo >= 0 and bo <= MAX_EXACT
+    and bo % 1 == 0 and ra >= -MAX_EXACT and ra <= MAX_EXACT and ra % 1 == 0
+    and pr >= -2147483648 and pr <= 2147483647 and pr % 1 == 0 and (cr == 0 or cr == 1)
+    and ut >= -2 * MAX_EXACT and ut <= 2 * MAX_EXACT and ut % 1 == 0
+    and rem >= 0 and rem <= MAX_EXACT and rem % 1 == 0
+    and orem >= 0 and orem <= MAX_EXACT and orem % 1 == 0
+end
+
 -- A version's payload is stored in its record, after the twelve values, when the record
 -- is msgpack and the payload is at most this many bytes: one hash entry per task instead
 -- of two (the payloads hash costs some 75 bytes of Redis memory per task). A larger one
@@ -178,6 +191,17 @@ local function index_member(t, id)
   return code .. string.format('%014x', MAX_EXACT - at) .. id
 end
 
+-- The end of read_task, for a record whose numbers are in range: the worker's text,
+-- the time of the last transition, and what the script first found.
+local function finish_read(id, t, delta)
+  local w = t.worker
+  if w ~= '' and not valid_utf8(w) then return nil, 'worker is not valid UTF-8' end
+  t.updated = t.run_at + delta
+  if indexed[id] == nil then indexed[id] = index_member(t, id) end
+  if first_state[id] == nil then first_state[id] = t.state end
+  return t
+end
+
 -- Parse a stored record. Returns the record table; nil for an unknown id; or nil and
 -- why, for a record that cannot be read (junk written by hand or by a broken client).
 -- raw: the stored record when the caller already read it.
@@ -188,6 +212,16 @@ local function read_task(id, raw)
   if string.byte(raw, 1) == PACKED then
     local left, s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w = unpack_record(raw)
     if not left then return nil, 'does not parse' end
+    local checked, fine = pcall(packed_ints_fine, v, a, ma, bo, ra, pr, cr, ut, rem, orem)
+    if checked and fine then
+      t = {
+        state = STATE_NAME[s], version = v, attempt = a, max_attempts = ma, backoff_ms = bo,
+        run_at = ra, priority = pr, cancel = cr, remaining = rem, optional = orem, worker = w,
+      }
+      if left ~= -1 then t.raw, t.payload_at = raw, left + 1 end
+      return finish_read(id, t, ut)
+    end
+    -- Something is out of range: field by field, to say which.
     t = {
       state = STATE_NAME[s], version = int_field(v, 0, MAX_EXACT),
       attempt = int_field(a, 0, MAX_EXACT), max_attempts = int_field(ma, 1, MAX_EXACT),
@@ -212,7 +246,6 @@ local function read_task(id, raw)
     }
     delta = record_int(ut, -2 * MAX_EXACT, 2 * MAX_EXACT)
   end
-  local w = t.worker
   if not (t.version and t.attempt and t.max_attempts and t.backoff_ms and t.run_at and t.priority
           and t.cancel and t.remaining and t.optional) then
     for _, field in ipairs(RECORD_INTS) do
@@ -220,11 +253,7 @@ local function read_task(id, raw)
     end
   end
   if not delta then return nil, 'updated out of range' end
-  if w ~= '' and not valid_utf8(w) then return nil, 'worker is not valid UTF-8' end
-  t.updated = t.run_at + delta
-  if indexed[id] == nil then indexed[id] = index_member(t, id) end
-  if first_state[id] == nil then first_state[id] = t.state end
-  return t
+  return finish_read(id, t, delta)
 end
 
 local function corrupt_error(id, why)
