@@ -107,10 +107,23 @@ local function int_field(n, lo, hi)
   return n
 end
 
--- A text record's integer: plain decimal of at most 17 characters.
-local function record_int(text, lo, hi)
-  if #text > 17 then return nil end
-  return int_field(tonumber(text), lo, hi)
+-- A text record's integer: plain decimal of at most 17 characters (else nil).
+local function text_int(text)
+  return #text <= 17 and tonumber(text) or nil
+end
+
+-- The record table of values read, each integer nil when it is out of its range (the
+-- caller names the first such field), and updated - run_at (nil when out of range: a
+-- run_at far in the past or future makes it up to 2^53 + now).
+local function checked_record(s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w)
+  return {
+    state = STATE_NAME[s], version = int_field(v, 0, MAX_EXACT),
+    attempt = int_field(a, 0, MAX_EXACT), max_attempts = int_field(ma, 1, MAX_EXACT),
+    backoff_ms = int_field(bo, 0, MAX_EXACT), run_at = int_field(ra, -MAX_EXACT, MAX_EXACT),
+    priority = int_field(pr, -2147483648, 2147483647), cancel = int_field(cr, 0, 1),
+    remaining = int_field(rem, 0, MAX_EXACT), optional = int_field(orem, 0, MAX_EXACT),
+    worker = w,
+  }, int_field(ut, -2 * MAX_EXACT, 2 * MAX_EXACT)
 end
 
 -- The first byte of a msgpack record: the state letter as a one-byte string (fixstr 1).
@@ -222,29 +235,13 @@ local function read_task(id, raw)
       return finish_read(id, t, ut)
     end
     -- Something is out of range: field by field, to say which.
-    t = {
-      state = STATE_NAME[s], version = int_field(v, 0, MAX_EXACT),
-      attempt = int_field(a, 0, MAX_EXACT), max_attempts = int_field(ma, 1, MAX_EXACT),
-      backoff_ms = int_field(bo, 0, MAX_EXACT), run_at = int_field(ra, -MAX_EXACT, MAX_EXACT),
-      priority = int_field(pr, -2147483648, 2147483647), cancel = int_field(cr, 0, 1),
-      remaining = int_field(rem, 0, MAX_EXACT), optional = int_field(orem, 0, MAX_EXACT),
-      worker = w,
-    }
-    -- updated - run_at: a run_at far in the past or future makes it up to 2^53 + now.
-    delta = int_field(ut, -2 * MAX_EXACT, 2 * MAX_EXACT)
+    t, delta = checked_record(s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w)
     if left ~= -1 then t.raw, t.payload_at = raw, left + 1 end
   else
     local s, v, a, ma, bo, ra, pr, cr, ut, rem, orem, w = string.match(raw, RECORD_PATTERN)
     if not s or not STATE_NAME[s] then return nil, 'does not parse' end
-    t = {
-      state = STATE_NAME[s], version = record_int(v, 0, MAX_EXACT),
-      attempt = record_int(a, 0, MAX_EXACT), max_attempts = record_int(ma, 1, MAX_EXACT),
-      backoff_ms = record_int(bo, 0, MAX_EXACT), run_at = record_int(ra, -MAX_EXACT, MAX_EXACT),
-      priority = record_int(pr, -2147483648, 2147483647), cancel = record_int(cr, 0, 1),
-      remaining = record_int(rem, 0, MAX_EXACT), optional = record_int(orem, 0, MAX_EXACT),
-      worker = w,
-    }
-    delta = record_int(ut, -2 * MAX_EXACT, 2 * MAX_EXACT)
+    t, delta = checked_record(s, text_int(v), text_int(a), text_int(ma), text_int(bo),
+      text_int(ra), text_int(pr), text_int(cr), text_int(ut), text_int(rem), text_int(orem), w)
   end
   if not (t.version and t.attempt and t.max_attempts and t.backoff_ms and t.run_at and t.priority
           and t.cancel and t.remaining and t.optional) then
