@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -140,6 +140,30 @@ def python_command(*args: str) -> list[str]:
 
 # The command line, from this checkout (with subprocess_env()).
 CLI_COMMAND = python_command("-m", "distsched.cli")
+
+
+class CliProcess:
+    """A command (the ``distsched`` CLI) in its own process, its stderr in a file."""
+
+    def __init__(
+        self, log: Path, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> None:
+        self.log = log
+        if env is None:
+            env = subprocess_env(DISTSCHED_REDIS_URL=None, DISTSCHED_NAMESPACE=None)
+        with log.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                list(argv), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr
+            )
+
+    def stderr(self) -> str:
+        return self.log.read_text("utf-8")
+
+    def close(self) -> None:
+        """Kill the process if it still runs."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def free_port() -> int:

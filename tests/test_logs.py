@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,9 +18,8 @@ import redis
 from distsched import Scheduler, State, TaskInfo, Worker, current_task
 from distsched.core import ERROR_MAX_BYTES, error_text
 from distsched.worker.logs import TASK_FIELDS
-from tests.conftest import CLI_COMMAND, RedisServer, running, subprocess_env
+from tests.conftest import CLI_COMMAND, CliProcess, RedisServer, running
 
-REPO = Path(__file__).resolve().parents[1]
 PASSWORD = "s3cret-pw"
 
 
@@ -242,31 +240,20 @@ def acl_redis() -> Iterator[RedisServer]:
     server.close()
 
 
-class WorkerCommand:
+class WorkerCommand(CliProcess):
     """``distsched worker tests.logs_app:FUNCS`` with its stderr in a file."""
 
     def __init__(self, url: str, namespace: str, tmp: Path, *options: str) -> None:
-        self.log = tmp / "worker.err"
-        with self.log.open("w") as stderr:
-            self.proc = subprocess.Popen(
-                [*CLI_COMMAND, "--redis", url, "--namespace", namespace, "worker",
-                 "tests.logs_app:FUNCS", "--lease", "5s", "--grace", "2s", *options],
-                cwd=REPO, env=subprocess_env(DISTSCHED_REDIS_URL=None, DISTSCHED_NAMESPACE=None),
-                stdout=subprocess.DEVNULL, stderr=stderr,
-            )  # fmt: skip
-
-    def stderr(self) -> str:
-        return self.log.read_text("utf-8")
+        super().__init__(
+            tmp / "worker.err",
+            [*CLI_COMMAND, "--redis", url, "--namespace", namespace, "worker",
+             "tests.logs_app:FUNCS", "--lease", "5s", "--grace", "2s", *options],
+        )  # fmt: skip
 
     def stop(self) -> str:
         self.proc.send_signal(signal.SIGTERM)
         assert self.proc.wait(20) == 0, self.stderr()
         return self.stderr()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture

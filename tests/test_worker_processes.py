@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -18,36 +17,27 @@ from distsched import Scheduler, State, TaskSpec
 from distsched.cli import Processes
 from distsched.errors import InvalidArgument
 from distsched.worker.supervisor import EXIT_CRASHING
-from tests.conftest import RedisServer
+from tests.conftest import CliProcess, RedisServer
 from tests.test_worker import wait_until
-from tests.test_worker_shutdown import COMMAND, REPO
+from tests.test_worker_shutdown import COMMAND
 
 LEASE_S = 1.0
 
 
-class Supervised:
+class Supervised(CliProcess):
     """``distsched worker APP --processes N`` with its stderr in a file."""
 
     def __init__(
         self, server: RedisServer, namespace: str, tmp: Path, app: str, processes: int,
         *extra: str,
     ) -> None:  # fmt: skip
-        self.log = tmp / f"supervisor-{time.monotonic_ns()}.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCHED_")}
-        with self.log.open("w") as stderr:
-            self.proc = subprocess.Popen(
-                [*COMMAND, "--redis", server.url, "--namespace", namespace, "worker", app,
-                 "--processes", str(processes), "--lease", str(LEASE_S), *extra],
-                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-            )  # fmt: skip
-
-    def stderr(self) -> str:
-        return self.log.read_text()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(
+            tmp / f"supervisor-{time.monotonic_ns()}.err",
+            [*COMMAND, "--redis", server.url, "--namespace", namespace, "worker", app,
+             "--processes", str(processes), "--lease", str(LEASE_S), *extra],
+            env,
+        )  # fmt: skip
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ import pytest
 import redis
 
 from distsched import Scheduler, State, Worker, current_task
-from tests.conftest import RedisServer, running
+from tests.conftest import CliProcess, RedisServer, running
 from tests.test_worker import wait_state, wait_until
 
 LEASE_S = 0.6
@@ -141,21 +140,17 @@ def test_a_run_that_failed_before_the_shutdown_signal_is_a_failure(fast: Schedul
 # --------------------------------------------------------------------------- signals
 
 
-class WorkerProcess:
+class WorkerProcess(CliProcess):
     """``distsched worker tests.worker_app:FUNCS`` with its stderr in a file."""
 
     def __init__(self, server: RedisServer, namespace: str, tmp: Path, grace: float) -> None:
-        self.log = tmp / "worker.err"
         env = {k: v for k, v in os.environ.items() if not k.startswith("DISTSCHED_")}
-        with self.log.open("w") as stderr:
-            self.proc = subprocess.Popen(
-                [*COMMAND, "--redis", server.url, "--namespace", namespace, "worker",
-                 "tests.worker_app:FUNCS", "--lease", str(LEASE_S), "--grace", str(grace)],
-                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
-            )  # fmt: skip
-
-    def stderr(self) -> str:
-        return self.log.read_text()
+        super().__init__(
+            tmp / "worker.err",
+            [*COMMAND, "--redis", server.url, "--namespace", namespace, "worker",
+             "tests.worker_app:FUNCS", "--lease", str(LEASE_S), "--grace", str(grace)],
+            env,
+        )  # fmt: skip
 
     def wait_for_line(self, *parts: str) -> str:
         def found() -> str | None:
@@ -167,11 +162,6 @@ class WorkerProcess:
         line = found()
         assert line is not None
         return line
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture

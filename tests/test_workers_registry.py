@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,15 +19,14 @@ import redis
 import distsched
 from distsched import Scheduler, Worker
 from distsched.core import WORKER_ALIVE_BEATS, WORKER_DROP_LEASES, Call, Commands, Request
-from tests.conftest import CLI_COMMAND, RedisServer, running, subprocess_env
+from tests.conftest import CLI_COMMAND, CliProcess, RedisServer, running
 from tests.test_cli import invoke
 from tests.test_worker import wait_state, wait_until
 
 LEASE_S = 1.2
-REPO = Path(__file__).resolve().parent.parent
 
 
-class WorkerProcess:
+class WorkerProcess(CliProcess):
     """``distsched worker APP`` in its own process, stderr in a file."""
 
     def __init__(
@@ -36,23 +34,12 @@ class WorkerProcess:
         concurrency: int,
     ) -> None:  # fmt: skip
         self.worker_id = worker_id
-        self.log = tmp / f"{worker_id}.err"
-        with self.log.open("w") as stderr:
-            self.proc = subprocess.Popen(
-                [*CLI_COMMAND, "--redis", server.url, "--namespace", namespace, "worker", app,
-                 "--worker-id", worker_id, "--concurrency", str(concurrency),
-                 "--lease", str(LEASE_S), "--grace", "1"],
-                cwd=REPO, env=subprocess_env(DISTSCHED_REDIS_URL=None, DISTSCHED_NAMESPACE=None),
-                stdout=subprocess.DEVNULL, stderr=stderr,
-            )  # fmt: skip
-
-    def stderr(self) -> str:
-        return self.log.read_text()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        super().__init__(
+            tmp / f"{worker_id}.err",
+            [*CLI_COMMAND, "--redis", server.url, "--namespace", namespace, "worker", app,
+             "--worker-id", worker_id, "--concurrency", str(concurrency),
+             "--lease", str(LEASE_S), "--grace", "1"],
+        )  # fmt: skip
 
 
 @pytest.fixture
