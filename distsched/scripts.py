@@ -309,6 +309,14 @@ def _route(client: Any, key: str) -> dict[str, Any]:
     return {}
 
 
+def _fcall(
+    client: Any, function: str, keys: Sequence[str], args: Sequence[Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """The ``FCALL`` command of one call, and where it goes (:func:`_route`): built once,
+    sent again as it is after the library is loaded."""
+    return ["FCALL", function, len(keys), *keys, *args], _route(client, keys[0])
+
+
 def _load_targets(client: Any) -> list[dict[str, Any]]:
     """Where a missing library is loaded: every master of a cluster, one at a time (the
     node that answered "Function not found" may be one a redirect led to, which redis-py
@@ -336,23 +344,15 @@ class Script:
 
     def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if self.mode.functions:
+            command, route = _fcall(self.client, self.function, keys, args)
             try:
-                return self.client.execute_command(
-                    "FCALL", self.function, len(keys), *keys, *args, **_route(self.client, keys[0])
-                )
+                return self.client.execute_command(*command, **route)
             except ResponseError as exc:
                 step = recovery(exc)
                 if step is Recovery.RAISE:
                     raise
                 if step is Recovery.LOAD and self._load():
-                    return self.client.execute_command(
-                        "FCALL",
-                        self.function,
-                        len(keys),
-                        *keys,
-                        *args,
-                        **_route(self.client, keys[0]),
-                    )
+                    return self.client.execute_command(*command, **route)
                 self.mode.functions = False
         return self.fallback(keys=keys, args=args)
 
@@ -390,23 +390,15 @@ class AsyncScript:
             # Its slot map is read on the first command; routing needs it before that.
             await self.client.initialize()
         if self.mode.functions:
+            command, route = _fcall(self.client, self.function, keys, args)
             try:
-                return await self.client.execute_command(
-                    "FCALL", self.function, len(keys), *keys, *args, **_route(self.client, keys[0])
-                )
+                return await self.client.execute_command(*command, **route)
             except ResponseError as exc:
                 step = recovery(exc)
                 if step is Recovery.RAISE:
                     raise
                 if step is Recovery.LOAD and await self._load():
-                    return await self.client.execute_command(
-                        "FCALL",
-                        self.function,
-                        len(keys),
-                        *keys,
-                        *args,
-                        **_route(self.client, keys[0]),
-                    )
+                    return await self.client.execute_command(*command, **route)
                 self.mode.functions = False
         return await self.fallback(keys=keys, args=args)
 

@@ -76,7 +76,7 @@ def reaped(*procs: subprocess.Popen[str]) -> Iterator[None]:
                 proc.communicate()
 
 
-def done_tokens(client: redis.Redis, s: Scheduler, task_id: str) -> list[str]:
+def done_tokens(s: Scheduler, task_id: str) -> list[str]:
     """The tokens of the task's applied reports, "version.attempt", from its history."""
     return [
         f"{a.version}.{a.attempt}"
@@ -185,7 +185,7 @@ def test_workers_killed_mid_run_lose_no_task_and_every_rerun_follows_a_lease_exp
         assert info.state is State.SUCCEEDED, (task_id, info.state, info.error)
         # Exactly one report was applied: the final attempt's. A killed worker's late
         # report, had one reached Redis, would show here as a second token.
-        assert done_tokens(redis_client, s, task_id) == [f"{info.version}.{info.attempt}"]
+        assert done_tokens(s, task_id) == [f"{info.version}.{info.attempt}"]
         pid, attempt = info.result
         assert attempt == info.attempt
         task_runs = runs[task_id]
@@ -387,7 +387,7 @@ def test_frozen_worker_loses_its_lease_its_function_is_told_and_its_late_complet
     assert second_counts["succeeded"] == 1
     info = s.status("t")
     assert (info.state, info.attempt, info.result) == (State.SUCCEEDED, 2, "attempt 2")
-    assert done_tokens(redis_client, s, "t") == ["1.2"]
+    assert done_tokens(s, "t") == ["1.2"]
 
 
 # --------------------------------------------------------------------------- SIGTERM
