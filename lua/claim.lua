@@ -444,19 +444,13 @@ return run(function()
     end
   end
   -- The payloads: from the records, else (large ones, tasks stored by earlier versions)
-  -- from the payloads hash in one HMGET.
-  local payloads, ids, at = {}, {}, {}
+  -- from the payloads hash (lib/kept.lua); a quarantined task's is why it fails.
+  local ids = {}
   for i, c in ipairs(out) do
-    payloads[i] = quarantined[c[1]] or inline[i]
-    if not payloads[i] then
-      ids[#ids + 1] = c[1]
-      at[#at + 1] = i
-    end
+    ids[i] = c[1]
+    inline[i] = quarantined[c[1]] or inline[i]
   end
-  if #ids > 0 then
-    local stored = redis.call('HMGET', k.payloads, unpack(ids))
-    for j, i in ipairs(at) do payloads[i] = stored[j] end
-  end
+  local payloads = payloads_of(ids, inline)
 
   -- Writes, only now that every read and check is done.
   if handled > 0 then

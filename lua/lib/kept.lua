@@ -19,30 +19,41 @@ local function kept_tokens(raw, from)
   return tokens
 end
 
+-- The payload of each of ids, in order: inline[i] when the task's record holds it
+-- (task_payload, lib/record.lua), else the payloads hash's, all of those in one HMGET.
+local function payloads_of(ids, inline)
+  local payloads, missing, at = {}, {}, {}
+  for i, id in ipairs(ids) do
+    payloads[i] = inline[i]
+    if not payloads[i] then
+      missing[#missing + 1] = id
+      at[#at + 1] = i
+    end
+  end
+  if #missing > 0 then
+    local stored = redis.call('HMGET', k.payloads, unpack(missing))
+    for j, i in ipairs(at) do payloads[i] = stored[j] end
+  end
+  return payloads
+end
+
 -- The reply the claim call `request` of `worker` had, with the tasks it still holds;
 -- nil when no such call ran.
 local function kept_reply(worker, request)
   if request == '' then return nil end
   local raw = redis.call('HGET', k.claims, worker)
   if not raw or string.sub(raw, 1, #request + 1) ~= request .. '\n' then return nil end
-  local held, payloads, ids, at = {}, {}, {}, {}
+  local held, ids, inline = {}, {}, {}
   for _, token in ipairs(kept_tokens(raw, #request + 2)) do
     local t = load_task(token[1])
     if t and t.state == 'running' and t.version == token[2] and t.attempt == token[3]
         and t.worker == worker then
       held[#held + 1] = { token[1], t.version, t.attempt, t.priority, t.run_at }
-      -- In the record (lib/record.lua), else in the payloads hash.
-      payloads[#held] = task_payload(t)
-      if not payloads[#held] then
-        ids[#ids + 1] = token[1]
-        at[#at + 1] = #held
-      end
+      ids[#held] = token[1]
+      inline[#held] = task_payload(t)
     end
   end
-  if #ids > 0 then
-    local stored = redis.call('HMGET', k.payloads, unpack(ids))
-    for j, i in ipairs(at) do payloads[i] = stored[j] end
-  end
+  local payloads = payloads_of(ids, inline)
   local reply = { 0, #held, '', -1 }
   for i, c in ipairs(held) do
     for _, value in ipairs(c) do reply[#reply + 1] = value end
