@@ -30,13 +30,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar, cast
 
-import msgpack
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from distsched import Scheduler, Worker
+from distsched import Scheduler, Worker, core
 from distsched.aio import AsyncScheduler
 from distsched.keys import Keys
 
@@ -343,21 +342,16 @@ INLINE_PAYLOAD_MAX = 512
 
 
 def _record_head(raw: bytes) -> bytes:
-    """A msgpack record without its payload: its first twelve values."""
-    unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(raw)
-    for _ in range(12):
-        next(unpacker)
-    return raw[: unpacker.tell()]
+    """A stored record without the payload it holds."""
+    payload = core.decode_record(raw).payload
+    return raw[: len(raw) - len(payload)] if payload else raw
 
 
 def stored_payload(client: AnyRedis, keys: Keys, task_id: str) -> bytes | None:
     """A task's payload where the scripts keep it: in its record, else the payloads hash."""
     raw = cast(bytes | None, client.hget(keys.tasks, task_id))
-    if raw is not None and raw[:1] == b"\xa1":
-        head = _record_head(raw)
-        if len(head) < len(raw):
-            return raw[len(head) :]
+    if raw is not None and (payload := core.decode_record(raw).payload) is not None:
+        return payload
     return cast(bytes | None, client.hget(keys.payloads, task_id))
 
 
