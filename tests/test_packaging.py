@@ -84,6 +84,7 @@ def test_installed_wheel_loads_every_script_from_the_package(tmp_path: Path) -> 
 LAYERS: list[set[str]] = [
     {
         "distsched.errors",
+        "distsched.limits",
         "distsched.keys",
         "distsched.scripts",
         "distsched.schedules",
