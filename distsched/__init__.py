@@ -1,10 +1,29 @@
 """distsched: a Redis-based distributed task scheduler."""
 
-from distsched.client import Scheduler
-from distsched.context import TaskContext, current_task
-from distsched.core import Admitted, Claim, Outcome, State, TaskInfo, TaskSpec, Wait
-from distsched.schedules import Catchup, Overlap, Schedule
-from distsched.worker import Worker
+import redis as _redis
+
+# The oldest redis-py distsched runs with (pyproject.toml says the same): earlier ones
+# lack the asyncio cluster's sharded pub/sub, and would fail at a less helpful import.
+REDIS_PY_MIN = (8, 0)
+
+
+def _require_redis_py(version: str) -> None:
+    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    if parts < REDIS_PY_MIN:
+        wanted = ".".join(map(str, REDIS_PY_MIN))
+        raise ImportError(
+            f"distsched needs redis-py {wanted} or later, found {version}: "
+            f"pip install 'redis>={wanted}'"
+        )
+
+
+_require_redis_py(_redis.__version__)
+
+from distsched.client import Scheduler  # noqa: E402
+from distsched.context import TaskContext, current_task  # noqa: E402
+from distsched.core import Admitted, Claim, Outcome, State, TaskInfo, TaskSpec, Wait  # noqa: E402
+from distsched.schedules import Catchup, Overlap, Schedule  # noqa: E402
+from distsched.worker import Worker  # noqa: E402
 
 __all__ = [
     "Admitted",

@@ -235,3 +235,25 @@ def test_the_bench_command_still_offers_every_size_option() -> None:
     )
     for option in options:
         assert option in out
+
+
+def test_the_declared_redis_py_bound_is_the_one_distsched_needs() -> None:
+    import tomllib
+
+    import distsched
+
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        dependencies = tomllib.load(f)["project"]["dependencies"]
+    wanted = ".".join(map(str, distsched.REDIS_PY_MIN))
+    assert f"redis>={wanted}" in dependencies
+
+
+def test_an_older_redis_py_fails_at_import_with_the_version_it_needs() -> None:
+    # The import must name the cause, where an older redis-py would otherwise fail
+    # deep inside the asyncio cluster's imports.
+    program = "import redis; redis.__version__ = '7.4.1'; import distsched"
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "distsched needs redis-py 8.0 or later, found 7.4.1" in done.stderr
