@@ -24,8 +24,10 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import logging
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from importlib.abc import Traversable
@@ -38,6 +40,8 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, ResponseError
 
 from distsched.keys import KEY_NAMES
+
+log = logging.getLogger("distsched.scripts")
 
 SCRIPT_NAMES = (
     "schedule",
@@ -290,13 +294,214 @@ def recovery(exc: BaseException) -> Recovery:
     return Recovery.RAISE
 
 
-class _Mode:
-    """Whether a client's server takes ``FCALL`` (shared by its scripts)."""
+class Check(enum.Enum):
+    """What ``FUNCTION LIST LIBRARYNAME <name> WITHCODE`` says of a server's library."""
 
-    __slots__ = ("functions",)
+    SAME = "same"  # this version's library, byte for byte: FCALL may run it
+    MISSING = "missing"  # no library of this name: load it
+    DIFFERENT = "different"  # this name with other code (replaced by someone): refuse it
+    REFUSED = "refused"  # the user may not list functions (an ACL): use EVALSHA
+    UNAVAILABLE = "unavailable"  # a server without Functions (Redis < 7): use EVALSHA
+
+
+def check_command() -> list[str]:
+    """The command that reads the code of this version's library on one server."""
+    return ["FUNCTION", "LIST", "LIBRARYNAME", library_name(), "WITHCODE"]
+
+
+def _text_of(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _fields(entry: Any) -> dict[str, Any]:
+    """One entry of a ``FUNCTION LIST`` reply as a dict with text keys (RESP2 lists its
+    fields as flat pairs, RESP3 as a map)."""
+    if isinstance(entry, dict):
+        return {_text_of(name): value for name, value in entry.items()}
+    items = list(entry)
+    return {_text_of(items[i]): items[i + 1] for i in range(0, len(items) - 1, 2)}
+
+
+def listed_libraries(reply: Any) -> dict[str, str | None]:
+    """A ``FUNCTION LIST`` reply as library name -> its code (None without ``WITHCODE``)."""
+    out: dict[str, str | None] = {}
+    for entry in reply or []:
+        fields = _fields(entry)
+        code = fields.get("library_code")
+        out[_text_of(fields.get("library_name", ""))] = None if code is None else _text_of(code)
+    return out
+
+
+def judge(reply: Any) -> Check:
+    """Whether the library a server lists under this version's name is the one shipped.
+
+    ``LIBRARYNAME`` is a pattern, so only the entry of exactly this name counts."""
+    listed = listed_libraries(reply)
+    if library_name() not in listed:
+        return Check.MISSING
+    return Check.SAME if listed[library_name()] == library() else Check.DIFFERENT
+
+
+def judge_error(exc: BaseException) -> Check | None:
+    """What an error from :func:`check_command` means; None for any other error (raised)."""
+    if isinstance(exc, NoPermissionError):
+        return Check.REFUSED
+    if isinstance(exc, ResponseError):
+        lowered = str(exc).lower()
+        if lowered.startswith("unknown command") or lowered.startswith("unknown subcommand"):
+            return Check.UNAVAILABLE
+    return None
+
+
+def _node_name(route: dict[str, Any]) -> str:
+    """The node a call's route (:func:`_route`, :func:`_load_targets`) names; "" for the
+    one server of a plain client."""
+    node = route.get("target_nodes")
+    return "" if node is None else str(node.name)
+
+
+def server_name(client: Any, route: dict[str, Any]) -> str:
+    """The server a route leads to, as ``host:port`` (or the socket path), for messages."""
+    name = _node_name(route)
+    if name:
+        return name
+    pool = getattr(client, "connection_pool", None)
+    kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", {}) or {}
+    if kwargs.get("path"):
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+# One command to send, where (a route), in a plan; the reply, or the ResponseError
+# raised, is sent back into the plan.
+Send = tuple[list[Any], dict[str, Any]]
+Plan = Generator[Send, Any, bool]
+
+
+class _Mode:
+    """How a client's scripts run, shared by its scripts: by ``FCALL`` of a library checked
+    on each server before the first call there, or by EVALSHA for the rest of its life.
+
+    The decisions live in the plans (:meth:`prepare`, :meth:`reload`), generators that yield
+    the commands to send and receive their replies: the sync and asyncio scripts only send.
+    """
+
+    __slots__ = ("_lock", "_told", "functions", "verified")
 
     def __init__(self) -> None:
         self.functions = True
+        # The nodes (:func:`_node_name`) whose library was found to be this version's.
+        self.verified: set[str] = set()
+        self._lock = threading.Lock()
+        self._told = False
+
+    def ready(self, route: dict[str, Any]) -> bool:
+        """Whether a call on ``route`` may be sent as an ``FCALL`` now, without a check."""
+        return _node_name(route) in self.verified
+
+    def prepare(self, client: Any, route: dict[str, Any]) -> Plan:
+        """Check the library on the node of ``route`` (loading it where it is missing);
+        True when ``FCALL`` may run there."""
+        reply = yield check_command(), route
+        check = self._checked(client, route, reply)
+        if check is Check.MISSING:
+            return (yield from self.reload(client))
+        return check is Check.SAME
+
+    def reload(self, client: Any) -> Plan:
+        """Load the library on every target (:func:`_load_targets`), then check it there:
+        True when ``FCALL`` may run on every one."""
+        self.verified.clear()
+        targets = _load_targets(client)
+        for target in targets:
+            reply = yield ["FUNCTION", "LOAD", library()], target
+            if isinstance(reply, BaseException):
+                step = recovery(reply)
+                if step is Recovery.RAISE:
+                    raise reply
+                if step is Recovery.EVALSHA:
+                    self.functions = False
+                    log.info(
+                        "the Functions library %s is not installed on %s and this user may "
+                        "not load it: running every script by EVALSHA ('distsched library "
+                        "install' installs it)",
+                        library_name(),
+                        server_name(client, target),
+                    )
+                    return False
+        for target in targets:
+            reply = yield check_command(), target
+            # Deleted again meanwhile (MISSING): left unchecked, checked before a call there.
+            if self._checked(client, target, reply) in (Check.DIFFERENT, Check.REFUSED):
+                return False
+            if not self.functions:
+                return False
+        return self.functions
+
+    def _checked(self, client: Any, route: dict[str, Any], reply: Any) -> Check:
+        """Act on one check's reply (or error): note a verified node, or turn to EVALSHA."""
+        if isinstance(reply, BaseException):
+            check = judge_error(reply)
+            if check is None:
+                raise reply
+        else:
+            check = judge(reply)
+        if check is Check.SAME:
+            self.verified.add(_node_name(route))
+        elif check is not Check.MISSING:
+            self._use_evalsha(client, route, check)
+        return check
+
+    def _use_evalsha(self, client: Any, route: dict[str, Any], check: Check) -> None:
+        self.functions = False
+        with self._lock:
+            told, self._told = self._told, True
+        if told:
+            return
+        server, name = server_name(client, route), library_name()
+        if check is Check.DIFFERENT:
+            log.error(
+                "refusing the Functions library %s on %s: its code is not the code this "
+                "distsched ships (someone replaced it); running every script by EVALSHA "
+                "instead. An admin reinstalls it with 'distsched library install'.",
+                name,
+                server,
+            )
+        elif check is Check.REFUSED:
+            log.warning(
+                "cannot check the Functions library %s on %s (FUNCTION LIST is refused to "
+                "this user): running every script by EVALSHA instead",
+                name,
+                server,
+            )
+
+
+def _drive(client: Any, plan: Plan) -> bool:
+    """Run a plan with a sync client: send each command, hand back its reply or error."""
+    try:
+        command, route = next(plan)
+        while True:
+            try:
+                reply = client.execute_command(*command, **route)
+            except ResponseError as exc:
+                reply = exc
+            command, route = plan.send(reply)
+    except StopIteration as done:
+        return bool(done.value)
+
+
+async def _drive_async(client: Any, plan: Plan) -> bool:
+    """:func:`_drive` with an asyncio client."""
+    try:
+        command, route = next(plan)
+        while True:
+            try:
+                reply = await client.execute_command(*command, **route)
+            except ResponseError as exc:
+                reply = exc
+            command, route = plan.send(reply)
+    except StopIteration as done:
+        return bool(done.value)
 
 
 def _route(client: Any, key: str) -> dict[str, Any]:
@@ -343,31 +548,20 @@ class Script:
         return str(self.fallback.sha)
 
     def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if self.mode.functions:
+        mode = self.mode
+        if mode.functions:
             command, route = _fcall(self.client, self.function, keys, args)
-            try:
-                return self.client.execute_command(*command, **route)
-            except ResponseError as exc:
-                step = recovery(exc)
-                if step is Recovery.RAISE:
-                    raise
-                if step is Recovery.LOAD and self._load():
+            if mode.ready(route) or _drive(self.client, mode.prepare(self.client, route)):
+                try:
                     return self.client.execute_command(*command, **route)
-                self.mode.functions = False
+                except ResponseError as exc:
+                    step = recovery(exc)
+                    if step is Recovery.RAISE:
+                        raise
+                    if step is Recovery.LOAD and _drive(self.client, mode.reload(self.client)):
+                        return self.client.execute_command(*command, **route)
+                    mode.functions = False
         return self.fallback(keys=keys, args=args)
-
-    def _load(self) -> bool:
-        """Load the library (see :func:`_load_targets`); False when Functions are unavailable."""
-        for target in _load_targets(self.client):
-            try:
-                self.client.execute_command("FUNCTION", "LOAD", library(), **target)
-            except ResponseError as exc:
-                step = recovery(exc)
-                if step is Recovery.RAISE:
-                    raise
-                if step is Recovery.EVALSHA:
-                    return False
-        return True
 
 
 class AsyncScript:
@@ -389,30 +583,24 @@ class AsyncScript:
         if isinstance(self.client, AsyncRedisCluster):
             # Its slot map is read on the first command; routing needs it before that.
             await self.client.initialize()
-        if self.mode.functions:
+        mode = self.mode
+        if mode.functions:
             command, route = _fcall(self.client, self.function, keys, args)
-            try:
-                return await self.client.execute_command(*command, **route)
-            except ResponseError as exc:
-                step = recovery(exc)
-                if step is Recovery.RAISE:
-                    raise
-                if step is Recovery.LOAD and await self._load():
+            if mode.ready(route) or await _drive_async(
+                self.client, mode.prepare(self.client, route)
+            ):
+                try:
                     return await self.client.execute_command(*command, **route)
-                self.mode.functions = False
+                except ResponseError as exc:
+                    step = recovery(exc)
+                    if step is Recovery.RAISE:
+                        raise
+                    if step is Recovery.LOAD and await _drive_async(
+                        self.client, mode.reload(self.client)
+                    ):
+                        return await self.client.execute_command(*command, **route)
+                    mode.functions = False
         return await self.fallback(keys=keys, args=args)
-
-    async def _load(self) -> bool:
-        for target in _load_targets(self.client):
-            try:
-                await self.client.execute_command("FUNCTION", "LOAD", library(), **target)
-            except ResponseError as exc:
-                step = recovery(exc)
-                if step is Recovery.RAISE:
-                    raise
-                if step is Recovery.EVALSHA:
-                    return False
-        return True
 
 
 class Registry:
