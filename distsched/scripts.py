@@ -11,12 +11,19 @@ then the script file, joined by newlines.
 Clients run the scripts as Redis Functions: :func:`library` puts every script into
 one library, each in a block of its own with its parts, registered as
 :func:`function_name`; the library loads once per server and each call is an
-``FCALL``, so the parts are not rebuilt per call. A missing library ("Function not
-found": a restart, ``FUNCTION FLUSH``, a new cluster master) is loaded (on every
-master of a cluster lacking it) and the call sent again; where Functions are unavailable (Redis < 7,
-an ACL without ``FCALL``) the assembled text runs with EVALSHA, which redis-py's
-``register_script`` reloads on ``NOSCRIPT``. ``lua/README.md`` states the same rules
-for producers written in other languages.
+``FCALL``, so the parts are not rebuilt per call. Functions are global to a server: before
+a client's first ``FCALL`` on a server (each master of a cluster), and after every load
+it makes, it checks that the library there is byte for byte :func:`library`
+(:func:`check_command`, :func:`judge`), once per client and node. A library of that name
+with other code is refused (an error in the log) and the client runs every script by
+EVALSHA from then on, as it does where the check is refused (a warning). A missing
+library ("Function not found": a restart, ``FUNCTION FLUSH``, a new cluster master) is
+loaded (on every master of a cluster) and the call sent again; where Functions are
+unavailable (Redis < 7, an ACL without ``FCALL`` or ``FUNCTION LOAD``: a tenant, where no
+admin installed the library, :mod:`distsched.library`) the assembled text runs with
+EVALSHA, which redis-py's ``register_script`` reloads on ``NOSCRIPT``: content-addressed,
+so no one can substitute it. ``lua/README.md`` states the same rules for producers
+written in other languages.
 """
 
 from __future__ import annotations
@@ -606,10 +613,11 @@ class AsyncScript:
 class Registry:
     """The scripts of one client (sync or asyncio), by name.
 
-    Each call is an ``FCALL`` of the script's function in the library; the library is
-    loaded on the first "Function not found" (and again after a restart or a flush; in
-    a cluster, on every master that lacks it). Where Functions are unavailable the scripts run with
-    ``EVALSHA`` instead, for the rest of the client's life.
+    Each call is an ``FCALL`` of the script's function in the library, checked byte for
+    byte on each server before the first call there; the library is loaded where it is
+    missing (and again after a restart or a flush; in a cluster, on every master), and
+    checked again. Where the library differs, cannot be checked, or Functions are
+    unavailable, the scripts run with ``EVALSHA`` instead, for the rest of the client's life.
     """
 
     def __init__(self, client: Any) -> None:
