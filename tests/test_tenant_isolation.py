@@ -269,9 +269,36 @@ def test_a_tenant_with_the_documented_acl_runs_a_worker_schedules_waits_and_serv
             return (await a.status("d")).version
 
     assert asyncio.run(story()) >= 1
+    # The CLI's reads and writes, as the same user.
+    for argv in (["status", "b"], ["stats"], ["workers"], ["leases", "list"], ["cancel", "d"]):
+        result = runner().invoke(
+            cli,
+            ["--redis", installed.url("mail"), "--namespace", "mail", *argv],
+            catch_exceptions=False,
+            env={"DISTSCHED_REDIS_URL": None, "DISTSCHED_NAMESPACE": None},
+        )
+        assert result.exit_code == 0, (argv, result.stderr)
     # The only command distsched asked for and was refused is INFO, which it does without
     # (redis-py's CLIENT SETINFO, refused on Redis 7.2 or later, it ignores by itself).
     assert set(installed.denied("mail")) - {"command client|setinfo"} == {"command info"}
+
+
+def test_a_tenant_with_the_stripe_patterns_runs_a_striped_namespace(installed: Shared) -> None:
+    stripes = re.search(r"`(~ds:\{mail\{\*\}:\* &ds:\{mail\{\*\}:\*)`", security_section())
+    assert stripes, "README's Security section gives no stripe patterns"
+    rules = stripes.group(1).split()
+    installed.root.execute_command("ACL", "SETUSER", "mail", *rules)  # type: ignore[no-untyped-call]
+    installed.root.acl_log_reset()
+    s = Scheduler.from_url(installed.url("mail"), namespace="mail", stripes=3, lease_s=5.0)
+    try:
+        s.schedule_many([TaskSpec(f"{{t{i}}}", "double", args=(i,)) for i in range(9)])
+        worker = Worker(s, {"double": lambda i: 2 * i}, concurrency=3)
+        with running(worker):
+            results = [s.result(f"{{t{i}}}", timeout=20) for i in range(9)]
+        assert results == [2 * i for i in range(9)]
+    finally:
+        s.close()
+    assert set(installed.denied("mail")) - {"command client|setinfo"} <= {"command info"}
 
 
 def test_a_tenant_runs_every_script_by_evalsha_before_an_admin_installs_the_library(
