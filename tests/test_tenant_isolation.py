@@ -505,11 +505,18 @@ def test_library_install_is_idempotent_replaces_other_code_and_prunes_old_versio
     assert names == {name, "theirs"}
 
 
-def test_library_install_as_a_tenant_is_refused_and_changes_nothing(shared: Shared) -> None:
+def test_library_install_as_a_tenant_is_refused_and_changes_nothing_but_check_works(
+    shared: Shared,
+) -> None:
     result = library_cli(shared.url("mail"), "install")
     assert result.exit_code == 1 and result.stdout == ""
     assert "admin ACL" in result.stderr and "function|load" in result.stderr
     assert shared.root.function_list() == []
+    # Checking needs only function|list, which a tenant has.
+    checked = library_cli(shared.url("mail"), "check")
+    assert checked.exit_code == 1 and checked.stdout.endswith(" is missing\n")
+    library.install(shared.client("distsched-admin"))
+    assert library_cli(shared.url("mail"), "check").exit_code == 0
 
 
 def test_library_install_loads_every_master_of_a_cluster_and_reports_each() -> None:
