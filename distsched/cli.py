@@ -28,7 +28,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from distsched import __version__, views
+from distsched import __version__, library, scripts, views
 from distsched.client import Scheduler
 from distsched.core import (
     CLUSTER_SCHEMES,
@@ -57,6 +57,7 @@ from distsched.errors import (
 from distsched.hooks import validate_hooks
 from distsched.keys import MAX_STRIPES
 from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
+from distsched.scripts import Check
 from distsched.text import (
     DURATION_HINT,
     duration,
@@ -1455,6 +1456,76 @@ def leases_reap(ctx: click.Context) -> None:
         if handled == 0:
             break
     click.echo(f"reaped {total} expired lease{'s' if total != 1 else ''}")
+
+
+# --------------------------------------------------------------------------- library
+
+
+@cli.group("library")
+def library_group() -> None:
+    """The Redis Functions library the scripts run from: install it (admin), check it.
+
+    Tenants need no right to load functions: an admin installs the library once per
+    version, and clients check it byte for byte before they call it (README, Security).
+    """
+
+
+def _library_lines(report: library.NodeLibrary) -> list[str]:
+    name = scripts.library_name()
+    found = {
+        Check.SAME: f"{name} is the exact library",
+        Check.MISSING: f"{name} is missing",
+        Check.DIFFERENT: f"{name} holds OTHER code than this version ships",
+    }[report.found]
+    done = {
+        None: found,
+        library.Action.UNCHANGED: f"{name} already installed, byte for byte: unchanged",
+        library.Action.INSTALLED: f"installed {name}",
+        library.Action.REPLACED: f"replaced {name}, which held other code",
+    }[report.action]
+    lines = [f"{report.node}: {done}"]
+    if report.pruned:
+        lines.append(f"  deleted other versions: {', '.join(report.pruned)}")
+    if report.others:
+        lines.append(f"  other versions left: {', '.join(report.others)} (--prune deletes them)")
+    return lines
+
+
+@library_group.command("install")
+@click.option(
+    "--prune",
+    is_flag=True,
+    help="Also delete the libraries of other distsched versions (once none of their clients runs).",
+)
+@click.pass_context
+def library_install(ctx: click.Context, prune: bool) -> None:
+    """Load this version's library on every master (or the one server); idempotent.
+
+    Needs the admin ACL (FUNCTION LOAD): a node that holds it byte for byte is left as
+    it is, a missing one is loaded, one with other code under its name is replaced.
+    """
+    client = _connect(ctx).client
+    try:
+        reports = library.install(client, prune=prune)
+    except redis.exceptions.NoPermissionError as exc:
+        raise click.ClickException(
+            f"{one_line(exc)}: installing the library needs the admin ACL (README, Security)"
+        ) from None
+    for report in reports:
+        for line in _library_lines(report):
+            click.echo(line)
+
+
+@library_group.command("check")
+@click.pass_context
+def library_check(ctx: click.Context) -> None:
+    """Say whether each master holds this version's exact library; exit 1 if one does not."""
+    reports = library.check(_connect(ctx).client)
+    for report in reports:
+        for line in _library_lines(report):
+            click.echo(line)
+    if any(report.found is not Check.SAME for report in reports):
+        ctx.exit(1)
 
 
 # --------------------------------------------------------------------------- schedules

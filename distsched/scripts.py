@@ -11,12 +11,19 @@ then the script file, joined by newlines.
 Clients run the scripts as Redis Functions: :func:`library` puts every script into
 one library, each in a block of its own with its parts, registered as
 :func:`function_name`; the library loads once per server and each call is an
-``FCALL``, so the parts are not rebuilt per call. A missing library ("Function not
-found": a restart, ``FUNCTION FLUSH``, a new cluster master) is loaded (on every
-master of a cluster lacking it) and the call sent again; where Functions are unavailable (Redis < 7,
-an ACL without ``FCALL``) the assembled text runs with EVALSHA, which redis-py's
-``register_script`` reloads on ``NOSCRIPT``. ``lua/README.md`` states the same rules
-for producers written in other languages.
+``FCALL``, so the parts are not rebuilt per call. Functions are global to a server: before
+a client's first ``FCALL`` on a server (each master of a cluster), and after every load
+it makes, it checks that the library there is byte for byte :func:`library`
+(:func:`check_command`, :func:`judge`), once per client and node. A library of that name
+with other code is refused (an error in the log) and the client runs every script by
+EVALSHA from then on, as it does where the check is refused (a warning). A missing
+library ("Function not found": a restart, ``FUNCTION FLUSH``, a new cluster master) is
+loaded (on every master of a cluster) and the call sent again; where Functions are
+unavailable (Redis < 7, an ACL without ``FCALL`` or ``FUNCTION LOAD``: a tenant, where no
+admin installed the library, :mod:`distsched.library`) the assembled text runs with
+EVALSHA, which redis-py's ``register_script`` reloads on ``NOSCRIPT``: content-addressed,
+so no one can substitute it. ``lua/README.md`` states the same rules for producers
+written in other languages.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from __future__ import annotations
 import enum
 import functools
 import hashlib
+import logging
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from importlib.abc import Traversable
@@ -38,6 +47,8 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, ResponseError
 
 from distsched.keys import KEY_NAMES
+
+log = logging.getLogger("distsched.scripts")
 
 SCRIPT_NAMES = (
     "schedule",
@@ -290,13 +301,213 @@ def recovery(exc: BaseException) -> Recovery:
     return Recovery.RAISE
 
 
-class _Mode:
-    """Whether a client's server takes ``FCALL`` (shared by its scripts)."""
+class Check(enum.Enum):
+    """What ``FUNCTION LIST LIBRARYNAME <name> WITHCODE`` says of a server's library."""
 
-    __slots__ = ("functions",)
+    SAME = "same"  # this version's library, byte for byte: FCALL may run it
+    MISSING = "missing"  # no library of this name: load it
+    DIFFERENT = "different"  # this name with other code (replaced by someone): refuse it
+    REFUSED = "refused"  # the user may not list functions (an ACL): use EVALSHA
+    UNAVAILABLE = "unavailable"  # a server without Functions (Redis < 7): use EVALSHA
+
+
+def check_command() -> list[str]:
+    """The command that reads the code of this version's library on one server."""
+    return ["FUNCTION", "LIST", "LIBRARYNAME", library_name(), "WITHCODE"]
+
+
+def _text_of(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _fields(entry: Any) -> dict[str, Any]:
+    """One entry of a ``FUNCTION LIST`` reply as a dict with text keys (RESP2 lists its
+    fields as flat pairs, RESP3 as a map)."""
+    if isinstance(entry, dict):
+        return {_text_of(name): value for name, value in entry.items()}
+    items = list(entry)
+    return {_text_of(items[i]): items[i + 1] for i in range(0, len(items) - 1, 2)}
+
+
+def listed_libraries(reply: Any) -> dict[str, str | None]:
+    """A ``FUNCTION LIST`` reply as library name -> its code (None without ``WITHCODE``)."""
+    out: dict[str, str | None] = {}
+    for entry in reply or []:
+        fields = _fields(entry)
+        code = fields.get("library_code")
+        out[_text_of(fields.get("library_name", ""))] = None if code is None else _text_of(code)
+    return out
+
+
+def judge(reply: Any) -> Check:
+    """Whether the library a server lists under this version's name is the one shipped.
+
+    ``LIBRARYNAME`` is a pattern, so only the entry of exactly this name counts."""
+    listed = listed_libraries(reply)
+    if library_name() not in listed:
+        return Check.MISSING
+    return Check.SAME if listed[library_name()] == library() else Check.DIFFERENT
+
+
+def judge_error(exc: BaseException) -> Check | None:
+    """What an error from :func:`check_command` means; None for any other error (raised)."""
+    if isinstance(exc, NoPermissionError):
+        return Check.REFUSED
+    if isinstance(exc, ResponseError):
+        lowered = str(exc).lower()
+        if lowered.startswith("unknown command") or lowered.startswith("unknown subcommand"):
+            return Check.UNAVAILABLE
+    return None
+
+
+def _node_name(route: dict[str, Any]) -> str:
+    """The node a call's route (:func:`_route`, :func:`_load_targets`) names; "" for the
+    one server of a plain client."""
+    node = route.get("target_nodes")
+    return "" if node is None else str(node.name)
+
+
+def server_name(client: Any, route: dict[str, Any]) -> str:
+    """The server a route leads to, as ``host:port`` (or the socket path), for messages."""
+    name = _node_name(route)
+    if name:
+        return name
+    pool = getattr(client, "connection_pool", None)
+    kwargs: dict[str, Any] = getattr(pool, "connection_kwargs", {}) or {}
+    if kwargs.get("path"):
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+# One command to send, where (a route), in a plan; the reply, or the ResponseError
+# raised, is sent back into the plan.
+Send = tuple[list[Any], dict[str, Any]]
+Plan = Generator[Send, Any, bool]
+
+
+class _Mode:
+    """How a client's scripts run, shared by its scripts: by ``FCALL`` of a library checked
+    on each server before the first call there, or by EVALSHA for the rest of its life.
+
+    The decisions live in the plans (:meth:`prepare`, :meth:`reload`), generators that yield
+    the commands to send and receive their replies: the sync and asyncio scripts only send.
+    """
+
+    __slots__ = ("_lock", "_told", "functions", "verified")
 
     def __init__(self) -> None:
         self.functions = True
+        # The nodes (:func:`_node_name`) whose library was found to be this version's.
+        self.verified: set[str] = set()
+        self._lock = threading.Lock()
+        self._told = False
+
+    def ready(self, route: dict[str, Any]) -> bool:
+        """Whether a call on ``route`` may be sent as an ``FCALL`` now, without a check."""
+        return _node_name(route) in self.verified
+
+    def prepare(self, client: Any, route: dict[str, Any]) -> Plan:
+        """Check the library on the node of ``route`` (loading it where it is missing);
+        True when ``FCALL`` may run there."""
+        reply = yield check_command(), route
+        check = self._checked(client, route, reply)
+        if check is Check.MISSING:
+            return (yield from self.reload(client))
+        return check is Check.SAME
+
+    def reload(self, client: Any) -> Plan:
+        """Load the library on every target (:func:`_load_targets`), then check it there:
+        True when ``FCALL`` may run on every one."""
+        self.verified.clear()
+        targets = _load_targets(client)
+        for target in targets:
+            reply = yield ["FUNCTION", "LOAD", library()], target
+            if isinstance(reply, BaseException):
+                step = recovery(reply)
+                if step is Recovery.RAISE:
+                    raise reply
+                if step is Recovery.EVALSHA:
+                    self.functions = False
+                    log.info(
+                        "the Functions library %s is not installed on %s and this user may "
+                        "not load it: running every script by EVALSHA ('distsched library "
+                        "install' installs it)",
+                        library_name(),
+                        server_name(client, target),
+                    )
+                    return False
+        for target in targets:
+            reply = yield check_command(), target
+            # One deleted again meanwhile (MISSING) stays unverified: checked before a call.
+            self._checked(client, target, reply)
+            if not self.functions:
+                return False
+        return True
+
+    def _checked(self, client: Any, route: dict[str, Any], reply: Any) -> Check:
+        """Act on one check's reply (or error): note a verified node, or turn to EVALSHA."""
+        if isinstance(reply, BaseException):
+            check = judge_error(reply)
+            if check is None:
+                raise reply
+        else:
+            check = judge(reply)
+        if check is Check.SAME:
+            self.verified.add(_node_name(route))
+        elif check is not Check.MISSING:
+            self._use_evalsha(client, route, check)
+        return check
+
+    def _use_evalsha(self, client: Any, route: dict[str, Any], check: Check) -> None:
+        self.functions = False
+        with self._lock:
+            told, self._told = self._told, True
+        if told:
+            return
+        server, name = server_name(client, route), library_name()
+        if check is Check.DIFFERENT:
+            log.error(
+                "refusing the Functions library %s on %s: its code is not the code this "
+                "distsched ships (someone replaced it); running every script by EVALSHA "
+                "instead. An admin reinstalls it with 'distsched library install'.",
+                name,
+                server,
+            )
+        elif check is Check.REFUSED:
+            log.warning(
+                "cannot check the Functions library %s on %s (FUNCTION LIST is refused to "
+                "this user): running every script by EVALSHA instead",
+                name,
+                server,
+            )
+
+
+def _drive(client: Any, plan: Plan) -> bool:
+    """Run a plan with a sync client: send each command, hand back its reply or error."""
+    try:
+        command, route = next(plan)
+        while True:
+            try:
+                reply = client.execute_command(*command, **route)
+            except ResponseError as exc:
+                reply = exc
+            command, route = plan.send(reply)
+    except StopIteration as done:
+        return bool(done.value)
+
+
+async def _drive_async(client: Any, plan: Plan) -> bool:
+    """:func:`_drive` with an asyncio client."""
+    try:
+        command, route = next(plan)
+        while True:
+            try:
+                reply = await client.execute_command(*command, **route)
+            except ResponseError as exc:
+                reply = exc
+            command, route = plan.send(reply)
+    except StopIteration as done:
+        return bool(done.value)
 
 
 def _route(client: Any, key: str) -> dict[str, Any]:
@@ -343,31 +554,20 @@ class Script:
         return str(self.fallback.sha)
 
     def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        if self.mode.functions:
+        mode = self.mode
+        if mode.functions:
             command, route = _fcall(self.client, self.function, keys, args)
-            try:
-                return self.client.execute_command(*command, **route)
-            except ResponseError as exc:
-                step = recovery(exc)
-                if step is Recovery.RAISE:
-                    raise
-                if step is Recovery.LOAD and self._load():
+            if mode.ready(route) or _drive(self.client, mode.prepare(self.client, route)):
+                try:
                     return self.client.execute_command(*command, **route)
-                self.mode.functions = False
+                except ResponseError as exc:
+                    step = recovery(exc)
+                    if step is Recovery.RAISE:
+                        raise
+                    if step is Recovery.LOAD and _drive(self.client, mode.reload(self.client)):
+                        return self.client.execute_command(*command, **route)
+                    mode.functions = False
         return self.fallback(keys=keys, args=args)
-
-    def _load(self) -> bool:
-        """Load the library (see :func:`_load_targets`); False when Functions are unavailable."""
-        for target in _load_targets(self.client):
-            try:
-                self.client.execute_command("FUNCTION", "LOAD", library(), **target)
-            except ResponseError as exc:
-                step = recovery(exc)
-                if step is Recovery.RAISE:
-                    raise
-                if step is Recovery.EVALSHA:
-                    return False
-        return True
 
 
 class AsyncScript:
@@ -389,39 +589,34 @@ class AsyncScript:
         if isinstance(self.client, AsyncRedisCluster):
             # Its slot map is read on the first command; routing needs it before that.
             await self.client.initialize()
-        if self.mode.functions:
+        mode = self.mode
+        if mode.functions:
             command, route = _fcall(self.client, self.function, keys, args)
-            try:
-                return await self.client.execute_command(*command, **route)
-            except ResponseError as exc:
-                step = recovery(exc)
-                if step is Recovery.RAISE:
-                    raise
-                if step is Recovery.LOAD and await self._load():
+            if mode.ready(route) or await _drive_async(
+                self.client, mode.prepare(self.client, route)
+            ):
+                try:
                     return await self.client.execute_command(*command, **route)
-                self.mode.functions = False
+                except ResponseError as exc:
+                    step = recovery(exc)
+                    if step is Recovery.RAISE:
+                        raise
+                    if step is Recovery.LOAD and await _drive_async(
+                        self.client, mode.reload(self.client)
+                    ):
+                        return await self.client.execute_command(*command, **route)
+                    mode.functions = False
         return await self.fallback(keys=keys, args=args)
-
-    async def _load(self) -> bool:
-        for target in _load_targets(self.client):
-            try:
-                await self.client.execute_command("FUNCTION", "LOAD", library(), **target)
-            except ResponseError as exc:
-                step = recovery(exc)
-                if step is Recovery.RAISE:
-                    raise
-                if step is Recovery.EVALSHA:
-                    return False
-        return True
 
 
 class Registry:
     """The scripts of one client (sync or asyncio), by name.
 
-    Each call is an ``FCALL`` of the script's function in the library; the library is
-    loaded on the first "Function not found" (and again after a restart or a flush; in
-    a cluster, on every master that lacks it). Where Functions are unavailable the scripts run with
-    ``EVALSHA`` instead, for the rest of the client's life.
+    Each call is an ``FCALL`` of the script's function in the library, checked byte for
+    byte on each server before the first call there; the library is loaded where it is
+    missing (and again after a restart or a flush; in a cluster, on every master), and
+    checked again. Where the library differs, cannot be checked, or Functions are
+    unavailable, the scripts run with ``EVALSHA`` instead, for the rest of the client's life.
     """
 
     def __init__(self, client: Any) -> None:

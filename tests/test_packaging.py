@@ -87,6 +87,7 @@ LAYERS: list[set[str]] = [
         "distsched.limits",
         "distsched.keys",
         "distsched.scripts",
+        "distsched.library",
         "distsched.schedules",
         "distsched.core",
         "distsched.stripes",

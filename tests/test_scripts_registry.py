@@ -590,6 +590,46 @@ def test_every_script_is_a_function_of_one_library_that_runs_it_like_evalsha(
     assert records[0] == records[1]
 
 
+def test_the_library_check_reads_both_reply_shapes_and_counts_only_the_exact_name() -> None:
+    name, code = scripts.library_name(), scripts.library()
+    resp2 = [
+        [b"library_name", name.encode(), b"engine", b"LUA", b"functions", [],
+         b"library_code", code.encode()],
+        [b"library_name", (name + "x").encode(), b"library_code", b"other"],
+    ]  # fmt: skip
+    resp3 = [{"library_name": name, "engine": "LUA", "library_code": code}]
+    assert scripts.judge(resp2) is scripts.judge(resp3) is scripts.Check.SAME
+    assert scripts.judge([]) is scripts.judge(resp2[1:]) is scripts.Check.MISSING
+    changed = [{"library_name": name, "library_code": code.replace("return run(body)", "")}]
+    assert scripts.judge(changed) is scripts.Check.DIFFERENT
+    assert scripts.judge([{"library_name": name, "library_code": code + " "}]) is (
+        scripts.Check.DIFFERENT
+    )
+    assert scripts.check_command() == ["FUNCTION", "LIST", "LIBRARYNAME", name, "WITHCODE"]
+    refused = redis.exceptions.NoPermissionError("User x has no permissions to run 'function|list'")
+    assert scripts.judge_error(refused) is scripts.Check.REFUSED
+    unknown = redis.ResponseError("unknown command 'FUNCTION', with args beginning with: 'LIST'")
+    assert scripts.judge_error(unknown) is scripts.Check.UNAVAILABLE
+    assert scripts.judge_error(redis.ResponseError("LOADING")) is None
+
+
+def test_a_client_checks_the_library_once_then_calls_it_without_asking_again(
+    own_client: redis.Redis,
+) -> None:
+    own_client.config_resetstat()
+    s = Scheduler(own_client, namespace="once")
+    try:
+        for i in range(10):
+            s.schedule(f"a{i}", fn="f")
+    finally:
+        s.close()
+    stats = own_client.info("commandstats")
+    # Missing at first: checked, loaded, checked again; then only FCALL.
+    assert stats["cmdstat_function|list"]["calls"] == 2
+    assert stats["cmdstat_function|load"]["calls"] == 1
+    assert stats["cmdstat_fcall"]["calls"] == 10
+
+
 def test_scripts_reload_transparently_after_function_flush(own_client: redis.Redis) -> None:
     s = Scheduler(own_client, namespace="flush")
     warm = Scheduler(own_client, namespace="warm")
