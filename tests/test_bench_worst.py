@@ -77,7 +77,7 @@ def test_worst_run_measures_every_script_and_puts_the_slowlog_settings_back(
         client.config_set("slowlog-max-len", 77)
         client.set("someone-else:key", "kept")
         steps: list[str] = []
-        report = run_worst(client, "wt", scale=SCALE, repeats=2, step=steps.append)
+        report = run_worst(own_redis.url, "wt", scale=SCALE, repeats=2, step=steps.append)
         assert client.config_get("slowlog-*") == {
             "slowlog-log-slower-than": "12345",
             "slowlog-max-len": "77",

@@ -2002,7 +2002,7 @@ class Bench:
         from distsched.tools import worst
 
         report = worst.run_worst(
-            self.client, self.prefix, cfg.worst_scale, cfg.worst_repeats, self._step
+            self.url, self.prefix, cfg.worst_scale, cfg.worst_repeats, self._step
         )
         self.sections["worst"] = report
         target = f"< {worst.TARGET_MS:g} ms"

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from distsched import core, limits, scripts
 from distsched.client import Scheduler
@@ -56,6 +58,9 @@ EDGES_PER_TASK = 10
 LEASE_MS = 300_000
 FAR_DELAY_S = 86_400.0
 WORKER = "bench-worst"
+# How long a call may take before the run gives up on it: far longer than any call should
+# (redis-py's default, 5 s, would resend a long call on a new connection, found busy).
+CALL_TIMEOUT_S = 600.0
 # The longest an input's description is kept in the report.
 OUTCOME_CHARS = 160
 
@@ -137,6 +142,8 @@ class Probe:
             reply = fn()
         except (redis.ResponseError, DistschedError) as exc:
             item.outcome = f"refused: {_describe(exc)}"
+        except redis.RedisError as exc:
+            item.outcome = f"failed: {type(exc).__name__}: {_describe(exc)}"
         finally:
             self.client.config_set("slowlog-log-slower-than", -1)
         got: list[dict[str, Any]] = self.client.slowlog_get(SLOWLOG_MAX_LEN)
@@ -460,17 +467,32 @@ def slowlog_kept(client: redis.Redis) -> Iterator[dict[str, str]]:
 
 
 def run_worst(
-    client: redis.Redis,
+    url: str,
     prefix: str,
     scale: float = 1.0,
     repeats: int = 3,
     step: Callable[[str], None] = log.info,
 ) -> dict[str, Any]:
-    """Run every case ``repeats`` times (each in a fresh namespace ``<prefix>-worst-...``,
-    cleared after) and report the longest call of each script with its input.
+    """Run every case ``repeats`` times on the Redis at ``url`` (each in a fresh namespace
+    ``<prefix>-worst-...``, cleared after) and report the longest call of each script with
+    its input.
 
     ``scale`` shrinks every count (1.0: the caps themselves). Changes the server's SLOWLOG
     settings while it runs: only for a server of one's own."""
+    client = redis.Redis.from_url(url, socket_timeout=CALL_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
+    try:
+        return _run(client, prefix, scale, repeats, step)
+    finally:
+        client.close()
+
+
+def _run(
+    client: redis.Redis,
+    prefix: str,
+    scale: float,
+    repeats: int,
+    step: Callable[[str], None],
+) -> dict[str, Any]:
     shas = {name: script.sha for name, script in scripts.Registry(client).scripts.items()}
     by_sha = {sha: name for name, sha in shas.items()}
     measured: list[Measured] = []
