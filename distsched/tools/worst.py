@@ -205,7 +205,7 @@ def case_batch(p: Probe) -> None:
     """schedule: a full batch with a full load of edges, then again (replacing each
     task, so its old edges go too); tasks with payloads at the default limit."""
     tasks = p.n(limits.MAX_TASKS_PER_CALL)
-    per = min(EDGES_PER_TASK, max(1, limits.MAX_EDGES_PER_CALL // tasks))
+    per = min(EDGES_PER_TASK, tasks, max(1, limits.MAX_EDGES_PER_CALL // tasks))
     targets = p.fill("t", tasks, delay=FAR_DELAY_S)
     specs = [
         TaskSpec(f"b{i}", FN, deps=[targets[(i * per + j) % tasks] for j in range(per)])
