@@ -99,6 +99,12 @@ def longest_per_script(
     return longest
 
 
+def _longest_ms(item: Measured, shas: dict[str, str]) -> float | None:
+    """The longest call of the script ``item`` measured, None when none was logged."""
+    best = longest_per_script(item.entries, shas).get(item.script)
+    return None if best is None else float(best["ms"])
+
+
 def _describe(exc: BaseException) -> str:
     text = " ".join(_text_of(str(exc)).split())
     return text[:OUTCOME_CHARS] + ("..." if len(text) > OUTCOME_CHARS else "")
@@ -524,6 +530,17 @@ def _run(
         "slower_than_us": SLOWER_THAN_US,
         "settings_restored": saved,
         "scripts": rows,
+        # Every input measured, with the longest script call it made (None: none logged).
+        "inputs": [
+            {
+                "case": m.case,
+                "script": m.script,
+                "input": m.input,
+                "outcome": m.outcome,
+                "ms": _longest_ms(m, by_sha),
+            }
+            for m in measured
+        ],
         "refused": [
             {"case": m.case, "input": m.input, "outcome": m.outcome}
             for m in measured
