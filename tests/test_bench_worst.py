@@ -109,6 +109,12 @@ def test_worst_run_measures_every_script_and_puts_the_slowlog_settings_back(
             mine = [i["ms"] for i in report["inputs"] if i["script"] == name and i["ms"]]
             assert row["ms"] >= max(mine, default=0), name
     assert {i["script"] for i in report["inputs"]} == set(scripts.SCRIPT_NAMES)
+    # The refused cycles are left out of the longest accepted call.
+    for name in ("schedule", "add_deps"):
+        accepted = [
+            i["ms"] for i in report["inputs"] if i["script"] == name and i["outcome"] == "ok"
+        ]
+        assert rows[name]["accepted_ms"] == max((ms for ms in accepted if ms), default=None)
     # A cycle is refused, and the refusal is recorded (each run's) instead of stopping it.
     cycles = [item for item in report["refused"] if item["case"] == "cycle"]
     assert len(cycles) == 4

@@ -523,6 +523,16 @@ def _run(
             where[int(entry["id"])] = item
     longest = longest_per_script(entries, by_sha)
     rows = [_row(name, longest.get(name), where, measured) for name in scripts.SCRIPT_NAMES]
+    for row in rows:
+        # The longest call whose input the script took, apart from any it refused.
+        accepted = [
+            ms
+            for m in measured
+            if m.script == row["script"]
+            and m.outcome == "ok"
+            and (ms := _longest_ms(m, by_sha)) is not None
+        ]
+        row["accepted_ms"] = max(accepted, default=None)
     return {
         "scale": scale,
         "repeats": repeats,
