@@ -2111,6 +2111,10 @@ def _parse_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     return sizes
 
 
+def _parse_sections(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
 def _bench_size_options() -> list[click.Option]:
     """One option per size of ``BenchConfig``, with its default."""
     from distsched.tools.bench import BenchConfig
@@ -2172,6 +2176,12 @@ def _bench_size_options() -> list[click.Option]:
                           "SLOWLOG (the bench's own server only)."),
         click.option("--processes", type=int, default=d.processes, show_default=True,
                      help="(c) worker processes of the last end-to-end run."),
+        click.option("--worst-scale", type=float, default=d.worst_scale, show_default=True,
+                     help="(l) share of each cap the worst inputs use (1: the caps themselves)."),
+        click.option("--worst-repeats", type=int, default=d.worst_repeats, show_default=True,
+                     help="(l) runs of each worst input (the bench's own server only)."),
+        click.option("--only", default="", callback=_parse_sections, metavar="SECTIONS",
+                     help="Run only these sections, comma-separated (worst,profile)."),
     ]  # fmt: skip
 
     def params(f: Callable[..., Any]) -> list[click.Option]:
@@ -2222,7 +2232,8 @@ def bench(
     the dashboard (Redis commands per page, workers' drain rate while it is
     polled), and fairness keys (light keys' wait behind a heavy key's backlog, with
     and without keys; claim shares by weight), and where Redis time goes per script
-    (SLOWLOG; on the bench's own server only, its settings restored). Prints a table
+    (SLOWLOG; on the bench's own server only, its settings restored), and the longest
+    call of each script given the worst input its caps accept (SLOWLOG too). Prints a table
     with the targets next to the figures, with the machine and library versions;
     progress goes to stderr. --quick runs every section at small sizes (under 20 s) as a smoke test.
 

@@ -33,7 +33,7 @@ TINY = [
     "--dependents", "1500", "--memory-tasks", "200", "--wake-tasks", "30",
     "--wake-processes", "1,3", "--dashboard-tasks", "300", "--dashboard-drain", "200",
     "--fair-heavy", "300", "--fair-rounds", "3", "--fair-claims", "320",
-    "--profile-tasks", "50",
+    "--profile-tasks", "50", "--worst-scale", "0.01", "--worst-repeats", "1",
 ]  # fmt: skip
 
 

@@ -30,7 +30,11 @@ Sections (each on fresh namespaces):
   after), every command logged while ``schedule`` is called once per task, then while
   one worker process drains those tasks: Redis time per script (INFO commandstats
   counts every FCALL as one command), split into the commands the scripts run and
-  their own Lua.
+  their own Lua;
+- ``worst``: on the bench's own server only (SLOWLOG settings restored after), the
+  worst input the caps of ``distsched.limits`` accept for every script, each run a few
+  times: the longest single call per script, the input that made it, and whether it
+  stayed under 50 ms (``distsched.tools.worst``).
 
 Worker processes run ``python -m distsched.tools.bench worker URL NAMESPACE``: a
 ``Worker`` whose no-op records each run (task id, version, attempt, start time,
@@ -87,7 +91,7 @@ FAIR_TASKS_PER_KEY = 100
 FAIR_KEYS_MAX = 10_000
 SECTIONS = (
     "ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake", "dashboard",
-    "fairness", "profile",
+    "fairness", "profile", "worst",
 )  # fmt: skip
 # The dashboard pages the bench counts Redis commands for.
 DASHBOARD_PAGES = (
@@ -137,6 +141,8 @@ PROFILE_ENTRIES_MARGIN = 10_000
 PROFILE_CLIENT = "distsched-bench-profile"
 # Inner commands shown one per row, the costliest first.
 PROFILE_TOP_COMMANDS = 5
+# The longest input description (and refusal) a row of the worst section shows.
+WORST_SHOWN = 110
 
 
 class BenchError(DistschedError):
@@ -174,6 +180,12 @@ class BenchConfig:
     profile_tasks: int = 3_000
     # Worker processes of the e2e section's last run (its first runs use one).
     processes: int = 2
+    # The worst section: the share of each cap its inputs use (1.0: the caps themselves),
+    # and how many times each input runs.
+    worst_scale: float = 1.0
+    worst_repeats: int = 3
+    # The sections to run (empty: every one).
+    only: tuple[str, ...] = ()
 
     @classmethod
     def quick(cls) -> BenchConfig:
@@ -184,7 +196,7 @@ class BenchConfig:
             slots=5, claim_sizes=(100, 1_000), claims=50, chain=30, fanout=30,
             dependents=1_500, memory_tasks=1_000, wake_tasks=20, wake_processes=(1, 2),
             dashboard_tasks=300, dashboard_drain=200, fair_heavy=300, fair_rounds=2,
-            fair_claims=320, profile_tasks=300, processes=2,
+            fair_claims=320, profile_tasks=300, processes=2, worst_scale=0.01, worst_repeats=1,
         )  # fmt: skip
 
     def validate(self) -> None:
@@ -211,6 +223,7 @@ class BenchConfig:
             "fair_claims",
             "profile_tasks",
             "processes",
+            "worst_repeats",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -218,6 +231,13 @@ class BenchConfig:
         if self.fanout > core.MAX_DEPS:
             # The fan-in task depends on every task of the fan-out.
             raise InvalidArgument("fanout", f"must be at most {core.MAX_DEPS}")
+        if not (isinstance(self.worst_scale, (int, float)) and 0 < self.worst_scale <= 1):
+            raise InvalidArgument("worst_scale", "must be a number in (0, 1]")
+        unknown = [name for name in self.only if name not in SECTIONS]
+        if unknown:
+            raise InvalidArgument(
+                "only", f"no section {unknown[0]!r} (sections: {', '.join(SECTIONS)})"
+            )
         if not self.claim_sizes or any(n < 2 for n in self.claim_sizes):
             raise InvalidArgument("claim_sizes", "must be queue sizes >= 2")
         if not self.wake_processes or any(n < 1 for n in self.wake_processes):
@@ -1964,6 +1984,36 @@ class Bench:
             },
         }
 
+    # -- (l) worst
+
+    def worst(self) -> None:
+        cfg = self.config
+        self._phase(
+            12,
+            f"worst: the longest call of each script at the caps (scale {cfg.worst_scale:g}, "
+            f"{cfg.worst_repeats} runs each)",
+        )
+        why = self._profile_unavailable()
+        if why is not None:
+            self._step(f"skipped: {why}")
+            self.sections["worst"] = {"skipped": why}
+            self._row("worst", f"skipped: {why}", None, "")
+            return
+        from distsched.tools import worst
+
+        report = worst.run_worst(
+            self.url, self.prefix, cfg.worst_scale, cfg.worst_repeats, self._step
+        )
+        self.sections["worst"] = report
+        target = f"< {worst.TARGET_MS:g} ms"
+        for row in report["scripts"]:
+            shown = row["input"] if row["outcome"] == "ok" else f"{row['input']}: {row['outcome']}"
+            shown = shown if len(shown) <= WORST_SHOWN else shown[: WORST_SHOWN - 3] + "..."
+            self._row("worst", f"{row['script']}: {shown}", row["ms"], "ms", target=target,
+                      met=row["met"])  # fmt: skip
+        for problem in report["problems"]:
+            self._step(problem)
+
     def _profile_unavailable(self) -> str | None:
         """Why the profile section cannot run here, None when it can."""
         if not self.throwaway:
@@ -2062,7 +2112,8 @@ class Bench:
         if self.throwaway:
             self.client.flushall()
         for name in SECTIONS:
-            getattr(self, name)()
+            if not self.config.only or name in self.config.only:
+                getattr(self, name)()
         return {
             "distsched_version": __version__,
             "environment": environment(self.client),

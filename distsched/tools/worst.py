@@ -1,0 +1,560 @@
+"""The ``worst`` section of ``distsched bench``: the longest single call of each script.
+
+Redis runs one script at a time, so one long call stalls every client of the server.
+The scripts bound their own work with the caps of :mod:`distsched.limits`; this section
+builds, for every script, the worst input those caps accept (the most tasks, edges,
+dependents, reports, bytes or entries one call may be given, and the graph shapes that
+make a call walk the most), runs each such call a few times, and reads how long Redis
+spent in it from SLOWLOG. The goal is no call over :data:`TARGET_MS`.
+
+It changes SLOWLOG settings (restored after), so it runs on the bench's own server
+only. Calls a server refuses (an input over a cap, a cycle) are measured too and
+reported with the error; a section run never stops on one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from distsched import core, limits, scripts
+from distsched.client import Scheduler
+from distsched.core import Call, Claim, TaskSpec
+from distsched.errors import DistschedError
+from distsched.keys import Keys
+from distsched.schedules import MAX_BACKFILL_SLOTS
+from distsched.tools.bench import _argv_head, _is_script_client, _text_of, script_of
+
+log = logging.getLogger("distsched.bench")
+
+# The goal for any single script call, whatever its input.
+TARGET_MS = 50.0
+# SLOWLOG logs the calls measured slower than this. Not 0: Redis logs the commands a
+# script runs too, and logging each of them would add to the call being measured; none
+# of those commands comes near this, and no script call this short matters here.
+SLOWER_THAN_US = 100
+SLOWLOG_MAX_LEN = 10_000
+SLOWLOG_SETTINGS = ("slowlog-log-slower-than", "slowlog-max-len")
+# The task function of every task created (never run: no worker takes part).
+FN = "noop"
+# The payload at the default limit: one bytes argument filling it but for the map's
+# own few bytes.
+PAYLOAD_ROOM = 64
+# Tasks scheduled in one call with payloads at the default limit. MAX_TASKS_PER_CALL of
+# them would be a GiB in one call, more than a Redis client may send (its query buffer
+# limit, 1 GiB by default); the time grows with the bytes, so this many show the slope.
+PAYLOAD_TASKS = 100
+# Dependencies of each task of the batch that carries MAX_EDGES_PER_CALL edges.
+EDGES_PER_TASK = 10
+LEASE_MS = 300_000
+FAR_DELAY_S = 86_400.0
+WORKER = "bench-worst"
+# How long a call may take before the run gives up on it: far longer than any call should
+# (redis-py's default, 5 s, would resend a long call on a new connection, found busy).
+CALL_TIMEOUT_S = 600.0
+# The longest an input's description is kept in the report.
+OUTCOME_CHARS = 160
+
+
+@dataclass
+class Measured:
+    """One measured call (or API operation: every script call it made counts)."""
+
+    case: str
+    script: str
+    input: str
+    outcome: str = "ok"
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+
+def longest_per_script(
+    entries: Iterable[dict[str, Any]], shas: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    """The longest call of each script in SLOWLOG ``entries``: ``{script: {"ms", "id"}}``.
+
+    A script call is an ``FCALL`` of ``distsched_<hash>_<script>`` or an ``EVALSHA`` of a
+    script's SHA1 (``shas``: SHA1 to script name); the commands a script runs (logged
+    from its own client, ``?:0``) and any other command are left out, as are calls of
+    scripts that are not distsched's."""
+    longest: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        if _is_script_client(entry.get("client_address")):
+            continue
+        script = script_of(entry.get("command"), shas)
+        if script not in scripts.SCRIPT_NAMES:
+            continue
+        ms = int(entry["duration"]) / 1000.0
+        best = longest.get(script)
+        if best is None or ms > best["ms"]:
+            longest[script] = {"ms": ms, "id": int(entry["id"])}
+    return longest
+
+
+def _longest_ms(item: Measured, shas: dict[str, str]) -> float | None:
+    """The longest call of the script ``item`` measured, None when none was logged."""
+    best = longest_per_script(item.entries, shas).get(item.script)
+    return None if best is None else float(best["ms"])
+
+
+def _describe(exc: BaseException) -> str:
+    text = " ".join(_text_of(str(exc)).split())
+    return text[:OUTCOME_CHARS] + ("..." if len(text) > OUTCOME_CHARS else "")
+
+
+class Probe:
+    """One case's namespace: setup calls (not logged) and measured ones (logged)."""
+
+    def __init__(
+        self, client: redis.Redis, namespace: str, scale: float, case: str, out: list[Measured]
+    ) -> None:
+        self.client = client
+        self.scale = scale
+        self.case = case
+        self.out = out
+        self.keys = Keys(namespace)
+        self.registry = scripts.Registry(client)
+        self.s = Scheduler(client, namespace=namespace, lease_s=LEASE_MS / 1000)
+
+    def n(self, cap: int) -> int:
+        """``cap`` at this run's scale (at least 1)."""
+        return max(1, math.floor(cap * self.scale))
+
+    def run(self, call: Call) -> Any:
+        """Send one script call as built."""
+        return self.registry[call.script](call.keys, call.args)
+
+    def measure_call(self, what: str, call: Call) -> Any:
+        """Send one script call with SLOWLOG on (see :meth:`measure`)."""
+        return self.measure(call.script, what, lambda: self.run(call))
+
+    def measure(self, script: str, what: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` (calls of ``script``, by the API or as built) with SLOWLOG on and
+        keep the script calls it logged."""
+        item = Measured(self.case, script, what)
+        self.out.append(item)
+        reply = None
+        self.client.config_set("slowlog-log-slower-than", SLOWER_THAN_US)
+        self.client.slowlog_reset()
+        try:
+            reply = fn()
+        except (redis.ResponseError, DistschedError) as exc:
+            item.outcome = f"refused: {_describe(exc)}"
+        except redis.RedisError as exc:
+            item.outcome = f"failed: {type(exc).__name__}: {_describe(exc)}"
+        finally:
+            self.client.config_set("slowlog-log-slower-than", -1)
+        got: list[dict[str, Any]] = self.client.slowlog_get(SLOWLOG_MAX_LEN)
+        item.entries = [
+            {k: v for k, v in entry.items() if k != "command"}
+            | {"command": list(_argv_head(entry.get("command")))}
+            for entry in got
+            if not _is_script_client(entry.get("client_address"))
+        ]
+        return reply
+
+    def fill(self, prefix: str, count: int, **spec: Any) -> list[str]:
+        """Queue ``count`` tasks ``<prefix><i>`` in calls of MAX_TASKS_PER_CALL (not logged)."""
+        ids = [f"{prefix}{i}" for i in range(count)]
+        per = limits.MAX_TASKS_PER_CALL
+        for start in range(0, count, per):
+            specs = [TaskSpec(task_id, FN, **spec) for task_id in ids[start : start + per]]
+            self.run(core.schedule_call(self.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
+        return ids
+
+    def one_dependent_each(self, ids: Sequence[str]) -> None:
+        """Queue a task ``<id>-next`` depending on each of ``ids`` (not logged)."""
+        per = limits.MAX_TASKS_PER_CALL
+        for start in range(0, len(ids), per):
+            specs = [TaskSpec(f"{t}-next", FN, deps=[t]) for t in ids[start : start + per]]
+            self.run(core.schedule_call(self.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
+
+    def claim_all(self, count: int, lease_ms: int = LEASE_MS) -> list[Claim]:
+        """Claim ``count`` due tasks in calls of at most MAX_CLAIM (not logged)."""
+        claims: list[Claim] = []
+        while len(claims) < count:
+            n = min(limits.MAX_CLAIM, count - len(claims))
+            reply = self.run(core.claim_call(self.keys, WORKER, n, lease_ms))
+            got, _ = core.decode_claim_reply(core.split_reply("claim", reply)[1])
+            if not got:
+                break
+            claims += got
+        return claims
+
+    def settle_all(self, what: str, most: int) -> None:
+        """Measure propagate calls at MAX_PROPAGATE_BUDGET until nothing is left."""
+        call = core.propagate_call(self.keys, limits.MAX_PROPAGATE_BUDGET)
+        for i in range(most):
+            reply = self.measure_call(f"{what}, call {i + 1}", call)
+            if reply is None or int(reply[0]) == 0:
+                return
+
+    def close(self) -> None:
+        try:
+            self.s.clear()
+        finally:
+            self.s.close()
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def case_batch(p: Probe) -> None:
+    """schedule: a full batch with a full load of edges, then again (replacing each
+    task, so its old edges go too); tasks with payloads at the default limit."""
+    tasks = p.n(limits.MAX_TASKS_PER_CALL)
+    per = min(EDGES_PER_TASK, tasks, max(1, limits.MAX_EDGES_PER_CALL // tasks))
+    targets = p.fill("t", tasks, delay=FAR_DELAY_S)
+    specs = [
+        TaskSpec(f"b{i}", FN, deps=[targets[(i * per + j) % tasks] for j in range(per)])
+        for i in range(tasks)
+    ]
+    call = core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    edges = tasks * per
+    p.measure_call(f"{tasks:,} tasks, {edges:,} dependencies on queued tasks", call)
+    p.measure_call(f"{tasks:,} tasks replacing pending ones, {edges:,} dependencies", call)
+    big = p.n(PAYLOAD_TASKS)
+    payload = b"x" * (limits.DEFAULT_MAX_PAYLOAD_BYTES - PAYLOAD_ROOM)
+    specs = [TaskSpec(f"p{i}", FN, args=[payload], delay=FAR_DELAY_S) for i in range(big)]
+    call = core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    mib = limits.DEFAULT_MAX_PAYLOAD_BYTES >> 20
+    p.measure_call(f"{big:,} tasks with {mib} MiB payloads (the default limit)", call)
+
+
+def case_claim(p: Probe) -> None:
+    """claim: MAX_CLAIM small due tasks; due tasks with payloads at the default limit,
+    enough to fill MAX_CLAIM_REPLY_BYTES."""
+    count = p.n(limits.MAX_CLAIM)
+    p.fill("c", count)
+    call = core.claim_call(p.keys, WORKER, limits.MAX_CLAIM, LEASE_MS)
+    p.measure_call(f"n={limits.MAX_CLAIM:,}, {count:,} due tasks", call)
+    size = limits.DEFAULT_MAX_PAYLOAD_BYTES - PAYLOAD_ROOM
+    big = p.n(limits.MAX_CLAIM_REPLY_BYTES // size + 1)
+    p.fill("p", big, args=[b"x" * size])
+    p.measure_call(f"n={limits.MAX_CLAIM:,}, {big:,} due tasks with 1 MiB payloads", call)
+
+
+def case_reports(p: Probe) -> None:
+    """heartbeat, release, complete, fail: MAX_REPORTS_PER_CALL claims in one call, each
+    task with a dependent (settled by the call) and errors of MAX_ERROR_BYTES; then
+    forget and purge of as many terminal tasks as they take."""
+    count = p.n(limits.MAX_REPORTS_PER_CALL)
+    ids = p.fill("r", count)
+    p.one_dependent_each(ids)
+    claims = p.claim_all(count)
+    n = len(claims)
+    beat = core.heartbeat_call(p.keys, claims, LEASE_MS)
+    p.measure_call(f"{n:,} leases", beat)
+    back = core.release_call(p.keys, claims)
+    p.measure_call(f"{n:,} leases", back)
+    claims = p.claim_all(count)
+    done = core.complete_call(p.keys, [(c, None) for c in claims])
+    p.measure_call(f"{len(claims):,} tasks, each releasing a dependent", done)
+    forget = core.forget_call(p.keys, ids[: core.PURGE_TASKS_MAX])
+    p.measure_call(f"{min(count, core.PURGE_TASKS_MAX):,} succeeded tasks", forget)
+    ids = p.fill("f", count)
+    p.one_dependent_each(ids)
+    claims = p.claim_all(count)
+    error = "E" * limits.MAX_ERROR_BYTES
+    fail = core.fail_call(p.keys, [(c, error) for c in claims])
+    kib = limits.MAX_ERROR_BYTES // 1024
+    p.measure_call(
+        f"{len(claims):,} last attempts, {kib} KiB errors, each blocking a dependent", fail
+    )
+    purge = core.purge_call(p.keys, core.PURGE_TASKS_MAX, retention_s=0)
+    p.measure_call(f"limit {core.PURGE_TASKS_MAX:,}, {2 * count:,} ended tasks", purge)
+
+
+def case_fanout(p: Probe) -> None:
+    """cancel, propagate, retry: a task with many dependents cancelled at
+    MAX_PROPAGATE_BUDGET, settled, then retried with its cascade, settled again."""
+    dependents = p.n(100_000)
+    p.fill("root", 1, delay=FAR_DELAY_S)
+    p.fill("d", dependents, deps=["root0"])
+    calls = math.ceil(dependents / limits.MAX_PROPAGATE_BUDGET) + 3
+    cancel = Call("cancel", p.keys.for_script("cancel"), [limits.MAX_PROPAGATE_BUDGET, "root0"])
+    p.measure_call(f"a task with {dependents:,} dependents", cancel)
+    p.settle_all(f"{dependents:,} dependents of a cancelled task", calls)
+    retry = Call("retry", p.keys.for_script("retry"), [limits.MAX_PROPAGATE_BUDGET, "root0", "1"])
+    p.measure_call(f"cascade over {dependents:,} blocked dependents", retry)
+    p.settle_all(f"{dependents:,} dependents of a retried task", calls)
+
+
+def case_deps(p: Probe) -> None:
+    """add_deps, fail, propagate: a task's MAX_DEPS_PER_TASK dependencies placed in parts
+    of MAX_EDGES_PER_CALL, then one of them fails, so the task is blocked and its
+    edges unlinked."""
+    total = p.n(limits.MAX_DEPS_PER_TASK)
+    part = min(limits.MAX_EDGES_PER_CALL, core.MAX_DEPS)
+    p.fill("first", 1)
+    deps = ["first0", *p.fill("d", total - 1, delay=FAR_DELAY_S)]
+    p.fill("t", 1, deps=deps[:1], max_attempts=1)
+    for i, start in enumerate(range(1, total, part)):
+        call = core.add_deps_call(p.keys, "t0", deps[start : start + part], False)
+        held = start + min(part, total - start)
+        p.measure_call(f"part {i + 1} of {total:,} dependencies ({held:,} held after it)", call)
+    claims = p.claim_all(1)
+    fail = core.fail_call(p.keys, [(c, "E") for c in claims])
+    p.measure_call(f"the dependency of a task with {total:,} dependencies", fail)
+    p.settle_all(f"a blocked task with {total:,} dependencies", total // part + 3)
+
+
+def case_cycle(p: Probe) -> None:
+    """schedule, add_deps: closing a cycle through a pending chain of MAX_CYCLE_VISITS
+    tasks (refused with the cycle, or past the visit bound)."""
+    length = p.n(limits.MAX_CYCLE_VISITS - 1)
+    p.fill("root", 1, delay=FAR_DELAY_S)
+    per = limits.MAX_TASKS_PER_CALL
+    for start in range(0, length, per):
+        specs = [
+            TaskSpec(f"c{i}", FN, deps=[f"c{i - 1}" if i else "root0"])
+            for i in range(start, min(length, start + per))
+        ]
+        p.run(core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
+    last = f"c{length - 1}"
+    replace = core.schedule_call(
+        p.keys, [TaskSpec("c0", FN, deps=[last])], limits.DEFAULT_MAX_PAYLOAD_BYTES
+    )
+    p.measure_call(f"a task closing a cycle through {length:,} pending tasks", replace)
+    add = core.add_deps_call(p.keys, "c0", [last], False)
+    p.measure_call(f"a dependency closing a cycle through {length:,} pending tasks", add)
+
+
+def case_compact(p: Probe) -> None:
+    """compact: MAX_COMPACT_BUDGET per call over a queue of stale entries only."""
+    budget = p.n(limits.MAX_COMPACT_BUDGET)
+    stale = 2 * budget
+    # Entries of tasks whose records are gone: each examined entry is removed.
+    members = [core.queue_member(0, 1, f"gone{i}") for i in range(stale)]
+    for chunk in _chunks(members, 10_000):
+        p.client.zadd(p.keys.queue, {m: 0 for m in chunk})
+    call = core.compact_call(p.keys, budget, 0)
+    for i in range(2):
+        p.measure_call(f"budget {budget:,}, {stale:,} stale queue entries, call {i + 1}", call)
+
+
+def case_order(p: Probe) -> None:
+    """order: a change of order rewriting the ready set at its most; claim in the
+    priority order."""
+    count = p.n(core.ORDER_REWRITE_MAX)
+    ids = [f"o{i}" for i in range(count)]
+    per = limits.MAX_TASKS_PER_CALL
+    for start in range(0, count, per):
+        specs = [
+            TaskSpec(task_id, FN, priority=i % 10)
+            for i, task_id in enumerate(ids[start : start + per], start)
+        ]
+        p.run(core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
+    p.measure(
+        "order", f"to priority, {count:,} ready tasks", lambda: p.s.set_order("priority", 60.0)
+    )
+    call = core.claim_call(p.keys, WORKER, limits.MAX_CLAIM, LEASE_MS)
+    p.measure_call(f"n={limits.MAX_CLAIM:,} in priority order, {count:,} ready", call)
+    p.measure("order", f"to default, {count:,} ready tasks", lambda: p.s.set_order("default"))
+
+
+def case_leases(p: Probe) -> None:
+    """confirm_cancel, leave, reap, expire: confirming the cancel of a running task with
+    dependents; a worker leaving; a batch of expired leases and of expired deadlines."""
+    dependents = p.n(2 * limits.MAX_PROPAGATE_BUDGET)
+    p.fill("x", 1)
+    p.fill("xd", dependents, deps=["x0"])
+    claims = p.claim_all(1)
+    p.s.cancel("x0")
+    confirm = core.confirm_cancel_call(p.keys, claims[0])
+    p.measure_call(f"a running task with {dependents:,} dependents", confirm)
+    worker = "w" * limits.MAX_WORKER_ID_BYTES
+    leave = core.leave_call(p.keys, worker)
+    p.measure_call(f"a worker id of {limits.MAX_WORKER_ID_BYTES} bytes", leave)
+    count = p.n(core.REAP_BATCH)
+    p.fill("l", count, max_attempts=2)
+    p.claim_all(count, lease_ms=1)
+    expiring = p.n(core.EXPIRE_BATCH)
+    p.fill("e", expiring, ttl=0.001)
+    time.sleep(0.05)
+    reap = core.reap_call(p.keys)
+    p.measure_call(f"limit {core.REAP_BATCH:,}, {count:,} expired leases", reap)
+    expire = core.expire_call(p.keys)
+    p.measure_call(f"limit {core.EXPIRE_BATCH:,}, {expiring:,} expired deadlines", expire)
+
+
+def case_schedules(p: Probe) -> None:
+    """recur, fire, fairness: a schedule put, a backfill of its most slots, a key set."""
+    now = p.s.server_time()
+    slots = MAX_BACKFILL_SLOTS
+    p.measure(
+        "recur",
+        "a new interval schedule",
+        lambda: p.s.add_schedule(
+            "every", FN, interval=1.0, start=now - slots - 60, overlap="allow"
+        ),
+    )
+    p.measure(
+        "fire",
+        f"a backfill of {slots:,} slots",
+        lambda: p.s.backfill("every", now - slots - 30, now - 1, limit=slots),
+    )
+    p.measure(
+        "fairness", "a key's cap, weight and rate", lambda: p.s.set_key("tenant", 10, 2, 100, 1.0)
+    )
+
+
+CASES: dict[str, Callable[[Probe], None]] = {
+    "batch": case_batch,
+    "claim": case_claim,
+    "reports": case_reports,
+    "fanout": case_fanout,
+    "deps": case_deps,
+    "cycle": case_cycle,
+    "compact": case_compact,
+    "order": case_order,
+    "leases": case_leases,
+    "schedules": case_schedules,
+}
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _row(
+    script: str, best: dict[str, Any] | None, where: dict[int, Measured], measured: list[Measured]
+) -> dict[str, Any]:
+    """A script's line of the report: its longest call, with the input that made it."""
+    if best is not None:
+        item = where[best["id"]]
+        return {
+            "script": script,
+            "ms": best["ms"],
+            "input": item.input,
+            "outcome": item.outcome,
+            "case": item.case,
+            "met": best["ms"] < TARGET_MS,
+        }
+    # None logged: every call of it was faster than SLOWER_THAN_US (or none was made).
+    tried = [item for item in measured if item.script == script]
+    return {
+        "script": script,
+        "ms": None,
+        "input": tried[-1].input if tried else "",
+        "outcome": (
+            f"under {SLOWER_THAN_US / 1000:g} ms (not logged)" if tried else "not measured"
+        ),
+        "case": tried[-1].case if tried else "",
+        "met": True if tried else None,
+    }
+
+
+@contextmanager
+def slowlog_kept(client: redis.Redis) -> Iterator[dict[str, str]]:
+    """Restore the server's SLOWLOG settings after the block, and empty its log."""
+    got = client.config_get("slowlog-*")
+    saved = {name: _text_of(got[name]) for name in SLOWLOG_SETTINGS if name in got}
+    try:
+        client.config_set("slowlog-max-len", SLOWLOG_MAX_LEN)
+        client.config_set("slowlog-log-slower-than", -1)
+        yield saved
+    finally:
+        for name, value in saved.items():
+            client.config_set(name, value)
+        client.slowlog_reset()
+
+
+def run_worst(
+    url: str,
+    prefix: str,
+    scale: float = 1.0,
+    repeats: int = 3,
+    step: Callable[[str], None] = log.info,
+) -> dict[str, Any]:
+    """Run every case ``repeats`` times on the Redis at ``url`` (each in a fresh namespace
+    ``<prefix>-worst-...``, cleared after) and report the longest call of each script with
+    its input.
+
+    ``scale`` shrinks every count (1.0: the caps themselves). Changes the server's SLOWLOG
+    settings while it runs: only for a server of one's own."""
+    client = redis.Redis.from_url(url, socket_timeout=CALL_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
+    try:
+        return _run(client, prefix, scale, repeats, step)
+    finally:
+        client.close()
+
+
+def _run(
+    client: redis.Redis,
+    prefix: str,
+    scale: float,
+    repeats: int,
+    step: Callable[[str], None],
+) -> dict[str, Any]:
+    shas = {name: script.sha for name, script in scripts.Registry(client).scripts.items()}
+    by_sha = {sha: name for name, sha in shas.items()}
+    measured: list[Measured] = []
+    problems: list[str] = []
+    with slowlog_kept(client) as saved:
+        for case, fn in CASES.items():
+            for r in range(repeats):
+                probe = Probe(client, f"{prefix}-worst-{case}-{r}", scale, case, measured)
+                try:
+                    fn(probe)
+                except (redis.ResponseError, DistschedError) as exc:
+                    # Setup refused (a cap this run's input went over): said, not fatal.
+                    problems.append(f"{case}: setup refused: {_describe(exc)}")
+                finally:
+                    probe.close()
+            step(f"{case}: done")
+    entries: list[dict[str, Any]] = []
+    where: dict[int, Measured] = {}
+    for item in measured:
+        for entry in item.entries:
+            entries.append(entry)
+            where[int(entry["id"])] = item
+    longest = longest_per_script(entries, by_sha)
+    rows = [_row(name, longest.get(name), where, measured) for name in scripts.SCRIPT_NAMES]
+    for row in rows:
+        # The longest call whose input the script took, apart from any it refused.
+        accepted = [
+            ms
+            for m in measured
+            if m.script == row["script"]
+            and m.outcome == "ok"
+            and (ms := _longest_ms(m, by_sha)) is not None
+        ]
+        row["accepted_ms"] = max(accepted, default=None)
+    return {
+        "scale": scale,
+        "repeats": repeats,
+        "target_ms": TARGET_MS,
+        "slower_than_us": SLOWER_THAN_US,
+        "settings_restored": saved,
+        "scripts": rows,
+        # Every input measured, with the longest script call it made (None: none logged).
+        "inputs": [
+            {
+                "case": m.case,
+                "script": m.script,
+                "input": m.input,
+                "outcome": m.outcome,
+                "ms": _longest_ms(m, by_sha),
+            }
+            for m in measured
+        ],
+        "refused": [
+            {"case": m.case, "input": m.input, "outcome": m.outcome}
+            for m in measured
+            if m.outcome != "ok"
+        ],
+        "problems": problems,
+    }
