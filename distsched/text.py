@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import json
 import math
 import re
 import reprlib
@@ -83,6 +84,14 @@ def escape(text: object, keep_newlines: bool = False) -> str:
     ``keep_newlines``."""
     pattern = _UNSAFE_KEEP_NEWLINES if keep_newlines else _UNSAFE
     return pattern.sub(_escaped, str(text))
+
+
+def json_line(data: Any) -> str:
+    """``data`` (plain JSON data) as one line of JSON fit for a terminal: non-ASCII text
+    as it is, but every control character escaped (JSON escapes C0 itself; C1 controls,
+    separators and bidirectional overrides too here, as ``\\u`` escapes)."""
+    text = json.dumps(data, ensure_ascii=False)
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
 
 
 # How much of a stored string (an id, a worker id, an error) one line shows by default.
