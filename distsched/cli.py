@@ -156,7 +156,8 @@ class CliGroup(click.Group):
         except click.ClickException as exc:
             # Every error message, whoever raised it: no password of a URL, and nothing a
             # terminal would act on (an id or a Redis reply may hold escape sequences).
-            exc.message = escape(redact_text(exc.message), keep_newlines=True)
+            # click declares message Final, yet its own handlers only read it when printing.
+            exc.message = escape(redact_text(exc.message), keep_newlines=True)  # type: ignore[misc]
             raise
 
     def _invoke(self, ctx: click.Context) -> Any:

@@ -34,7 +34,8 @@ _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s@:]*):([^/?#\s]*)@"
 # A secret in a query string or in ``key=value`` text: ``?password=...``, ``&token=...``.
 _SECRET_PARAM = re.compile(
     r"(?i)\b((?:password|passwd|pwd|pass|token|secret|auth|api[_-]?key|access[_-]?key)=)"
-    r"[^&#;\s]*"
+    # The value ends at a separator, a space, or a colon that ends a word ("URL: why").
+    r"(?:[^&#;\s:]|:(?![\s]|$))*"
 )
 REDACTED = "***"
 
@@ -245,6 +246,17 @@ def _rebuilt(value: Any, depth: int) -> Any:
     for v in value:
         items.append(_rebuilt(v, depth - 1))
     return tuple(items) if isinstance(value, tuple) else items
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with NaN and infinities (a figure that could not be measured) as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 # --------------------------------------------------------------------------- times

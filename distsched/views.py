@@ -52,6 +52,13 @@ class Neighbourhood:
     # Tasks whose dependencies / dependents were not all fetched: the limit was reached.
     cut_up: set[str] = field(default_factory=set)
     cut_down: set[str] = field(default_factory=set)
+    # Dependents read but gone (removed since their edge was read): they count against
+    # the limit too, so that a list of dead edges costs a bounded number of reads.
+    gone: set[str] = field(default_factory=set)
+
+    @property
+    def full(self) -> bool:
+        return len(self.tasks) + len(self.gone) >= self.limit
 
     @property
     def truncated(self) -> bool:
@@ -101,7 +108,7 @@ def _walk_up(scheduler: Scheduler, hood: Neighbourhood) -> None:
         named = [(d, False) for d in info.deps] + [(d, True) for d in info.optional_deps]
         for dep, optional in named:
             if dep not in hood.tasks:
-                if len(hood.tasks) >= hood.limit:
+                if hood.full:
                     hood.cut_up.add(current)
                     continue
                 hood.tasks[dep] = lookup(scheduler, dep)
@@ -123,13 +130,16 @@ def _walk_down(scheduler: Scheduler, hood: Neighbourhood) -> None:
             continue
         edges = hood.down.setdefault(current, [])
         for child in info.dependents:
+            if child in hood.gone:
+                continue
             if child not in hood.tasks:
-                if len(hood.tasks) >= hood.limit:
+                if hood.full:
                     hood.cut_down.add(current)
                     continue
                 found = lookup(scheduler, child)
                 if found is None:
-                    continue  # removed since the edge was read
+                    hood.gone.add(child)  # removed since the edge was read
+                    continue
                 hood.tasks[child] = found
             child_info = hood.tasks[child]
             # The edge and the child's own list are two reads; trust the child's list.
