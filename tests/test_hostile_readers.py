@@ -501,3 +501,21 @@ def test_a_cli_error_on_a_tls_failure_hides_the_password(
     result = invoke(url, namespace, "why", "x")
     _assert_redacted(result, "s3cret-a", "s3cret-b")
     assert ssl.OPENSSL_VERSION  # the client has TLS: the error is the handshake's
+
+
+def test_every_error_message_is_escaped_and_redacted_whoever_raised_it(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # click's own usage error quotes what was typed as it is.
+    result = invoke(redis_server.url, namespace, "redis://alice:s3cret@host" + HOSTILE)
+    assert result.exit_code == 2
+    assert "s3cret" not in result.stderr and "alice:***@host" in result.stderr
+    assert not CONTROL.search(result.stderr) and "\\x1b]0;pwned" in result.stderr
+
+
+def test_jsonable_cuts_any_nesting_with_an_ellipsis_without_a_recursion_error() -> None:
+    data = jsonable({"args": nested(5000)})
+    text = json.dumps(data)
+    assert text.count("[") == 63 and json.loads(text) is not None
+    assert CUT_MARK in json.dumps(data, ensure_ascii=False)
+    assert jsonable(nested(64)) == nested(64)  # whatever the scripts accept shows whole
