@@ -49,7 +49,6 @@ from distsched.schedules import (
     validate_name,
 )
 from distsched.schedules import definition as schedule_definition
-from distsched.text import CUT_MARK, cut_deep
 
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
@@ -1321,6 +1320,52 @@ def add_deps_call(
 
 def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+# What stands for an array or map nested too deep to read or show.
+CUT_MARK = "…"
+
+
+def cut_deep(value: Any, depth: int) -> Any:
+    """``value`` with every array or map deeper than ``depth`` replaced by ``"…"``;
+    ``value`` itself when none is (the walk goes no deeper than ``depth``)."""
+    return _rebuilt(value, depth) if _deeper(value, depth) else value
+
+
+def _deeper(value: Any, depth: int) -> bool:
+    # A walk with its own stack: the value may nest deeper than Python's recursion limit.
+    stack = [(value, depth)]
+    while stack:
+        item, left = stack.pop()
+        if not isinstance(item, (dict, list, tuple)) or isinstance(item, msgpack.ExtType):
+            continue
+        if left <= 0:
+            return True
+        if isinstance(item, dict):
+            for k, v in item.items():
+                stack.append((k, left - 1))
+                stack.append((v, left - 1))
+        else:
+            for v in item:
+                stack.append((v, left - 1))
+    return False
+
+
+def _rebuilt(value: Any, depth: int) -> Any:
+    # One frame per level (no comprehensions), and callers keep depth far below the limit.
+    if not isinstance(value, (dict, list, tuple)) or isinstance(value, msgpack.ExtType):
+        return value
+    if depth <= 0:
+        return CUT_MARK
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            out[_rebuilt(k, depth - 1)] = _rebuilt(v, depth - 1)
+        return out
+    items = []
+    for v in value:
+        items.append(_rebuilt(v, depth - 1))
+    return tuple(items) if isinstance(value, tuple) else items
 
 
 # How deep the values a reader decodes (status, explain, the dashboard) may nest: past

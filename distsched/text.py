@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from distsched.core import CUT_MARK
 from distsched.errors import InvalidArgument
 from distsched.limits import MAX_PAYLOAD_DEPTH
 
@@ -155,7 +156,6 @@ def table(rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) ->
 # How deep arrays and maps are shown; deeper ones show as CUT_MARK. Every payload the
 # scripts accept (MAX_PAYLOAD_DEPTH) shows whole.
 SHOW_DEPTH = MAX_PAYLOAD_DEPTH
-CUT_MARK = "…"
 _REPR = reprlib.Repr()
 _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 4, CUT_CHARS, CUT_CHARS
 
@@ -204,48 +204,6 @@ def jsonable(value: Any, depth: int = SHOW_DEPTH) -> Any:
 
 def _key(key: object) -> str:
     return key if isinstance(key, str) else short_repr(key)
-
-
-def cut_deep(value: Any, depth: int) -> Any:
-    """``value`` with every array or map deeper than ``depth`` replaced by ``"…"``;
-    ``value`` itself when none is (the walk goes no deeper than ``depth``)."""
-    return _rebuilt(value, depth) if _deeper(value, depth) else value
-
-
-def _deeper(value: Any, depth: int) -> bool:
-    # A walk with its own stack: the value may nest deeper than Python's recursion limit.
-    stack = [(value, depth)]
-    while stack:
-        item, left = stack.pop()
-        if not isinstance(item, (dict, list, tuple)) or isinstance(item, msgpack.ExtType):
-            continue
-        if left <= 0:
-            return True
-        if isinstance(item, dict):
-            for k, v in item.items():
-                stack.append((k, left - 1))
-                stack.append((v, left - 1))
-        else:
-            for v in item:
-                stack.append((v, left - 1))
-    return False
-
-
-def _rebuilt(value: Any, depth: int) -> Any:
-    # One frame per level (no comprehensions), and callers keep depth far below the limit.
-    if not isinstance(value, (dict, list, tuple)) or isinstance(value, msgpack.ExtType):
-        return value
-    if depth <= 0:
-        return CUT_MARK
-    if isinstance(value, dict):
-        out: dict[Any, Any] = {}
-        for k, v in value.items():
-            out[_rebuilt(k, depth - 1)] = _rebuilt(v, depth - 1)
-        return out
-    items = []
-    for v in value:
-        items.append(_rebuilt(v, depth - 1))
-    return tuple(items) if isinstance(value, tuple) else items
 
 
 def finite_or_none(value: Any) -> Any:

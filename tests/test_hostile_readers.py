@@ -25,11 +25,10 @@ from click.testing import CliRunner, Result
 
 from distsched import Scheduler, State, Worker, core, views
 from distsched.cli import cli
+from distsched.core import CUT_MARK, cut_deep
 from distsched.keys import Keys
 from distsched.text import (
-    CUT_MARK,
     cut,
-    cut_deep,
     escape,
     json_line,
     jsonable,
@@ -188,6 +187,7 @@ def test_a_result_nested_2000_deep_reads_as_a_cut_value(
     redis_client.hset(scheduler.keys.results, "r", b"R" + b"\x91" * 2000 + b"\x01")
     info = scheduler.status("r")
     assert CUT_MARK in str(info.result)
+    assert CUT_MARK in str(scheduler.result("r", timeout=1))
     assert "result:" in run(redis_server, scheduler.namespace, "status", "r").stdout
 
 
