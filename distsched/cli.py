@@ -1430,7 +1430,7 @@ def workers(ctx: click.Context, as_json: bool) -> None:
             f"{info.seen_ago:.1f} s ago",
             duration(round(max(0.0, now - info.started))),
             show(one_line(", ".join(info.functions))),
-            counts or "-",
+            show(counts) if counts else "-",
         ))  # fmt: skip
     for line in table(rows, right=frozenset({2})):
         click.echo(line)
