@@ -1332,28 +1332,35 @@ def cut_deep(value: Any, depth: int) -> Any:
     return _rebuilt(value, depth) if _deeper(value, depth) else value
 
 
+_NESTING = (dict, list, tuple)
+
+
+def _nested(item: Any) -> list[Any]:
+    """The arrays and maps right inside an array or map (map keys included)."""
+    if type(item) is dict:
+        inside = [k for k in item if type(k) in _NESTING]
+        return inside + [v for v in item.values() if type(v) in _NESTING]
+    return [v for v in item if type(v) in _NESTING]
+
+
 def _deeper(value: Any, depth: int) -> bool:
-    # A walk with its own stack: the value may nest deeper than Python's recursion limit.
+    # A walk with its own stack (the value may nest deeper than Python's recursion
+    # limit) that steps only on arrays and maps: exact types, so that an ExtType (a
+    # namedtuple) counts as the single value it is.
+    if type(value) not in _NESTING:
+        return False
     stack = [(value, depth)]
     while stack:
         item, left = stack.pop()
-        if not isinstance(item, (dict, list, tuple)) or isinstance(item, msgpack.ExtType):
-            continue
         if left <= 0:
             return True
-        if isinstance(item, dict):
-            for k, v in item.items():
-                stack.append((k, left - 1))
-                stack.append((v, left - 1))
-        else:
-            for v in item:
-                stack.append((v, left - 1))
+        stack.extend((child, left - 1) for child in _nested(item))
     return False
 
 
 def _rebuilt(value: Any, depth: int) -> Any:
     # One frame per level (no comprehensions), and callers keep depth far below the limit.
-    if not isinstance(value, (dict, list, tuple)) or isinstance(value, msgpack.ExtType):
+    if type(value) not in _NESTING:
         return value
     if depth <= 0:
         return CUT_MARK
@@ -1372,6 +1379,17 @@ def _rebuilt(value: Any, depth: int) -> Any:
 # it an array or map reads as "…", so that no reader of a stored value, nor a repr of
 # it, meets Python's recursion limit. A Python producer's msgpack packs at most 511.
 READ_DEPTH = 256
+
+
+# Every byte but those that start a msgpack array or map.
+_NOT_CONTAINER_BYTES = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))
+
+
+def _may_nest(raw: bytes, depth: int) -> bool:
+    """Whether ``raw`` may hold arrays or maps nested more than ``depth`` deep: only if
+    ``depth`` bytes of it could start one (a count at C speed, where the walk of
+    :func:`cut_deep` would visit every item of a large payload)."""
+    return len(raw.translate(None, _NOT_CONTAINER_BYTES)) > depth
 
 
 def unpack_error(exc: BaseException) -> str:
@@ -1417,7 +1435,7 @@ def decode_payload_trace(
             raise ValueError(f"payload is not msgpack: {unpack_error(again)}") from None
     except Exception as exc:
         raise ValueError(f"payload is not msgpack: {unpack_error(exc)}") from None
-    if depth is not None:
+    if depth is not None and _may_nest(raw, depth):
         data = cut_deep(data, depth)
     if isinstance(data, str):
         raise ValueError(data)
@@ -1516,7 +1534,7 @@ def decode_value(raw: bytes, depth: int = READ_DEPTH) -> Any:
         value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
     except msgpack.exceptions.StackError:
         value = msgpack.unpackb(cut_packed(raw, depth), raw=False, strict_map_key=False)
-    return cut_deep(value, depth)
+    return cut_deep(value, depth) if _may_nest(raw, depth) else value
 
 
 CLAIM_FIELDS = 6

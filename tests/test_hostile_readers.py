@@ -526,3 +526,15 @@ def test_jsonable_cuts_any_nesting_with_an_ellipsis_without_a_recursion_error() 
     assert text.count("[") == 63 and json.loads(text) is not None
     assert CUT_MARK in json.dumps(data, ensure_ascii=False)
     assert jsonable(nested(64)) == nested(64)  # whatever the scripts accept shows whole
+
+
+def test_a_reader_cuts_exactly_what_nests_past_its_depth() -> None:
+    depth = core.READ_DEPTH
+    # The payload's map is the first level, its args array the second.
+    _, whole, _, _ = core.decode_payload_trace(packed_nested(depth - 1), depth)
+    assert CUT_MARK not in str(whole) and str(whole).count("[") == depth - 2  # args: a tuple
+    _, cut_args, _, _ = core.decode_payload_trace(packed_nested(depth), depth)
+    assert CUT_MARK in str(cut_args)
+    value = core.decode_value(cast(bytes, msgpack.packb(nested(depth + 1))), depth)
+    assert str(value).count("[") == depth and CUT_MARK in str(value)
+    assert core.decode_value(cast(bytes, msgpack.packb(nested(depth))), depth) == nested(depth)
