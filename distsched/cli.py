@@ -59,17 +59,22 @@ from distsched.keys import MAX_STRIPES
 from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
 from distsched.scripts import Check
 from distsched.text import (
+    CUT_CHARS,
     DURATION_HINT,
     duration,
     error_summary,
+    escape,
     iso,
+    json_line,
     jsonable,
     one_line,
     parse_duration,
     parse_when,
     preview,
     redact,
+    redact_text,
     relative,
+    show,
     table,
 )
 
@@ -147,6 +152,16 @@ class CliGroup(click.Group):
     """Turns the errors a user can act on into one line on stderr and exit code 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return self._invoke(ctx)
+        except click.ClickException as exc:
+            # Every error message, whoever raised it: no password of a URL, and nothing a
+            # terminal would act on (an id or a Redis reply may hold escape sequences).
+            # click declares message Final, yet its own handlers only read it when printing.
+            exc.message = escape(redact_text(exc.message), keep_newlines=True)  # type: ignore[misc]
+            raise
+
+    def _invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except InvalidArgument as exc:
@@ -347,27 +362,40 @@ PREVIEW_CHARS = 200
 EXIT_TIMEOUT = 3
 
 
+# Ids one line of `status` lists (deps, dependents) unless --full.
+IDS_SHOWN = 20
+
+
 def _status_lines(
     info: TaskInfo, server_now: float, limit: int | None = PREVIEW_CHARS
 ) -> list[tuple[str, str]]:
-    """Key/value lines; args, kwargs, result and error cut to ``limit`` characters."""
+    """Key/value lines, every stored string escaped; args, kwargs, result and error cut
+    to ``limit`` characters, and with a limit, ids cut and lists of ids shortened (None:
+    all of each)."""
+    id_limit = None if limit is None else CUT_CHARS
 
     def js(value: Any) -> str:
-        return preview(json.dumps(jsonable(value), ensure_ascii=False), limit)
+        return escape(preview(json.dumps(jsonable(value), ensure_ascii=False), limit))
 
     def ids(values: tuple[str, ...]) -> str:
-        return ", ".join(views.show_id(v) for v in values) or "-"
+        shown = values if id_limit is None else values[:IDS_SHOWN]
+        text = ", ".join(views.show_id(v, id_limit) for v in shown) or "-"
+        if len(shown) < len(values):
+            text += f", … ({len(values) - len(shown)} more; --full to see all)"
+        return text
 
     run_at = f"{iso(info.run_at)} ({relative(info.run_at, server_now)}; epoch {info.run_at:.3f})"
     blocked = "-"
     if info.blocked_by is not None:
         cause = info.blocked_by
-        blocked = f"{views.show_id(cause.root)} via {views.show_path(cause.path)}"
+        blocked = (
+            f"{views.show_id(cause.root, id_limit)} via {views.show_path(cause.path, id_limit)}"
+        )
     lease = "-"
     if info.lease_deadline is not None:
         lease = f"{iso(info.lease_deadline)} ({relative(info.lease_deadline, server_now)})"
     return [
-        ("task_id", info.task_id),
+        ("task_id", show(info.task_id, id_limit)),
         ("state", info.state.value),
         ("version", str(info.version)),
         ("attempt", str(info.attempt)),
@@ -375,11 +403,11 @@ def _status_lines(
         ("priority", str(info.priority)),
         ("run_at", run_at),
         ("backoff", f"{info.backoff:g} s"),
-        ("fn", info.fn or "-"),
+        ("fn", show(info.fn, id_limit) if info.fn else "-"),
         ("args", js(list(info.args))),
         ("kwargs", js(info.kwargs)),
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
-        ("worker", info.worker or "-"),
+        ("worker", show(info.worker, id_limit) if info.worker else "-"),
         ("lease_deadline", lease),
         ("updated_at", iso(info.updated_at)),
         ("error", _error_value(info.error, limit)),
@@ -400,13 +428,14 @@ def _status_lines(
 def attempt_text(attempt: AttemptInfo, limit: int | None = PREVIEW_CHARS) -> str:
     """One ended attempt on one line: outcome, token, worker, when and how long."""
     took = max(attempt.ended_at - attempt.started_at, 0.0)
+    id_limit = None if limit is None else CUT_CHARS
     text = (
-        f"{attempt.outcome}: version {attempt.version} attempt {attempt.attempt}, "
-        f"{views.show_id(attempt.worker) if attempt.worker else '-'}, "
+        f"{escape(attempt.outcome)}: version {attempt.version} attempt {attempt.attempt}, "
+        f"{views.show_id(attempt.worker, id_limit) if attempt.worker else '-'}, "
         f"{iso(attempt.started_at)}, {took:.3f} s"
     )
     if attempt.error:
-        text += f", {preview(attempt.error, limit)}"
+        text += f", {escape(preview(attempt.error, limit))}"
     return text
 
 
@@ -423,10 +452,12 @@ def _error_value(error: str | None, limit: int | None) -> str:
     when nothing is cut."""
     if not error:
         return "-"
-    summary = error_summary(error)
+    summary = escape(error_summary(error))
     if limit is None and "\n" in error:
-        return f"{summary}\n{error}"
-    return preview(summary, limit)
+        # The traceback's own line breaks are kept; anything else a terminal would act on
+        # is escaped.
+        return f"{summary}\n{escape(error, keep_newlines=True)}"
+    return escape(preview(error_summary(error), limit))
 
 
 # --------------------------------------------------------------------------- commands
@@ -906,10 +937,11 @@ def status(
             try:
                 info = scheduler.wait(task_id, timeout)
             except Timeout:
-                click.echo(f"task {task_id!r} did not end within {timeout:g}s", err=True)
+                shown = escape(repr(task_id))
+                click.echo(f"task {shown} did not end within {timeout:g}s", err=True)
                 ctx.exit(EXIT_TIMEOUT)
     if as_json:
-        click.echo(json.dumps(info_dict(info), ensure_ascii=False))
+        click.echo(json_line(info_dict(info)))
     else:
         limit = None if full else preview_chars
         lines = _status_lines(info, scheduler.server_time(), limit)
@@ -920,17 +952,23 @@ def status(
         ctx.exit(1)
 
 
+def _quoted(text: str | None, limit: int | None) -> str:
+    """A stored string quoted, escaped and cut, as an error message names it."""
+    return "None" if text is None else escape(repr(text if limit is None else text[:limit]))
+
+
 def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def _why_lines(exp: Explanation) -> list[str]:
-    """The explanation in plain sentences: a headline, then one line per reason."""
+def _why_lines(exp: Explanation, limit: int | None = CUT_CHARS) -> list[str]:
+    """The explanation in plain sentences: a headline, then one line per reason; every
+    stored string escaped and cut to ``limit`` characters (None: whole)."""
     now = exp.server_time
-    fn = views.show_id(exp.fn) if exp.fn else "(unreadable payload)"
+    fn = views.show_id(exp.fn, limit) if exp.fn else "(unreadable payload)"
     lines = [
-        f"{views.show_id(exp.task_id)} (version {exp.version}, fn {fn}) is {exp.state.value}"
-        + ("." if exp.state is State.RUNNING else ", not running:")
+        f"{views.show_id(exp.task_id, limit)} (version {exp.version}, fn {fn}) "
+        f"is {exp.state.value}" + ("." if exp.state is State.RUNNING else ", not running:")
     ]
     spent = f"{exp.attempt} of {exp.max_attempts} attempts"
     for reason in exp.reasons:
@@ -940,7 +978,7 @@ def _why_lines(exp: Explanation) -> list[str]:
                 lease = f"until {iso(exp.lease_deadline)} ({relative(exp.lease_deadline, now)})"
             text = (
                 f"it runs attempt {exp.attempt} of {exp.max_attempts}, leased by "
-                f"{views.show_id(exp.worker or '?')} {lease}"
+                f"{views.show_id(exp.worker or '?', limit)} {lease}"
             )
         elif reason is Reason.CANCEL_REQUESTED:
             text = (
@@ -954,7 +992,7 @@ def _why_lines(exp: Explanation) -> list[str]:
         elif reason is Reason.SUCCEEDED:
             text = f"it succeeded at {iso(exp.updated_at)}"
         elif reason is Reason.FAILED:
-            error = one_line(exp.error) if exp.error else "no error recorded"
+            error = show(one_line(exp.error), limit) if exp.error else "no error recorded"
             text = f"it failed at {iso(exp.updated_at)} after {spent}: {error}"
         elif reason is Reason.CANCELLED:
             text = f"it was cancelled at {iso(exp.updated_at)}"
@@ -971,8 +1009,8 @@ def _why_lines(exp: Explanation) -> list[str]:
             else:
                 root_state = exp.root_state.value if exp.root_state else "no longer readable"
                 text = (
-                    f"it is blocked by {views.show_id(cause.root)} ({root_state}), "
-                    f"via {views.show_path(cause.path)}"
+                    f"it is blocked by {views.show_id(cause.root, limit)} ({root_state}), "
+                    f"via {views.show_path(cause.path, limit)}"
                 )
         elif reason is Reason.PLACING:
             text = (
@@ -1008,14 +1046,15 @@ def _why_lines(exp: Explanation) -> list[str]:
             )
         elif reason is Reason.KEY_CAPPED:
             text = (
-                f"its fairness key {exp.fair_key!r} is at its cap: {exp.key_running} running, "
-                f"cap {exp.key_cap}"
+                f"its fairness key {_quoted(exp.fair_key, limit)} is at its cap: "
+                f"{exp.key_running} running, cap {exp.key_cap}"
             )
         elif reason is Reason.KEY_RATE:
             due = exp.key_next_at or now
             text = (
-                f"its fairness key {exp.fair_key!r} used its rate of {exp.key_rate} per "
-                f"{exp.key_per_s:g} s: next start at {iso(due)} ({relative(due, now)})"
+                f"its fairness key {_quoted(exp.fair_key, limit)} used its rate of "
+                f"{exp.key_rate} per {exp.key_per_s:g} s: "
+                f"next start at {iso(due)} ({relative(due, now)})"
             )
         elif reason is Reason.NEXT:
             text = "it is due and first in line: the next worker with a free slot claims it"
@@ -1026,7 +1065,7 @@ def _why_lines(exp: Explanation) -> list[str]:
             for dep in exp.deps:
                 kind = " (optional)" if dep.optional else ""
                 state = dep.state.value if dep.state else "no record (not submitted yet)"
-                lines.append(f"    {views.show_id(dep.task_id)}{kind}: {state}")
+                lines.append(f"    {views.show_id(dep.task_id, limit)}{kind}: {state}")
             if exp.deps_not_shown:
                 lines.append(f"    ... and {exp.deps_not_shown} more not shown")
     if not exp.state.terminal and exp.state is not State.RUNNING:
@@ -1037,8 +1076,9 @@ def _why_lines(exp: Explanation) -> list[str]:
 @cli.command()
 @click.argument("task_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--full", is_flag=True, help="Print ids and the error whole (not cut).")
 @click.pass_context
-def why(ctx: click.Context, task_id: str, as_json: bool) -> None:
+def why(ctx: click.Context, task_id: str, as_json: bool, full: bool) -> None:
     """Why task ID is not running (or that it is), in plain sentences.
 
     Times are on the Redis server's clock. A due task's place counts the queue
@@ -1050,9 +1090,9 @@ def why(ctx: click.Context, task_id: str, as_json: bool) -> None:
     if as_json:
         data = jsonable(exp)
         data["reasons"] = [reason.value for reason in exp.reasons]
-        click.echo(json.dumps(data, ensure_ascii=False))
+        click.echo(json_line(data))
         return
-    for line in _why_lines(exp):
+    for line in _why_lines(exp, None if full else CUT_CHARS):
         click.echo(line)
 
 
@@ -1369,7 +1409,7 @@ def workers(ctx: click.Context, as_json: bool) -> None:
     _require_namespace(ctx, scheduler)
     found = scheduler.workers()
     if as_json:
-        click.echo(json.dumps([jsonable(info) for info in found], ensure_ascii=False))
+        click.echo(json_line([jsonable(info) for info in found]))
         return
     if not found:
         click.echo("no workers")
@@ -1382,16 +1422,16 @@ def workers(ctx: click.Context, as_json: bool) -> None:
     for info in found:
         counts = ", ".join(f"{k} {v}" for k, v in info.counts.items() if v)
         rows.append((
-            one_line(info.worker_id),
-            one_line(info.host),
+            show(one_line(info.worker_id)),
+            show(one_line(info.host)),
             str(info.pid),
-            one_line(info.version),
+            show(one_line(info.version)),
             f"{info.running}/{info.concurrency}",
             "alive" if info.alive else "silent",
             f"{info.seen_ago:.1f} s ago",
             duration(round(max(0.0, now - info.started))),
-            one_line(", ".join(info.functions)),
-            counts or "-",
+            show(one_line(", ".join(info.functions))),
+            show(counts) if counts else "-",
         ))  # fmt: skip
     for line in table(rows, right=frozenset({2})):
         click.echo(line)
@@ -1416,8 +1456,8 @@ def leases_list(ctx: click.Context) -> None:
     for lease in held:
         left = lease.seconds_left
         rows.append((
-            lease.task_id,
-            lease.worker,
+            views.show_id(lease.task_id),
+            show(lease.worker),
             f"{lease.attempt}/{lease.max_attempts}",
             f"{left:.3f} s" if left >= 0 else f"expired {-left:.3f} s ago",
         ))  # fmt: skip
@@ -1566,7 +1606,7 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
     scheduler = _connect(ctx)
     found = scheduler.schedules()
     if as_json:
-        click.echo(json.dumps([_schedule_dict(sc) for sc in found], ensure_ascii=False))
+        click.echo(json_line([_schedule_dict(sc) for sc in found]))
         return
     if not found:
         click.echo("no schedules")
@@ -1580,7 +1620,8 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
             "-" if sc.next_fire is None else f"{iso(sc.next_fire)} ({relative(sc.next_fire, now)})"
         )
         rows.append((
-            one_line(sc.name), one_line(sc.fn), one_line(_when_text(sc)), _schedule_state(sc),
+            show(one_line(sc.name)), show(one_line(sc.fn)), show(one_line(_when_text(sc))),
+            _schedule_state(sc),
             next_fire, sc.overlap.value, str(sc.fired), str(sc.skipped), str(sc.missed),
         ))  # fmt: skip
     for line in table(rows, right=frozenset({6, 7, 8})):
@@ -1745,8 +1786,9 @@ def schedules_next(ctx: click.Context, name: str, n: int) -> None:
     show_default=True,
     help="Read at most this many tasks.",
 )
+@click.option("--full", is_flag=True, help="Print ids and errors whole (not cut).")
 @click.pass_context
-def graph(ctx: click.Context, task_id: str, as_json: bool, limit: int) -> None:
+def graph(ctx: click.Context, task_id: str, as_json: bool, limit: int, full: bool) -> None:
     """Show what task ID depends on and what depends on it, with their states.
 
     Optional edges are marked [optional]; a blocked task names the task whose
@@ -1759,9 +1801,9 @@ def graph(ctx: click.Context, task_id: str, as_json: bool, limit: int) -> None:
         hood = views.walk(scheduler, task_id, limit=limit)
     if as_json:
         data = views.render_json(hood)
-        click.echo(json.dumps(jsonable(data), ensure_ascii=False))
+        click.echo(json_line(jsonable(data)))
         return
-    for line in views.render_text(hood, _settings(ctx).namespace):
+    for line in views.render_text(hood, _settings(ctx).namespace, None if full else CUT_CHARS):
         click.echo(line)
 
 
@@ -1811,11 +1853,12 @@ def _listing(
         cursor = page.cursor
 
 
-def _task_row(info: TaskInfo, now: float) -> list[str]:
-    error = preview(error_summary(info.error), 80) if info.error else "-"
+def _task_row(info: TaskInfo, now: float, full: bool = False) -> list[str]:
+    limit = None if full else CUT_CHARS
+    error = escape(preview(error_summary(info.error), None if full else 80)) if info.error else "-"
     return [
-        views.show_id(info.task_id),
-        info.fn or "-",
+        views.show_id(info.task_id, limit),
+        show(info.fn, limit) if info.fn else "-",
         info.state.value,
         f"{info.attempt}/{info.max_attempts}",
         f"{iso(info.updated_at)} ({relative(info.updated_at, now)})",
@@ -1834,9 +1877,16 @@ def _task_row(info: TaskInfo, now: float) -> list[str]:
 @click.option("--limit", type=int, default=50, show_default=True, help="At most N tasks (1-1000).")
 @click.option("--cursor", default=None, help="Go on where a previous listing stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: items and cursor.")
+@click.option("--full", is_flag=True, help="Print ids, functions and errors whole (not cut).")
 @click.pass_context
 def tasks_command(
-    ctx: click.Context, state: str, fn: str | None, limit: int, cursor: str | None, as_json: bool
+    ctx: click.Context,
+    state: str,
+    fn: str | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+    full: bool,
 ) -> None:
     """List the tasks in one state, without scanning the namespace.
 
@@ -1848,17 +1898,17 @@ def tasks_command(
     page = scheduler.tasks(state, fn=fn, limit=limit, cursor=cursor)
     if as_json:
         data = {"items": [info_dict(info) for info in page.items], "cursor": page.cursor}
-        click.echo(json.dumps(data, ensure_ascii=False))
+        click.echo(json_line(data))
         return
     now = scheduler.server_time()
     header = ["ID", "FN", "STATE", "ATTEMPT", "UPDATED", "ERROR"]
-    for line in table([header, *(_task_row(info, now) for info in page.items)]):
+    for line in table([header, *(_task_row(info, now, full) for info in page.items)]):
         click.echo(line)
     if not page.items:
-        click.echo(f"no {state} tasks" + (f" of {fn}" if fn else ""), err=True)
+        click.echo(f"no {state} tasks" + (f" of {escape(fn)}" if fn else ""), err=True)
     if page.cursor is not None:
-        more = f"distsched tasks --state {state} --cursor {page.cursor!r}"
-        click.echo(f"more: {more}" + (f" --fn {fn!r}" if fn else ""), err=True)
+        more = f"distsched tasks --state {state} --cursor {escape(repr(page.cursor))}"
+        click.echo(f"more: {more}" + (f" --fn {escape(repr(fn))}" if fn else ""), err=True)
 
 
 def _bulk_options(command: Callable[..., Any]) -> Callable[..., Any]:

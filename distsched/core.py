@@ -1322,6 +1322,84 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+# What stands for an array or map nested too deep to read or show.
+CUT_MARK = "…"
+
+
+def cut_deep(value: Any, depth: int) -> Any:
+    """``value`` with every array or map deeper than ``depth`` replaced by ``"…"``;
+    ``value`` itself when none is (the walk goes no deeper than ``depth``)."""
+    return _rebuilt(value, depth) if _deeper(value, depth) else value
+
+
+_NESTING = (dict, list, tuple)
+
+
+def _nested(item: Any) -> list[Any]:
+    """The arrays and maps right inside an array or map (map keys included)."""
+    if type(item) is dict:
+        inside = [k for k in item if type(k) in _NESTING]
+        return inside + [v for v in item.values() if type(v) in _NESTING]
+    return [v for v in item if type(v) in _NESTING]
+
+
+def _deeper(value: Any, depth: int) -> bool:
+    # A walk with its own stack (the value may nest deeper than Python's recursion
+    # limit) that steps only on arrays and maps: exact types, so that an ExtType (a
+    # namedtuple) counts as the single value it is.
+    if type(value) not in _NESTING:
+        return False
+    stack = [(value, depth)]
+    while stack:
+        item, left = stack.pop()
+        if left <= 0:
+            return True
+        stack.extend((child, left - 1) for child in _nested(item))
+    return False
+
+
+def _rebuilt(value: Any, depth: int) -> Any:
+    # One frame per level (no comprehensions), and callers keep depth far below the limit.
+    if type(value) not in _NESTING:
+        return value
+    if depth <= 0:
+        return CUT_MARK
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            out[_rebuilt(k, depth - 1)] = _rebuilt(v, depth - 1)
+        return out
+    items = []
+    for v in value:
+        items.append(_rebuilt(v, depth - 1))
+    return tuple(items) if isinstance(value, tuple) else items
+
+
+# How deep the values a reader decodes (status, explain, the dashboard) may nest: past
+# it an array or map reads as "…", so that no reader of a stored value, nor a repr of
+# it, meets Python's recursion limit. A Python producer's msgpack packs at most 511.
+READ_DEPTH = 256
+
+
+# Every byte but those that start a msgpack array or map.
+_NOT_CONTAINER_BYTES = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))
+
+
+def _may_nest(raw: bytes, depth: int) -> bool:
+    """Whether ``raw`` may hold arrays or maps nested more than ``depth`` deep: only if
+    ``depth`` bytes of it could start one (a count at C speed, where the walk of
+    :func:`cut_deep` would visit every item of a large payload)."""
+    return len(raw.translate(None, _NOT_CONTAINER_BYTES)) > depth
+
+
+def unpack_error(exc: BaseException) -> str:
+    """Why msgpack could not decode a value, never empty (msgpack's own messages are
+    sometimes empty: nesting past its limit raises a bare ``StackError``)."""
+    if isinstance(exc, msgpack.exceptions.StackError):
+        return "nested deeper than msgpack decodes (1024 arrays or maps; StackError)"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
 def decode_payload(raw: bytes | None) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     """Decode a stored payload: ``(fn, args, kwargs)``; see :func:`decode_payload_trace`."""
     fn, args, kwargs, _ = decode_payload_trace(raw)
@@ -1329,7 +1407,7 @@ def decode_payload(raw: bytes | None) -> tuple[str, tuple[Any, ...], dict[str, A
 
 
 def decode_payload_trace(
-    raw: bytes | None,
+    raw: bytes | None, depth: int | None = None
 ) -> tuple[str, tuple[Any, ...], dict[str, Any], dict[str, str] | None]:
     """Decode a stored payload; raises ``ValueError`` describing what is wrong.
 
@@ -1339,13 +1417,26 @@ def decode_payload_trace(
     A nil ``args`` or ``kwargs`` (how JavaScript encoders send ``undefined``) is empty.
     A payload that is a msgpack string is the claim script's reason why the task
     cannot run (a corrupt record): it is raised as the error.
+
+    With ``depth`` (a reader's decoding), arrays and maps nested deeper than it read
+    as ``"…"``, however deep the stored payload goes; without it (a worker's), a
+    payload msgpack cannot decode raises.
     """
     if not raw:
         raise ValueError("payload is missing")
     try:
         data = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except msgpack.exceptions.StackError as exc:
+        if depth is None:
+            raise ValueError(f"payload is not msgpack: {unpack_error(exc)}") from None
+        try:
+            data = msgpack.unpackb(cut_packed(raw, depth), raw=False, strict_map_key=False)
+        except Exception as again:
+            raise ValueError(f"payload is not msgpack: {unpack_error(again)}") from None
     except Exception as exc:
-        raise ValueError(f"payload is not msgpack: {exc}") from None
+        raise ValueError(f"payload is not msgpack: {unpack_error(exc)}") from None
+    if depth is not None and _may_nest(raw, depth):
+        data = cut_deep(data, depth)
     if isinstance(data, str):
         raise ValueError(data)
     if not isinstance(data, dict):
@@ -1365,6 +1456,85 @@ def decode_payload_trace(
     ):
         trace = None
     return fn, tuple(args), kwargs, trace
+
+
+# msgpack heads: first byte -> (bytes of the head, bytes of its length field); a
+# fixed-size value's head is the whole value.
+_FIXED_SIZES = {
+    0xC0: 1, 0xC2: 1, 0xC3: 1, 0xCA: 5, 0xCB: 9, 0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9,
+    0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9, 0xD4: 3, 0xD5: 4, 0xD6: 6, 0xD7: 10, 0xD8: 18,
+}  # fmt: skip
+# Sized values: first byte -> (bytes of the length field, extra head bytes after it).
+_SIZED = {0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0), 0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1),
+          0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0)}  # fmt: skip
+# Arrays and maps: first byte -> (bytes of the count field, items per count).
+_CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}
+_CUT_PACKED = msgpack.packb(CUT_MARK)
+
+
+def _head(raw: bytes, pos: int) -> tuple[int, int]:
+    """(bytes of the value's head, items inside it: -1 for a value that is no array
+    or map, whose head is then the whole value) of the value at ``pos``."""
+    if pos >= len(raw):
+        raise ValueError("payload ends inside a value")
+    b = raw[pos]
+    if b <= 0x7F or b >= 0xE0:
+        return 1, -1
+    if 0x80 <= b <= 0x8F:
+        return 1, 2 * (b & 0x0F)
+    if 0x90 <= b <= 0x9F:
+        return 1, b & 0x0F
+    if 0xA0 <= b <= 0xBF:
+        return 1 + (b & 0x1F), -1
+    if b in _FIXED_SIZES:
+        return _FIXED_SIZES[b], -1
+    if b in _SIZED:
+        width, extra = _SIZED[b]
+        return 1 + width + extra + int.from_bytes(raw[pos + 1 : pos + 1 + width], "big"), -1
+    if b in _CONTAINERS:
+        width, per = _CONTAINERS[b]
+        return 1 + width, per * int.from_bytes(raw[pos + 1 : pos + 1 + width], "big")
+    raise ValueError(f"byte 0x{b:02x} starts no msgpack value")
+
+
+def cut_packed(raw: bytes, depth: int) -> bytes:
+    """The msgpack value ``raw`` with every array or map nested deeper than ``depth``
+    (the outermost is 1) packed as the string ``"…"``: a value too deep for msgpack to
+    decode, cut so that it decodes. Walks with its own stack, one step per item."""
+    out = bytearray()
+    pos = 0
+    open_items = [1]  # items still to read in each open array or map, outermost first
+    while open_items:
+        if open_items[-1] == 0:
+            open_items.pop()
+            continue
+        open_items[-1] -= 1
+        size, items = _head(raw, pos)
+        if items < 0 or len(open_items) <= depth:
+            out += raw[pos : pos + size]
+            pos += size
+            if items >= 0:
+                open_items.append(items)
+            continue
+        skip = 1  # values left to skip: this array or map, then all it holds
+        while skip:
+            size, items = _head(raw, pos)
+            pos += size
+            skip += max(items, 0) - 1
+        out += _CUT_PACKED
+    if pos > len(raw):
+        raise ValueError("payload ends inside a value")
+    return bytes(out)
+
+
+def decode_value(raw: bytes, depth: int = READ_DEPTH) -> Any:
+    """A stored msgpack value as a reader sees it: arrays and maps nested deeper than
+    ``depth`` read as ``"…"``, however deep the stored value goes."""
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except msgpack.exceptions.StackError:
+        value = msgpack.unpackb(cut_packed(raw, depth), raw=False, strict_map_key=False)
+    return cut_deep(value, depth) if _may_nest(raw, depth) else value
 
 
 CLAIM_FIELDS = 6
@@ -1668,7 +1838,7 @@ def decode_status(
         raw_payload = rec.payload
     try:
         fn: str | None
-        fn, args, kwargs = decode_payload(raw_payload)
+        fn, args, kwargs, _ = decode_payload_trace(raw_payload, READ_DEPTH)
     except ValueError:
         fn, args, kwargs = None, (), {}
     deps_list = decode_deps_list(raw_deps)
@@ -1681,9 +1851,9 @@ def decode_status(
             error = body.decode("utf-8", "replace")
         elif kind == b"R":
             try:
-                result = msgpack.unpackb(body, raw=False, strict_map_key=False)
+                result = decode_value(body)
             except Exception as exc:
-                error = f"stored result does not decode: {exc}"
+                error = f"stored result does not decode: {unpack_error(exc)}"
         else:
             error = "stored result does not parse"
     return TaskInfo(
@@ -2927,7 +3097,7 @@ class Ops(ClaimShortcuts):
         meta = meta[:2]
         rec = decode_record(record_raw, task_id)
         try:
-            fn: str | None = decode_payload(rec.payload or payload)[0]
+            fn: str | None = decode_payload_trace(rec.payload or payload, READ_DEPTH)[0]
         except ValueError:
             fn = None
         max_running, running = (_count_or_none(value) for value in meta)

@@ -9,31 +9,109 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import enum
+import json
 import math
 import re
+import reprlib
 import time
-import urllib.parse
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import msgpack
+
+from distsched.core import CUT_MARK
 from distsched.errors import InvalidArgument
+from distsched.limits import MAX_PAYLOAD_DEPTH
 
 # datetime cannot represent later instants; an epoch beyond it is most likely
 # milliseconds given where seconds were expected.
 MAX_EPOCH_S = _dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=_dt.timezone.utc).timestamp()
 
 
+# A URL's user information: ``scheme://user:password@``, up to the last ``@`` before
+# the host (a password may hold an ``@``).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s@:]*):([^/?#\s]*)@")
+# A secret in a query string or in ``key=value`` text: ``?password=...``, ``&token=...``.
+_SECRET_PARAM = re.compile(
+    r"(?i)\b((?:password|passwd|pwd|pass|token|secret|auth|api[_-]?key|access[_-]?key)=)"
+    # The value ends at a separator, a space, or a colon that ends a word ("URL: why").
+    r"(?:[^&#;\s:]|:(?![\s]|$))*"
+)
+REDACTED = "***"
+
+
 def redact(url: str) -> str:
-    """``url`` without its password, fit to print."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-        if parts.password is None:
-            return url
-        netloc = parts.netloc.rsplit("@", 1)[1]
-        user = f"{parts.username}:***@" if parts.username else ":***@"
-        return urllib.parse.urlunsplit(parts._replace(netloc=user + netloc))
-    except ValueError:
-        return url
+    """``url`` without its password (``user:***@``, ``?password=***``), fit to print."""
+    return redact_text(url)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every password it holds as ``***``: the password of each URL in it
+    (``scheme://user:***@host``) and every secret parameter (``password=***``,
+    ``token=***``, ...), whether or not the URL parses."""
+    text = _USERINFO.sub(lambda m: f"{m[1]}{m[2]}:{REDACTED}@", text)
+    return _SECRET_PARAM.sub(lambda m: f"{m[1]}{REDACTED}", text)
+
+
+# --------------------------------------------------------------------------- terminal
+
+# What a terminal would act on rather than show: C0 controls (ESC starts clear-screen,
+# title and hyperlink sequences), DEL, C1 controls (0x9b is a one-byte CSI), line and
+# paragraph separators, bidirectional overrides (text shown in another order than it
+# is stored) and lone surrogates.
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_UNSAFE_KEEP_NEWLINES = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+    "\u2066-\u2069\ud800-\udfff]"
+)
+
+
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    if match[0] in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[match[0]]
+    code = ord(match[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape(text: object, keep_newlines: bool = False) -> str:
+    r"""``text`` fit to print on a terminal: every control character shown as an escape
+    (``\x1b``, ``\x9b``, ``\u202e``), so that stored data can neither move the cursor,
+    clear the screen, set the title nor hide a link; newlines too unless
+    ``keep_newlines``."""
+    pattern = _UNSAFE_KEEP_NEWLINES if keep_newlines else _UNSAFE
+    return pattern.sub(_escaped, str(text))
+
+
+def json_line(data: Any) -> str:
+    """``data`` (plain JSON data) as one line of JSON fit for a terminal: non-ASCII text
+    as it is, but every control character escaped (JSON escapes C0 itself; C1 controls,
+    separators and bidirectional overrides too here, as ``\\u`` escapes)."""
+    text = json.dumps(data, ensure_ascii=False)
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
+
+
+# How much of a stored string (an id, a worker id, an error) one line shows by default.
+CUT_CHARS = 200
+
+
+def cut(text: str, limit: int | None = CUT_CHARS, flag: str = "--full") -> str:
+    """``text`` cut to ``limit`` characters (None: all of it), saying how much was left
+    out and the ``flag`` that shows it all."""
+    if limit is None or len(text) <= limit:
+        return text
+    more = len(text[limit:].encode("utf-8", "surrogatepass"))
+    return f"{text[:limit]}… ({more} more bytes; {flag} to see all)"
+
+
+def show(text: object, limit: int | None = CUT_CHARS, flag: str = "--full") -> str:
+    """A stored string on one line of a terminal: cut to ``limit``, then escaped."""
+    return escape(cut(str(text), limit, flag))
 
 
 def one_line(text: object) -> str:
@@ -75,23 +153,57 @@ def table(rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) ->
     ]
 
 
-def jsonable(value: Any) -> Any:
+# How deep arrays and maps are shown; deeper ones show as CUT_MARK. Every payload the
+# scripts accept (MAX_PAYLOAD_DEPTH) shows whole.
+SHOW_DEPTH = MAX_PAYLOAD_DEPTH
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 4, CUT_CHARS, CUT_CHARS
+
+
+def short_repr(value: object) -> str:
+    """``repr(value)``, bounded in size and depth (never a RecursionError)."""
+    try:
+        return _REPR.repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+
+
+def jsonable(value: Any, depth: int = SHOW_DEPTH) -> Any:
     """``value`` as plain JSON data: bytes as text (or ``{"hex": ...}``), tuples as
-    lists, dataclasses as objects, NaN and infinities as strings."""
+    lists, dataclasses as objects, NaN and infinities as strings.
+
+    Arrays and maps deeper than ``depth`` show as ``"…"``; a value JSON has no form for
+    (a msgpack ``Timestamp`` or ``ExtType`` another language stored) as its ``repr``."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             return {"hex": value.hex()}
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value
+    if isinstance(value, msgpack.ExtType):
+        return short_repr(value)
+    if isinstance(value, (dict, list, tuple)) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    ):
+        if depth <= 0:
+            return CUT_MARK
+        if isinstance(value, dict):
+            return {_key(k): jsonable(v, depth - 1) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [jsonable(v, depth - 1) for v in value]
+        return {
+            f.name: jsonable(getattr(value, f.name), depth - 1) for f in dataclasses.fields(value)
+        }
+    if isinstance(value, enum.Enum):
+        return jsonable(value.value, depth)
+    return short_repr(value)
+
+
+def _key(key: object) -> str:
+    return key if isinstance(key, str) else short_repr(key)
 
 
 def finite_or_none(value: Any) -> Any:

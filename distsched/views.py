@@ -22,7 +22,7 @@ from typing import Any
 from distsched.client import Scheduler
 from distsched.core import State, TaskInfo, TaskRow
 from distsched.errors import NotFoundError
-from distsched.text import error_summary
+from distsched.text import CUT_CHARS, error_summary, escape, show
 
 DEFAULT_LIMIT = 200
 ERROR_WIDTH = 60
@@ -52,6 +52,13 @@ class Neighbourhood:
     # Tasks whose dependencies / dependents were not all fetched: the limit was reached.
     cut_up: set[str] = field(default_factory=set)
     cut_down: set[str] = field(default_factory=set)
+    # Dependents read but gone (removed since their edge was read): they count against
+    # the limit too, so that a list of dead edges costs a bounded number of reads.
+    gone: set[str] = field(default_factory=set)
+
+    @property
+    def full(self) -> bool:
+        return len(self.tasks) + len(self.gone) >= self.limit
 
     @property
     def truncated(self) -> bool:
@@ -101,7 +108,7 @@ def _walk_up(scheduler: Scheduler, hood: Neighbourhood) -> None:
         named = [(d, False) for d in info.deps] + [(d, True) for d in info.optional_deps]
         for dep, optional in named:
             if dep not in hood.tasks:
-                if len(hood.tasks) >= hood.limit:
+                if hood.full:
                     hood.cut_up.add(current)
                     continue
                 hood.tasks[dep] = lookup(scheduler, dep)
@@ -123,13 +130,16 @@ def _walk_down(scheduler: Scheduler, hood: Neighbourhood) -> None:
             continue
         edges = hood.down.setdefault(current, [])
         for child in info.dependents:
+            if child in hood.gone:
+                continue
             if child not in hood.tasks:
-                if len(hood.tasks) >= hood.limit:
+                if hood.full:
                     hood.cut_down.add(current)
                     continue
                 found = lookup(scheduler, child)
                 if found is None:
-                    continue  # removed since the edge was read
+                    hood.gone.add(child)  # removed since the edge was read
+                    continue
                 hood.tasks[child] = found
             child_info = hood.tasks[child]
             # The edge and the child's own list are two reads; trust the child's list.
@@ -206,19 +216,25 @@ def tasks(scheduler: Scheduler, count: int = 1000) -> Iterator[TaskRow]:
 # --------------------------------------------------------------------------- output
 
 
-def show_id(task_id: str) -> str:
-    """An id as printed: bare when that is unambiguous, else quoted."""
-    if task_id.isprintable() and not any(c.isspace() for c in task_id) and "->" not in task_id:
-        return task_id
-    return repr(task_id)
+def show_id(task_id: str, limit: int | None = CUT_CHARS) -> str:
+    """An id as printed: bare when that is unambiguous, else quoted with its control
+    characters escaped; past ``limit`` characters cut, saying how much more there is."""
+    shown = task_id if limit is None else task_id[:limit]
+    if not (shown.isprintable() and not any(c.isspace() for c in shown) and "->" not in shown):
+        shown = escape(repr(shown))
+    if len(shown) != len(task_id) and limit is not None and len(task_id) > limit:
+        more = len(task_id[limit:].encode("utf-8", "surrogatepass"))
+        shown += f"… ({more} more bytes; --full to see all)"
+    return shown
 
 
-def show_path(path: Iterable[str]) -> str:
-    return " -> ".join(show_id(p) for p in path)
+def show_path(path: Iterable[str], limit: int | None = CUT_CHARS) -> str:
+    return " -> ".join(show_id(p, limit) for p in path)
 
 
-def describe(info: TaskInfo | None) -> str:
-    """A task's state with what explains it, on one line."""
+def describe(info: TaskInfo | None, limit: int | None = CUT_CHARS) -> str:
+    """A task's state with what explains it, on one line, every stored string in it
+    escaped and cut to ``limit`` characters (the error to ``ERROR_WIDTH``)."""
     if info is None:
         return "not submitted yet"
     state = info.state
@@ -231,17 +247,18 @@ def describe(info: TaskInfo | None) -> str:
         return f"pending (waiting on {', '.join(waits)})" if waits else "pending"
     if state is State.BLOCKED and info.blocked_by is not None:
         cause = info.blocked_by
-        return f"blocked by {show_id(cause.root)} via {show_path(cause.path)}"
+        return f"blocked by {show_id(cause.root, limit)} via {show_path(cause.path, limit)}"
     if state is State.RUNNING:
-        return f"running (attempt {info.attempt}/{info.max_attempts}, {info.worker or '?'})"
+        worker = show_id(info.worker, limit) if info.worker else "?"
+        return f"running (attempt {info.attempt}/{info.max_attempts}, {worker})"
     if state is State.FAILED and info.error:
         error = error_summary(info.error)
-        if len(error) > ERROR_WIDTH:
+        if limit is not None and len(error) > ERROR_WIDTH:
             error = error[: ERROR_WIDTH - 3] + "..."
-        return f"failed: {error}"
+        return f"failed: {escape(error)}"
     if state is State.CANCELLED and info.error:
         # Only an expiry stores an error on a cancelled task.
-        return f"cancelled: {error_summary(info.error)}"
+        return f"cancelled: {show(error_summary(info.error), limit)}"
     return str(state.value)
 
 
@@ -250,6 +267,7 @@ def _tree(
     edges_of: Callable[[str], list[Edge]],
     other: Callable[[Edge], str],
     cut: set[str],
+    limit: int | None = CUT_CHARS,
 ) -> list[str]:
     """ASCII tree below the root; a task met again is listed but not expanded again."""
     lines: list[str] = []
@@ -277,22 +295,28 @@ def _tree(
         again = task_id in shown
         marks = " (see above)" if again else ""
         # The edge's mark goes next to the id: it belongs to the edge, not to the state.
-        label = f"{show_id(task_id)}{' [optional]' if edge.optional else ''}"
-        lines.append(f"{head}{label}: {describe(hood.tasks[task_id])}{marks}")
+        label = f"{show_id(task_id, limit)}{' [optional]' if edge.optional else ''}"
+        lines.append(f"{head}{label}: {describe(hood.tasks[task_id], limit)}{marks}")
         if not again:
             shown.add(task_id)
             push(task_id, indent)
     return lines
 
 
-def render_text(hood: Neighbourhood, namespace: str | None = None) -> list[str]:
+def render_text(
+    hood: Neighbourhood, namespace: str | None = None, limit: int | None = CUT_CHARS
+) -> list[str]:
+    """The walk as lines for a terminal: stored strings escaped, ids and errors cut to
+    ``limit`` characters (None: whole)."""
     root = hood.root
-    where = f" in namespace {namespace!r}" if namespace is not None else ""
-    lines = [f"{show_id(hood.task_id)}{where}, version {root.version}: {describe(root)}"]
-    up = _tree(hood, lambda t: hood.up.get(t, []), lambda e: e.dependency, hood.cut_up)
+    where = f" in namespace {escape(repr(namespace))}" if namespace is not None else ""
+    lines = [
+        f"{show_id(hood.task_id, limit)}{where}, version {root.version}: {describe(root, limit)}"
+    ]
+    up = _tree(hood, lambda t: hood.up.get(t, []), lambda e: e.dependency, hood.cut_up, limit)
     lines.append("depends on:")
     lines += up or ["  (nothing)"]
-    down = _tree(hood, lambda t: hood.down.get(t, []), lambda e: e.dependent, hood.cut_down)
+    down = _tree(hood, lambda t: hood.down.get(t, []), lambda e: e.dependent, hood.cut_down, limit)
     lines.append("needed by:")
     lines += down or ["  (nothing)"]
     if hood.truncated:

@@ -84,6 +84,27 @@ def grace_of(args: list[str]) -> float:
     return seconds(grace)
 
 
+def env_file(path: Path) -> dict[str, str]:
+    """The ``NAME=value`` lines of an environment file (compose ``env_file``, systemd
+    ``EnvironmentFile``, kustomize ``envs``)."""
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines())
+    return {p[0].strip(): p[1].strip() for p in pairs if len(p) == 2 and not p[0].startswith("#")}
+
+
+def compose_env(path: Path, service: dict[str, Any]) -> dict[str, str]:
+    """A compose service's environment: its ``env_file``, then ``environment`` over it."""
+    files = service.get("env_file", [])
+    env: dict[str, str] = {}
+    for name in [files] if isinstance(files, str) else files:
+        env.update(env_file(path.parent / name))
+    env.update(service.get("environment") or {})
+    return env
+
+
+# A Redis URL that carries a secret: a password in its user information or its query.
+CREDENTIALED_URL = re.compile(r"rediss?(\+cluster)?://[^\s/@]*:[^\s/@]*@|[?&]password=", re.I)
+
+
 def exported_metric_names() -> set[str]:
     """Every sample name a worker's registry exposes (``_total``, ``_bucket``, ...)."""
     prometheus_client = require_extra("prometheus_client")
@@ -110,7 +131,7 @@ def test_a_compose_file_gives_workers_longer_to_stop_than_their_grace(path: Path
     assert option(command, "--metrics-addr") == "0.0.0.0"
     assert option(command, "--metrics-port") is not None
     for name in ("worker", "dashboard"):
-        env = services[name]["environment"]
+        env = compose_env(path, services[name])
         assert env["DISTSCHED_REDIS_URL"] and env["DISTSCHED_NAMESPACE"]
         # The image is built from this repository with deploy/Dockerfile.
         build = services[name]["build"]
@@ -136,7 +157,7 @@ def test_the_cluster_compose_file_joins_three_masters_that_workers_reach_by_addr
         addresses.add(node["networks"]["distsched"]["ipv4_address"])
     create = services["cluster-init"]["command"][0]
     assert all(f"{address}:6379" in create for address in addresses)
-    url = services["worker"]["environment"]["DISTSCHED_REDIS_URL"]
+    url = compose_env(COMPOSE_FILES[1], services["worker"])["DISTSCHED_REDIS_URL"]
     assert url.startswith("redis+cluster://") and url.split("//")[1].split(":")[0] in addresses
 
 
@@ -171,8 +192,7 @@ def test_kubernetes_workers_get_longer_to_terminate_than_their_grace_and_are_scr
     assert [p["containerPort"] for p in container["ports"]] == [int(str(port))]
     assert option(args, "--metrics-addr") == "0.0.0.0"
     assert container["envFrom"] == [{"configMapRef": {"name": "distsched"}}]
-    config = (K8S_BASE / "config.env").read_text()
-    assert "DISTSCHED_REDIS_URL=" in config and "DISTSCHED_NAMESPACE=" in config
+    assert "DISTSCHED_NAMESPACE" in env_file(K8S_BASE / "config.env")
 
 
 def test_every_kubernetes_container_requests_resources_and_runs_without_privileges() -> None:
@@ -193,7 +213,8 @@ def test_the_kubernetes_dashboard_is_read_only_and_probed_behind_its_service() -
     pod = objects[("Deployment", "distsched-dashboard")]["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     assert "--allow-actions" not in container["args"]
-    assert "env" not in container  # no token in the base
+    # No token in the base: the Redis URL is its only variable besides the ConfigMap.
+    assert [e["name"] for e in container["env"]] == ["DISTSCHED_REDIS_URL"]
     port_names = {p["name"] for p in container["ports"]}
     assert container["readinessProbe"]["httpGet"]["port"] in port_names
     assert container["livenessProbe"]["tcpSocket"]["port"] in port_names
@@ -225,6 +246,8 @@ def test_kubectl_kustomize_builds_the_base_with_its_config_map_and_labels() -> N
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ConfigMap", "Deployment", "Deployment", "Service"]
     (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert "DISTSCHED_REDIS_URL" not in config["data"]
+    assert not re.search(r"rediss?(\+cluster)?://", str(config["data"]))
     # The generated name (with its hash) is what the Deployments refer to.
     for d in docs:
         assert d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "distsched"
@@ -238,9 +261,64 @@ def test_kubectl_kustomize_builds_the_base_with_its_config_map_and_labels() -> N
 def test_the_dashboard_actions_overlay_takes_its_token_from_a_secret() -> None:
     container = dashboard_container(rendered(DEPLOY / "k8s" / "dashboard-actions"))
     assert "--allow-actions" in container["args"]
-    (env,) = container["env"]
-    assert env["name"] == "DISTSCHED_DASHBOARD_TOKEN"
-    assert env["valueFrom"]["secretKeyRef"] == {"name": "distsched-dashboard", "key": "token"}
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+    # The token comes on top of the Redis URL, which stays.
+    assert env == {
+        "DISTSCHED_REDIS_URL": {"name": "distsched-redis", "key": "url"},
+        "DISTSCHED_DASHBOARD_TOKEN": {"name": "distsched-dashboard", "key": "token"},
+    }
+
+
+# ------------------------------------------------------------------------ secrets
+
+
+def test_every_kubernetes_container_reads_the_redis_url_from_a_secret_not_a_config_map() -> None:
+    objects = k8s_objects(K8S_BASE)
+    config = env_file(K8S_BASE / "config.env")
+    assert "DISTSCHED_REDIS_URL" not in config
+    assert not any(re.search(r"rediss?(\+cluster)?://", v) for v in config.values())
+    assert not [o for (kind, _), o in objects.items() if kind == "ConfigMap"]
+    for name in ("distsched-worker", "distsched-dashboard"):
+        pod = objects[("Deployment", name)]["spec"]["template"]["spec"]
+        for container in pod["containers"]:
+            env = {e["name"]: e for e in container["env"]}
+            url = env["DISTSCHED_REDIS_URL"]
+            assert "value" not in url
+            assert url["valueFrom"]["secretKeyRef"] == {"name": "distsched-redis", "key": "url"}
+            assert container["envFrom"] == [{"configMapRef": {"name": "distsched"}}]
+    assert (
+        "kubectl create secret generic distsched-redis"
+        in (K8S_BASE / "kustomization.yaml").read_text()
+    )
+
+
+@pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
+def test_compose_services_read_the_redis_url_from_an_env_file(path: Path) -> None:
+    services = load(path)["services"]
+    for name in ("worker", "dashboard"):
+        service = services[name]
+        assert "DISTSCHED_REDIS_URL" not in (service.get("environment") or {})
+        (file,) = (
+            [service["env_file"]] if isinstance(service["env_file"], str) else service["env_file"]
+        )
+        assert env_file(path.parent / file)["DISTSCHED_REDIS_URL"]
+        assert "chmod 600" in (path.parent / file).read_text()
+
+
+def test_the_systemd_environment_file_is_installed_readable_by_root_alone() -> None:
+    assert "install -m 0600 -o root -g root distsched.env" in UNIT.read_text()
+    assert "mode 0600" in (DEPLOY / "systemd" / "distsched.env").read_text()
+    assert "0640" not in (DEPLOY / "README.md").read_text()
+
+
+def test_no_file_of_deploy_holds_a_redis_url_with_credentials() -> None:
+    for path in DEPLOY.rglob("*"):
+        if not path.is_file() or path.suffix in (".md",) or "__pycache__" in path.parts:
+            continue
+        for line in path.read_text().splitlines():
+            if line.lstrip().startswith("#"):
+                continue  # a comment shows the form with placeholders
+            assert not CREDENTIALED_URL.search(line), (path, line)
 
 
 # ------------------------------------------------------------------------ systemd
