@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import jinja2
 import redis
@@ -25,14 +24,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from distsched.client import Scheduler
 from distsched.core import STATS_TOP_KEYS, State
 from distsched.dashboard import chart, graph, reads
-from distsched.dashboard.auth import COOKIE, SESSION_S, Session, Signer, check_token
+from distsched.dashboard.auth import (
+    COOKIE,
+    SESSION_S,
+    LoginLimiter,
+    Session,
+    Signer,
+    check_token,
+    retry_after,
+)
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.text import finite_or_none, iso, jsonable
 
 log = logging.getLogger("distsched.dashboard")
 
 HERE = Path(__file__).resolve().parent
-LOGIN_FAILURE_DELAY_S = 0.5
 T = TypeVar("T")
 
 # What an action's redirect says, by code: fixed texts, so a link cannot make the page
@@ -72,13 +78,20 @@ class Dashboard:
     """The routes' shared state: the scheduler, the templates and the session signer."""
 
     def __init__(
-        self, scheduler: Scheduler, allow_actions: bool, token: str | None, owns: bool
+        self,
+        scheduler: Scheduler,
+        allow_actions: bool,
+        token: str | None,
+        owns: bool,
+        trusted_origins: Iterable[str] = (),
     ) -> None:
         self.scheduler = scheduler
         self.namespace = scheduler.namespace
         self.allow_actions = allow_actions
         self.owns = owns
         self.signer = Signer(token, scheduler.namespace) if token is not None else None
+        self.limiter = LoginLimiter()
+        self.trusted_origins = frozenset(trusted_origins)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,
@@ -232,14 +245,21 @@ class Dashboard:
     async def login(self, request: Request) -> Response:
         if not self.allow_actions or self.signer is None:
             return self.render(request, "error.html", 403, message="Actions are disabled.")
+        peer = _peer(request)
+        wait = self.limiter.wait(peer)
+        if wait > 0:
+            return self.locked_out(request, wait)
         form = await request.form()
         given = form.get("token")
         target = _local_path(str(form.get("next") or "/"))
         if not isinstance(given, str) or not self.signer.token_matches(given):
-            log.warning("dashboard: a login with a wrong token from %s", _peer(request))
-            # Guessing a token one request at a time is slow; a real token is long anyway.
-            await asyncio.sleep(LOGIN_FAILURE_DELAY_S)
-            return self.render(request, "login.html", 403, failed=True, next=target)
+            wait = self.limiter.failed(peer)
+            log.warning("dashboard: a login with a wrong token from %s", peer)
+            response = self.render(request, "login.html", 403, failed=True, next=target)
+            if wait > 0:
+                response.headers["Retry-After"] = retry_after(wait)
+            return response
+        self.limiter.succeeded(peer)
         response = RedirectResponse(self.url(request, target, done="logged-in"), 303)
         response.set_cookie(
             COOKIE,
@@ -250,6 +270,19 @@ class Dashboard:
             samesite="strict",
             secure=request.url.scheme == "https",
         )
+        return response
+
+    def locked_out(self, request: Request, wait: float) -> Response:
+        """The 429 answer to a client that failed to log in too often."""
+        log.warning(
+            "dashboard: login attempts from %s refused for %.0f s (too many failures)",
+            _peer(request), wait,
+        )  # fmt: skip
+        response = self.render(
+            request, "error.html", 429,
+            message=f"Too many failed logins: try again in {seconds(math.ceil(wait))}.",
+        )  # fmt: skip
+        response.headers["Retry-After"] = retry_after(wait)
         return response
 
     async def logout(self, request: Request) -> Response:
@@ -441,6 +474,63 @@ def _peer(request: Request) -> str:
     return request.client.host if request.client else "?"
 
 
+# A browser marks a request sent by another site's page so (Fetch Metadata); a sibling
+# subdomain ("same-site") is another origin too.
+REFUSED_FETCH_SITES = frozenset({"cross-site", "same-site"})
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def foreign_post(request: Request, trusted: frozenset[str] = frozenset()) -> str | None:
+    """Why a POST comes from another site's page (None: it does not, as far as the
+    browser says): its ``Sec-Fetch-Site`` is cross-site or same-site, or its ``Origin`` is
+    present and neither the dashboard's own (the scheme, host and port of its ``Host``
+    header) nor one of ``trusted``."""
+    site = request.headers.get("sec-fetch-site", "").lower()
+    if site in REFUSED_FETCH_SITES:
+        return f"Sec-Fetch-Site is {site}"
+    origin = request.headers.get("origin")
+    if origin is None or origin in trusted or _same_origin(origin, request):
+        return None
+    return f"Origin {origin[:200]!r} is not this dashboard's"
+
+
+def _same_origin(origin: str, request: Request) -> bool:
+    try:
+        theirs = urlsplit(origin)
+        ours = urlsplit("//" + request.headers.get("host", ""))
+        if theirs.scheme not in DEFAULT_PORTS or not theirs.hostname:
+            return False
+        their_port = theirs.port or DEFAULT_PORTS[theirs.scheme]
+        our_port = ours.port
+    except ValueError:  # a port that is not a number
+        return False
+    if theirs.hostname != ours.hostname or theirs.path or theirs.query:
+        return False
+    if our_port is None:  # the default port of the scheme the browser used
+        return their_port == DEFAULT_PORTS[theirs.scheme]
+    # Behind a proxy that ends TLS the request arrives as http: the scheme is the origin's.
+    return their_port == our_port
+
+
+def _same_site_only(
+    handler: Callable[[Request], Awaitable[Response]], dashboard: Dashboard
+) -> Callable[[Request], Awaitable[Response]]:
+    """A POST sent by another site's page is refused with 403, whatever its session."""
+
+    async def checked(request: Request) -> Response:
+        why = foreign_post(request, dashboard.trusted_origins)
+        if why is not None:
+            log.warning(
+                "dashboard: refused a POST to %s from %s: %s", request.url.path, _peer(request), why
+            )
+            return dashboard.render(
+                request, "error.html", 403, message="Refused: this form was sent by another site."
+            )
+        return await handler(request)
+
+    return checked
+
+
 def _guard(
     handler: Callable[[Request], Awaitable[Response]], dashboard: Dashboard
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -500,14 +590,18 @@ def create_app(
     *,
     allow_actions: bool = False,
     token: str | None = None,
+    trusted_origins: Iterable[str] = (),
 ) -> Starlette:
     """The dashboard as an ASGI application, to serve or to mount in another app.
 
     ``scheduler`` is a :class:`~distsched.client.Scheduler` (``namespace``, when given,
     must be its namespace) or a Redis URL (then ``namespace`` defaults to
     ``"default"``, and the app closes the connection at shutdown). Read-only unless
-    ``allow_actions``, which needs a ``token`` of at least 12 characters: a user logs in
-    with it once, then may cancel, retry and expire leases.
+    ``allow_actions``, which needs a ``token`` of at least 32 characters (make one with
+    ``secrets.token_urlsafe(32)``): a user logs in with it once, then may cancel, retry and
+    expire leases. A POST sent from another site's page is refused (its ``Origin`` or
+    ``Sec-Fetch-Site`` says so); ``trusted_origins`` (``"https://ops.example.com"``) are
+    accepted too, for a proxy that changes the ``Host`` header.
 
     Mount it with ``Mount("/tasks", app=create_app(...))`` in Starlette or
     ``app.mount("/tasks", create_app(...))`` in FastAPI: every link follows the prefix.
@@ -527,7 +621,9 @@ def create_app(
         check_token(token)
     elif token is not None and not token:
         raise InvalidArgument("token", "must not be empty")
-    d = Dashboard(scheduler, allow_actions, token, owns)
+    if isinstance(trusted_origins, str):
+        trusted_origins = (trusted_origins,)
+    d = Dashboard(scheduler, allow_actions, token, owns, [o.rstrip("/") for o in trusted_origins])
     get = [
         ("/", d.overview, "overview"),
         ("/api/overview", d.overview_api, "overview_api"),
@@ -546,7 +642,10 @@ def create_app(
     routes: list[Route | Mount] = [
         Route(path, _guard(fn, d), methods=["GET"], name=name) for path, fn, name in get
     ]
-    routes += [Route(path, _guard(fn, d), methods=["POST"], name=name) for path, fn, name in post]
+    routes += [
+        Route(path, _guard(_same_site_only(fn, d), d), methods=["POST"], name=name)
+        for path, fn, name in post
+    ]
     routes.append(Mount("/static", StaticFiles(directory=HERE / "static"), name="static"))
 
     @contextlib.asynccontextmanager
