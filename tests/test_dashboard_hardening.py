@@ -220,7 +220,7 @@ def test_serve_logs_the_warning(
         def run(self) -> None:
             ran.append(self.config.host)
 
-    monkeypatch.setattr(serve.uvicorn, "Server", NoServer)
+    monkeypatch.setattr("uvicorn.Server", NoServer)
     with caplog.at_level(logging.WARNING, logger="distsched.dashboard"):
         serve.serve(scheduler, "127.0.0.1", 0, allow_actions=True, token=TOKEN)
         assert not caplog.records

@@ -255,10 +255,10 @@ class Dashboard:
         if not isinstance(given, str) or not self.signer.token_matches(given):
             wait = self.limiter.failed(peer)
             log.warning("dashboard: a login with a wrong token from %s", peer)
-            response = self.render(request, "login.html", 403, failed=True, next=target)
+            refused = self.render(request, "login.html", 403, failed=True, next=target)
             if wait > 0:
-                response.headers["Retry-After"] = retry_after(wait)
-            return response
+                refused.headers["Retry-After"] = retry_after(wait)
+            return refused
         self.limiter.succeeded(peer)
         response = RedirectResponse(self.url(request, target, done="logged-in"), 303)
         response.set_cookie(
