@@ -4,7 +4,9 @@ stay bounded and render whatever a task holds."""
 
 from __future__ import annotations
 
+import html
 import logging
+import re
 import secrets
 import subprocess
 import time
@@ -12,15 +14,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import markupsafe
+import msgpack
 import pytest
 
 from distsched import Scheduler
+from distsched.core import id_prefix
 from distsched.errors import InvalidArgument
 from tests.conftest import (
     CLI_COMMAND,
     CliProcess,
     RedisServer,
     free_port,
+    put_payload,
     require_extra,
     subprocess_env,
 )
@@ -30,7 +36,7 @@ require_extra("jinja2")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from distsched.dashboard import auth, create_app, serve  # noqa: E402
+from distsched.dashboard import auth, create_app, reads, serve, show  # noqa: E402
 from distsched.dashboard.auth import LoginLimiter, check_token  # noqa: E402
 
 TOKEN = secrets.token_urlsafe(32)
@@ -318,3 +324,177 @@ def test_an_origin_behind_a_proxy_is_accepted_when_trusted(scheduler: Scheduler)
     with TestClient(create_app(scheduler, allow_actions=True, token=TOKEN)) as client:
         reply = log_in(client, origin="https://testserver")
         assert reply.status_code == 303
+
+
+# --------------------------------------------------------------------------- hostile data
+
+# What a task page may weigh, whatever the task holds: its lists a page at a time, its
+# long texts cut (each with a link to the whole).
+PAGE_BOUND = 300_000
+MIB = 1024 * 1024
+
+
+def rewrite_record(s: Scheduler, task_id: str, worker: str) -> None:
+    """Put ``worker`` in a task's stored record as a producer skipping the checks would."""
+    raw = s.client.hget(s.keys.tasks, task_id)
+    assert isinstance(raw, bytes) and raw[:1] == b"\xa1"
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(raw)
+    fields = [unpacker.unpack() for _ in range(12)]
+    rest = raw[unpacker.tell() :]
+    fields[11] = worker
+    s.client.hset(s.keys.tasks, task_id, b"".join(msgpack.packb(f) for f in fields) + rest)
+
+
+def nested(depth: int) -> bytes:
+    """A payload whose first argument is a list nested ``depth`` deep, packed by hand."""
+    return b"\x83\xa2fn\xa4step\xa4args\x91" + b"\x91" * depth + b"\x01" + b"\xa6kwargs\x80"
+
+
+def history_entry(n: int, worker: str, summary: str) -> bytes:
+    w = worker.encode()
+    return b"%d|%d|1000|2000|failed|%d|%s|%s\n" % (n, n, len(w), w, summary.encode())
+
+
+@pytest.fixture
+def hostile(scheduler: Scheduler) -> Scheduler:
+    """Tasks holding what junk or another language could store."""
+    s, k = scheduler, scheduler.keys
+    s.schedule("many", fn="step")
+    s.client.zadd(k.edges, {b"%s0r%s" % (id_prefix("many"), b"dep-%06d" % i): 0
+                            for i in range(100_000)})  # fmt: skip
+    s.schedule("huge-worker", fn="step")
+    rewrite_record(s, "huge-worker", "w" * (8 * MIB))
+    s.client.hset(k.history, "huge-worker", history_entry(1, "h" * (8 * MIB), "RuntimeError: x"))
+    s.schedule("huge-error", fn="step")
+    fail_with(s, "huge-error", "E" * (20 * MIB))
+    s.client.hset(
+        k.history, "huge-error", b"".join(history_entry(i, f"w{i}", f"E{i}") for i in range(500))
+    )
+    s.client.zadd(k.edges, {b"%s0r%s" % (id_prefix("huge-error"), b"x" * MIB): 0})
+    for task_id, payload in [
+        ("stamp", msgpack.packb({"fn": "step", "args": [msgpack.Timestamp(1, 5)], "kwargs": {}})),
+        ("ext", msgpack.packb({"fn": "step", "args": [msgpack.ExtType(42, b"\x00\xff")],
+                               "kwargs": {b"\xff": float("nan")}})),
+        ("deep-900", nested(900)),
+        ("deep-2500", nested(2500)),
+    ]:  # fmt: skip
+        s.schedule(task_id, fn="step")
+        put_payload(s.client, k, task_id, payload)
+    s.schedule("junk", fn="step")
+    s.client.hset(k.tasks, "junk", b"\xa1not a record at all")
+    return s
+
+
+def fail_with(s: Scheduler, task_id: str, error: str) -> None:
+    s.client.hset(s.keys.results, task_id, b"E" + error.encode())
+    raw = s.client.hget(s.keys.tasks, task_id)
+    assert isinstance(raw, bytes)
+    s.client.hset(s.keys.tasks, task_id, b"\xa1f" + raw[2:])
+
+
+@pytest.mark.parametrize(
+    "task_id", ["many", "huge-worker", "huge-error", "stamp", "ext", "deep-900", "deep-2500"]
+)
+def test_a_task_page_is_bounded_and_renders_whatever_the_task_holds(
+    hostile: Scheduler, task_id: str
+) -> None:
+    with TestClient(create_app(hostile)) as client:
+        reply = client.get("/task", params={"id": task_id})
+        assert reply.status_code == 200, reply.text[-2000:]
+        assert len(reply.content) < PAGE_BOUND, len(reply.content)
+        assert 'id="payload-size"' in reply.text
+        api = client.get("/api/task", params={"id": task_id})
+        assert api.status_code == 200 and len(api.content) < PAGE_BOUND
+
+
+def test_a_payload_with_an_extension_or_deep_nesting_shows_what_it_holds(
+    hostile: Scheduler,
+) -> None:
+    with TestClient(create_app(hostile)) as client:
+        for task_id in ("stamp", "ext", "deep-900", "deep-2500"):
+            page = client.get("/task", params={"id": task_id}).text
+            args = reads.value_preview(list(hostile.status(task_id).args))[0]
+            assert f"<pre>{markupsafe.escape(args)}</pre>" in page
+
+
+def test_any_value_shows_as_bounded_text_without_recursion() -> None:
+    deep: Any = 1
+    for _ in range(100_000):
+        deep = [deep]
+    shown = show.value(deep, 1000)
+    assert shown.text == "[" * show.MAX_DEPTH + "[\u2026]" + "]" * show.MAX_DEPTH
+    value = {
+        "t": msgpack.Timestamp(1, 5),
+        "e": msgpack.ExtType(42, b"\x00\xff"),
+        3: b"\xff\x00",
+        b"k": [float("nan"), float("inf"), None, True, 10**80, "\u2603"],
+        "d": {"x": ()},
+    }
+    assert show.value(value, 1000).text == (
+        '{"t": Timestamp(1970-01-01T00:00:01.000000005Z), "e": ExtType(42, 00ff), '
+        '3: {"hex": "ff00"}, "k": [nan, inf, null, true, 1e+80, "\u2603"], "d": {"x": []}}'
+    )
+    huge = show.value({"a": ["x" * (50 * MIB)] * 1000}, 100)
+    assert len(huge.text) == 100 and huge.cut
+    assert show.value(object(), 20).text.startswith("<object object")
+
+
+def test_a_record_that_does_not_decode_is_said_so_not_a_500(hostile: Scheduler) -> None:
+    with TestClient(create_app(hostile)) as client:
+        reply = client.get("/task", params={"id": "junk"})
+        assert reply.status_code == 200 and "cannot read" in reply.text
+        assert client.get("/api/task", params={"id": "junk"}).status_code == 200
+        reply = client.get("/task", params={"id": "x" * 600})
+        assert reply.status_code == 400 and len(reply.content) < 10_000
+
+
+def commands_sent(client: Any) -> int:
+    stats = client.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
+def test_dependents_are_paged_with_links(hostile: Scheduler) -> None:
+    with TestClient(create_app(hostile)) as client:
+        before = commands_sent(hostile.client)
+        page = client.get("/task", params={"id": "many"}).text
+        # Its dependents name no task: the graph's walk still stops after a few lookups.
+        assert commands_sent(hostile.client) - before < 2000
+        assert "Dependents 1 to 100 of 100,000." in page
+        assert "dep-000099" in page and "dep-000100" not in page
+        nxt = re.search(r'href="([^"]+)" id="dependents-next"', page)
+        assert nxt is not None and 'id="dependents-prev"' not in page
+        page = client.get(html.unescape(nxt.group(1))).text
+        assert "Dependents 101 to 200 of 100,000." in page
+        assert "dep-000100" in page and "dep-000099" not in page
+        assert 'id="dependents-prev"' in page
+        page = client.get("/task", params={"id": "many", "dependents": "99950"}).text
+        assert "Dependents 99,951 to 100,000 of 100,000." in page
+        assert 'id="dependents-next"' not in page
+        # Not a number, or past the end: still a page.
+        for junk in ("-5", "abc", "9" * 40, "100000000"):
+            reply = client.get("/task", params={"id": "many", "dependents": junk})
+            assert reply.status_code == 200
+
+
+def test_attempts_are_paged_and_long_texts_cut_with_a_link_to_the_whole(
+    hostile: Scheduler,
+) -> None:
+    with TestClient(create_app(hostile)) as client:
+        page = client.get("/task", params={"id": "huge-error"}).text
+        assert "Attempts 1 to 20 of 500." in page and 'id="attempts-next"' in page
+        full = re.search(r'href="([^"]+)" id="error-full"', page)
+        assert full is not None
+        whole = client.get(html.unescape(full.group(1)))
+        assert whole.status_code == 200 and whole.headers["content-type"].startswith("text/plain")
+        assert whole.text == "E" * (20 * MIB)
+        # An id too long to be a task's is shown cut, without a link.
+        assert "x" * 200 + "\u2026" in page and "x" * 201 not in page
+        page = client.get("/task", params={"id": "huge-worker"}).text
+        links = re.findall(r'href="([^"]+)" class="full-text"', page)
+        texts = [client.get(html.unescape(link)).text for link in links]
+        assert texts == ["w" * (8 * MIB), "h" * (8 * MIB)]
+        assert (
+            client.get("/task/text", params={"id": "huge-worker", "field": "nope"}).status_code
+            == 404
+        )

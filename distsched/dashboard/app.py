@@ -16,7 +16,13 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -99,6 +105,8 @@ class Dashboard:
         )
         self.env.filters["seconds"] = seconds
         self.env.filters["iso"] = iso
+        self.env.filters["short"] = reads.short
+        self.env.globals["reads"] = reads
 
     # ------------------------------------------------------------------ helpers
 
@@ -172,14 +180,54 @@ class Dashboard:
         task_id = request.query_params.get("id", "")
         if not task_id:
             return self.render(request, "error.html", 400, message="No task id given.")
+        offsets = {name: _offset(request, name) for name in reads.PAGED}
         try:
-            page = await self.read(reads.task, self.scheduler, task_id)
+            page = await self.read(reads.task, self.scheduler, task_id, offsets)
         except NotFoundError:
             return self.render(
-                request, "error.html", 404, message=f"No task {task_id!r} in this namespace."
-            )
+                request, "error.html", 404,
+                message=f"No task {reads.short(task_id)!r} in this namespace.",
+            )  # fmt: skip
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=reads.short(str(exc), 300))
+        except reads.Unreadable as exc:
+            return self.render(
+                request, "error.html", 200,
+                message=f"Task {reads.short(task_id)!r} is stored in a form this dashboard "
+                f"cannot read ({exc}); it was probably written by other means.",
+            )  # fmt: skip
         svg = graph.render(page.hood, self.task_link(request))
-        return self.render(request, "task.html", page=page, info=page.info, svg=svg, reads=reads)
+
+        def paged(name: str, offset: int) -> str:
+            """This page with list ``name`` from ``offset`` (the other lists kept)."""
+            return self.url(request, "/task", id=task_id, **{**page.offsets, name: offset or None})
+
+        return self.render(
+            request, "task.html", page=page, info=page.info, svg=svg, reads=reads, paged=paged
+        )
+
+    async def task_text(self, request: Request) -> Response:
+        """The whole of a text the task page cut: its error, worker, function name, or an
+        attempt's worker or error (``n``: which attempt, counted from 0), as plain text."""
+        q = request.query_params
+        task_id, which = q.get("id", ""), q.get("field", "")
+        try:
+            info = await self.read(self.scheduler.status, task_id)
+        except NotFoundError:
+            return _text("no such task", 404)
+        except InvalidArgument as exc:
+            return _text(str(exc)[:300], 400)
+        text: str | None = None
+        if which in ("error", "worker", "fn"):
+            text = getattr(info, which)
+        elif which in ("attempt-worker", "attempt-error"):
+            n = _offset(request, "n")
+            if n < len(info.attempts):
+                attempt = info.attempts[n]
+                text = attempt.worker if which == "attempt-worker" else attempt.error
+        if text is None:
+            return _text("no such text", 404)
+        return _text(text)
 
     async def task_api(self, request: Request) -> Response:
         task_id = request.query_params.get("id", "")
@@ -187,19 +235,24 @@ class Dashboard:
             page = await self.read(reads.task, self.scheduler, task_id)
         except NotFoundError:
             return json_response({"error": "not found"}, 404)
+        except InvalidArgument:
+            return json_response({"error": "no task can have that id"}, 400)
+        except reads.Unreadable as exc:
+            return json_response({"error": f"stored in a form that cannot be read: {exc}"}, 200)
         info = page.info
+        ex = page.explanation
         fields = {
             "state": info.state.value,
             "version": str(info.version),
             "attempt": f"{info.attempt} of {info.max_attempts}",
-            "worker": info.worker or "-",
+            "worker": reads.short(info.worker) if info.worker else "-",
             "lease_left": seconds(page.lease_left),
-            "reasons": ", ".join(r.value for r in page.explanation.reasons),
+            "reasons": "?" if ex is None else ", ".join(r.value for r in ex.reasons),
             "updated_at": iso(info.updated_at),
         }
         return json_response(
             {
-                "task_id": info.task_id,
+                "task_id": reads.short(info.task_id),
                 "state": info.state.value,
                 "fields": fields,
                 "svgs": {"graph": graph.render(page.hood, self.task_link(request))},
@@ -459,6 +512,18 @@ def json_response(data: Any, status_code: int = 200) -> JSONResponse:
     return response
 
 
+def _offset(request: Request, name: str) -> int:
+    """A non-negative offset from the query (0 when absent or not a number)."""
+    value = request.query_params.get(name, "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else 0
+
+
+def _text(text: str, status_code: int = 200) -> PlainTextResponse:
+    response = PlainTextResponse(text, status_code=status_code)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
 def _local_path(path: str) -> str:
     """A path inside the dashboard to go to after logging in (never another site)."""
     if not path.startswith("/") or path.startswith("//") or "\\" in path:
@@ -629,6 +694,7 @@ def create_app(
         ("/api/overview", d.overview_api, "overview_api"),
         ("/tasks", d.tasks, "tasks"),
         ("/task", d.task, "task"),
+        ("/task/text", d.task_text, "task_text"),
         ("/api/task", d.task_api, "task_api"),
         ("/leases", d.leases, "leases"),
         ("/workers", d.workers, "workers"),

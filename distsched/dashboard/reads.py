@@ -3,16 +3,22 @@
 Every function here makes a bounded number of Redis round trips, whatever the
 number of tasks in the namespace: lists (leases included) are read a page at a
 time, and the graph around a task stops after ``GRAPH_LIMIT`` tasks. Nothing here
-writes.
+writes. What a task page shows is bounded whatever the task holds: its lists a page at a
+time, its ids, worker and error cut (the full text has its own link), its payload shown
+without recursion (:mod:`distsched.dashboard.show`).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import msgpack
+import redis
 
 from distsched import views
 from distsched.client import Scheduler
@@ -25,19 +31,35 @@ from distsched.core import (
     TaskPage,
     WorkerInfo,
 )
-from distsched.text import error_summary, jsonable, preview, size
+from distsched.dashboard import show
+from distsched.dashboard.show import cut, linkable
+from distsched.errors import InvalidArgument, NotFoundError
+from distsched.text import error_summary, jsonable, size
 
 # The throughput charts: the last hour by minute, the last day by DAY_BUCKET minutes.
 DAY_MINUTES = 1440
 DAY_BUCKET = 15
 # Tasks per page of a list.
 PAGE_SIZE = 50
-# Tasks read around one task for its graph.
+# Tasks read around one task for its graph, and the lookups the walk may make for it.
 GRAPH_LIMIT = 40
+LOOKUP_BUDGET = 3 * GRAPH_LIMIT
 # Characters of a payload or result shown before "show all".
 PREVIEW_CHARS = 2000
 # Leases that expire within this many seconds count as "expiring soon".
 SOON_S = 10.0
+# A task page lists dependencies, dependents and attempts a page at a time.
+LIST_PAGE = 100
+ATTEMPTS_PAGE = 20
+# Characters of an id, a function name or a worker id shown before it is cut (the full
+# text has its own link); of an error; of an error summed up on one line; of the end of an
+# error read to sum it up.
+ID_CHARS = 200
+ERROR_CHARS = 16_384
+SUMMARY_CHARS = 300
+TAIL_CHARS = 65_536
+
+log = logging.getLogger("distsched.dashboard")
 
 
 def js(value: Any) -> str:
@@ -107,31 +129,83 @@ def _totals(minutes: list[MinuteCount]) -> dict[str, int]:
     }
 
 
+class Unreadable(Exception):
+    """A task whose stored record cannot be read at all (written by other means)."""
+
+    def __init__(self, task_id: str, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cut(str(cause), SUMMARY_CHARS)}")
+        self.task_id = task_id
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One page of a list shown on a task page: ``items`` from ``offset`` of ``total``."""
+
+    items: tuple[Any, ...]
+    offset: int
+    total: int
+    size: int
+
+    @property
+    def paged(self) -> bool:
+        return self.total > self.size
+
+    @property
+    def prev(self) -> int | None:
+        return None if self.offset == 0 else max(0, self.offset - self.size)
+
+    @property
+    def next(self) -> int | None:
+        end = self.offset + self.size
+        return end if end < self.total else None
+
+
+def slice_of(items: Sequence[Any], offset: int, size: int) -> Slice:
+    """The page of ``items`` from ``offset`` (kept inside the list)."""
+    offset = min(max(0, offset), max(0, len(items) - 1))
+    return Slice(tuple(items[offset : offset + size]), offset, len(items), size)
+
+
 @dataclass(frozen=True)
 class TaskDetail:
     info: TaskInfo
-    explanation: Explanation
+    # None when the explanation could not be read; ``problems`` says why.
+    explanation: Explanation | None
     hood: views.Neighbourhood
+    offsets: Mapping[str, int] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
 
     @property
     def now(self) -> float:
-        return self.explanation.server_time
+        return time.time() if self.explanation is None else self.explanation.server_time
 
     @property
     def lease_left(self) -> float | None:
-        deadline = self.explanation.lease_deadline
+        deadline = self.info.lease_deadline
+        if self.explanation is not None:
+            deadline = self.explanation.lease_deadline
         return None if deadline is None else deadline - self.now
 
     @property
-    def payload_size(self) -> int:
-        """Bytes of the task's payload as msgpack (as stored, give or take the encoder)."""
+    def payload_size(self) -> int | None:
+        """Bytes of the task's payload as msgpack (as stored, give or take the encoder);
+        None when it cannot be packed again (nested deeper than msgpack packs)."""
         info = self.info
-        packed = msgpack.packb(
-            {"fn": info.fn, "args": list(info.args), "kwargs": info.kwargs},
-            use_bin_type=True,
-            default=str,
-        )
+        try:
+            packed = msgpack.packb(
+                {"fn": info.fn, "args": list(info.args), "kwargs": info.kwargs},
+                use_bin_type=True,
+                default=str,
+            )
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            return None
         return len(packed)
+
+    def listed(self, name: str) -> Slice:
+        """One page of ``deps``, ``optional_deps``, ``dependents`` or ``attempts``."""
+        items: Sequence[Any] = getattr(self.info, name)
+        size = ATTEMPTS_PAGE if name == "attempts" else LIST_PAGE
+        return slice_of(items, self.offsets.get(name, 0), size)
 
     @property
     def blocked_dependents(self) -> list[str]:
@@ -140,30 +214,95 @@ class TaskDetail:
         return [
             d
             for d in hood.descendants
-            if (info := hood.tasks[d]) is not None
+            if (info := hood.tasks.get(d)) is not None
             and info.state is State.BLOCKED
             and info.blocked_by is not None
             and info.blocked_by.root == hood.task_id
         ]
 
 
-def task(scheduler: Scheduler, task_id: str) -> TaskDetail:
-    """One task with its explanation and graph; ``NotFoundError`` for an unknown id."""
-    info = scheduler.status(task_id)
-    explanation = scheduler.explain(task_id)
-    hood = views.walk(scheduler, task_id, limit=GRAPH_LIMIT)
-    # The walk read the task again: show one snapshot, the latest.
-    return TaskDetail(hood.root if hood.root else info, explanation, hood)
+__all__ = ["linkable"]  # for the templates, with the rest of this module
 
 
-def value_preview(value: Any, limit: int | None = PREVIEW_CHARS) -> tuple[str, str]:
-    """``(preview, size)`` of a value shown as JSON."""
-    text = js(value)
-    return preview(text, limit), size(len(text.encode("utf-8", "surrogatepass")))
+class _Budgeted:
+    """A scheduler whose ``status`` answers at most ``LOOKUP_BUDGET`` lookups, then
+    ``NotFoundError``: the walk keeps to its limit only while the ids it is given name
+    tasks, and edges to removed tasks (or junk) must not make a page read 100k of them."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.left = LOOKUP_BUDGET
+
+    def status(self, task_id: str) -> TaskInfo:
+        if self.left <= 0:
+            raise NotFoundError(task_id)
+        self.left -= 1
+        return self.scheduler.status(task_id)
+
+
+# The lists of a task page that are shown a page at a time (their offset in the query).
+PAGED = ("deps", "optional_deps", "dependents", "attempts")
+
+
+def task(
+    scheduler: Scheduler, task_id: str, offsets: Mapping[str, int] | None = None
+) -> TaskDetail:
+    """One task with its explanation and graph; ``NotFoundError`` for an unknown id,
+    ``InvalidArgument`` for an id no task can have, ``Unreadable`` for a record that does
+    not decode. An explanation or graph that cannot be read is left out and said so."""
+    try:
+        info = scheduler.status(task_id)
+    except (NotFoundError, InvalidArgument, redis.RedisError):
+        raise
+    except Exception as exc:  # stored by other means: say what, do not fail the page
+        log.warning("dashboard: task %r does not decode", task_id[:SUMMARY_CHARS], exc_info=True)
+        raise Unreadable(task_id, exc) from None
+    problems: list[str] = []
+    explanation: Explanation | None = None
+    try:
+        explanation = scheduler.explain(task_id)
+    except (NotFoundError, redis.RedisError):
+        raise
+    except Exception as exc:
+        log.warning("dashboard: no explanation of %r", task_id[:SUMMARY_CHARS], exc_info=True)
+        problems.append(f"why: could not be read ({type(exc).__name__})")
+    try:
+        hood = views.walk(cast(Scheduler, _Budgeted(scheduler)), task_id, limit=GRAPH_LIMIT)
+        # The walk read the task again: show one snapshot, the latest.
+        info = hood.root
+    except (NotFoundError, redis.RedisError):
+        raise
+    except Exception as exc:
+        log.warning("dashboard: no graph around %r", task_id[:SUMMARY_CHARS], exc_info=True)
+        problems.append(f"graph: could not be read ({type(exc).__name__})")
+        hood = views.Neighbourhood(task_id=task_id, limit=GRAPH_LIMIT, tasks={task_id: info})
+    return TaskDetail(info, explanation, hood, dict(offsets or {}), tuple(problems))
+
+
+def value_preview(value: Any, limit: int = PREVIEW_CHARS) -> tuple[str, str]:
+    """``(preview, size)`` of a stored value shown as JSON: at most ``limit`` characters
+    whatever it holds (any nesting, msgpack extensions); ``size`` says how much more."""
+    shown = show.value(value, limit)
+    if shown.cut:
+        return shown.text + "\u2026", f"more than {limit:,} characters: cut"
+    return shown.text, size(len(shown.text.encode("utf-8", "surrogatepass")))
+
+
+def short(text: object, limit: int = ID_CHARS) -> str:
+    """An id, function name or worker id as shown: cut to ``limit`` characters."""
+    return str(cut(text, limit))
+
+
+def is_cut(text: object, limit: int = ID_CHARS) -> bool:
+    return cut(text, limit).cut
 
 
 def error_title(error: str | None) -> str:
-    return error_summary(error) if error else ""
+    """A stored error on one line, at most ``SUMMARY_CHARS`` characters: a traceback's
+    end is what says what happened, so a huge one is summed up from its last part."""
+    if not error:
+        return ""
+    return short(error_summary(error[-TAIL_CHARS:]), SUMMARY_CHARS)
 
 
 @dataclass(frozen=True)
