@@ -381,6 +381,8 @@ def hostile(scheduler: Scheduler) -> Scheduler:
     ]:  # fmt: skip
         s.schedule(task_id, fn="step")
         put_payload(s.client, k, task_id, payload)
+    s.schedule("long-dep", fn="step")
+    s.client.hset(k.deps, "long-dep", b"rfa0" + b"y" * 0xFA0 + b"r001z")
     s.schedule("junk", fn="step")
     s.client.hset(k.tasks, "junk", b"\xa1not a record at all")
     return s
@@ -394,7 +396,8 @@ def fail_with(s: Scheduler, task_id: str, error: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "task_id", ["many", "huge-worker", "huge-error", "stamp", "ext", "deep-900", "deep-2500"]
+    "task_id",
+    ["many", "huge-worker", "huge-error", "stamp", "ext", "deep-900", "deep-2500", "long-dep"],
 )
 def test_a_task_page_is_bounded_and_renders_whatever_the_task_holds(
     hostile: Scheduler, task_id: str

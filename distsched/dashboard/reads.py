@@ -227,7 +227,8 @@ __all__ = ["linkable"]  # for the templates, with the rest of this module
 class _Budgeted:
     """A scheduler whose ``status`` answers at most ``LOOKUP_BUDGET`` lookups, then
     ``NotFoundError``: the walk keeps to its limit only while the ids it is given name
-    tasks, and edges to removed tasks (or junk) must not make a page read 100k of them."""
+    tasks, and edges to removed tasks (or junk) must not make a page read 100k of them.
+    An id no task can have (too long) is not found either, rather than ending the walk."""
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
@@ -237,7 +238,10 @@ class _Budgeted:
         if self.left <= 0:
             raise NotFoundError(task_id)
         self.left -= 1
-        return self.scheduler.status(task_id)
+        try:
+            return self.scheduler.status(task_id)
+        except InvalidArgument:  # an id no task can have (junk in a stored list)
+            raise NotFoundError(task_id) from None
 
 
 # The lists of a task page that are shown a page at a time (their offset in the query).
