@@ -497,7 +497,9 @@ def test_attempts_are_paged_and_long_texts_cut_with_a_link_to_the_whole(
         links = re.findall(r'href="([^"]+)" class="full-text"', page)
         texts = [client.get(html.unescape(link)).text for link in links]
         assert texts == ["w" * (8 * MIB), "h" * (8 * MIB)]
-        assert (
-            client.get("/task/text", params={"id": "huge-worker", "field": "nope"}).status_code
-            == 404
-        )
+        nope = client.get("/task/text", params={"id": "huge-worker", "field": "nope"})
+        assert nope.status_code == 404
+        # A dependency id too long for a task: drawn in the graph and listed, cut, unlinked.
+        page = client.get("/task", params={"id": "long-dep"}).text
+        assert 'data-state="not submitted"' in page and "graph: could not" not in page
+        assert page.count("y" * 200 + "\u2026") >= 3 and "y" * 201 not in page
