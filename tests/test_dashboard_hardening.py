@@ -503,3 +503,16 @@ def test_attempts_are_paged_and_long_texts_cut_with_a_link_to_the_whole(
         page = client.get("/task", params={"id": "long-dep"}).text
         assert 'data-state="not submitted"' in page and "graph: could not" not in page
         assert page.count("y" * 200 + "\u2026") >= 3 and "y" * 201 not in page
+
+
+def test_the_lists_are_bounded_whatever_their_tasks_hold(scheduler: Scheduler) -> None:
+    s = scheduler
+    for i in range(5):
+        s.schedule(f"run{i}", fn="step")
+        assert getattr(s.next(f"w{i}"), "task_id", None) == f"run{i}"
+        rewrite_record(s, f"run{i}", "w" * (8 * MIB))
+    with TestClient(create_app(s)) as client:
+        for path in ("/tasks?state=running", "/leases", "/api/task?id=run0"):
+            reply = client.get(path)
+            assert reply.status_code == 200 and len(reply.content) < PAGE_BOUND, path
+            assert "w" * 200 + "\u2026" in reply.text and "w" * 201 not in reply.text
