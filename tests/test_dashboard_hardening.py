@@ -36,7 +36,7 @@ require_extra("jinja2")
 
 from starlette.testclient import TestClient  # noqa: E402
 
-from distsched.dashboard import auth, create_app, reads, serve, show  # noqa: E402
+from distsched.dashboard import auth, create_app, reads, serve  # noqa: E402
 from distsched.dashboard.auth import LoginLimiter, check_token  # noqa: E402
 
 TOKEN = secrets.token_urlsafe(32)
@@ -425,8 +425,8 @@ def test_any_value_shows_as_bounded_text_without_recursion() -> None:
     deep: Any = 1
     for _ in range(100_000):
         deep = [deep]
-    shown = show.value(deep, 1000)
-    assert shown.text == "[" * show.MAX_DEPTH + "[\u2026]" + "]" * show.MAX_DEPTH
+    shown = reads.show_value(deep, 1000)
+    assert shown.text == "[" * reads.MAX_DEPTH + "[\u2026]" + "]" * reads.MAX_DEPTH
     value = {
         "t": msgpack.Timestamp(1, 5),
         "e": msgpack.ExtType(42, b"\x00\xff"),
@@ -434,13 +434,13 @@ def test_any_value_shows_as_bounded_text_without_recursion() -> None:
         b"k": [float("nan"), float("inf"), None, True, 10**80, "\u2603"],
         "d": {"x": ()},
     }
-    assert show.value(value, 1000).text == (
+    assert reads.show_value(value, 1000).text == (
         '{"t": Timestamp(1970-01-01T00:00:01.000000005Z), "e": ExtType(42, 00ff), '
         '3: {"hex": "ff00"}, "k": [nan, inf, null, true, 1e+80, "\u2603"], "d": {"x": []}}'
     )
-    huge = show.value({"a": ["x" * (50 * MIB)] * 1000}, 100)
+    huge = reads.show_value({"a": ["x" * (50 * MIB)] * 1000}, 100)
     assert len(huge.text) == 100 and huge.cut
-    assert show.value(object(), 20).text.startswith("<object object")
+    assert reads.show_value(object(), 20).text.startswith("<object object")
 
 
 def test_a_record_that_does_not_decode_is_said_so_not_a_500(hostile: Scheduler) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from html import escape
 
 from distsched.core import State
-from distsched.dashboard.show import cut, linkable
+from distsched.dashboard.reads import cut, linkable
 from distsched.views import Edge, Neighbourhood
 
 STATE_COLOURS: dict[str | None, str] = {
