@@ -200,7 +200,10 @@ class Dashboard:
 
         def paged(name: str, offset: int) -> str:
             """This page with list ``name`` from ``offset`` (the other lists kept)."""
-            return self.url(request, "/task", id=task_id, **{**page.offsets, name: offset or None})
+            offsets = {**page.offsets, name: offset}
+            return self.url(
+                request, "/task", id=task_id, **{k: v or None for k, v in offsets.items()}
+            )
 
         return self.render(
             request, "task.html", page=page, info=page.info, svg=svg, reads=reads, paged=paged
@@ -548,8 +551,9 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 def foreign_post(request: Request, trusted: frozenset[str] = frozenset()) -> str | None:
     """Why a POST comes from another site's page (None: it does not, as far as the
     browser says): its ``Sec-Fetch-Site`` is cross-site or same-site, or its ``Origin`` is
-    present and neither the dashboard's own (the scheme, host and port of its ``Host``
-    header) nor one of ``trusted``."""
+    present and neither the dashboard's own (the host and port of its ``Host`` header; a
+    ``Host`` without a port stands for the default port of the origin's scheme) nor one of
+    ``trusted``."""
     site = request.headers.get("sec-fetch-site", "").lower()
     if site in REFUSED_FETCH_SITES:
         return f"Sec-Fetch-Site is {site}"
