@@ -2022,7 +2022,8 @@ def retry(
     envvar="DISTSCHED_DASHBOARD_TOKEN",
     default=None,
     metavar="TOKEN",
-    help="The login token for actions (12 characters or more). Env: DISTSCHED_DASHBOARD_TOKEN.",
+    help="The login token for actions (32 characters or more, e.g. from "
+    "secrets.token_urlsafe(32)). Env: DISTSCHED_DASHBOARD_TOKEN.",
 )
 @click.pass_context
 def dashboard(
@@ -2057,6 +2058,7 @@ def dashboard(
         allow_actions=allow_actions,
         token=token if allow_actions else None,
         echo=click.echo,
+        warn=lambda text: click.echo(f"warning: {text}", err=True),
     )
 
 

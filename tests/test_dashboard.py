@@ -27,7 +27,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from distsched.dashboard import create_app  # noqa: E402
 
-TOKEN = "correct horse battery staple"
+TOKEN = "correct horse battery staple, and a staple more"
 HOSTILE_ID = "<script>alert(1)</script>"
 HOSTILE_FN = '<img src=x onerror="alert(2)">'
 HOSTILE_ERROR = "RuntimeError: <script>alert(3)</script> & 'quotes'"
@@ -577,7 +577,7 @@ def test_the_dashboard_command_refuses_actions_without_a_long_enough_token(
         timeout=60,
     )  # fmt: skip
     assert short.returncode == 1
-    assert "invalid --token: must be at least 12 characters" in short.stderr
+    assert "invalid --token: must be at least 32 characters" in short.stderr
 
 
 # --------------------------------------------------------------------------- demo

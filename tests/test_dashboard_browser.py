@@ -46,7 +46,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from distsched.dashboard import create_app  # noqa: E402
 
-TOKEN = "a token long enough for the test"
+TOKEN = "a token long enough for the test, and then some"
 PIPELINE = [
     ("extract", []),
     ("clean", ["extract"]),
@@ -250,3 +250,49 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
         worker.wait(30)
         s.clear()
         s.close()
+
+
+def test_a_form_on_another_port_of_the_same_host_cannot_act_even_with_the_csrf_token(
+    scheduler: Scheduler, browser: WebDriver
+) -> None:
+    """Another service on the same host is the same *site*: the browser sends it the
+    SameSite=Strict session cookie. Even given the CSRF token, its form is refused: the
+    browser says where the POST comes from (Origin, Sec-Fetch-Site)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse
+    from starlette.routing import Route
+
+    scheduler.schedule("victim", fn="step")
+    dashboard = Server(create_app(scheduler, allow_actions=True, token=TOKEN))
+    forms: dict[str, str] = {}
+
+    async def page(request: Request) -> HTMLResponse:
+        return HTMLResponse(
+            f'<form method="post" action="{dashboard.url}/actions/cancel">'
+            '<input type="hidden" name="id" value="victim">'
+            f'<input type="hidden" name="csrf" value="{forms["csrf"]}">'
+            '<button type="submit" id="go">go</button></form>'
+        )
+
+    other = Server(Starlette(routes=[Route("/", page)]))
+    try:
+        browser.get(dashboard.url + "/login")
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.ID, "login-submit").click()
+        WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, "logout"))
+        browser.get(dashboard.url + "/task?id=victim")
+        csrf = browser.find_element(By.CSS_SELECTOR, 'input[name="csrf"]')
+        forms["csrf"] = str(csrf.get_attribute("value"))
+        browser.get(other.url + "/")
+        browser.find_element(By.ID, "go").click()
+        WebDriverWait(browser, WAIT_S).until(lambda b: "another site" in b.page_source)
+        assert scheduler.status("victim").state is State.READY
+        # The same form on the dashboard's own page goes through.
+        browser.get(dashboard.url + "/task?id=victim")
+        browser.find_element(By.ID, "action-cancel").click()
+        WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, "note"))
+        assert scheduler.status("victim").state is State.CANCELLED
+    finally:
+        other.close()
+        dashboard.close()

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import jinja2
 import redis
@@ -17,7 +16,13 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import (
+    HTMLResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+)
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -25,14 +30,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from distsched.client import Scheduler
 from distsched.core import STATS_TOP_KEYS, State
 from distsched.dashboard import chart, graph, reads
-from distsched.dashboard.auth import COOKIE, SESSION_S, Session, Signer, check_token
+from distsched.dashboard.auth import (
+    COOKIE,
+    SESSION_S,
+    LoginLimiter,
+    Session,
+    Signer,
+    check_token,
+    retry_after,
+)
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.text import finite_or_none, iso, jsonable
 
 log = logging.getLogger("distsched.dashboard")
 
 HERE = Path(__file__).resolve().parent
-LOGIN_FAILURE_DELAY_S = 0.5
 T = TypeVar("T")
 
 # What an action's redirect says, by code: fixed texts, so a link cannot make the page
@@ -72,13 +84,20 @@ class Dashboard:
     """The routes' shared state: the scheduler, the templates and the session signer."""
 
     def __init__(
-        self, scheduler: Scheduler, allow_actions: bool, token: str | None, owns: bool
+        self,
+        scheduler: Scheduler,
+        allow_actions: bool,
+        token: str | None,
+        owns: bool,
+        trusted_origins: Iterable[str] = (),
     ) -> None:
         self.scheduler = scheduler
         self.namespace = scheduler.namespace
         self.allow_actions = allow_actions
         self.owns = owns
         self.signer = Signer(token, scheduler.namespace) if token is not None else None
+        self.limiter = LoginLimiter()
+        self.trusted_origins = frozenset(trusted_origins)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
             autoescape=True,
@@ -86,6 +105,8 @@ class Dashboard:
         )
         self.env.filters["seconds"] = seconds
         self.env.filters["iso"] = iso
+        self.env.filters["short"] = reads.short
+        self.env.globals["reads"] = reads
 
     # ------------------------------------------------------------------ helpers
 
@@ -159,14 +180,57 @@ class Dashboard:
         task_id = request.query_params.get("id", "")
         if not task_id:
             return self.render(request, "error.html", 400, message="No task id given.")
+        offsets = {name: _offset(request, name) for name in reads.PAGED}
         try:
-            page = await self.read(reads.task, self.scheduler, task_id)
+            page = await self.read(reads.task, self.scheduler, task_id, offsets)
         except NotFoundError:
             return self.render(
-                request, "error.html", 404, message=f"No task {task_id!r} in this namespace."
-            )
+                request, "error.html", 404,
+                message=f"No task {reads.short(task_id)!r} in this namespace.",
+            )  # fmt: skip
+        except InvalidArgument as exc:
+            return self.render(request, "error.html", 400, message=reads.short(str(exc), 300))
+        except reads.Unreadable as exc:
+            return self.render(
+                request, "error.html", 200,
+                message=f"Task {reads.short(task_id)!r} is stored in a form this dashboard "
+                f"cannot read ({exc}); it was probably written by other means.",
+            )  # fmt: skip
         svg = graph.render(page.hood, self.task_link(request))
-        return self.render(request, "task.html", page=page, info=page.info, svg=svg, reads=reads)
+
+        def paged(name: str, offset: int) -> str:
+            """This page with list ``name`` from ``offset`` (the other lists kept)."""
+            offsets = {**page.offsets, name: offset}
+            return self.url(
+                request, "/task", id=task_id, **{k: v or None for k, v in offsets.items()}
+            )
+
+        return self.render(
+            request, "task.html", page=page, info=page.info, svg=svg, reads=reads, paged=paged
+        )
+
+    async def task_text(self, request: Request) -> Response:
+        """The whole of a text the task page cut: its error, worker, function name, or an
+        attempt's worker or error (``n``: which attempt, counted from 0), as plain text."""
+        q = request.query_params
+        task_id, which = q.get("id", ""), q.get("field", "")
+        try:
+            info = await self.read(self.scheduler.status, task_id)
+        except NotFoundError:
+            return _text("no such task", 404)
+        except InvalidArgument as exc:
+            return _text(str(exc)[:300], 400)
+        text: str | None = None
+        if which in ("error", "worker", "fn"):
+            text = getattr(info, which)
+        elif which in ("attempt-worker", "attempt-error"):
+            n = _offset(request, "n")
+            if n < len(info.attempts):
+                attempt = info.attempts[n]
+                text = attempt.worker if which == "attempt-worker" else attempt.error
+        if text is None:
+            return _text("no such text", 404)
+        return _text(text)
 
     async def task_api(self, request: Request) -> Response:
         task_id = request.query_params.get("id", "")
@@ -174,19 +238,24 @@ class Dashboard:
             page = await self.read(reads.task, self.scheduler, task_id)
         except NotFoundError:
             return json_response({"error": "not found"}, 404)
+        except InvalidArgument:
+            return json_response({"error": "no task can have that id"}, 400)
+        except reads.Unreadable as exc:
+            return json_response({"error": f"stored in a form that cannot be read: {exc}"}, 200)
         info = page.info
+        ex = page.explanation
         fields = {
             "state": info.state.value,
             "version": str(info.version),
             "attempt": f"{info.attempt} of {info.max_attempts}",
-            "worker": info.worker or "-",
+            "worker": reads.short(info.worker) if info.worker else "-",
             "lease_left": seconds(page.lease_left),
-            "reasons": ", ".join(r.value for r in page.explanation.reasons),
+            "reasons": "?" if ex is None else ", ".join(r.value for r in ex.reasons),
             "updated_at": iso(info.updated_at),
         }
         return json_response(
             {
-                "task_id": info.task_id,
+                "task_id": reads.short(info.task_id),
                 "state": info.state.value,
                 "fields": fields,
                 "svgs": {"graph": graph.render(page.hood, self.task_link(request))},
@@ -232,14 +301,21 @@ class Dashboard:
     async def login(self, request: Request) -> Response:
         if not self.allow_actions or self.signer is None:
             return self.render(request, "error.html", 403, message="Actions are disabled.")
+        peer = _peer(request)
+        wait = self.limiter.wait(peer)
+        if wait > 0:
+            return self.locked_out(request, wait)
         form = await request.form()
         given = form.get("token")
         target = _local_path(str(form.get("next") or "/"))
         if not isinstance(given, str) or not self.signer.token_matches(given):
-            log.warning("dashboard: a login with a wrong token from %s", _peer(request))
-            # Guessing a token one request at a time is slow; a real token is long anyway.
-            await asyncio.sleep(LOGIN_FAILURE_DELAY_S)
-            return self.render(request, "login.html", 403, failed=True, next=target)
+            wait = self.limiter.failed(peer)
+            log.warning("dashboard: a login with a wrong token from %s", peer)
+            refused = self.render(request, "login.html", 403, failed=True, next=target)
+            if wait > 0:
+                refused.headers["Retry-After"] = retry_after(wait)
+            return refused
+        self.limiter.succeeded(peer)
         response = RedirectResponse(self.url(request, target, done="logged-in"), 303)
         response.set_cookie(
             COOKIE,
@@ -250,6 +326,19 @@ class Dashboard:
             samesite="strict",
             secure=request.url.scheme == "https",
         )
+        return response
+
+    def locked_out(self, request: Request, wait: float) -> Response:
+        """The 429 answer to a client that failed to log in too often."""
+        log.warning(
+            "dashboard: login attempts from %s refused for %.0f s (too many failures)",
+            _peer(request), wait,
+        )  # fmt: skip
+        response = self.render(
+            request, "error.html", 429,
+            message=f"Too many failed logins: try again in {seconds(math.ceil(wait))}.",
+        )  # fmt: skip
+        response.headers["Retry-After"] = retry_after(wait)
         return response
 
     async def logout(self, request: Request) -> Response:
@@ -426,6 +515,18 @@ def json_response(data: Any, status_code: int = 200) -> JSONResponse:
     return response
 
 
+def _offset(request: Request, name: str) -> int:
+    """A non-negative offset from the query (0 when absent or not a number)."""
+    value = request.query_params.get(name, "")
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else 0
+
+
+def _text(text: str, status_code: int = 200) -> PlainTextResponse:
+    response = PlainTextResponse(text, status_code=status_code)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
 def _local_path(path: str) -> str:
     """A path inside the dashboard to go to after logging in (never another site)."""
     if not path.startswith("/") or path.startswith("//") or "\\" in path:
@@ -439,6 +540,64 @@ def _local(request: Request, name: str) -> str:
 
 def _peer(request: Request) -> str:
     return request.client.host if request.client else "?"
+
+
+# A browser marks a request sent by another site's page so (Fetch Metadata); a sibling
+# subdomain ("same-site") is another origin too.
+REFUSED_FETCH_SITES = frozenset({"cross-site", "same-site"})
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def foreign_post(request: Request, trusted: frozenset[str] = frozenset()) -> str | None:
+    """Why a POST comes from another site's page (None: it does not, as far as the
+    browser says): its ``Sec-Fetch-Site`` is cross-site or same-site, or its ``Origin`` is
+    present and neither the dashboard's own (the host and port of its ``Host`` header; a
+    ``Host`` without a port stands for the default port of the origin's scheme) nor one of
+    ``trusted``."""
+    site = request.headers.get("sec-fetch-site", "").lower()
+    if site in REFUSED_FETCH_SITES:
+        return f"Sec-Fetch-Site is {site}"
+    origin = request.headers.get("origin")
+    if origin is None or origin in trusted or _same_origin(origin, request):
+        return None
+    return f"Origin {origin[:200]!r} is not this dashboard's"
+
+
+def _same_origin(origin: str, request: Request) -> bool:
+    try:
+        theirs = urlsplit(origin)
+        ours = urlsplit("//" + request.headers.get("host", ""))
+        if theirs.scheme not in DEFAULT_PORTS or not theirs.hostname:
+            return False
+        their_port = theirs.port or DEFAULT_PORTS[theirs.scheme]
+        our_port = ours.port
+    except ValueError:  # a port that is not a number
+        return False
+    if theirs.hostname != ours.hostname or theirs.path or theirs.query:
+        return False
+    if our_port is None:  # the default port of the scheme the browser used
+        return their_port == DEFAULT_PORTS[theirs.scheme]
+    # Behind a proxy that ends TLS the request arrives as http: the scheme is the origin's.
+    return their_port == our_port
+
+
+def _same_site_only(
+    handler: Callable[[Request], Awaitable[Response]], dashboard: Dashboard
+) -> Callable[[Request], Awaitable[Response]]:
+    """A POST sent by another site's page is refused with 403, whatever its session."""
+
+    async def checked(request: Request) -> Response:
+        why = foreign_post(request, dashboard.trusted_origins)
+        if why is not None:
+            log.warning(
+                "dashboard: refused a POST to %s from %s: %s", request.url.path, _peer(request), why
+            )
+            return dashboard.render(
+                request, "error.html", 403, message="Refused: this form was sent by another site."
+            )
+        return await handler(request)
+
+    return checked
 
 
 def _guard(
@@ -500,14 +659,18 @@ def create_app(
     *,
     allow_actions: bool = False,
     token: str | None = None,
+    trusted_origins: Iterable[str] = (),
 ) -> Starlette:
     """The dashboard as an ASGI application, to serve or to mount in another app.
 
     ``scheduler`` is a :class:`~distsched.client.Scheduler` (``namespace``, when given,
     must be its namespace) or a Redis URL (then ``namespace`` defaults to
     ``"default"``, and the app closes the connection at shutdown). Read-only unless
-    ``allow_actions``, which needs a ``token`` of at least 12 characters: a user logs in
-    with it once, then may cancel, retry and expire leases.
+    ``allow_actions``, which needs a ``token`` of at least 32 characters (make one with
+    ``secrets.token_urlsafe(32)``): a user logs in with it once, then may cancel, retry and
+    expire leases. A POST sent from another site's page is refused (its ``Origin`` or
+    ``Sec-Fetch-Site`` says so); ``trusted_origins`` (``"https://ops.example.com"``) are
+    accepted too, for a proxy that changes the ``Host`` header.
 
     Mount it with ``Mount("/tasks", app=create_app(...))`` in Starlette or
     ``app.mount("/tasks", create_app(...))`` in FastAPI: every link follows the prefix.
@@ -527,12 +690,15 @@ def create_app(
         check_token(token)
     elif token is not None and not token:
         raise InvalidArgument("token", "must not be empty")
-    d = Dashboard(scheduler, allow_actions, token, owns)
+    if isinstance(trusted_origins, str):
+        trusted_origins = (trusted_origins,)
+    d = Dashboard(scheduler, allow_actions, token, owns, [o.rstrip("/") for o in trusted_origins])
     get = [
         ("/", d.overview, "overview"),
         ("/api/overview", d.overview_api, "overview_api"),
         ("/tasks", d.tasks, "tasks"),
         ("/task", d.task, "task"),
+        ("/task/text", d.task_text, "task_text"),
         ("/api/task", d.task_api, "task_api"),
         ("/leases", d.leases, "leases"),
         ("/workers", d.workers, "workers"),
@@ -546,7 +712,10 @@ def create_app(
     routes: list[Route | Mount] = [
         Route(path, _guard(fn, d), methods=["GET"], name=name) for path, fn, name in get
     ]
-    routes += [Route(path, _guard(fn, d), methods=["POST"], name=name) for path, fn, name in post]
+    routes += [
+        Route(path, _guard(_same_site_only(fn, d), d), methods=["POST"], name=name)
+        for path, fn, name in post
+    ]
     routes.append(Mount("/static", StaticFiles(directory=HERE / "static"), name="static"))
 
     @contextlib.asynccontextmanager

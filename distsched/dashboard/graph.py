@@ -3,7 +3,8 @@
 Dependencies are on the left, dependents on the right, one column per step of
 the longest path; each box is coloured by its task's state and links to that
 task's page. The edges along which a failure or cancellation blocked a task are
-drawn in red: the blocking path. Every text is escaped here.
+drawn in red: the blocking path. Every text is escaped here, and cut: the graph of
+``GRAPH_LIMIT`` tasks is bounded whatever their ids.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from html import escape
 
 from distsched.core import State
+from distsched.dashboard.reads import cut, linkable
 from distsched.views import Edge, Neighbourhood
 
 STATE_COLOURS: dict[str | None, str] = {
@@ -31,6 +33,8 @@ COL_GAP = 70
 ROW_GAP = 16
 MARGIN = 12
 LABEL_CHARS = 24
+# Characters of an id in a box's or an edge's title (a longer one is cut).
+TITLE_CHARS = 200
 
 
 def edges_of(hood: Neighbourhood) -> list[Edge]:
@@ -127,7 +131,9 @@ def render(hood: Neighbourhood, link: Callable[[str], str]) -> str:
         style = 'stroke="#dc2626" stroke-width="3"' if blocked else 'stroke="#6b7280"'
         dash = ' stroke-dasharray="5,4"' if e.optional else ""
         marker = "arrow-block" if blocked else "arrow"
-        title = f"{e.dependent} needs {e.dependency}" + (" (optional)" if e.optional else "")
+        title = f"{cut(e.dependent, TITLE_CHARS)} needs {cut(e.dependency, TITLE_CHARS)}" + (
+            " (optional)" if e.optional else ""
+        )
         out.append(
             f'<path class="{cls}" d="M{x1},{y1} C{x1 + bend},{y1} {x2 - bend},{y2} {x2},{y2}" '
             f'fill="none" {style}{dash} marker-end="url(#{marker})">'
@@ -142,17 +148,18 @@ def render(hood: Neighbourhood, link: Callable[[str], str]) -> str:
         stroke = 'stroke="#111827" stroke-width="3"' if here else 'stroke="#4b5563"'
         dash = ' stroke-dasharray="4,3"' if info is None else ""
         shown = state if state is not None else "not submitted"
-        cut = node in hood.cut_up or node in hood.cut_down
+        more = node in hood.cut_up or node in hood.cut_down
+        href = f'href="{escape(link(node))}" ' if linkable(node) else ""
+        named = escape(str(cut(node, TITLE_CHARS)))
         out.append(
-            f'<a href="{escape(link(node))}" class="node" data-task="{escape(node)}" '
-            f'data-state="{escape(shown)}">'
-            f"<title>{escape(node)}: {escape(shown)}</title>"
+            f'<a {href}class="node" data-task="{named}" data-state="{escape(shown)}">'
+            f"<title>{named}: {escape(shown)}</title>"
             f'<rect x="{x}" y="{y}" width="{BOX_W}" height="{BOX_H}" rx="5" fill="{fill}" '
             f"{stroke}{dash}/>"
             f'<text x="{x + 8}" y="{y + 15}" font-size="12" font-family="monospace">'
             f"{escape(_label(node))}</text>"
             f'<text x="{x + 8}" y="{y + 30}" font-size="11" fill="#374151">'
-            f"{escape(shown)}{' (more not shown)' if cut else ''}</text></a>"
+            f"{escape(shown)}{' (more not shown)' if more else ''}</text></a>"
         )
     out.append("</svg>")
     return "".join(out)

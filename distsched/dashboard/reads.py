@@ -3,20 +3,32 @@
 Every function here makes a bounded number of Redis round trips, whatever the
 number of tasks in the namespace: lists (leases included) are read a page at a
 time, and the graph around a task stops after ``GRAPH_LIMIT`` tasks. Nothing here
-writes.
+writes. What a task page shows is bounded whatever the task holds: its lists a page at a
+time, its ids, worker and error cut (the full text has its own link), its payload shown
+without recursion (:func:`show_value`): a value read from Redis may have been written by
+another language or by hand (a msgpack extension, arrays nested thousands deep, strings of
+megabytes), and nothing here recurses, raises on such a value, or builds more text than
+it was asked for.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
-from dataclasses import dataclass
-from typing import Any
+import logging
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import msgpack
+import redis
 
 from distsched import views
 from distsched.client import Scheduler
 from distsched.core import (
+    MAX_TASK_ID_BYTES,
     Explanation,
     MinuteCount,
     Overview,
@@ -25,19 +37,35 @@ from distsched.core import (
     TaskPage,
     WorkerInfo,
 )
-from distsched.text import error_summary, jsonable, preview, size
+from distsched.errors import InvalidArgument, NotFoundError
+from distsched.text import error_summary, jsonable, size
 
 # The throughput charts: the last hour by minute, the last day by DAY_BUCKET minutes.
 DAY_MINUTES = 1440
 DAY_BUCKET = 15
 # Tasks per page of a list.
 PAGE_SIZE = 50
-# Tasks read around one task for its graph.
+# Tasks read around one task for its graph, and the lookups the walk may make for it.
 GRAPH_LIMIT = 40
+LOOKUP_BUDGET = 3 * GRAPH_LIMIT
 # Characters of a payload or result shown before "show all".
 PREVIEW_CHARS = 2000
 # Leases that expire within this many seconds count as "expiring soon".
 SOON_S = 10.0
+# A task page lists dependencies, dependents and attempts a page at a time.
+LIST_PAGE = 100
+ATTEMPTS_PAGE = 20
+# Characters of an id, a function name or a worker id shown before it is cut (the full
+# text has its own link); of an error; of an error summed up on one line; of the end of an
+# error read to sum it up.
+ID_CHARS = 200
+ERROR_CHARS = 16_384
+SUMMARY_CHARS = 300
+TAIL_CHARS = 65_536
+# Arrays and maps shown inside each other before the rest is elided ("[…]").
+MAX_DEPTH = 64
+
+log = logging.getLogger("distsched.dashboard")
 
 
 def js(value: Any) -> str:
@@ -107,31 +135,83 @@ def _totals(minutes: list[MinuteCount]) -> dict[str, int]:
     }
 
 
+class Unreadable(Exception):
+    """A task whose stored record cannot be read at all (written by other means)."""
+
+    def __init__(self, task_id: str, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cut(str(cause), SUMMARY_CHARS)}")
+        self.task_id = task_id
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One page of a list shown on a task page: ``items`` from ``offset`` of ``total``."""
+
+    items: tuple[Any, ...]
+    offset: int
+    total: int
+    size: int
+
+    @property
+    def paged(self) -> bool:
+        return self.total > self.size
+
+    @property
+    def prev(self) -> int | None:
+        return None if self.offset == 0 else max(0, self.offset - self.size)
+
+    @property
+    def next(self) -> int | None:
+        end = self.offset + self.size
+        return end if end < self.total else None
+
+
+def slice_of(items: Sequence[Any], offset: int, size: int) -> Slice:
+    """The page of ``items`` from ``offset`` (kept inside the list)."""
+    offset = min(max(0, offset), max(0, len(items) - 1))
+    return Slice(tuple(items[offset : offset + size]), offset, len(items), size)
+
+
 @dataclass(frozen=True)
 class TaskDetail:
     info: TaskInfo
-    explanation: Explanation
+    # None when the explanation could not be read; ``problems`` says why.
+    explanation: Explanation | None
     hood: views.Neighbourhood
+    offsets: Mapping[str, int] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
 
     @property
     def now(self) -> float:
-        return self.explanation.server_time
+        return time.time() if self.explanation is None else self.explanation.server_time
 
     @property
     def lease_left(self) -> float | None:
-        deadline = self.explanation.lease_deadline
+        deadline = self.info.lease_deadline
+        if self.explanation is not None:
+            deadline = self.explanation.lease_deadline
         return None if deadline is None else deadline - self.now
 
     @property
-    def payload_size(self) -> int:
-        """Bytes of the task's payload as msgpack (as stored, give or take the encoder)."""
+    def payload_size(self) -> int | None:
+        """Bytes of the task's payload as msgpack (as stored, give or take the encoder);
+        None when it cannot be packed again (nested deeper than msgpack packs)."""
         info = self.info
-        packed = msgpack.packb(
-            {"fn": info.fn, "args": list(info.args), "kwargs": info.kwargs},
-            use_bin_type=True,
-            default=str,
-        )
+        try:
+            packed = msgpack.packb(
+                {"fn": info.fn, "args": list(info.args), "kwargs": info.kwargs},
+                use_bin_type=True,
+                default=str,
+            )
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            return None
         return len(packed)
+
+    def listed(self, name: str) -> Slice:
+        """One page of ``deps``, ``optional_deps``, ``dependents`` or ``attempts``."""
+        items: Sequence[Any] = getattr(self.info, name)
+        size = ATTEMPTS_PAGE if name == "attempts" else LIST_PAGE
+        return slice_of(items, self.offsets.get(name, 0), size)
 
     @property
     def blocked_dependents(self) -> list[str]:
@@ -140,30 +220,96 @@ class TaskDetail:
         return [
             d
             for d in hood.descendants
-            if (info := hood.tasks[d]) is not None
+            if (info := hood.tasks.get(d)) is not None
             and info.state is State.BLOCKED
             and info.blocked_by is not None
             and info.blocked_by.root == hood.task_id
         ]
 
 
-def task(scheduler: Scheduler, task_id: str) -> TaskDetail:
-    """One task with its explanation and graph; ``NotFoundError`` for an unknown id."""
-    info = scheduler.status(task_id)
-    explanation = scheduler.explain(task_id)
-    hood = views.walk(scheduler, task_id, limit=GRAPH_LIMIT)
-    # The walk read the task again: show one snapshot, the latest.
-    return TaskDetail(hood.root if hood.root else info, explanation, hood)
+class _Budgeted:
+    """A scheduler whose ``status`` answers at most ``LOOKUP_BUDGET`` lookups, then
+    ``NotFoundError``: the walk keeps to its limit only while the ids it is given name
+    tasks, and edges to removed tasks (or junk) must not make a page read 100k of them.
+    An id no task can have (too long) is not found either, rather than ending the walk."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        self.left = LOOKUP_BUDGET
+
+    def status(self, task_id: str) -> TaskInfo:
+        if self.left <= 0:
+            raise NotFoundError(task_id)
+        self.left -= 1
+        try:
+            return self.scheduler.status(task_id)
+        except InvalidArgument:  # an id no task can have (junk in a stored list)
+            raise NotFoundError(task_id) from None
 
 
-def value_preview(value: Any, limit: int | None = PREVIEW_CHARS) -> tuple[str, str]:
-    """``(preview, size)`` of a value shown as JSON."""
-    text = js(value)
-    return preview(text, limit), size(len(text.encode("utf-8", "surrogatepass")))
+# The lists of a task page that are shown a page at a time (their offset in the query).
+PAGED = ("deps", "optional_deps", "dependents", "attempts")
+
+
+def task(
+    scheduler: Scheduler, task_id: str, offsets: Mapping[str, int] | None = None
+) -> TaskDetail:
+    """One task with its explanation and graph; ``NotFoundError`` for an unknown id,
+    ``InvalidArgument`` for an id no task can have, ``Unreadable`` for a record that does
+    not decode. An explanation or graph that cannot be read is left out and said so."""
+    try:
+        info = scheduler.status(task_id)
+    except (NotFoundError, InvalidArgument, redis.RedisError):
+        raise
+    except Exception as exc:  # stored by other means: say what, do not fail the page
+        log.warning("dashboard: task %r does not decode", task_id[:SUMMARY_CHARS], exc_info=True)
+        raise Unreadable(task_id, exc) from None
+    problems: list[str] = []
+    explanation: Explanation | None = None
+    try:
+        explanation = scheduler.explain(task_id)
+    except (NotFoundError, redis.RedisError):
+        raise
+    except Exception as exc:
+        log.warning("dashboard: no explanation of %r", task_id[:SUMMARY_CHARS], exc_info=True)
+        problems.append(f"why: could not be read ({type(exc).__name__})")
+    try:
+        hood = views.walk(cast(Scheduler, _Budgeted(scheduler)), task_id, limit=GRAPH_LIMIT)
+        # The walk read the task again: show one snapshot, the latest.
+        info = hood.root
+    except (NotFoundError, redis.RedisError):
+        raise
+    except Exception as exc:
+        log.warning("dashboard: no graph around %r", task_id[:SUMMARY_CHARS], exc_info=True)
+        problems.append(f"graph: could not be read ({type(exc).__name__})")
+        hood = views.Neighbourhood(task_id=task_id, limit=GRAPH_LIMIT, tasks={task_id: info})
+    return TaskDetail(info, explanation, hood, dict(offsets or {}), tuple(problems))
+
+
+def value_preview(value: Any, limit: int = PREVIEW_CHARS) -> tuple[str, str]:
+    """``(preview, size)`` of a stored value shown as JSON: at most ``limit`` characters
+    whatever it holds (any nesting, msgpack extensions); ``size`` says how much more."""
+    shown = show_value(value, limit)
+    if shown.cut:
+        return shown.text + "\u2026", f"more than {limit:,} characters: cut"
+    return shown.text, size(len(shown.text.encode("utf-8", "surrogatepass")))
+
+
+def short(text: object, limit: int = ID_CHARS) -> str:
+    """An id, function name or worker id as shown: cut to ``limit`` characters."""
+    return str(cut(text, limit))
+
+
+def is_cut(text: object, limit: int = ID_CHARS) -> bool:
+    return cut(text, limit).cut
 
 
 def error_title(error: str | None) -> str:
-    return error_summary(error) if error else ""
+    """A stored error on one line, at most ``SUMMARY_CHARS`` characters: a traceback's
+    end is what says what happened, so a huge one is summed up from its last part."""
+    if not error:
+        return ""
+    return short(error_summary(error[-TAIL_CHARS:]), SUMMARY_CHARS)
 
 
 @dataclass(frozen=True)
@@ -185,3 +331,136 @@ def leases(scheduler: Scheduler, cursor: str | None) -> LeasesPage:
 def task_list(scheduler: Scheduler, state: State, fn: str | None, cursor: str | None) -> TaskPage:
     """One page of the tasks in ``state`` (of function ``fn``), from ``cursor``."""
     return scheduler.tasks(state, fn=fn, limit=PAGE_SIZE, cursor=cursor)
+
+
+# --------------------------------------------------------------------------- values
+
+_EPOCH = _dt.datetime(1970, 1, 1)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A text as shown: ``text`` is at most the limit asked; ``total`` counts the whole."""
+
+    text: str
+    total: int
+
+    @property
+    def cut(self) -> bool:
+        return len(self.text) < self.total
+
+    def __str__(self) -> str:
+        return self.text + ("\u2026" if self.cut else "")
+
+
+def cut(text: object, limit: int) -> Cut:
+    """``text`` (None: empty) cut to ``limit`` characters."""
+    s = "" if text is None else text if isinstance(text, str) else str(text)
+    return Cut(s[:limit], len(s))
+
+
+def linkable(task_id: str) -> bool:
+    """Whether a page can be asked for ``task_id`` (a longer id, stored by other means,
+    names no task that can be looked up)."""
+    return len(task_id) <= MAX_TASK_ID_BYTES and (
+        len(task_id.encode("utf-8", "surrogatepass")) <= MAX_TASK_ID_BYTES
+    )
+
+
+def _scalar(value: Any, room: int) -> str:
+    """One value that holds no other, as JSON-like text of at most about ``room`` chars."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int):
+        text = str(value) if -(10**50) < value < 10**50 else f"{float(value):.6g}"
+        return text
+    if isinstance(value, float):
+        return json.dumps(value) if math.isfinite(value) else str(value)
+    if isinstance(value, str):
+        return json.dumps(value[: room + 1], ensure_ascii=False)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value[: room + 4])
+        try:
+            return json.dumps(raw.decode("utf-8"), ensure_ascii=False)
+        except UnicodeDecodeError:
+            return '{"hex": "' + raw[: room // 2 + 1].hex() + '"}'
+    if isinstance(value, msgpack.Timestamp):
+        try:
+            day = _EPOCH + _dt.timedelta(seconds=value.seconds)
+            when = f"{day:%Y-%m-%dT%H:%M:%S}.{value.nanoseconds:09d}Z"
+        except (ValueError, OverflowError):  # outside the years 1 to 9999
+            when = f"{value.seconds} s {value.nanoseconds} ns after the epoch"
+        return f"Timestamp({when})"
+    if isinstance(value, msgpack.ExtType):
+        return f"ExtType({value.code}, {bytes(value.data[: room // 2 + 1]).hex()})"
+    if isinstance(value, (_dt.datetime, _dt.date)):
+        return value.isoformat()
+    try:
+        return repr(value)[: room + 1]
+    except Exception:  # a repr that fails: its type is what is known
+        return f"<{type(value).__name__}>"
+
+
+@dataclass
+class _Open:
+    """A list or map being written: its remaining items, and how many were written."""
+
+    items: Iterator[Any]
+    is_map: bool
+    close: str
+    written: int = 0
+
+
+def _pieces(value: Any, room: int) -> Iterator[str]:
+    """The text of ``value`` in pieces, depth first, without recursion."""
+    stack: list[_Open] = []
+    current: Any = value
+    while True:
+        if isinstance(current, msgpack.ExtType):  # a tuple, but one value
+            yield _scalar(current, room)
+        elif isinstance(current, (list, tuple, dict)) and len(stack) >= MAX_DEPTH:
+            yield "{\u2026}" if isinstance(current, dict) else "[\u2026]"
+        elif isinstance(current, (list, tuple)):
+            stack.append(_Open(iter(current), False, "]"))
+            yield "["
+        elif isinstance(current, dict):
+            stack.append(_Open(iter(current.items()), True, "}"))
+            yield "{"
+        else:
+            yield _scalar(current, room)
+        # The next value: the next item of the innermost open list or map.
+        while stack:
+            top = stack[-1]
+            item: Any = next(top.items, _END)
+            if item is _END:
+                stack.pop()
+                yield top.close
+                continue
+            if top.written:
+                yield ", "
+            top.written += 1
+            if top.is_map:
+                key, current = item
+                yield _scalar(key, room)
+                yield ": "
+            else:
+                current = item
+            break
+        else:
+            return
+
+
+_END = object()
+
+
+def show_value(data: Any, limit: int) -> Cut:
+    """``data`` as JSON-like text cut to ``limit`` characters; ``total`` is ``limit + 1``
+    when the text was longer (the rest is not built, so its length is not known)."""
+    out: list[str] = []
+    length = 0
+    for piece in _pieces(data, limit):
+        out.append(piece)
+        length += len(piece)
+        if length > limit:
+            return Cut("".join(out)[:limit], limit + 1)
+    return Cut("".join(out), length)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import time
@@ -18,6 +19,27 @@ log = logging.getLogger("distsched.dashboard")
 START_TIMEOUT_S = 30.0
 
 
+def exposed_warning(bind: str, allow_actions: bool) -> str | None:
+    """The warning to give when actions are allowed on an address other machines reach
+    (None: read-only, or loopback only)."""
+    if not allow_actions or _loopback(bind):
+        return None
+    return (
+        f"actions are allowed and the dashboard listens on {bind}, reachable from other "
+        "machines: anyone who can reach it may try the token; serve it on 127.0.0.1 behind "
+        "an HTTPS proxy, or read-only"
+    )
+
+
+def _loopback(bind: str) -> bool:
+    if bind.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bind.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
 def serve(
     scheduler: Scheduler,
     bind: str,
@@ -26,8 +48,15 @@ def serve(
     allow_actions: bool = False,
     token: str | None = None,
     echo: Callable[[str], Any] = log.info,
+    warn: Callable[[str], Any] = log.warning,
 ) -> None:
-    """Serve the dashboard of ``scheduler``'s namespace until interrupted (Ctrl-C, SIGTERM)."""
+    """Serve the dashboard of ``scheduler``'s namespace until interrupted (Ctrl-C, SIGTERM).
+
+    Warns (``warn``: a WARNING of ``distsched.dashboard`` unless given) when actions are
+    allowed and ``bind`` is not a loopback address."""
+    warning = exposed_warning(bind, allow_actions)
+    if warning is not None:
+        warn(warning)
     app = create_app(scheduler, allow_actions=allow_actions, token=token)
     host = f"[{bind}]" if ":" in bind else bind
     mode = "actions allowed after login" if allow_actions else "read-only"
