@@ -219,6 +219,17 @@ def test_the_limit_is_the_tasks_else_its_functions_else_the_workers_and_none_is_
         assert wait_state(fast, "free", State.SUCCEEDED).result == [None, False]
 
 
+def test_quick_runs_under_a_long_limit_leave_nothing_behind_in_the_watchdog(
+    fast: Scheduler,
+) -> None:
+    fast.schedule_many([TaskSpec(f"q{i}", "quick") for i in range(300)])
+    worker = Worker(fast, {"quick": lambda: None}, timeout=3600)
+    with running(worker):
+        wait_until(lambda: worker.counts["succeeded"] == 300, 30, "every task done")
+        # Ended runs are dropped once they are most of what it follows, not at their limit.
+        assert len(worker._limits._heap) <= 130
+
+
 # --------------------------------------------------------------------------- bad values
 
 

@@ -97,6 +97,9 @@ class TimeLimits:
         self.on_overrun = on_overrun
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, bool, _Watch]] = []
+        # Entries of the heap whose run ended: dropped when the heap is mostly them, so
+        # that quick runs under a long limit do not pile up until their limits.
+        self._dead = 0
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -127,6 +130,11 @@ class TimeLimits:
             if watch.stage is _Stage.FORCED:
                 return False
             watch.stage = _Stage.ENDED
+            self._dead += 1
+            if self._dead > 64 and 2 * self._dead > len(self._heap):
+                self._heap = [e for e in self._heap if e[3].stage is _Stage.RUNNING]
+                heapq.heapify(self._heap)
+                self._dead = 0
             return True
 
     def stop(self, timeout: float) -> None:
@@ -149,6 +157,7 @@ class TimeLimits:
                     return
                 _, _, past_grace, watch = heapq.heappop(self._heap)
                 if watch.stage is not _Stage.RUNNING:
+                    self._dead -= 1
                     continue
                 if past_grace:
                     watch.stage = _Stage.FORCED
