@@ -20,7 +20,8 @@ import pytest
 
 from distsched import Scheduler, State, TaskSpec, Worker, core, current_task
 from distsched.errors import InvalidArgument, NotFoundError
-from tests.conftest import running
+from tests.conftest import RedisServer, running
+from tests.test_cli import assert_one_line_error, invoke
 from tests.test_worker import wait_state, wait_until
 from tests.test_worker_processes import Supervised, alive, worker_pids
 
@@ -257,6 +258,21 @@ def test_worker_timeouts_must_name_its_functions(fast: Scheduler) -> None:
     with pytest.raises(InvalidArgument) as caught:
         Worker(fast, {"f": print}, timeouts={"g": 1.0})
     assert caught.value.field == "timeouts"
+
+
+def test_the_cli_schedules_a_timeout_shows_it_and_refuses_a_bad_one_naming_it(
+    redis_server: RedisServer, namespace: str, fast: Scheduler
+) -> None:
+    done = invoke(redis_server, namespace, "schedule", "t", "--fn", "f", "--timeout", "1m30s")
+    assert done.exit_code == 0, done.stderr
+    assert fast.status("t").timeout == 90.0
+    shown = invoke(redis_server, namespace, "status", "t")
+    assert "timeout:" in shown.stdout and "90 s" in shown.stdout
+    for bad in ("0", "-1", "31d", "nan"):
+        refused = invoke(redis_server, namespace, "schedule", "u", "--fn", "f", "--timeout", bad)
+        assert_one_line_error(refused, "--timeout")
+        with pytest.raises(NotFoundError):
+            fast.status("u")
 
 
 def raw_schedule(s: Scheduler, task_id: str, payload: bytes) -> Any:

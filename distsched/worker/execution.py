@@ -161,6 +161,8 @@ class TimeLimits:
                     continue
                 if past_grace:
                     watch.stage = _Stage.FORCED
+                    # Taken before a late return of the function can give it back.
+                    self.slots.overran(watch.job)
                 else:
                     due = watch.started + watch.limit + self.grace
                     heapq.heappush(self._heap, (due, next(self._order), True, watch))
@@ -184,7 +186,6 @@ class TimeLimits:
             "its slot stays taken until the function returns",
             extra={"task_id": claim.task_id, "fn": claim.fn, "attempt": claim.attempt},
         )  # fmt: skip
-        self.slots.overran(job)
         duration = time.monotonic() - watch.started
         try:
             self.metrics.on_finished(claim, duration)
