@@ -191,27 +191,27 @@ def test_the_limit_is_the_tasks_else_its_functions_else_the_workers_and_none_is_
 
     functions = {"limited": limit, "unlimited": limit, "plain": limit}
     fast.schedule_many([
-        TaskSpec("task-wins", "limited", timeout=0.7),
+        TaskSpec("task-wins", "limited", timeout=1.7),
         TaskSpec("fn-wins", "limited"),
         TaskSpec("worker-wins", "plain"),
-        TaskSpec("fn-none", "unlimited", args=[1.0]),
-        TaskSpec("task-over-none", "unlimited", timeout=0.2),
+        TaskSpec("fn-none", "unlimited", args=[2.0]),
+        TaskSpec("task-over-none", "unlimited", timeout=1.2),
     ])  # fmt: skip
-    worker = Worker(fast, functions, timeout=0.9, timeouts={"limited": 0.4, "unlimited": None})
+    worker = Worker(fast, functions, timeout=1.9, timeouts={"limited": 1.4, "unlimited": None})
     with running(worker):
         results = {
             task_id: wait_state(fast, task_id, State.SUCCEEDED).result
             for task_id in ("task-wins", "fn-wins", "worker-wins", "fn-none", "task-over-none")
         }
     assert results == {
-        "task-wins": [0.7, False],
-        "fn-wins": [0.4, False],
-        "worker-wins": [0.9, False],
+        "task-wins": [1.7, False],
+        "fn-wins": [1.4, False],
+        "worker-wins": [1.9, False],
         # No limit for the function: it runs past the worker's default unsignalled.
         "fn-none": [None, False],
-        "task-over-none": [0.2, False],
+        "task-over-none": [1.2, False],
     }
-    assert fast.status("task-wins").timeout == 0.7
+    assert fast.status("task-wins").timeout == 1.7
     assert fast.status("fn-wins").timeout is None
 
     # No limit anywhere: a long run is never signalled.
