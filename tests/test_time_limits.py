@@ -155,9 +155,11 @@ def supervised(
 def test_with_processes_a_stuck_def_ends_with_its_process_which_is_replaced(
     fast: Scheduler, supervised: Callable[..., Supervised]
 ) -> None:
-    sup = supervised("--concurrency", "1", "--grace", "1", "--timeout-grace", str(GRACE))
+    # The limit is the workers' default (--timeout), passed on to each process.
+    sup = supervised("--concurrency", "1", "--grace", "1", "--timeout", str(LIMIT),
+                     "--timeout-grace", str(GRACE))  # fmt: skip
     wait_until(lambda: len(worker_pids(fast)) == 2, 30, "two registered worker processes")
-    fast.schedule("hung", fn="stuck", args=[60], timeout=LIMIT, max_attempts=2, backoff=0)
+    fast.schedule("hung", fn="stuck", args=[60], max_attempts=2, backoff=0)
 
     # Both attempts time out, each ends with its process, and each process is replaced.
     info = wait_state(fast, "hung", State.FAILED, timeout=30)
