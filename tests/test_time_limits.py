@@ -20,7 +20,7 @@ import pytest
 
 from distsched import Scheduler, State, TaskSpec, Worker, core, current_task
 from distsched.errors import InvalidArgument, NotFoundError
-from tests.conftest import RedisServer, running
+from tests.conftest import RedisServer, put_payload, running
 from tests.test_cli import assert_one_line_error, invoke
 from tests.test_worker import wait_state, wait_until
 from tests.test_worker_processes import Supervised, alive, worker_pids
@@ -256,10 +256,31 @@ def test_a_bad_timeout_is_refused_by_the_client_naming_it_and_nothing_is_written
     assert caught.value.field == "timeouts['f']"
 
 
-def test_worker_timeouts_must_name_its_functions(fast: Scheduler) -> None:
-    with pytest.raises(InvalidArgument) as caught:
-        Worker(fast, {"f": print}, timeouts={"g": 1.0})
-    assert caught.value.field == "timeouts"
+def test_the_workers_time_limit_arguments_are_checked_naming_each(fast: Scheduler) -> None:
+    for kwargs, field in (
+        ({"timeouts": {"g": 1.0}}, "timeouts"),  # not one of its functions
+        ({"timeouts": [("f", 1.0)]}, "timeouts"),
+        ({"timeout_grace": -1}, "timeout_grace"),
+        ({"timeout_grace": math.inf}, "timeout_grace"),
+        ({"stop_on_overrun": 1}, "stop_on_overrun"),
+    ):
+        with pytest.raises(InvalidArgument) as caught:
+            Worker(fast, {"f": print}, **kwargs)
+        assert caught.value.field == field
+
+
+def test_a_stored_payload_with_a_bad_timeout_fails_its_task_as_a_decode_error(
+    fast: Scheduler,
+) -> None:
+    ran: list[str] = []
+    fast.schedule("bad", fn="f")
+    fast.schedule("good", fn="f", timeout=5)
+    put_payload(fast.client, fast.keys, "bad", msgpack.packb({"fn": "f", "timeout": 0.5}))
+    with running(Worker(fast, {"f": lambda: ran.append("ran")})):
+        info = wait_state(fast, "bad", State.FAILED)
+        wait_state(fast, "good", State.SUCCEEDED)
+    assert info.error is not None and "payload field 'timeout' must be an integer" in info.error
+    assert ran == ["ran"]
 
 
 def test_the_cli_schedules_a_timeout_shows_it_and_refuses_a_bad_one_naming_it(
