@@ -152,7 +152,7 @@ def supervised(
         sup.close()
 
 
-def test_with_processes_a_stuck_def_ends_with_its_process_which_is_replaced(
+def test_with_processes_a_stuck_function_ends_with_its_process_which_is_replaced(
     fast: Scheduler, supervised: Callable[..., Supervised]
 ) -> None:
     # The limit is the workers' default (--timeout), passed on to each process.
@@ -175,6 +175,15 @@ def test_with_processes_a_stuck_def_ends_with_its_process_which_is_replaced(
     fast.schedule_many([TaskSpec(f"after{i}", "pid") for i in range(4)])
     pids = {wait_state(fast, f"after{i}", State.SUCCEEDED).result for i in range(4)}
     assert pids and not pids & ran
+
+    # An async def that blocks the event loop: its cancellation cannot reach it, and a
+    # grace later its process ends too.
+    fast.schedule("blocking", fn="blocking", args=[60])
+    info = wait_state(fast, "blocking", State.FAILED, timeout=30)
+    assert [(a.outcome, a.error) for a in info.attempts] == [("failed", ERROR)]
+    blocked = int(info.attempts[0].worker.split(":")[1])
+    wait_until(lambda: not alive(blocked), 10, "the blocked process ended")
+    wait_until(lambda: len(worker_pids(fast) - ran - {blocked}) == 2, 30, "two processes again")
 
     sup.proc.send_signal(signal.SIGTERM)
     assert sup.proc.wait(30) == 0, sup.stderr()

@@ -12,9 +12,14 @@ def stuck(seconds: float) -> None:
     time.sleep(seconds)
 
 
+async def blocking(seconds: float) -> None:
+    """Block the worker's event loop for ``seconds``: no cancellation can reach it."""
+    time.sleep(seconds)
+
+
 def pid() -> int:
     """The pid of the worker process that ran it."""
     return os.getpid()
 
 
-FUNCS = {"stuck": stuck, "pid": pid}
+FUNCS = {"stuck": stuck, "blocking": blocking, "pid": pid}

@@ -133,9 +133,11 @@ class Worker:
     attempt fails with ``timed out after N s`` (retried by its task's policy). Still
     running ``timeout_grace`` seconds later, the attempt is reported failed anyway: an
     ``async def`` function is cancelled; a ``def`` function cannot be stopped, so its
-    slot stays taken until it returns (``snapshot()["overrunning"]``, logged), and with
+    slot stays taken until it returns (``snapshot()["overrunning"]``, logged). With
     ``stop_on_overrun`` (a process under ``distsched worker --processes``) the worker
-    then shuts down so that its process can be replaced (``ended_by_overrun``).
+    then shuts down so that its process can be replaced (``ended_by_overrun``): at once
+    for a ``def`` function, after ``timeout_grace`` more for an ``async def`` one that
+    did not end on its cancellation.
 
     The worker logs on ``distsched.worker`` (a start-up line and a shutdown
     summary at INFO) and one line per task event on ``distsched.worker.tasks``,
@@ -320,8 +322,8 @@ class Worker:
         its time limit's grace, and only the end of its process ends it."""
         return self._ended_by_overrun
 
-    def _overran(self, job: Job, is_async: bool) -> None:
-        if not self.stop_on_overrun or is_async:
+    def _overran(self, job: Job) -> None:
+        if not self.stop_on_overrun:
             return
         claim = job.claim
         log.error(

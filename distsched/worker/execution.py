@@ -49,6 +49,11 @@ class _Stage(enum.Enum):
     RUNNING = "running"
     ENDED = "ended"  # the function ended first: its run reports as usual
     FORCED = "forced"  # the grace ran out first: the attempt was reported timed out
+    LATE = "late"  # forced, then the function ended
+
+
+# What the watchdog does when an entry of its heap is due.
+_LIMIT, _GRACE, _CANCELLED = 0, 1, 2
 
 
 class _Watch:
@@ -78,8 +83,10 @@ class TimeLimits:
     At a run's limit its function is signalled (``StopReason.TIMEOUT``); when it is still
     running ``grace`` seconds later, its attempt is reported failed (``timed out after
     N s``) and its slot stays taken until the function returns (``Slots.overran``); an
-    ``async def`` function is also cancelled. ``on_overrun`` is then told (the worker
-    stops for good there, in a supervised process, which ends such a function).
+    ``async def`` function is also cancelled. ``on_overrun`` is then told of a ``def``
+    function at once, of an ``async def`` one still running ``grace`` seconds after its
+    cancellation (one that blocks the loop, or swallows ``CancelledError``): the worker
+    stops for good there in a supervised process, which ends such a function.
     """
 
     def __init__(
@@ -88,7 +95,7 @@ class TimeLimits:
         reporter: Reporter,
         metrics: WorkerMetrics,
         grace: float,
-        on_overrun: Callable[[Job, bool], None] | None = None,
+        on_overrun: Callable[[Job], None] | None = None,
     ) -> None:
         self.slots = slots
         self.reporter = reporter
@@ -96,7 +103,7 @@ class TimeLimits:
         self.grace = grace
         self.on_overrun = on_overrun
         self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, bool, _Watch]] = []
+        self._heap: list[tuple[float, int, int, _Watch]] = []
         # Entries of the heap whose run ended: dropped when the heap is mostly them, so
         # that quick runs under a long limit do not pile up until their limits.
         self._dead = 0
@@ -114,7 +121,7 @@ class TimeLimits:
         """Follow the run of ``job`` from now on, ``limit`` seconds at most."""
         watch = _Watch(job, limit, task, loop)
         with self._cond:
-            heapq.heappush(self._heap, (watch.started + limit, next(self._order), False, watch))
+            heapq.heappush(self._heap, (watch.started + limit, next(self._order), _LIMIT, watch))
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(
                     target=self._loop, name="distsched-time-limits", daemon=True
@@ -128,6 +135,7 @@ class TimeLimits:
         was already reported timed out (the function outlived its grace)."""
         with self._cond:
             if watch.stage is _Stage.FORCED:
+                watch.stage = _Stage.LATE
                 return False
             watch.stage = _Stage.ENDED
             self._dead += 1
@@ -155,22 +163,31 @@ class TimeLimits:
                     self._cond.wait(wait)
                 if self._stopped:
                     return
-                _, _, past_grace, watch = heapq.heappop(self._heap)
-                if watch.stage is not _Stage.RUNNING:
+                now = time.monotonic()
+                _, _, step, watch = heapq.heappop(self._heap)
+                if step == _CANCELLED:
+                    if watch.stage is not _Stage.FORCED:
+                        continue  # it ended on its cancellation
+                elif watch.stage is not _Stage.RUNNING:
                     self._dead -= 1
                     continue
-                if past_grace:
+                elif step == _GRACE:
                     watch.stage = _Stage.FORCED
                     # Taken before a late return of the function can give it back.
                     self.slots.overran(watch.job)
+                    if watch.task is not None:
+                        entry = (now + self.grace, next(self._order), _CANCELLED, watch)
+                        heapq.heappush(self._heap, entry)
                 else:
                     due = watch.started + watch.limit + self.grace
-                    heapq.heappush(self._heap, (due, next(self._order), True, watch))
+                    heapq.heappush(self._heap, (due, next(self._order), _GRACE, watch))
             try:
-                if past_grace:
-                    self._force(watch)
-                else:
+                if step == _LIMIT:
                     watch.job.ctx._signal_stop(StopReason.TIMEOUT)
+                elif step == _GRACE:
+                    self._force(watch)
+                elif self.on_overrun is not None:
+                    self.on_overrun(watch.job)
             except Exception:
                 # Whatever one run brings, the other runs keep their watchdog.
                 log.exception("time limit of task %r failed", watch.job.claim.task_id)
@@ -194,8 +211,8 @@ class TimeLimits:
         self.reporter.put(job, ReportKind.FAIL, job.ctx.timeout_error, duration)
         if watch.task is not None and watch.loop is not None:
             watch.loop.call_soon_threadsafe(watch.task.cancel)
-        if self.on_overrun is not None:
-            self.on_overrun(job, is_async)
+        elif self.on_overrun is not None:
+            self.on_overrun(job)
 
 
 class Runner:
