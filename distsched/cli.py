@@ -13,6 +13,7 @@ import dataclasses
 import datetime
 import importlib
 import json
+import logging
 import math
 import os
 import sys
@@ -99,6 +100,8 @@ OPTION_NAMES = {
     "namespace": "--namespace",
     "concurrency": "--concurrency",
     "grace": "--grace",
+    "timeout": "--timeout",
+    "timeout_grace": "--timeout-grace",
     "functions": "APP",
     "app": "APP",
     "url": "--redis",
@@ -403,6 +406,7 @@ def _status_lines(
         ("priority", str(info.priority)),
         ("run_at", run_at),
         ("backoff", f"{info.backoff:g} s"),
+        ("timeout", "-" if info.timeout is None else f"{info.timeout:g} s"),
         ("fn", show(info.fn, id_limit) if info.fn else "-"),
         ("args", js(list(info.args))),
         ("kwargs", js(info.kwargs)),
@@ -557,6 +561,23 @@ class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click 
     show_default=True,
     help="On SIGTERM/SIGINT, how long running functions get before they are cancelled.",
 )
+@click.option(
+    "--timeout",
+    type=Duration("timeout"),
+    default=None,
+    metavar="DURATION",
+    help="The time limit of a run whose task sets none (default: no limit); see README, "
+    "Time limits.",
+)
+@click.option(
+    "--timeout-grace",
+    type=Duration("timeout_grace"),
+    default="5s",
+    show_default=True,
+    help="How long a function past its time limit gets to stop before its attempt is "
+    "reported failed (with --processes, a def function that still runs then ends with "
+    "its process, which is replaced).",
+)
 @click.option("--worker-id", default=None, help="Worker id (default: host:pid:random).")
 @click.option(
     "--metrics-port",
@@ -604,8 +625,9 @@ class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click 
 @click.pass_context
 def worker(
     ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
-    grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
-    log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
+    grace: float, timeout: float | None, timeout_grace: float, worker_id: str | None,
+    metrics_port: int | None, metrics_addr: str, log_level: str, log_format: str,
+    hook_specs: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
@@ -614,6 +636,7 @@ def worker(
     """
     from distsched.worker import Worker
     from distsched.worker.logs import configure
+    from distsched.worker.supervisor import EXIT_REPLACE, PROCESS_ENV
 
     if not math.isfinite(grace) or grace < 0:
         raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
@@ -632,22 +655,31 @@ def worker(
         configure(log_level.upper(), log_format)
         ctx.exit(_supervise(
             ctx, app, processes, concurrency, lease_s, grace, worker_id, metrics_port,
-            metrics_addr, log_level, log_format, hook_specs, otel,
+            metrics_addr, log_level, log_format, hook_specs, otel, timeout, timeout_grace,
         ))  # fmt: skip
     metrics = _serve_metrics(ctx, metrics_port, metrics_addr)
+    # A process of a supervisor ends itself to end a def function past its time limit.
+    supervised = PROCESS_ENV in os.environ
     pool = Worker(
         scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
-        metrics=metrics, hooks=hooks,
+        metrics=metrics, hooks=hooks, timeout=timeout, timeout_grace=timeout_grace,
+        stop_on_overrun=supervised,
     )  # fmt: skip
     # Last, once nothing can fail with a one-line error any more.
     configure(log_level.upper(), log_format)
     pool.run()  # it logs its start-up line and its shutdown summary
+    if pool.ended_by_overrun:
+        # Its outcomes are reported; the function that ignored its time limit (and any
+        # thread it started) ends with the process, which the supervisor replaces.
+        logging.shutdown()
+        os._exit(EXIT_REPLACE)
 
 
 def _supervise(
     ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
     grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
     log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
+    timeout: float | None, timeout_grace: float,
 ) -> int:  # fmt: skip
     """``worker --processes N``: N one-process workers under a supervisor; its exit status."""
     from distsched.worker.supervisor import Supervisor
@@ -658,6 +690,8 @@ def _supervise(
         "--concurrency", str(concurrency), "--lease", repr(lease_s), "--grace", repr(grace),
         "--metrics-addr", metrics_addr, "--log-level", log_level, "--log-format", log_format,
         *(arg for spec in hook_specs for arg in ("--hooks", spec)), *(["--otel"] if otel else []),
+        *([] if timeout is None else ["--timeout", repr(timeout)]),
+        "--timeout-grace", repr(timeout_grace),
     ]  # fmt: skip
 
     def child_args(index: int) -> list[str]:
@@ -759,6 +793,10 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "--key", "fair_key", metavar="KEY",
             help="The fairness key (tenant): keys take turns at the claims (see 'keys').",
         ),
+        click.option(
+            "--timeout", type=Duration("timeout"), metavar="DURATION",
+            help="Time limit of each run (default: the worker's); past it the attempt fails.",
+        ),
     ]  # fmt: skip
     for option in reversed(options):
         command = option(command)
@@ -769,10 +807,11 @@ def _task_keywords(
     args_json: str, kwargs_json: str, run_at: str | None, delay: float | None, priority: int,
     max_attempts: int, backoff: float, dedupe: bool = False, dedupe_window: float | None = None,
     debounce: float | None = None, deadline: str | None = None, ttl: float | None = None,
-    fair_key: str | None = None,
+    fair_key: str | None = None, timeout: float | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The options of ``_task_options`` as ``Scheduler.schedule`` keywords."""
     return {
+        "timeout": timeout,
         "key": fair_key,
         "deadline": None if deadline is None else parse_when(deadline, "deadline"),
         "ttl": ttl,
@@ -797,7 +836,7 @@ def schedule(
     ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
     run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
     dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
-    ttl: float | None, fair_key: str | None,
+    ttl: float | None, fair_key: str | None, timeout: float | None,
 ) -> None:  # fmt: skip
     """Schedule (or replace) task ID; print its new version.
 
@@ -805,7 +844,7 @@ def schedule(
     """
     options = _task_keywords(
         args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
-        dedupe, dedupe_window, debounce, deadline, ttl, fair_key,
+        dedupe, dedupe_window, debounce, deadline, ttl, fair_key, timeout,
     )  # fmt: skip
     scheduler = _connect(ctx)
     _echo_admitted(scheduler.admit(task_id, fn=fn, **options))
@@ -845,7 +884,7 @@ def submit(
     run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
     deps: tuple[str, ...], optional_deps: tuple[str, ...], allow_unknown: bool,
     dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
-    ttl: float | None, fair_key: str | None,
+    ttl: float | None, fair_key: str | None, timeout: float | None,
 ) -> None:  # fmt: skip
     """Submit (or replace) task ID after its dependencies; print its new version.
 
@@ -855,7 +894,7 @@ def submit(
     """
     options = _task_keywords(
         args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
-        dedupe, dedupe_window, debounce, deadline, ttl, fair_key,
+        dedupe, dedupe_window, debounce, deadline, ttl, fair_key, timeout,
     )  # fmt: skip
     scheduler = _connect(ctx)
     try:

@@ -199,10 +199,12 @@ class Scheduler(BaseScheduler):
         The options are those of :class:`~distsched.core.TaskSpec` (``fn``, ``args``,
         ``kwargs``, ``run_at`` or ``delay``, ``priority``, ``deps``, ``optional_deps``,
         ``max_attempts``, ``backoff``, ``allow_unknown``, ``dedupe``, ``dedupe_window``,
-        ``debounce``), given as keywords. A pending or ready task of that id is replaced; a
-        running one raises ``ConflictError``; a terminal one starts over as the new version.
-        With ``dedupe`` an existing queued or running version is kept and returned instead
-        (:meth:`admit` tells which happened).
+        ``debounce``, ``deadline``, ``ttl``, ``key``, ``timeout``), given as keywords.
+        ``timeout`` is the time limit of each run in seconds (README, "Time limits"). A
+        pending or ready task of that id is replaced; a running one raises
+        ``ConflictError``; a terminal one starts over as the new version. With ``dedupe``
+        an existing queued or running version is kept and returned instead (:meth:`admit`
+        tells which happened).
 
         With more than 1,000 required ``deps`` the task is placed in parts of 1,000, one
         script call each, and held (never claimable) until the last part: workers see it

@@ -24,6 +24,7 @@ class StopReason(enum.Enum):
     CANCEL = "cancel"  # cancellation of the task was requested
     LEASE_LOST = "lease_lost"  # the worker no longer holds the task's lease
     SHUTDOWN = "shutdown"  # the worker is shutting down and the grace period is over
+    TIMEOUT = "timeout"  # the run reached its time limit
 
 
 # Guards the lazy creation of a context's signal event against a signal sent meanwhile.
@@ -41,6 +42,8 @@ class TaskContext:
         self._reasons: set[StopReason] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._async_signal: asyncio.Event | None = None
+        # The run's time limit in seconds (None: none), set by the worker at the start.
+        self._time_limit: float | None = None
 
     @property
     def task_id(self) -> str:
@@ -58,8 +61,21 @@ class TaskContext:
     @property
     def cancel_requested(self) -> bool:
         """True once the function should stop soon: cancellation was requested, the
-        lease was lost, or the worker is shutting down and its grace period is over."""
+        lease was lost, the run reached its time limit, or the worker is shutting down
+        and its grace period is over."""
         return bool(self._reasons)
+
+    @property
+    def time_limit(self) -> float | None:
+        """This run's time limit in seconds (the task's ``timeout``, else the function's,
+        else the worker's default), None when it has none."""
+        return self._time_limit
+
+    @property
+    def timed_out(self) -> bool:
+        """True once the run reached its time limit: whatever the function does now, the
+        attempt ends failed with ``timed out after N s``."""
+        return StopReason.TIMEOUT in self._reasons
 
     @property
     def _signal(self) -> threading.Event:
@@ -93,6 +109,8 @@ class TaskContext:
             raise LeaseLost(f"lease of {self.task_id!r} attempt {self.attempt} was lost")
         if StopReason.CANCEL in self._reasons:
             raise Cancelled(f"task {self.task_id!r} was cancelled")
+        if self.timed_out:
+            raise Cancelled(f"task {self.task_id!r} {self.timeout_error}")
         if self._reasons:
             raise Cancelled(f"task {self.task_id!r} was stopped: the worker is shutting down")
 
@@ -118,6 +136,11 @@ class TaskContext:
             return bool(self._reasons)
         return True
 
+    @property
+    def timeout_error(self) -> str:
+        """The error of an attempt that reached its time limit: ``timed out after N s``."""
+        return timeout_error(self._time_limit or 0.0)
+
     # -- used by the worker
 
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -135,6 +158,11 @@ class TaskContext:
     @property
     def _cancel_was_requested(self) -> bool:
         return StopReason.CANCEL in self._reasons
+
+
+def timeout_error(limit: float) -> str:
+    """``timed out after N s``: the error recorded for a run that reached its limit."""
+    return f"timed out after {limit:g} s"
 
 
 def current_task() -> TaskContext:

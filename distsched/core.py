@@ -56,6 +56,9 @@ MAX_TASK_ID_BYTES = 512
 MAX_MS = 2**53 - 1
 MAX_DELAY_MS = 2**52
 BACKOFF_MAX_S = 3600.0
+# The longest time limit of one run of a task (30 days; ``MAX_TIMEOUT_MS`` in
+# lua/lib/payload.lua): longer runs need none at all.
+TIMEOUT_MAX_MS = 2_592_000_000
 # The longest wait between two attempts, whatever the backoff and attempt (§6); sent to
 # the scripts that end attempts (fail.lua, reap.lua).
 BACKOFF_CAP_MS = 3_600_000
@@ -152,6 +155,9 @@ class Claim:
     key: str | None = None
     """The task's fairness key in a fair namespace (``""``: the default key); None in a
     namespace without keys."""
+    timeout: float | None = None
+    """The task's own time limit in seconds (its ``timeout`` option), None when it has none:
+    the worker then applies the function's or its own (README, "Time limits")."""
 
     @property
     def token(self) -> tuple[str, int, int]:
@@ -241,6 +247,9 @@ class TaskInfo:
     blocked_by: BlockedBy | None = None
     attempts: tuple[AttemptInfo, ...] = ()
     placing: bool = False
+    timeout: float | None = None
+    """The time limit the task was scheduled with (seconds), None when none: a worker
+    then applies the function's or its own default."""
 
 
 @dataclass(frozen=True)
@@ -303,6 +312,11 @@ class TaskSpec:
       tasks given none share the default key. Keys take turns at the claims in proportion
       to their weights, each within its concurrency cap (``Scheduler.set_key``; README,
       "Tenants and fairness"). Inside a key, claims follow the namespace's order.
+    - ``timeout``: the time limit of each run, in seconds (None: the function's limit at
+      the worker, else the worker's default). At the limit the function is asked to stop
+      (``current_task().cancel_requested``); after the worker's grace the attempt ends
+      failed with ``timed out after N s`` and is retried as any failure (README,
+      "Time limits").
     """
 
     task_id: str
@@ -324,6 +338,7 @@ class TaskSpec:
     deadline: float | _dt.datetime | None = None
     ttl: float | None = None
     key: str | None = None
+    timeout: float | None = None
 
 
 class TaskOptions(TypedDict, total=False):
@@ -346,6 +361,7 @@ class TaskOptions(TypedDict, total=False):
     deadline: float | _dt.datetime | None
     ttl: float | None
     key: str | None
+    timeout: float | None
 
 
 @dataclass(frozen=True)
@@ -511,6 +527,24 @@ def seconds_to_ms(value: object, field_name: str, limit: int = MAX_MS) -> int:
     ms = math.floor(seconds * 1000.0 + 0.5)
     if abs(ms) > limit:
         raise InvalidArgument(field_name, "is out of range")
+    return int(ms)
+
+
+def timeout_ms(value: object, field_name: str = "timeout") -> int | None:
+    """A time limit in seconds as whole milliseconds in [1, ``TIMEOUT_MAX_MS``]; None
+    (no limit) stays None."""
+    if value is None:
+        return None
+    seconds = _finite(value)
+    top = TIMEOUT_MAX_MS / 1000.0
+    if seconds is None or not 0 < seconds <= top:
+        raise InvalidArgument(
+            field_name,
+            f"must be a number of seconds in [0.001, {top:.0f}] or None (no limit), got {value!r}",
+        )
+    ms = math.floor(seconds * 1000.0 + 0.5)
+    if ms < 1:
+        raise InvalidArgument(field_name, f"must be at least 0.001 seconds, got {value!r}")
     return int(ms)
 
 
@@ -896,9 +930,11 @@ def encode_payload(
     kwargs: object,
     max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     trace: Mapping[str, str] | None = None,
+    timeout: int | None = None,
 ) -> bytes:
-    """Encode the payload map ``{"fn", "args", "kwargs"}`` with msgpack, and ``trace``
-    (the producer's W3C trace context headers) when given."""
+    """Encode the payload map ``{"fn", "args", "kwargs"}`` with msgpack, ``trace``
+    (the producer's W3C trace context headers) when given, and ``timeout`` (the run's
+    time limit in ms, from :func:`timeout_ms`) when given."""
     if not isinstance(fn, str) or not fn:
         raise InvalidArgument("fn", "must be a non-empty str naming a registered function")
     try:
@@ -921,6 +957,8 @@ def encode_payload(
         payload["kwargs"] = dict(kwargs)
     if trace:
         payload["trace"] = dict(trace)
+    if timeout is not None:
+        payload["timeout"] = timeout
     try:
         data: bytes = msgpack.packb(payload, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -967,7 +1005,8 @@ def schedule_values(
         raise InvalidArgument("optional_deps", f"{sorted(both)[0]!r} is also a required dependency")
     if not isinstance(spec.allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
-    payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes, trace)
+    limit = timeout_ms(spec.timeout)
+    payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes, trace, limit)
     # The fixed fields travel as one argument: fewer arguments to encode per task.
     fields = (
         f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
@@ -1413,6 +1452,17 @@ def decode_payload_trace(
 
     The fourth value is the producer's trace context, or None when the payload has
     none (a ``trace`` that is not a map of strings is ignored, as any unknown key is).
+    See :func:`decode_payload_full`.
+    """
+    fn, args, kwargs, trace, _ = decode_payload_full(raw, depth)
+    return fn, args, kwargs, trace
+
+
+def decode_payload_full(
+    raw: bytes | None, depth: int | None = None
+) -> tuple[str, tuple[Any, ...], dict[str, Any], dict[str, str] | None, float | None]:
+    """Decode a stored payload: fn, args, kwargs, trace context and time limit (seconds,
+    None when the payload has none); raises ``ValueError`` describing what is wrong.
 
     A nil ``args`` or ``kwargs`` (how JavaScript encoders send ``undefined``) is empty.
     A payload that is a msgpack string is the claim script's reason why the task
@@ -1455,7 +1505,15 @@ def decode_payload_trace(
         isinstance(k, str) and isinstance(v, str) for k, v in trace.items()
     ):
         trace = None
-    return fn, tuple(args), kwargs, trace
+    limit = data.get("timeout")
+    if limit is not None and (
+        not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= TIMEOUT_MAX_MS
+    ):
+        raise ValueError(
+            f"payload field 'timeout' must be an integer number of milliseconds in "
+            f"[1, {TIMEOUT_MAX_MS}]"
+        )
+    return fn, tuple(args), kwargs, trace, None if limit is None else limit / 1000.0
 
 
 # msgpack heads: first byte -> (bytes of the head, bytes of its length field); a
@@ -1559,8 +1617,9 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
                 continue
         error: str | None = None
         trace: dict[str, str] | None = None
+        limit: float | None = None
         try:
-            fn, args, kwargs, trace = decode_payload_trace(raw)
+            fn, args, kwargs, trace, limit = decode_payload_full(raw)
         except ValueError as exc:
             fn, args, kwargs, error = "", (), {}, str(exc)
         claims.append(
@@ -1576,6 +1635,7 @@ def decode_claim_reply(reply: Sequence[Any]) -> tuple[list[Claim], Wait | None]:
                 payload_error=error,
                 trace=trace,
                 key=_bytes(fair_keys[i]).decode("utf-8", "replace") if i < len(fair_keys) else None,
+                timeout=limit,
             )
         )
     wait = None
@@ -1836,9 +1896,10 @@ def decode_status(
     rec = decode_record(raw_record, task_id)
     if rec.payload is not None:
         raw_payload = rec.payload
+    limit: float | None = None
     try:
         fn: str | None
-        fn, args, kwargs, _ = decode_payload_trace(raw_payload, READ_DEPTH)
+        fn, args, kwargs, _, limit = decode_payload_full(raw_payload, READ_DEPTH)
     except ValueError:
         fn, args, kwargs = None, (), {}
     deps_list = decode_deps_list(raw_deps)
@@ -1883,6 +1944,7 @@ def decode_status(
         dependents=dependents,
         blocked_by=blocked_by,
         attempts=decode_history(raw_history),
+        timeout=limit,
     )
 
 

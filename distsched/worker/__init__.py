@@ -41,7 +41,13 @@ from distsched.hooks import HookChain, validate_hooks
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import TRANSIENT
 from distsched.worker.consumer import Consumer
-from distsched.worker.execution import LoopPool, Runner, ThreadPool
+from distsched.worker.execution import (
+    DEFAULT_TIMEOUT_GRACE_S,
+    LoopPool,
+    Runner,
+    ThreadPool,
+    TimeLimits,
+)
 from distsched.worker.heartbeat import Heartbeat, Registration
 from distsched.worker.jobs import Job, Phase, Slots
 from distsched.worker.listener import Listener
@@ -51,6 +57,7 @@ from distsched.worker.served import ServedFunctions
 from distsched.worker.signals import SignalHandlers
 
 __all__ = [
+    "DEFAULT_TIMEOUT_GRACE_S",
     "DEFAULT_UNSERVED_TIMEOUT_S",
     "Job",
     "Phase",
@@ -66,6 +73,12 @@ log = logging.getLogger("distsched.worker")
 DEFAULT_UNSERVED_TIMEOUT_S = 300.0
 # How long the threads get to end once the shutdown is over.
 JOIN_S = 1.0
+
+
+def _time_limit(value: object, field: str) -> float | None:
+    """A time limit in seconds, as a task carries it (whole ms); None: no limit."""
+    ms = core.timeout_ms(value, field)
+    return None if ms is None else ms / 1000.0
 
 
 def default_worker_id() -> str:
@@ -113,6 +126,19 @@ class Worker:
     :class:`distsched.hooks.WorkerHooks` (``before_task``, ``after_task``,
     ``on_failure``), called around every run where the function runs; one that
     raises is logged and changes nothing.
+    Time limits (README, "Time limits"): a run's limit is its task's ``timeout``, else
+    ``timeouts[fn]`` (a function's own limit; None there: no limit for it), else
+    ``timeout`` (None: no limit). At the limit the function is asked to stop
+    (``current_task().cancel_requested``, ``timed_out``); whatever it does then, the
+    attempt fails with ``timed out after N s`` (retried by its task's policy). Still
+    running ``timeout_grace`` seconds later, the attempt is reported failed anyway: an
+    ``async def`` function is cancelled; a ``def`` function cannot be stopped, so its
+    slot stays taken until it returns (``snapshot()["overrunning"]``, logged). With
+    ``stop_on_overrun`` (a process under ``distsched worker --processes``) the worker
+    then shuts down so that its process can be replaced (``ended_by_overrun``): at once
+    for a ``def`` function, after ``timeout_grace`` more for an ``async def`` one that
+    did not end on its cancellation.
+
     The worker logs on ``distsched.worker`` (a start-up line and a shutdown
     summary at INFO) and one line per task event on ``distsched.worker.tasks``,
     with structured fields (see :mod:`distsched.worker.logs`).
@@ -134,6 +160,10 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         unserved_timeout: float = DEFAULT_UNSERVED_TIMEOUT_S,
         hooks: Sequence[Any] | None = None,
+        timeout: float | None = None,
+        timeouts: Mapping[str, float | None] | None = None,
+        timeout_grace: float = DEFAULT_TIMEOUT_GRACE_S,
+        stop_on_overrun: bool = False,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
@@ -165,6 +195,22 @@ class Worker:
         # With none given the hooks are no-ops and the heartbeat reads no namespace stats.
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.hooks = validate_hooks(hooks)
+        self.timeout = _time_limit(timeout, "timeout")
+        if timeouts is None:
+            timeouts = {}
+        if not isinstance(timeouts, Mapping):
+            raise InvalidArgument("timeouts", "must map function names to seconds or None")
+        unknown = sorted(str(name) for name in timeouts if name not in self.functions)
+        if unknown:
+            raise InvalidArgument("timeouts", f"{unknown[0]!r} is not one of the functions")
+        self.timeouts = {
+            name: _time_limit(value, f"timeouts[{name!r}]") for name, value in timeouts.items()
+        }
+        self.timeout_grace = _seconds(timeout_grace, "timeout_grace", positive=False)
+        if not isinstance(stop_on_overrun, bool):
+            raise InvalidArgument("stop_on_overrun", "must be a bool")
+        self.stop_on_overrun = stop_on_overrun
+        self._ended_by_overrun = False
 
         self._ran = False
         self._stopping = threading.Event()
@@ -181,9 +227,13 @@ class Worker:
             scheduler, self._slots, self.metrics, self._served, self.heartbeat_s,
             observed=metrics is not None, registration=self._registration,
         )  # fmt: skip
+        self._limits = TimeLimits(
+            self._slots, self._reporter, self.metrics, self.timeout_grace, self._overran
+        )
         runner = Runner(
             self.functions, self._slots, self._reporter, self.metrics,
             lambda: self._heartbeat.clock_offset, HookChain([self.metrics, *self.hooks]),
+            self._limits, self.timeouts, self.timeout,
         )  # fmt: skip
         self._threads = self.thread_pool_class(runner, concurrency)
         has_async = any(inspect.iscoroutinefunction(f) for f in self.functions.values())
@@ -260,9 +310,29 @@ class Worker:
         return self._slots.counts
 
     def snapshot(self) -> dict[str, int]:
-        """One consistent look at the pool: executing, claimed but not started, and
-        finished with the report still on its way (those still hold their lease)."""
+        """One consistent look at the pool: executing, claimed but not started,
+        finished with the report still on its way (those still hold their lease), and
+        overrunning: functions still running after their attempt was reported timed
+        out (each keeps its slot until it returns)."""
         return self._slots.snapshot()
+
+    @property
+    def ended_by_overrun(self) -> bool:
+        """True when ``stop_on_overrun`` stopped this worker: a ``def`` function outlived
+        its time limit's grace, and only the end of its process ends it."""
+        return self._ended_by_overrun
+
+    def _overran(self, job: Job) -> None:
+        if not self.stop_on_overrun:
+            return
+        claim = job.claim
+        log.error(
+            "task %r (%s) attempt %d: its function ignored its time limit; worker %s stops "
+            "so that its process is replaced", claim.task_id, claim.fn, claim.attempt,
+            self.worker_id, extra={"worker_id": self.worker_id, "task_id": claim.task_id},
+        )  # fmt: skip
+        self._ended_by_overrun = True
+        self.stop()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -315,6 +385,7 @@ class Worker:
                 log.error("%d task functions did not stop; their leases will expire", self.running)
         # 4. Last: the reporter (once every outcome is sent), heartbeats, the wake-up
         # listener, the event loop and the pool threads.
+        self._limits.stop(JOIN_S)
         self._reporter.stop(timeout=max(5.0, self.cancel_wait))
         self._heartbeat.stop(JOIN_S)
         # After the heartbeats, which would write the entry back.

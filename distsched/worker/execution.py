@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import enum
+import heapq
 import inspect
+import itertools
 import logging
 import queue
 import threading
@@ -12,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from distsched import core
-from distsched.context import _reset_current, _set_current
+from distsched.context import StopReason, _reset_current, _set_current
 from distsched.errors import InvalidArgument
 from distsched.hooks import HookChain, RunOutcome
 from distsched.metrics import WorkerMetrics
@@ -20,6 +23,10 @@ from distsched.worker.jobs import Job, Slots
 from distsched.worker.reports import Raised, Reporter, ReportKind, Returned, outcome_of
 
 log = logging.getLogger("distsched.worker")
+
+# How long a function that reached its time limit gets to stop before its attempt is
+# reported failed anyway (``Worker(timeout_grace=...)``).
+DEFAULT_TIMEOUT_GRACE_S = 5.0
 
 
 # The outcome of a run as the hooks are told, by the report it makes.
@@ -38,9 +45,180 @@ class _Ended(NamedTuple):
     encoded: bool
 
 
+class _Stage(enum.Enum):
+    RUNNING = "running"
+    ENDED = "ended"  # the function ended first: its run reports as usual
+    FORCED = "forced"  # the grace ran out first: the attempt was reported timed out
+    LATE = "late"  # forced, then the function ended
+
+
+# What the watchdog does when an entry of its heap is due.
+_LIMIT, _GRACE, _CANCELLED = 0, 1, 2
+
+
+class _Watch:
+    """One run with a time limit, as the watchdog follows it."""
+
+    __slots__ = ("job", "limit", "loop", "stage", "started", "task")
+
+    def __init__(
+        self,
+        job: Job,
+        limit: float,
+        task: asyncio.Task[Any] | None,
+        loop: asyncio.AbstractEventLoop | None,
+    ) -> None:
+        self.job = job
+        self.limit = limit
+        self.started = time.monotonic()
+        self.task = task
+        self.loop = loop
+        self.stage = _Stage.RUNNING
+
+
+class TimeLimits:
+    """The watchdog of the runs that have a time limit: one thread, started with the
+    first such run, waking at the next limit or grace.
+
+    At a run's limit its function is signalled (``StopReason.TIMEOUT``); when it is still
+    running ``grace`` seconds later, its attempt is reported failed (``timed out after
+    N s``) and its slot stays taken until the function returns (``Slots.overran``); an
+    ``async def`` function is also cancelled. ``on_overrun`` is then told of a ``def``
+    function at once, of an ``async def`` one still running ``grace`` seconds after its
+    cancellation (one that blocks the loop, or swallows ``CancelledError``): the worker
+    stops for good there in a supervised process, which ends such a function.
+    """
+
+    def __init__(
+        self,
+        slots: Slots,
+        reporter: Reporter,
+        metrics: WorkerMetrics,
+        grace: float,
+        on_overrun: Callable[[Job], None] | None = None,
+    ) -> None:
+        self.slots = slots
+        self.reporter = reporter
+        self.metrics = metrics
+        self.grace = grace
+        self.on_overrun = on_overrun
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, int, _Watch]] = []
+        # Entries of the heap whose run ended: dropped when the heap is mostly them, so
+        # that quick runs under a long limit do not pile up until their limits.
+        self._dead = 0
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+
+    def watch(
+        self,
+        job: Job,
+        limit: float,
+        task: asyncio.Task[Any] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> _Watch:
+        """Follow the run of ``job`` from now on, ``limit`` seconds at most."""
+        watch = _Watch(job, limit, task, loop)
+        with self._cond:
+            heapq.heappush(self._heap, (watch.started + limit, next(self._order), _LIMIT, watch))
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(
+                    target=self._loop, name="distsched-time-limits", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+        return watch
+
+    def finish(self, watch: _Watch) -> bool:
+        """The function ended: True when its run reports as usual, False when its attempt
+        was already reported timed out (the function outlived its grace)."""
+        with self._cond:
+            if watch.stage is _Stage.FORCED:
+                watch.stage = _Stage.LATE
+                return False
+            watch.stage = _Stage.ENDED
+            self._dead += 1
+            if self._dead > 64 and 2 * self._dead > len(self._heap):
+                self._heap = [e for e in self._heap if e[3].stage is _Stage.RUNNING]
+                heapq.heapify(self._heap)
+                self._dead = 0
+            return True
+
+    def stop(self, timeout: float) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped:
+                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                    if wait is not None and wait <= 0:
+                        break
+                    self._cond.wait(wait)
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                _, _, step, watch = heapq.heappop(self._heap)
+                if step == _CANCELLED:
+                    if watch.stage is not _Stage.FORCED:
+                        continue  # it ended on its cancellation
+                elif watch.stage is not _Stage.RUNNING:
+                    self._dead -= 1
+                    continue
+                elif step == _GRACE:
+                    watch.stage = _Stage.FORCED
+                    # Taken before a late return of the function can give it back.
+                    self.slots.overran(watch.job)
+                    if watch.task is not None:
+                        entry = (now + self.grace, next(self._order), _CANCELLED, watch)
+                        heapq.heappush(self._heap, entry)
+                else:
+                    due = watch.started + watch.limit + self.grace
+                    heapq.heappush(self._heap, (due, next(self._order), _GRACE, watch))
+            try:
+                if step == _LIMIT:
+                    watch.job.ctx._signal_stop(StopReason.TIMEOUT)
+                elif step == _GRACE:
+                    self._force(watch)
+                elif self.on_overrun is not None:
+                    self.on_overrun(watch.job)
+            except Exception:
+                # Whatever one run brings, the other runs keep their watchdog.
+                log.exception("time limit of task %r failed", watch.job.claim.task_id)
+
+    def _force(self, watch: _Watch) -> None:
+        job, claim = watch.job, watch.job.claim
+        is_async = watch.task is not None
+        log.warning(
+            "task %r (%s) attempt %d: its function did not stop within %g s of its time "
+            "limit (%g s): the attempt is reported failed; %s", claim.task_id, claim.fn,
+            claim.attempt, self.grace, watch.limit,
+            "the function is cancelled" if is_async else
+            "its slot stays taken until the function returns",
+            extra={"task_id": claim.task_id, "fn": claim.fn, "attempt": claim.attempt},
+        )  # fmt: skip
+        duration = time.monotonic() - watch.started
+        try:
+            self.metrics.on_finished(claim, duration)
+        except Exception:
+            log.exception("metrics hook on_finished failed")
+        self.reporter.put(job, ReportKind.FAIL, job.ctx.timeout_error, duration)
+        if watch.task is not None and watch.loop is not None:
+            watch.loop.call_soon_threadsafe(watch.task.cancel)
+        elif self.on_overrun is not None:
+            self.on_overrun(job)
+
+
 class Runner:
     """What every run goes through, whichever executor runs it: the slot, the task
-    context, the metrics and hooks, and the one rule that turns its end into a report."""
+    context, the metrics and hooks, the time limit, and the one rule that turns its
+    end into a report."""
 
     def __init__(
         self,
@@ -50,6 +228,9 @@ class Runner:
         metrics: WorkerMetrics,
         clock_offset: Callable[[], float],
         hooks: HookChain | None = None,
+        limits: TimeLimits | None = None,
+        timeouts: Mapping[str, float | None] | None = None,
+        default_timeout: float | None = None,
     ) -> None:
         self.functions = functions
         self.slots = slots
@@ -59,6 +240,17 @@ class Runner:
         # No hook method to call (the default): the run skips the hook chain.
         self._hooked = bool(self.hooks)
         self._clock_offset = clock_offset
+        self.limits = limits
+        self.timeouts = dict(timeouts or {})
+        self.default_timeout = default_timeout
+
+    def time_limit(self, claim: core.Claim) -> float | None:
+        """The limit of a run: the task's own, else its function's, else the default."""
+        if claim.timeout is not None:
+            return claim.timeout
+        if claim.fn in self.timeouts:
+            return self.timeouts[claim.fn]
+        return self.default_timeout
 
     def run_sync(self, job: Job) -> None:
         """Run a ``def`` function on the calling pool thread."""
@@ -68,6 +260,7 @@ class Runner:
         token = _set_current(job.ctx)
         try:
             started = self._started(job)
+            watch = self._watch(job)
             try:
                 value = fn(*job.claim.args, **job.claim.kwargs)
                 if value is not None and inspect.isawaitable(value):
@@ -76,6 +269,8 @@ class Runner:
                 result: Returned | Raised = Returned(value)
             except BaseException as exc:  # any failure of user code is reported
                 result = Raised(exc)
+            if watch is not None and not self._finish(job, watch):
+                return
             ended = self._ended(job, started, result)
         finally:
             _reset_current(token)
@@ -89,13 +284,45 @@ class Runner:
         job.ctx._bind_loop(loop)
         _set_current(job.ctx)  # this asyncio task's own context: nothing to reset
         started = self._started(job)
+        watch = self._watch(job, asyncio.current_task(), loop)
         try:
             result: Returned | Raised = Returned(await fn(*job.claim.args, **job.claim.kwargs))
         except BaseException as exc:
             # CancelledError included: left unreported, the task would sit until its lease
             # lapsed and then be retried as if the worker had vanished.
             result = Raised(exc)
+        if watch is not None and not self._finish(job, watch):
+            return
         self._report(job, self._ended(job, started, result))
+
+    def _watch(
+        self,
+        job: Job,
+        task: asyncio.Task[Any] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> _Watch | None:
+        limit = self.time_limit(job.claim)
+        if limit is None or self.limits is None:
+            return None
+        job.ctx._time_limit = limit
+        return self.limits.watch(job, limit, task, loop)
+
+    def _finish(self, job: Job, watch: _Watch) -> bool:
+        """False for a function that returned after its attempt was reported timed out:
+        its slot is free now, and nothing else happens (the report is made)."""
+        if self.limits is None or self.limits.finish(watch):
+            return True
+        claim = job.claim
+        log.warning(
+            "task %r (%s) attempt %d: its function returned %.1f s after its time limit; "
+            "its slot is free again", claim.task_id, claim.fn, claim.attempt,
+            time.monotonic() - watch.started - watch.limit,
+            extra={"task_id": claim.task_id, "fn": claim.fn, "attempt": claim.attempt},
+        )  # fmt: skip
+        if self._hooked:
+            self.hooks.after(job.ctx, RunOutcome.FAILED, TimeoutError(job.ctx.timeout_error))
+        self.slots.overrun_ended()
+        return False
 
     def _started(self, job: Job) -> float:
         wait = time.time() + self._clock_offset() - job.claim.run_at
@@ -113,6 +340,8 @@ class Runner:
         duration = time.monotonic() - started
         kind, value = outcome_of(job.ctx, result)
         told = result.value if isinstance(result, Returned) else result.error
+        if job.ctx.timed_out and kind is ReportKind.FAIL:
+            told = TimeoutError(value)
         encoded = False
         if kind is ReportKind.COMPLETE:
             # Encoded here, so that the hooks hear of a result that cannot be stored as

@@ -53,6 +53,9 @@ class Slots:
         self._jobs: dict[tuple[str, int, int], Job] = {}
         self._in_phase = dict.fromkeys(Phase, 0)
         self.peak_running = 0
+        # Functions still running after their attempt was reported timed out: each
+        # keeps its slot until it returns (a thread cannot be killed).
+        self.overrunning = 0
         self.counts: dict[str, int] = {
             "claimed": 0,
             "succeeded": 0,
@@ -62,6 +65,7 @@ class Slots:
             "unserved": 0,
             "stale": 0,
             "duplicate": 0,
+            "overran": 0,
         }
 
     # -- transitions
@@ -109,6 +113,21 @@ class Slots:
             if job.phase is Phase.RUNNING and job.claim.token in self._jobs:
                 self._move(job, Phase.REPORTING)
 
+    def overran(self, job: Job) -> None:
+        """``job``'s function outlived its time limit: its attempt is being reported, and
+        its slot stays taken until :meth:`overrun_ended`."""
+        with self.cond:
+            self.overrunning += 1
+            self.counts["overran"] += 1
+            if job.phase is Phase.RUNNING and job.claim.token in self._jobs:
+                self._move(job, Phase.REPORTING)
+
+    def overrun_ended(self) -> None:
+        """A function that outlived its time limit returned at last: its slot is free."""
+        with self.cond:
+            self.overrunning -= 1
+            self.cond.notify_all()
+
     def done(self, jobs: Iterable[Job]) -> None:
         """Reports of ``jobs`` were answered (or given up): they hold nothing any more."""
         with self.cond:
@@ -134,7 +153,8 @@ class Slots:
             return self._free()
 
     def _free(self) -> int:
-        return self.concurrency - self._in_phase[Phase.CLAIMED] - self._in_phase[Phase.RUNNING]
+        taken = self._in_phase[Phase.CLAIMED] + self._in_phase[Phase.RUNNING] + self.overrunning
+        return self.concurrency - taken
 
     @property
     def running(self) -> int:
@@ -164,6 +184,7 @@ class Slots:
                 "executing": self._in_phase[Phase.RUNNING],
                 "unstarted": self._in_phase[Phase.CLAIMED],
                 "reporting": self._in_phase[Phase.REPORTING],
+                "overrunning": self.overrunning,
                 "free": self._free(),
             }
 

@@ -70,6 +70,8 @@ def outcome_of(ctx: TaskContext, result: Returned | Raised) -> tuple[ReportKind,
     """The report for a run that ended with ``result``: the one rule for ``def`` and
     ``async def`` functions alike.
 
+    - Reached its time limit (and not stopped on a cancel request): failed with
+      ``timed out after N s``, whether it then returned or raised.
     - Returned: succeeded, even if the function was signalled meanwhile.
     - Raised after the lease was lost: failed (the report is stale anyway).
     - Raised ``Cancelled`` after a cancel request: cancelled.
@@ -79,6 +81,9 @@ def outcome_of(ctx: TaskContext, result: Returned | Raised) -> tuple[ReportKind,
       raised then, and a genuine failure shows again on the next run.
     - Anything else raised: failed.
     """
+    error = result.error if isinstance(result, Raised) else None
+    if ctx.timed_out and not (isinstance(error, Cancelled) and ctx._cancel_was_requested):
+        return ReportKind.FAIL, ctx.timeout_error
     if isinstance(result, Returned):
         return ReportKind.COMPLETE, result.value
     error = result.error

@@ -11,6 +11,11 @@ as "in a row" when the child ran less than ``STABLE_S``; a child that ran longer
 starts the count anew. After ``CRASH_LIMIT`` quick deaths in a row of one child (it
 cannot even start: a broken import, a bad setting) the supervisor gives up: it stops
 the other children as on SIGTERM and exits ``EXIT_CRASHING``.
+
+A child that exits ``EXIT_REPLACE`` did so on purpose: a ``def`` task function ran past
+its time limit and its grace, and only the end of its process could stop it (the
+child reported the attempt failed first). It is started again at once, and this is
+not a death: it neither pauses nor counts towards ``CRASH_LIMIT``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ CRASH_LIMIT = 5
 EXIT_UNCLEAN = 1  # a child did not stop cleanly (its status was not 0), or was killed
 EXIT_CRASHING = 3  # a child kept dying at start: given up
 EXIT_AT_ONCE = 130  # a second Ctrl-C: the children were told to exit at once
+# A child's exit status asking for its replacement at once: it ended itself to stop a
+# function that outlived its time limit (``Worker(stop_on_overrun=True)``).
+EXIT_REPLACE = 4
 # How often the supervisor looks at its children (a child's death is seen this late).
 POLL_S = 0.05
 # Linux: a child gets SIGTERM when the supervisor itself dies (even by SIGKILL).
@@ -210,6 +218,15 @@ class Supervisor:
             log.log(
                 level, "worker process %d (pid %d) %s", child.index, child.proc.pid,
                 "stopped" if code == 0 else _exit_text(code),
+                extra={"worker_process": child.index, "pid": child.proc.pid, "exit_code": code},
+            )  # fmt: skip
+            return
+        if code == EXIT_REPLACE:
+            child.state = ChildState.WAITING
+            child.restart_at = now
+            log.warning(
+                "worker process %d (pid %d) ended itself to stop a task function past its "
+                "time limit; starting another", child.index, child.proc.pid,
                 extra={"worker_process": child.index, "pid": child.proc.pid, "exit_code": code},
             )  # fmt: skip
             return

@@ -81,6 +81,20 @@ local function skip(p, pos)
   return pos
 end
 
+-- Whether the value at pos is nil or an integer in [1, MAX_TIMEOUT_MS] (the optional
+-- timeout key: the task's time limit in ms), in any msgpack integer encoding.
+local MAX_TIMEOUT_MS = 2592000000
+local function timeout_fine(p, pos)
+  local b, n = string.byte(p, pos), nil
+  if b == 192 or (b >= 1 and b < 128) then return true end
+  if b >= 204 and b <= 207 then
+    n = be_uint(p, pos + 1, 2 ^ (b - 204))
+  elseif b >= 208 and b <= 211 and (string.byte(p, pos + 1) or 128) < 128 then
+    n = be_uint(p, pos + 1, 2 ^ (b - 208))
+  end
+  return n ~= nil and n >= 1 and n <= MAX_TIMEOUT_MS
+end
+
 -- Why a payload is not one a worker can run, or nil: one msgpack map with a non-empty
 -- UTF-8 string fn, args an array and kwargs a map with string keys (each may be left
 -- out or nil, which is how JavaScript encoders send undefined).
@@ -102,6 +116,8 @@ local function payload_fine(p)
       if vkind ~= 'str' or vn == 0 then return false end
       fn = true
     elseif key == 'args' and not is_nil and vkind ~= 'array' then
+      return false
+    elseif key == 'timeout' and not timeout_fine(p, value_at) then
       return false
     elseif key == 'kwargs' and not is_nil then
       if vkind ~= 'map' then return false end
@@ -137,6 +153,8 @@ local function payload_problem(p, limit)
       fn = string.sub(p, vat, vat + vn - 1)
     elseif key == 'args' and not is_nil and vkind ~= 'array' then
       return 'field args must be an array'
+    elseif key == 'timeout' and not timeout_fine(p, value_at) then
+      return 'field timeout must be an integer number of milliseconds in [1, 2592000000]'
     elseif key == 'kwargs' and not is_nil then
       if vkind ~= 'map' then return 'field kwargs must be a map' end
       local at = vat
