@@ -19,7 +19,7 @@ MAX_TASKS_PER_CALL = 1000
 # ``add_deps`` part.
 MAX_EDGES_PER_CALL = 10_000
 # Dependencies of one task in total, over every part that placed them.
-MAX_DEPS_PER_TASK = 100_000
+MAX_DEPS_PER_TASK = 10_000
 # Dependents settled by one call (the propagation budget), whatever the caller asks.
 MAX_PROPAGATE_BUDGET = 1000
 # Entries one ``compact`` call examines.

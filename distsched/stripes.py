@@ -302,8 +302,9 @@ class StripedOps(ClaimShortcuts):
         result: list[Admitted | None] = [None] * len(specs)
         for s, at in groups.items():
             group = [specs[i] for i in at]
-            if core.placed_in_parts(group):
-                # Its stripe places the tasks with many dependencies in parts.
+            if core.placed_in_parts(group) or len(core.schedule_batches(group)) > 1:
+                # Its stripe places the tasks with many dependencies in parts, and sends
+                # a group over one call's caps in several calls.
                 admitted = yield from stripes[s].admit_many(group)
             else:
                 admitted = core.decode_schedule_reply(group, (yield from stripes[s].run(calls[s])))

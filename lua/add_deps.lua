@@ -21,21 +21,25 @@
 -- waits, ended: each task it ends that a client waits for loses its waits entry and
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
--- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
+--         one than MAX_PROPAGATE_BUDGET, 1000, counts as that)
 -- ARGV[2] task id
 -- ARGV[3] allow_unknown: '1' or '0'; for a part of a placement followed by
 --   ' <version> more' or, for the last part (which lifts the hold), ' <version> last'
 -- ARGV[4..] the new dependency ids
 --
 -- Reply: { propagating jobs left, the task's state after the call }.
--- Ids are valid UTF-8 of 1..512 bytes; at most 10000 new dependencies per call.
+-- Ids are valid UTF-8 of 1..512 bytes. Caps (lib/limits.lua; BADARG naming the cap,
+-- nothing written): at most MAX_EDGES_PER_CALL (10000) new dependencies per call; the
+-- task's dependencies over every part at most MAX_DEPS_PER_TASK (10000); the cycle check
+-- reads at most MAX_CYCLE_VISITS (20000) dependents (BADARG deps cycle check visited more
+-- than 20000 pending tasks ...: add dependencies before other pending tasks depend on the
+-- task, or split the graph).
 -- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not pending);
 --   CONFLICT placed <id> (a part for a version that is not the current one or not held);
 --   CORRUPT task record of <id> <why> (the task's or a new dependency's record);
 --   UNKNOWN <id> <dep>; CYCLE <id> <id> ... (ids in hex, as in schedule.lua); BADARG deps ...
 -- Cost: O(deps log N) plus the task's pending descendants for the cycle check.
-
-local MAX_ADDED = 10000
 
 return run(function()
   local budget = budget_arg(ARGV[1])
@@ -47,8 +51,8 @@ return run(function()
     error({ err = 'BADARG placement must be <version> more|last' })
   end
   local allow_unknown = au == '1'
-  if #ARGV - 3 > MAX_ADDED then
-    error({ err = 'BADARG deps at most ' .. MAX_ADDED .. ' dependencies per call' })
+  if #ARGV - 3 > MAX_EDGES_PER_CALL then
+    error({ err = 'BADARG deps at most ' .. MAX_EDGES_PER_CALL .. ' dependencies per call (MAX_EDGES_PER_CALL)' })
   end
   -- Every argument is checked before any record is read.
   for i = 4, #ARGV do check_id(ARGV[i], 'deps') end
@@ -57,6 +61,11 @@ return run(function()
   if t.state ~= 'pending' then error({ err = 'CONFLICT state ' .. t.state .. ' ' .. id }) end
   local deps = decode_deps(redis.call('HGET', k.deps, id))
   local held = deps[1] ~= nil and deps[1].kind == 'h'
+  -- The task's dependencies in total, over every part (the hold is none).
+  if #deps - (held and 1 or 0) + #ARGV - 3 > MAX_DEPS_PER_TASK then
+    error({ err = 'BADARG deps of ' .. id .. ' at most ' .. MAX_DEPS_PER_TASK
+      .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
+  end
   if placing and (not held or t.version ~= tonumber(placing)) then
     error({ err = 'CONFLICT placed ' .. id })
   end
