@@ -413,6 +413,14 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.housekeeping`."""
         return await self._drive(self._ops.housekeeping(purge_calls))
 
+    async def payload_limit(self) -> int:
+        """See :meth:`Scheduler.payload_limit`."""
+        return await self._drive(self._ops.payload_limit())
+
+    async def set_payload_limit(self, limit: int | None) -> int:
+        """See :meth:`Scheduler.set_payload_limit`."""
+        return await self._drive(self._ops.set_payload_limit(limit))
+
     async def set_max_running(self, max_running: int | None) -> None:
         """See :meth:`Scheduler.set_max_running`."""
         return await self._drive(self._ops.set_max_running(max_running))

@@ -567,6 +567,26 @@ def validate_max_payload_bytes(limit: object) -> int:
     return limit
 
 
+def validate_payload_limit(limit: object) -> int | None:
+    """A namespace's payload limit: None (the default) or an int in
+    [1, ``PAYLOAD_CEILING_BYTES``]."""
+    if limit is None:
+        return None
+    ceiling = limits.PAYLOAD_CEILING_BYTES
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= ceiling:
+        raise InvalidArgument(
+            "payload_max", f"must be None or an int in [1, {ceiling}] (PAYLOAD_CEILING_BYTES)"
+        )
+    return limit
+
+
+def decode_payload_limit(raw: object) -> int:
+    """The payload limit the scripts apply for a stored ``payload_max`` (lib/payload.lua)."""
+    stored = _count_or_none(raw)
+    limit = stored if stored else limits.DEFAULT_MAX_PAYLOAD_BYTES
+    return min(limit, limits.PAYLOAD_CEILING_BYTES)
+
+
 def validate_max_running(max_running: object) -> int | None:
     if max_running is None:
         return None
@@ -1992,6 +2012,9 @@ def translate_error(message: str) -> Exception:
         # Only a script can see some bad arguments (add_deps naming a dependency the
         # task already has): they are still bad arguments naming their field (§12).
         field_name, _, detail = rest.partition(" ")
+        if field_name == "payload" and detail.endswith("(payload_max)"):
+            # Over the namespace's stored limit, lower than this client's own.
+            return PayloadTooLarge("payload", detail)
         return InvalidArgument(field_name.rstrip(":"), detail)
     return ScriptError(message)
 
@@ -2734,6 +2757,18 @@ class Ops(ClaimShortcuts):
             # the channel they subscribe to with SSUBSCRIBE, or SUBSCRIBE before Redis 7.
             sharded = yield from self.uses_sharded_pubsub()
             yield _one(("SPUBLISH" if sharded else "PUBLISH", self.keys.wake, "capacity"))
+
+    def payload_limit(self) -> Op[int]:
+        (raw,) = yield from self.read(("HGET", self.keys.meta, "payload_max"))
+        return decode_payload_limit(raw)
+
+    def set_payload_limit(self, limit: int | None) -> Op[int]:
+        chosen = validate_payload_limit(limit)
+        if chosen is None:
+            yield _one(("HDEL", self.keys.meta, "payload_max"))
+        else:
+            yield _one(("HSET", self.keys.meta, "payload_max", chosen))
+        return (yield from self.payload_limit())
 
     def order(self) -> Op[OrderSetting]:
         (fields,) = yield from self.read(("HMGET", self.keys.meta, "order", "aging_ms"))

@@ -547,6 +547,16 @@ class StripedOps(ClaimShortcuts):
 
     # -------------------------------------------------------------- max_running
 
+    def payload_limit(self) -> Op[int]:
+        return (yield from (yield from self.resolve())[0].payload_limit())
+
+    def set_payload_limit(self, limit: int | None) -> Op[int]:
+        core.validate_payload_limit(limit)
+        # Each stripe's scripts read their own stripe's meta.
+        for ops in (yield from self.resolve()):
+            yield from ops.set_payload_limit(limit)
+        return (yield from self.payload_limit())
+
     def set_max_running(self, max_running: int | None) -> Op[None]:
         limit = core.validate_max_running(max_running)
         stripes = yield from self.resolve()

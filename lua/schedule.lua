@@ -129,8 +129,8 @@ return run(function()
     if not s.payload then error({ err = 'BADARG payload missing for ' .. id }) end
     s.run_at = s.time
     if mode == 'in' then s.run_at = now + s.time end
-    r = bounded(r, 'deps', 0, MAX_DEPS_PER_TASK)
-    o = bounded(o, 'optional_deps', 0, MAX_DEPS_PER_TASK)
+    r = bounded(r, 'deps', 0, MAX_MS)
+    o = bounded(o, 'optional_deps', 0, MAX_MS)
     if r + o > MAX_DEPS_PER_TASK then
       error({ err = 'BADARG deps of ' .. id .. ' at most ' .. MAX_DEPS_PER_TASK
         .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
