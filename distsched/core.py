@@ -69,7 +69,7 @@ PROPAGATE_BUDGET = 1000
 # A task scheduled with more required dependencies than this is placed in parts of
 # at most this many, each its own script call (lua/add_deps.lua), so that no call holds
 # Redis for the whole list; it is held (never claimable) until the last part.
-PLACE_PART = 1000
+PLACE_PART = limits.MAX_EDGES_PER_CALL
 DEFAULT_MAX_PAYLOAD_BYTES = limits.DEFAULT_MAX_PAYLOAD_BYTES
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
 CLAIM_MAX_DROP = 1000
@@ -994,6 +994,11 @@ def schedule_values(
     if len(required) + len(optional) > MAX_DEPS:
         raise InvalidArgument(
             "deps", f"at most {MAX_DEPS} dependencies per task, required and optional together"
+        )
+    if len(optional) > limits.MAX_EDGES_PER_CALL:
+        # Optional dependencies travel in the task's one schedule call (no part adds them).
+        raise InvalidArgument(
+            "optional_deps", f"at most {limits.MAX_EDGES_PER_CALL} per task (MAX_EDGES_PER_CALL)"
         )
     if not isinstance(spec.allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
@@ -2238,7 +2243,9 @@ def placed_in_parts(specs: object) -> list[int]:
         lists = (spec.deps, spec.optional_deps)
         if any(isinstance(x, (str, bytes)) or not isinstance(x, Sequence) for x in lists):
             continue
-        if PLACE_PART < len(spec.deps) <= MAX_DEPS:
+        # The first part and every optional dependency travel in the schedule call.
+        first = max(0, PLACE_PART - len(spec.optional_deps))
+        if first < len(spec.deps) and len(spec.deps) + len(spec.optional_deps) <= MAX_DEPS:
             wide.append(i)
     return wide
 
@@ -2250,20 +2257,38 @@ def _first_call_edges(spec: TaskSpec) -> int:
     if any(isinstance(x, (str, bytes)) or not isinstance(x, Sequence) for x in lists):
         return 0
     required, optional = len(spec.deps), len(spec.optional_deps)
-    if PLACE_PART < required <= MAX_DEPS:
+    if required + optional <= MAX_DEPS:
         required = min(required, max(0, PLACE_PART - optional))
     return required + optional
 
 
-def schedule_batches(specs: Sequence[TaskSpec]) -> list[list[int]]:
+def payload_sizes(call: Call) -> list[int]:
+    """The size of each payload a schedule call carries, in order."""
+    args, sizes, pos = call.args, [], 2
+    for _ in range(int(args[1])):
+        fields = str(args[pos + 1]).split(" ")
+        sizes.append(len(args[pos + 2]))
+        pos += 3 + int(fields[6]) + int(fields[7])
+    return sizes
+
+
+def schedule_batches(
+    specs: Sequence[TaskSpec], sizes: Sequence[int] | None = None
+) -> list[list[int]]:
     """The positions of ``specs`` in schedule calls that each keep within the scripts'
-    caps (``MAX_TASKS_PER_CALL`` tasks, ``MAX_EDGES_PER_CALL`` dependencies): one list
-    (every position, in order) when the batch fits one call. Otherwise the batch's own
+    caps (``MAX_TASKS_PER_CALL`` tasks, ``MAX_EDGES_PER_CALL`` dependencies and, with
+    ``sizes`` their payloads' sizes, ``MAX_PAYLOAD_BYTES_PER_CALL``): one list (every
+    position, in order) when the batch fits one call. Otherwise the batch's own
     dependencies come first, so that each call finds the tasks its tasks depend on."""
     if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
         return [[]]
     edges = [_first_call_edges(s) if isinstance(s, TaskSpec) else 0 for s in specs]
-    if len(specs) <= limits.MAX_TASKS_PER_CALL and sum(edges) <= limits.MAX_EDGES_PER_CALL:
+    weights = list(sizes) if sizes is not None else [0] * len(specs)
+    if (
+        len(specs) <= limits.MAX_TASKS_PER_CALL
+        and sum(edges) <= limits.MAX_EDGES_PER_CALL
+        and sum(weights) <= limits.MAX_PAYLOAD_BYTES_PER_CALL
+    ):
         return [list(range(len(specs)))]
     at: dict[object, int] = {}
     for i, spec in enumerate(specs):
@@ -2295,14 +2320,17 @@ def schedule_batches(specs: Sequence[TaskSpec]) -> list[list[int]]:
                 state[nxt] = 1
                 stack.append((nxt, iter(inside(nxt))))
     batches: list[list[int]] = [[]]
-    used = 0
+    used = carried = 0
     for i in order:
         full = len(batches[-1]) >= limits.MAX_TASKS_PER_CALL
-        if batches[-1] and (full or used + edges[i] > limits.MAX_EDGES_PER_CALL):
+        over = used + edges[i] > limits.MAX_EDGES_PER_CALL
+        heavy = carried + weights[i] > limits.MAX_PAYLOAD_BYTES_PER_CALL
+        if batches[-1] and (full or over or heavy):
             batches.append([])
-            used = 0
+            used = carried = 0
         batches[-1].append(i)
         used += edges[i]
+        carried += weights[i]
     return batches
 
 
@@ -2464,6 +2492,9 @@ class Ops(ClaimShortcuts):
             call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
             if not specs:
                 return []
+            batches = schedule_batches(specs, payload_sizes(call))
+            if len(batches) > 1:
+                return (yield from self._admit_in_batches(specs, batches))
             values = yield from self.run(call)
             return decode_schedule_reply(specs, values)
         # A task with more required dependencies than one part goes into the batch's one
@@ -2478,6 +2509,9 @@ class Ops(ClaimShortcuts):
             firsts[i] = replace(spec, deps=list(spec.deps)[:first_size])
             rests[i] = list(spec.deps)[first_size:]
         call = schedule_call(self.keys, firsts, self.max_payload_bytes, trace, held=wide)
+        batches = schedule_batches(specs, payload_sizes(call))
+        if len(batches) > 1:
+            return (yield from self._admit_in_batches(specs, batches))
         admitted = decode_schedule_reply(firsts, (yield from self.run(call)))
         for i in wide:
             if admitted[i].created:

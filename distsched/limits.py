@@ -14,12 +14,12 @@ machine the bench runs on (``distsched bench``, section ``worst``).
 from __future__ import annotations
 
 # Tasks in one ``schedule`` call (``schedule_many`` sends larger batches in parts).
-MAX_TASKS_PER_CALL = 1000
+MAX_TASKS_PER_CALL = 500
 # Dependency edges in one call: a ``schedule`` batch's dependencies added up, or one
 # ``add_deps`` part.
-MAX_EDGES_PER_CALL = 10_000
+MAX_EDGES_PER_CALL = 1000
 # Dependencies of one task in total, over every part that placed them.
-MAX_DEPS_PER_TASK = 10_000
+MAX_DEPS_PER_TASK = 5000
 # Dependents settled by one call (the propagation budget), whatever the caller asks.
 MAX_PROPAGATE_BUDGET = 1000
 # Entries one ``compact`` call examines.
@@ -37,8 +37,12 @@ MAX_ERROR_BYTES = 16 * 1024
 MAX_WORKER_ID_BYTES = 256
 # A namespace's payload limit: its stored setting (``payload_max`` in meta, set by an
 # admin call), never above the ceiling. The default applies while none is stored.
-DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
-PAYLOAD_CEILING_BYTES = 4 << 20
+DEFAULT_MAX_PAYLOAD_BYTES = 128 << 10
+PAYLOAD_CEILING_BYTES = 192 << 10
+# The payload bytes of one ``schedule`` call in total: a script reads every value of
+# every payload it stores (to refuse what a worker cannot read), which costs time by
+# the value (some 150 us per KiB of one-byte values).
+MAX_PAYLOAD_BYTES_PER_CALL = 192 << 10
 # How deep arrays and maps may nest inside a payload (the top map is depth 1).
 MAX_PAYLOAD_DEPTH = 64
 # Pending tasks the cycle check may visit for one call; past it the call is refused.

@@ -53,8 +53,8 @@
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the caller's largest payload in bytes (>= 1): it can only lower the
--- namespace's payload limit (meta payload_max, set by limit.lua; 1048576 while none is
--- stored, never above PAYLOAD_CEILING_BYTES, 4194304).
+-- namespace's payload limit (meta payload_max, set by an admin; 131072 while none is
+-- stored, never above PAYLOAD_CEILING_BYTES, 196608).
 -- Ids are valid UTF-8 of 1..512 bytes; time is within +-(2^53 - 1) ('at') or +-2^52 ('in');
 -- max_attempts in [1, 1000000]; backoff in [0, 2^53 - 1] (the wait between attempts is
 -- capped by fail.lua and reap.lua's argument);
@@ -62,8 +62,9 @@
 -- kwargs a map with string keys (each may be nil or left out), arrays and maps nested at
 -- most MAX_PAYLOAD_DEPTH (64) deep (the payload itself is depth 1).
 -- Caps (lib/limits.lua; BADARG naming the cap, nothing written): n at most
--- MAX_TASKS_PER_CALL (1000); r + o of a task at most MAX_DEPS_PER_TASK (10000); the
--- dependencies of the whole batch at most MAX_EDGES_PER_CALL (10000); the cycle check
+-- MAX_TASKS_PER_CALL (500); r + o of a task at most MAX_DEPS_PER_TASK (5000); the
+-- dependencies of the whole batch at most MAX_EDGES_PER_CALL (1000); the payloads of the
+-- batch at most MAX_PAYLOAD_BYTES_PER_CALL (196608 bytes) together; the cycle check
 -- reads at most MAX_CYCLE_VISITS (20000) dependents (BADARG deps cycle check visited more
 -- than 20000 pending tasks ...: schedule a graph dependencies first, or in smaller calls);
 -- the propagation budget counts as at most MAX_PROPAGATE_BUDGET (1000).
@@ -170,6 +171,18 @@ return run(function()
     error({ err = 'BADARG ARGV length does not match the counts' })
   end
   local limit = payload_limit(asked)
+  -- Sizes first: no payload is read before the call is known to be within its caps.
+  local payload_bytes = 0
+  for _, s in ipairs(specs) do
+    if #s.payload > limit then
+      error({ err = 'BADARG payload of ' .. s.id .. ' ' .. payload_problem(s.payload, limit) })
+    end
+    payload_bytes = payload_bytes + #s.payload
+  end
+  if payload_bytes > MAX_PAYLOAD_BYTES_PER_CALL then
+    error({ err = 'BADARG payload at most ' .. MAX_PAYLOAD_BYTES_PER_CALL
+      .. ' bytes of payloads per call (MAX_PAYLOAD_BYTES_PER_CALL)' })
+  end
   for _, s in ipairs(specs) do
     local problem = payload_problem(s.payload, limit)
     if problem then error({ err = 'BADARG payload of ' .. s.id .. ' ' .. problem }) end

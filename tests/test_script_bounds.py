@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from typing import Any, cast
 
 import msgpack
@@ -31,7 +32,7 @@ def lua_limits() -> dict[str, int]:
 
 def test_the_lua_caps_are_the_python_caps_name_for_name() -> None:
     assert lua_limits() == {name: getattr(limits, name) for name in LIMIT_NAMES}
-    assert len(LIMIT_NAMES) == 14
+    assert len(LIMIT_NAMES) == 15
 
 
 def test_each_cap_is_written_once_per_language() -> None:
@@ -115,15 +116,21 @@ def test_a_task_takes_at_most_max_deps_per_task_over_every_part(
 ) -> None:
     over = [("a", ids("x", limits.MAX_DEPS_PER_TASK + 1))]
     refused(redis_client, s, "MAX_DEPS_PER_TASK", "schedule", *schedule_args(over))
-    # Held, placed in parts: the parts add up.
-    first = limits.MAX_DEPS_PER_TASK // 2
-    spec = SPEC.format(au=1, r=first, o=0) + " hold=1"
+    # Held, placed in parts of MAX_EDGES_PER_CALL: the parts add up.
+    part = limits.MAX_EDGES_PER_CALL
+    spec = SPEC.format(au=1, r=part - 1, o=0) + " hold=1"
     reply = evalsha(
         redis_client, s.keys, "schedule", core.PROPAGATE_BUDGET, 1, "a", spec, PAYLOAD,
-        *ids("x", first),
+        *ids("x", part - 1),
     )  # fmt: skip
-    version = reply[1]
-    rest = limits.MAX_DEPS_PER_TASK - first
+    version, have = reply[1], part - 1
+    while limits.MAX_DEPS_PER_TASK - have > part:
+        evalsha(
+            redis_client, s.keys, "add_deps", core.PROPAGATE_BUDGET, "a", f"1 {version} more",
+            *ids(f"p{have}-", part),
+        )  # fmt: skip
+        have += part
+    rest = limits.MAX_DEPS_PER_TASK - have
     refused(
         redis_client, s, "MAX_DEPS_PER_TASK", "add_deps", core.PROPAGATE_BUDGET, "a",
         f"1 {version} last", *ids("y", rest + 1),
@@ -132,18 +139,18 @@ def test_a_task_takes_at_most_max_deps_per_task_over_every_part(
         redis_client, s.keys, "add_deps", core.PROPAGATE_BUDGET, "a", f"1 {version} last",
         *ids("y", rest),
     )  # fmt: skip
-    assert len(s.status("a").deps) == limits.MAX_DEPS_PER_TASK
+    info = s.status("a")
+    assert (len(info.deps), info.placing) == (limits.MAX_DEPS_PER_TASK, False)
 
 
 def test_an_add_deps_part_takes_at_most_max_edges_per_call(
     redis_client: redis.Redis, s: Scheduler
 ) -> None:
     s.schedule("a", fn="f", deps=["x"], allow_unknown=True)
-    message = refused(
-        redis_client, s, "MAX_", "add_deps", core.PROPAGATE_BUDGET, "a", "1",
+    refused(
+        redis_client, s, "MAX_EDGES_PER_CALL", "add_deps", core.PROPAGATE_BUDGET, "a", "1",
         *ids("y", limits.MAX_EDGES_PER_CALL + 1),
     )  # fmt: skip
-    assert "MAX_EDGES_PER_CALL" in message or "MAX_DEPS_PER_TASK" in message
     evalsha(
         redis_client, s.keys, "add_deps", core.PROPAGATE_BUDGET, "a", "1",
         *ids("y", limits.MAX_EDGES_PER_CALL - 1),
@@ -161,9 +168,19 @@ def test_the_python_client_sends_a_batch_over_the_caps_in_calls_within_them(
     assert len(versions) == n
     assert s.status("c0").state is State.READY
     assert s.status(f"c{n - 1}").state is State.PENDING
-    wide = [TaskSpec(f"w{i}", "f", deps=ids(f"d{i}-", 3000), allow_unknown=True) for i in range(5)]
-    s.schedule_many(wide)
-    assert all(len(s.status(f"w{i}").deps) == 3000 for i in range(5))
+    most = limits.MAX_DEPS_PER_TASK
+    wide = [
+        TaskSpec(f"w{i}", "f", deps=ids(f"d{i}-", most - 700), optional_deps=ids(f"o{i}-", 700))
+        for i in range(3)
+    ]
+    s.schedule_many([replace(spec, allow_unknown=True) for spec in wide])
+    for i in range(3):
+        info = s.status(f"w{i}")
+        assert (len(info.deps), len(info.optional_deps)) == (most - 700, 700)
+    # Payloads: at most MAX_PAYLOAD_BYTES_PER_CALL per call.
+    heavy = [TaskSpec(i, "f", args=("x" * 50_000,)) for i in ids("h", 9)]
+    s.schedule_many(heavy)
+    assert s.status("h8").state is State.READY
     # Claims and reports over the caps go in parts too.
     s.schedule_many([TaskSpec(i, "f", priority=1) for i in ids("r", limits.MAX_CLAIM + 5)])
     claims = s.ready(limits.MAX_CLAIM + 5, "w")
@@ -222,13 +239,13 @@ def test_a_claim_reply_stops_at_max_claim_reply_bytes_of_payloads_after_one_task
 ) -> None:
     s.set_payload_limit(limits.PAYLOAD_CEILING_BYTES)
     big = s.__class__(redis_client, s.namespace, max_payload_bytes=limits.PAYLOAD_CEILING_BYTES)
-    size = limits.MAX_CLAIM_REPLY_BYTES // 3 + 1  # three do not fit one reply, two do
-    assert size < limits.PAYLOAD_CEILING_BYTES - 100
-    big.schedule_many([TaskSpec(i, "f", args=("x" * size,)) for i in ids("t", 3)])
-    reply = evalsha(redis_client, s.keys, "claim", "w", 3, 5000, 1000)
-    assert reply[1:4] == [2, b"not_due", 0]
-    reply = evalsha(redis_client, s.keys, "claim", "w", 3, 5000, 1000)
-    assert reply[1] == 1
+    size = limits.PAYLOAD_CEILING_BYTES - 100
+    fit = limits.MAX_CLAIM_REPLY_BYTES // (size + 20)  # whole payloads one reply holds
+    big.schedule_many([TaskSpec(i, "f", args=("x" * size,)) for i in ids("t", fit + 2)])
+    reply = evalsha(redis_client, s.keys, "claim", "w", fit + 2, 5000, 1000)
+    assert reply[1:4] == [fit, b"not_due", 0]
+    reply = evalsha(redis_client, s.keys, "claim", "w", fit + 2, 5000, 1000)
+    assert reply[1] == 2
     big.close()
 
 
@@ -397,6 +414,23 @@ def test_the_payload_limit_is_the_namespaces_and_no_argument_raises_it(
     ceiling = limits.PAYLOAD_CEILING_BYTES
     refused(redis_client, s, "payload_max", "schedule", *args(payload_of(ceiling + 1), 10**12))
     evalsha(redis_client, s.keys, "schedule", *args(payload_of(ceiling), 10**12))
+
+
+def test_a_schedule_call_carries_at_most_max_payload_bytes_per_call(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    each = limits.MAX_PAYLOAD_BYTES_PER_CALL // 4
+    over = [(f"t{i}", payload_of(each)) for i in range(4)] + [("t4", payload_of(100))]
+
+    def args(tasks: list[tuple[str, bytes]]) -> list[Any]:
+        out: list[Any] = [core.PROPAGATE_BUDGET, len(tasks)]
+        for task_id, payload in tasks:
+            out += [task_id, SPEC.format(au=0, r=0, o=0), payload]
+        return out
+
+    refused(redis_client, s, "MAX_PAYLOAD_BYTES_PER_CALL", "schedule", *args(over))
+    evalsha(redis_client, s.keys, "schedule", *args(over[:4]))
+    assert s.status("t3").state is State.READY
 
 
 def test_set_payload_limit_refuses_more_than_the_ceiling_and_the_client_reports_the_stored_limit(

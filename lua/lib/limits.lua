@@ -6,12 +6,12 @@
 -- cap). The same numbers are in distsched/limits.py (a test checks that they agree).
 
 -- Tasks in one schedule call.
-local MAX_TASKS_PER_CALL = 1000
+local MAX_TASKS_PER_CALL = 500
 -- Dependency edges in one call: a schedule batch's dependencies added up, or one
 -- add_deps part.
-local MAX_EDGES_PER_CALL = 10000
+local MAX_EDGES_PER_CALL = 1000
 -- Dependencies of one task in total, over every part that placed them.
-local MAX_DEPS_PER_TASK = 10000
+local MAX_DEPS_PER_TASK = 5000
 -- The most a propagation budget (ARGV[1] of the scripts that settle) counts for.
 local MAX_PROPAGATE_BUDGET = 1000
 -- The most a compact budget (compact.lua ARGV[1]) counts for.
@@ -29,8 +29,10 @@ local MAX_ERROR_BYTES = 16384
 local MAX_WORKER_ID_BYTES = 256
 -- A namespace's payload limit while none is stored (meta payload_max), and the most it
 -- can be.
-local DEFAULT_MAX_PAYLOAD_BYTES = 1048576
-local PAYLOAD_CEILING_BYTES = 4194304
+local DEFAULT_MAX_PAYLOAD_BYTES = 131072
+local PAYLOAD_CEILING_BYTES = 196608
+-- The payload bytes of one schedule call in total (each is walked value by value).
+local MAX_PAYLOAD_BYTES_PER_CALL = 196608
 -- How deep arrays and maps may nest inside a payload (the top map is depth 1).
 local MAX_PAYLOAD_DEPTH = 64
 -- Pending tasks the cycle check may visit for one call; past it the call is refused.

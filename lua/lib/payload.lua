@@ -90,7 +90,7 @@ local function skip(p, pos, depth)
 end
 
 -- The namespace's payload limit: its stored setting (meta payload_max, written by
--- limit.lua; DEFAULT_MAX_PAYLOAD_BYTES while none is stored or it is not a count),
+-- an admin; DEFAULT_MAX_PAYLOAD_BYTES while none is stored or it is not a count),
 -- never above PAYLOAD_CEILING_BYTES; asked, a caller's own limit (optional), only lowers it.
 local function payload_limit(asked)
   local stored = tonumber(redis.call('HGET', k.meta, 'payload_max'))
