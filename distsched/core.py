@@ -65,7 +65,7 @@ MAX_ATTEMPTS_LIMIT = 1_000_000
 MAX_DEPS = limits.MAX_DEPS_PER_TASK
 # The most dependency edges one script call settles (see lua/lib/settle.lua); sent as
 # ARGV[1] to every script that settles dependents.
-PROPAGATE_BUDGET = 1000
+PROPAGATE_BUDGET = limits.MAX_PROPAGATE_BUDGET
 # A task scheduled with more required dependencies than this is placed in parts of
 # at most this many, each its own script call (lua/add_deps.lua), so that no call holds
 # Redis for the whole list; it is held (never claimable) until the last part.

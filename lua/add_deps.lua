@@ -22,7 +22,7 @@
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 1000, counts as that)
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
 -- ARGV[2] task id
 -- ARGV[3] allow_unknown: '1' or '0'; for a part of a placement followed by
 --   ' <version> more' or, for the last part (which lifts the hold), ' <version> last'
@@ -31,9 +31,9 @@
 -- Reply: { propagating jobs left, the task's state after the call }.
 -- Ids are valid UTF-8 of 1..512 bytes. Caps (lib/limits.lua; BADARG naming the cap,
 -- nothing written): at most MAX_EDGES_PER_CALL (1000) new dependencies per call; the
--- task's dependencies over every part at most MAX_DEPS_PER_TASK (5000); the cycle check
--- reads at most MAX_CYCLE_VISITS (20000) dependents (BADARG deps cycle check visited more
--- than 20000 pending tasks ...: add dependencies before other pending tasks depend on the
+-- task's dependencies over every part at most MAX_DEPS_PER_TASK (4000); the cycle check
+-- reads at most MAX_CYCLE_VISITS (1000) dependents (BADARG deps cycle check visited more
+-- than 1000 pending tasks ...: add dependencies before other pending tasks depend on the
 -- task, or split the graph).
 -- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not pending);
 --   CONFLICT placed <id> (a part for a version that is not the current one or not held);

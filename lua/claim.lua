@@ -74,7 +74,7 @@
 --   reason  '' when n were claimed; else why not more:
 --           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
 --           when the stale-drop bound was reached, or when the payloads claimed reached
---           MAX_CLAIM_REPLY_BYTES, 8388608 bytes: the call hands out at least one task and
+--           MAX_CLAIM_REPLY_BYTES, 2097152 bytes: the call hands out at least one task and
 --           stops before the task that would take its reply past that), 'capacity'
 --           (max_running reached);
 --           in the priority order, 'not_due' when ranked has no live entry and queue has

@@ -21,7 +21,7 @@
 -- compact_ranked, compact_fairq).
 --
 -- ARGV[1] the most entries to examine in this call (>= 1; a larger one than
---         MAX_COMPACT_BUDGET, 10000, counts as that)
+--         MAX_COMPACT_BUDGET, 2500, counts as that)
 -- ARGV[2] the least number of stale entries worth a walk (>= 0)
 --
 -- Reply: { 0, stale entries removed, stale entries left (estimate: entries - ready tasks) }.

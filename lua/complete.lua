@@ -27,8 +27,8 @@
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 1000, counts as that)
--- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 1000); then 4 values per report: id, version,
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+-- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 4 values per report: id, version,
 --   attempt, result bytes ('' for none)
 --
 -- Reply: { propagating jobs left, outcome 1, ..., outcome n }, each outcome

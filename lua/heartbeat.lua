@@ -10,7 +10,7 @@
 -- Reads tasks; writes leases.
 --
 -- ARGV[1] lease length in ms (>= 1)
--- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 1000); then 3 values per token: id, version,
+-- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 3 values per token: id, version,
 --   attempt
 --
 -- Reply: { 0, status 1, ..., status n }, each status 1 current, 2 current and

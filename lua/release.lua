@@ -21,8 +21,8 @@
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 1000, counts as that)
--- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 1000); then 3 values per token: id, version,
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+-- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 3 values per token: id, version,
 --   attempt
 -- ARGV[3 + 3n] optional delay_ms (>= 0): the tasks become due again no sooner than this
 --   long from now (the queue entry's score; their run_at is kept). A delayed hand-back

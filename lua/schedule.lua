@@ -39,7 +39,7 @@
 -- the default key), its key into fairready or fairwait (lib/fair.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 1000, counts as that)
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
 -- ARGV[2] n, the number of tasks; then for each task, in order:
 --   id;
 --   spec, eight fields joined by single spaces:
@@ -53,8 +53,8 @@
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the caller's largest payload in bytes (>= 1): it can only lower the
--- namespace's payload limit (meta payload_max, set by an admin; 131072 while none is
--- stored, never above PAYLOAD_CEILING_BYTES, 196608).
+-- namespace's payload limit (meta payload_max, set by an admin; 65536 while none is
+-- stored, never above PAYLOAD_CEILING_BYTES, 131072).
 -- Ids are valid UTF-8 of 1..512 bytes; time is within +-(2^53 - 1) ('at') or +-2^52 ('in');
 -- max_attempts in [1, 1000000]; backoff in [0, 2^53 - 1] (the wait between attempts is
 -- capped by fail.lua and reap.lua's argument);
@@ -62,12 +62,12 @@
 -- kwargs a map with string keys (each may be nil or left out), arrays and maps nested at
 -- most MAX_PAYLOAD_DEPTH (64) deep (the payload itself is depth 1).
 -- Caps (lib/limits.lua; BADARG naming the cap, nothing written): n at most
--- MAX_TASKS_PER_CALL (500); r + o of a task at most MAX_DEPS_PER_TASK (5000); the
+-- MAX_TASKS_PER_CALL (500); r + o of a task at most MAX_DEPS_PER_TASK (4000); the
 -- dependencies of the whole batch at most MAX_EDGES_PER_CALL (1000); the payloads of the
--- batch at most MAX_PAYLOAD_BYTES_PER_CALL (196608 bytes) together; the cycle check
--- reads at most MAX_CYCLE_VISITS (20000) dependents (BADARG deps cycle check visited more
--- than 20000 pending tasks ...: schedule a graph dependencies first, or in smaller calls);
--- the propagation budget counts as at most MAX_PROPAGATE_BUDGET (1000).
+-- batch at most MAX_PAYLOAD_BYTES_PER_CALL (131072 bytes) together; the cycle check
+-- reads at most MAX_CYCLE_VISITS (1000) dependents (BADARG deps cycle check visited more
+-- than 1000 pending tasks ...: schedule a graph dependencies first, or in smaller calls);
+-- the propagation budget counts as at most MAX_PROPAGATE_BUDGET (500).
 --
 -- Reply: { propagating jobs left, version 1, ..., version n }; when a spec of the call has
 --   an option (any of the four), one more value: n letters, the i-th 'n' when task i got

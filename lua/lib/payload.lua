@@ -76,8 +76,11 @@ local function skip(p, pos, depth)
       if not kind then return nil end
       if kind == 'map' or kind == 'array' then
         if base + level > MAX_PAYLOAD_DEPTH then return nil, 'deep' end
-        level = level + 1
-        left[level] = kind == 'map' and 2 * n or n
+        -- An empty one opens no level.
+        if n > 0 then
+          level = level + 1
+          left[level] = kind == 'map' and 2 * n or n
+        end
         pos = at
       else
         if at + n - 1 > #p then return nil end
