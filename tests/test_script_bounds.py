@@ -20,7 +20,8 @@ import redis
 from distsched import Scheduler, State, TaskSpec, core, limits, scripts
 from distsched.errors import CycleError, InvalidArgument, PayloadTooLarge
 from distsched.keys import Keys
-from tests.conftest import namespace_keys
+from tests.conftest import RedisServer, namespace_keys
+from tests.test_cli import invoke
 
 LIMIT_NAMES = [name for name in dir(limits) if name.isupper()]
 
@@ -565,3 +566,22 @@ def test_a_task_claim_fails_for_an_id_no_worker_can_name_is_listed_as_ended_and_
     s.purge()
     assert redis_client.hget(s.keys.tasks, bad) is None
     assert redis_client.zscore(s.keys.finished, bad) is None
+
+
+def test_the_payload_limit_command_shows_sets_and_restores_the_namespaces_limit(
+    redis_server: RedisServer, s: Scheduler
+) -> None:
+    def run(*args: str) -> str:
+        result = invoke(redis_server, s.namespace, "payload-limit", *args)
+        assert result.exit_code == 0, result.stderr
+        return result.stdout
+
+    assert str(limits.DEFAULT_MAX_PAYLOAD_BYTES) in run()
+    assert "set to 1000 bytes" in run("1000")
+    assert s.payload_limit() == 1000
+    result = invoke(
+        redis_server, s.namespace, "payload-limit", str(limits.PAYLOAD_CEILING_BYTES + 1)
+    )
+    assert result.exit_code == 1 and "payload_max" in result.stderr
+    assert s.payload_limit() == 1000
+    assert str(limits.DEFAULT_MAX_PAYLOAD_BYTES) in run("default")
