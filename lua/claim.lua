@@ -52,7 +52,8 @@
 -- Reads payloads, fires (its head), meta (max_running, count:running, order, aging_ms, fair); writes
 -- tasks, queue, leases, meta (count:ready, count:running, timer, timer_at), idle, claims,
 -- ranked; for expired tasks results, finished, states, propagating, deadlines, and waits
--- (a waited-for task that expired is published on ended, lib/ended.lua).
+-- (a waited-for task that expired is published on ended, lib/ended.lua); for a task of
+-- an id no worker can name, ended failed, meta (count:failed), finished and states.
 --
 -- ARGV[1] worker id (1..MAX_WORKER_ID_BYTES, 256, bytes of valid UTF-8)
 -- ARGV[2] n, the most tasks to claim (1..MAX_CLAIM, 1000)

@@ -133,8 +133,9 @@ return run(function()
     r = bounded(r, 'deps', 0, MAX_MS)
     o = bounded(o, 'optional_deps', 0, MAX_MS)
     if r + o > MAX_DEPS_PER_TASK then
-      error({ err = 'BADARG deps of ' .. id .. ' at most ' .. MAX_DEPS_PER_TASK
-        .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
+      -- Named as the Python client names it: the list over the cap, else both together.
+      error({ err = 'BADARG ' .. (o > MAX_DEPS_PER_TASK and 'optional_deps' or 'deps') .. ' of '
+        .. id .. ' at most ' .. MAX_DEPS_PER_TASK .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
     end
     edges = edges + r + o
     if edges > MAX_EDGES_PER_CALL then
