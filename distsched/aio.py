@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.asyncio as aredis
 from redis.exceptions import RedisClusterException, RedisError
 
-from distsched import core
+from distsched import core, limits
 from distsched.client import BaseScheduler, client_from_url
 from distsched.core import (
     Chores,
@@ -405,7 +405,7 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.set_retention`."""
         return await self._drive(self._ops.set_retention(retention_s))
 
-    async def compact(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+    async def compact(self, budget: int = limits.MAX_COMPACT_BUDGET) -> int:
         """See :meth:`Scheduler.compact`."""
         return await self._drive(self._ops.compact(budget))
 

@@ -20,7 +20,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from distsched import core, otel
+from distsched import core, limits, otel
 from distsched.core import (
     Chores,
     Claim,
@@ -559,7 +559,7 @@ class Scheduler(BaseScheduler):
         """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
         return self._drive(self._ops.set_retention(retention_s))
 
-    def compact(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+    def compact(self, budget: int = limits.MAX_COMPACT_BUDGET) -> int:
         """Drop stale queue entries if they pile up (one bounded step); return how many."""
         return self._drive(self._ops.compact(budget))
 

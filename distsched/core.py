@@ -1313,7 +1313,7 @@ def forget_call(keys: Keys, task_ids: object) -> Call:
 
 
 def compact_call(
-    keys: Keys, budget: int = PROPAGATE_BUDGET, minimum: int = COMPACT_MINIMUM
+    keys: Keys, budget: int = limits.MAX_COMPACT_BUDGET, minimum: int = COMPACT_MINIMUM
 ) -> Call:
     return Call("compact", keys.for_script("compact"), [budget, minimum])
 
@@ -2703,7 +2703,7 @@ class Ops(ClaimShortcuts):
             raise InvalidArgument("purge_calls", "must be an int >= 0")
         reaped = yield from self.reap(REAP_BATCH)
         expired = yield from self.expire(EXPIRE_BATCH)
-        compacted = yield from self.compact(PROPAGATE_BUDGET)
+        compacted = yield from self.compact(limits.MAX_COMPACT_BUDGET)
         purged = 0
         for _ in range(purge_calls):
             removed = yield from self.purge(PURGE_BATCH)
