@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.asyncio as aredis
 from redis.exceptions import RedisClusterException, RedisError
 
-from distsched import core
+from distsched import core, limits
 from distsched.client import BaseScheduler, client_from_url
 from distsched.core import (
     Chores,
@@ -405,13 +405,21 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.set_retention`."""
         return await self._drive(self._ops.set_retention(retention_s))
 
-    async def compact(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+    async def compact(self, budget: int = limits.MAX_COMPACT_BUDGET) -> int:
         """See :meth:`Scheduler.compact`."""
         return await self._drive(self._ops.compact(budget))
 
     async def housekeeping(self, purge_calls: int = 20) -> Chores:
         """See :meth:`Scheduler.housekeeping`."""
         return await self._drive(self._ops.housekeeping(purge_calls))
+
+    async def payload_limit(self) -> int:
+        """See :meth:`Scheduler.payload_limit`."""
+        return await self._drive(self._ops.payload_limit())
+
+    async def set_payload_limit(self, limit: int | None) -> int:
+        """See :meth:`Scheduler.set_payload_limit`."""
+        return await self._drive(self._ops.set_payload_limit(limit))
 
     async def set_max_running(self, max_running: int | None) -> None:
         """See :meth:`Scheduler.set_max_running`."""

@@ -1300,6 +1300,31 @@ def max_running(ctx: click.Context, limit: str | None) -> None:
     click.echo(f"max_running of namespace {namespace!r} set to {shown(current)}")
 
 
+@cli.command("payload-limit")
+@click.argument("limit", required=False, metavar="[BYTES|default]")
+@click.pass_context
+def payload_limit(ctx: click.Context, limit: str | None) -> None:
+    """Show, or set to BYTES, the largest payload the namespace accepts.
+
+    An operator's setting (at most 4 MiB); `default` restores 1 MiB.
+    """
+    scheduler = _connect(ctx)
+    namespace = _settings(ctx).namespace
+    if limit is None:
+        click.echo(f"payload limit of namespace {namespace!r}: {scheduler.payload_limit()} bytes")
+        return
+    value: int | None = None
+    if limit.strip().lower() != "default":
+        try:
+            value = int(limit)
+        except ValueError:
+            raise InvalidArgument(
+                "payload_max", f"must be a whole number of bytes or 'default', got {limit!r}"
+            ) from None
+    now = scheduler.set_payload_limit(value)
+    click.echo(f"payload limit of namespace {namespace!r} set to {now} bytes")
+
+
 @cli.command()
 @click.argument("count", required=False, type=click.IntRange(min=1, max=MAX_STRIPES))
 @click.pass_context

@@ -20,7 +20,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from distsched import core, otel
+from distsched import core, limits, otel
 from distsched.core import (
     Chores,
     Claim,
@@ -561,7 +561,7 @@ class Scheduler(BaseScheduler):
         """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
         return self._drive(self._ops.set_retention(retention_s))
 
-    def compact(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+    def compact(self, budget: int = limits.MAX_COMPACT_BUDGET) -> int:
         """Drop stale queue entries if they pile up (one bounded step); return how many."""
         return self._drive(self._ops.compact(budget))
 
@@ -576,6 +576,22 @@ class Scheduler(BaseScheduler):
         counter fields deleted.
         """
         return self._drive(self._ops.housekeeping(purge_calls))
+
+    def payload_limit(self) -> int:
+        """The namespace's payload limit in bytes: the largest encoded payload the scripts
+        accept (``set_payload_limit``; the default 1 MiB while none is set)."""
+        return self._drive(self._ops.payload_limit())
+
+    def set_payload_limit(self, limit: int | None) -> int:
+        """Set the namespace's payload limit to ``limit`` bytes, at most
+        ``limits.PAYLOAD_CEILING_BYTES`` (4 MiB); None restores the default (1 MiB).
+        Returns the limit now applied.
+
+        An operator's call: the scripts take the limit from the namespace, so no
+        producer can raise it for itself. A scheduler's own ``max_payload_bytes`` is only
+        a check before sending, which can lower the limit for its calls but never raise it.
+        """
+        return self._drive(self._ops.set_payload_limit(limit))
 
     def set_max_running(self, max_running: int | None) -> None:
         """Set the fleet-wide bound on running tasks (None removes it). Last writer wins."""

@@ -21,6 +21,7 @@ from typing import Any, Generic, NamedTuple, TypedDict, TypeVar
 import msgpack
 from redis import exceptions as redis_exceptions
 
+from distsched import limits
 from distsched.errors import (
     BusyError,
     ConflictError,
@@ -63,19 +64,20 @@ TIMEOUT_MAX_MS = 2_592_000_000
 # the scripts that end attempts (fail.lua, reap.lua).
 BACKOFF_CAP_MS = 3_600_000
 MAX_ATTEMPTS_LIMIT = 1_000_000
-MAX_DEPS = 10_000
+# The most dependencies of one task, required and optional together (lua/lib/limits.lua).
+MAX_DEPS = limits.MAX_DEPS_PER_TASK
 # The most dependency edges one script call settles (see lua/lib/settle.lua); sent as
 # ARGV[1] to every script that settles dependents.
-PROPAGATE_BUDGET = 1000
+PROPAGATE_BUDGET = limits.MAX_PROPAGATE_BUDGET
 # A task scheduled with more required dependencies than this is placed in parts of
 # at most this many, each its own script call (lua/add_deps.lua), so that no call holds
 # Redis for the whole list; it is held (never claimable) until the last part.
-PLACE_PART = 1000
-DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20
+PLACE_PART = limits.MAX_EDGES_PER_CALL
+DEFAULT_MAX_PAYLOAD_BYTES = limits.DEFAULT_MAX_PAYLOAD_BYTES
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
 CLAIM_MAX_DROP = 1000
-# The most UTF-8 bytes of error text stored for a failed attempt.
-ERROR_MAX_BYTES = 16 * 1024
+# The most UTF-8 bytes of error text stored for a failed attempt (fail.lua refuses more).
+ERROR_MAX_BYTES = limits.MAX_ERROR_BYTES
 # Room kept for the line that says how much of a long traceback was cut.
 ERROR_CUT_MARK_BYTES = 80
 # An idle worker claims again at least this often, so that no task waits longer than
@@ -497,9 +499,13 @@ def validate_worker_id(worker_id: object) -> str:
     if not isinstance(worker_id, str) or not worker_id:
         raise InvalidArgument("worker_id", "must be a non-empty str")
     try:
-        worker_id.encode("utf-8")
+        size = len(worker_id.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidArgument("worker_id", "must be valid UTF-8") from None
+    if size > limits.MAX_WORKER_ID_BYTES:
+        raise InvalidArgument(
+            "worker_id", f"must be at most {limits.MAX_WORKER_ID_BYTES} bytes in UTF-8"
+        )
     return worker_id
 
 
@@ -593,6 +599,26 @@ def validate_max_payload_bytes(limit: object) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise InvalidArgument("max_payload_bytes", "must be an int >= 1")
     return limit
+
+
+def validate_payload_limit(limit: object) -> int | None:
+    """A namespace's payload limit: None (the default) or an int in
+    [1, ``PAYLOAD_CEILING_BYTES``]."""
+    if limit is None:
+        return None
+    ceiling = limits.PAYLOAD_CEILING_BYTES
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= ceiling:
+        raise InvalidArgument(
+            "payload_max", f"must be None or an int in [1, {ceiling}] (PAYLOAD_CEILING_BYTES)"
+        )
+    return limit
+
+
+def decode_payload_limit(raw: object) -> int:
+    """The payload limit the scripts apply for a stored ``payload_max`` (lib/payload.lua)."""
+    stored = _count_or_none(raw)
+    limit = stored if stored else limits.DEFAULT_MAX_PAYLOAD_BYTES
+    return min(limit, limits.PAYLOAD_CEILING_BYTES)
 
 
 def validate_max_running(max_running: object) -> int | None:
@@ -1003,6 +1029,15 @@ def schedule_values(
     both = set(required) & set(optional)
     if both:
         raise InvalidArgument("optional_deps", f"{sorted(both)[0]!r} is also a required dependency")
+    if len(required) + len(optional) > MAX_DEPS:
+        raise InvalidArgument(
+            "deps", f"at most {MAX_DEPS} dependencies per task, required and optional together"
+        )
+    if len(optional) > limits.MAX_EDGES_PER_CALL:
+        # Optional dependencies travel in the task's one schedule call (no part adds them).
+        raise InvalidArgument(
+            "optional_deps", f"at most {limits.MAX_EDGES_PER_CALL} per task (MAX_EDGES_PER_CALL)"
+        )
     if not isinstance(spec.allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
     limit = timeout_ms(spec.timeout)
@@ -1083,8 +1118,8 @@ def claim_call(
     channel, so a claim that comes up short registers it as idle (lib/idle.lua); with
     ``request_id`` the tokens it claims are kept until the worker's next claim, so that
     they can be handed back if the reply is lost (:meth:`Ops.hand_back_lost_claim`)."""
-    if not _is_int(n) or n < 1:  # type: ignore[operator]
-        raise InvalidArgument("n", "must be an int >= 1")
+    if not _is_int(n) or not 1 <= n <= limits.MAX_CLAIM:  # type: ignore[operator]
+        raise InvalidArgument("n", f"must be an int in [1, {limits.MAX_CLAIM}] (MAX_CLAIM)")
     if request_id is not None and (not isinstance(request_id, str) or not request_id):
         raise InvalidArgument("request_id", "must be a non-empty str or None")
     worker = validate_worker_id(worker_id)
@@ -1317,7 +1352,7 @@ def forget_call(keys: Keys, task_ids: object) -> Call:
 
 
 def compact_call(
-    keys: Keys, budget: int = PROPAGATE_BUDGET, minimum: int = COMPACT_MINIMUM
+    keys: Keys, budget: int = limits.MAX_COMPACT_BUDGET, minimum: int = COMPACT_MINIMUM
 ) -> Call:
     return Call("compact", keys.for_script("compact"), [budget, minimum])
 
@@ -2119,7 +2154,8 @@ def decode_stats(
         except ValueError:  # junk, repaired by the next script call (lib/run.lua)
             continue
         if key.startswith("count:"):
-            counts[key[6:]] = value
+            # A count below 0 is junk (the next script call repairs it): read as 0.
+            counts[key[6:]] = max(0, value)
         elif key in ("max_running", "retention_ms", "seq"):
             settings[key] = value
     ready = counts.get(State.READY.value, 0)
@@ -2213,6 +2249,9 @@ def translate_error(message: str) -> Exception:
         # Only a script can see some bad arguments (add_deps naming a dependency the
         # task already has): they are still bad arguments naming their field (§12).
         field_name, _, detail = rest.partition(" ")
+        if field_name == "payload" and detail.endswith("(payload_max)"):
+            # Over the namespace's stored limit, lower than this client's own.
+            return PayloadTooLarge("payload", detail)
         return InvalidArgument(field_name.rstrip(":"), detail)
     return ScriptError(message)
 
@@ -2436,9 +2475,95 @@ def placed_in_parts(specs: object) -> list[int]:
         lists = (spec.deps, spec.optional_deps)
         if any(isinstance(x, (str, bytes)) or not isinstance(x, Sequence) for x in lists):
             continue
-        if PLACE_PART < len(spec.deps) <= MAX_DEPS:
+        # The first part and every optional dependency travel in the schedule call.
+        first = max(0, PLACE_PART - len(spec.optional_deps))
+        if first < len(spec.deps) and len(spec.deps) + len(spec.optional_deps) <= MAX_DEPS:
             wide.append(i)
     return wide
+
+
+def _first_call_edges(spec: TaskSpec) -> int:
+    """The dependencies ``spec`` sends in its schedule call (a task placed in parts sends
+    its first part there); 0 for lists the call itself refuses."""
+    lists = (spec.deps, spec.optional_deps)
+    if any(isinstance(x, (str, bytes)) or not isinstance(x, Sequence) for x in lists):
+        return 0
+    required, optional = len(spec.deps), len(spec.optional_deps)
+    if required + optional <= MAX_DEPS:
+        required = min(required, max(0, PLACE_PART - optional))
+    return required + optional
+
+
+def payload_sizes(call: Call) -> list[int]:
+    """The size of each payload a schedule call carries, in order."""
+    args, sizes, pos = call.args, [], 2
+    for _ in range(int(args[1])):
+        fields = str(args[pos + 1]).split(" ")
+        sizes.append(len(args[pos + 2]))
+        pos += 3 + int(fields[6]) + int(fields[7])
+    return sizes
+
+
+def schedule_batches(
+    specs: Sequence[TaskSpec], sizes: Sequence[int] | None = None
+) -> list[list[int]]:
+    """The positions of ``specs`` in schedule calls that each keep within the scripts'
+    caps (``MAX_TASKS_PER_CALL`` tasks, ``MAX_EDGES_PER_CALL`` dependencies and, with
+    ``sizes`` their payloads' sizes, ``MAX_PAYLOAD_BYTES_PER_CALL``): one list (every
+    position, in order) when the batch fits one call. Otherwise the batch's own
+    dependencies come first, so that each call finds the tasks its tasks depend on."""
+    if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
+        return [[]]
+    edges = [_first_call_edges(s) if isinstance(s, TaskSpec) else 0 for s in specs]
+    weights = list(sizes) if sizes is not None else [0] * len(specs)
+    if (
+        len(specs) <= limits.MAX_TASKS_PER_CALL
+        and sum(edges) <= limits.MAX_EDGES_PER_CALL
+        and sum(weights) <= limits.MAX_PAYLOAD_BYTES_PER_CALL
+    ):
+        return [list(range(len(specs)))]
+    at: dict[object, int] = {}
+    for i, spec in enumerate(specs):
+        if isinstance(spec, TaskSpec) and isinstance(spec.task_id, str):
+            at.setdefault(spec.task_id, i)
+
+    def inside(i: int) -> list[int]:
+        spec = specs[i]
+        if not isinstance(spec, TaskSpec) or not edges[i]:
+            return []
+        return [at[d] for d in (*spec.deps, *spec.optional_deps) if d in at]
+
+    # Depth-first, dependencies before dependents (a cycle is left for the scripts).
+    order: list[int] = []
+    state = [0] * len(specs)
+    for root in range(len(specs)):
+        if state[root]:
+            continue
+        state[root] = 1
+        stack = [(root, iter(inside(root)))]
+        while stack:
+            node, deps = stack[-1]
+            nxt = next((d for d in deps if not state[d]), None)
+            if nxt is None:
+                stack.pop()
+                state[node] = 2
+                order.append(node)
+            else:
+                state[nxt] = 1
+                stack.append((nxt, iter(inside(nxt))))
+    batches: list[list[int]] = [[]]
+    used = carried = 0
+    for i in order:
+        full = len(batches[-1]) >= limits.MAX_TASKS_PER_CALL
+        over = used + edges[i] > limits.MAX_EDGES_PER_CALL
+        heavy = carried + weights[i] > limits.MAX_PAYLOAD_BYTES_PER_CALL
+        if batches[-1] and (full or over or heavy):
+            batches.append([])
+            used = carried = 0
+        batches[-1].append(i)
+        used += edges[i]
+        carried += weights[i]
+    return batches
 
 
 def decode_schedule_reply(specs: Sequence[TaskSpec], values: Sequence[Any]) -> list[Admitted]:
@@ -2490,6 +2615,15 @@ def _mapping(reply: Any) -> Mapping[Any, Any]:
 
 def _one(command: tuple[Any, ...]) -> Commands:
     return Commands((command,), atomic=False)
+
+
+# Reports (complete, fail, heartbeat, release) one script call carries: a longer list is
+# sent in parts, each within the scripts' cap.
+REPORTS_PER_CALL = limits.MAX_REPORTS_PER_CALL
+
+
+def _parts(items: Sequence[T]) -> list[Sequence[T]]:
+    return [items[i : i + REPORTS_PER_CALL] for i in range(0, len(items), REPORTS_PER_CALL)]
 
 
 # TIME as seen by the node that owns KEYS[1] (the script does not touch the key).
@@ -2580,6 +2714,9 @@ class Ops(ClaimShortcuts):
     # -------------------------------------------------------------- producers
 
     def admit_many(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted]]:
+        batches = schedule_batches(specs)
+        if len(batches) > 1:
+            return (yield from self._admit_in_batches(specs, batches))
         # Read here, where the operation starts: in the caller's thread or asyncio task.
         trace = self.trace_context() if self.trace_context is not None else None
         wide = placed_in_parts(specs)
@@ -2587,6 +2724,9 @@ class Ops(ClaimShortcuts):
             call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
             if not specs:
                 return []
+            batches = schedule_batches(specs, payload_sizes(call))
+            if len(batches) > 1:
+                return (yield from self._admit_in_batches(specs, batches))
             values = yield from self.run(call)
             return decode_schedule_reply(specs, values)
         # A task with more required dependencies than one part goes into the batch's one
@@ -2601,11 +2741,35 @@ class Ops(ClaimShortcuts):
             firsts[i] = replace(spec, deps=list(spec.deps)[:first_size])
             rests[i] = list(spec.deps)[first_size:]
         call = schedule_call(self.keys, firsts, self.max_payload_bytes, trace, held=wide)
+        batches = schedule_batches(specs, payload_sizes(call))
+        if len(batches) > 1:
+            return (yield from self._admit_in_batches(specs, batches))
         admitted = decode_schedule_reply(firsts, (yield from self.run(call)))
         for i in wide:
             if admitted[i].created:
                 yield from self._place_rest(specs[i], admitted[i].version, rests[i])
         return admitted
+
+    def _admit_in_batches(
+        self, specs: Sequence[TaskSpec], batches: list[list[int]]
+    ) -> Op[list[Admitted]]:
+        """A batch larger than one call's caps, in calls of ``batches`` (dependencies
+        first): each call is atomic, the whole is not. Everything is checked first."""
+        trace = self.trace_context() if self.trace_context is not None else None
+        seen: set[str] = set()
+        for spec in specs:
+            if isinstance(spec, TaskSpec) and isinstance(spec.task_id, str):
+                if spec.task_id in seen:
+                    raise InvalidArgument("task_id", f"{spec.task_id!r} appears twice in one batch")
+                seen.add(spec.task_id)
+        for at in batches:
+            schedule_call(self.keys, [specs[i] for i in at], self.max_payload_bytes, trace)
+        result: list[Admitted | None] = [None] * len(specs)
+        for at in batches:
+            admitted = yield from self.admit_many([specs[i] for i in at])
+            for i, one in zip(at, admitted, strict=True):
+                result[i] = one
+        return [a for a in result if a is not None]
 
     def _place_rest(self, spec: TaskSpec, version: int, rest: list[str]) -> Op[None]:
         """Add ``rest`` to the held ``version`` in parts; the last lifts the hold."""
@@ -2652,6 +2816,9 @@ class Ops(ClaimShortcuts):
     ) -> Op[tuple[list[Claim], Wait | None]]:
         if not isinstance(listening, bool):
             raise InvalidArgument("listening", "must be a bool")
+        if _is_int(n) and n > limits.MAX_CLAIM:
+            # Up to n: one call hands out at most MAX_CLAIM, the rest is for the next.
+            n = limits.MAX_CLAIM
         call = claim_call(self.keys, worker_id, n, self.lease_ms, listening, request_id)
         reply = yield from self.run(call)
         return decode_claim_reply(reply)
@@ -2660,6 +2827,11 @@ class Ops(ClaimShortcuts):
         call = heartbeat_call(self.keys, claims, self.lease_ms)  # validates even when empty
         if not claims:
             return []
+        if len(claims) > REPORTS_PER_CALL:
+            out: list[bool | None] = []
+            for part in _parts(claims):
+                out += yield from self.heartbeat_many(part)
+            return out
         return [None if int(v) == 0 else int(v) == 2 for v in (yield from self.run(call))]
 
     def heartbeat(self, claim: Claim) -> Op[bool]:
@@ -2677,10 +2849,21 @@ class Ops(ClaimShortcuts):
         self, reports: Sequence[tuple[Claim, object]], encoded: bool = False
     ) -> Op[list[Outcome]]:
         call = complete_call(self.keys, reports, encoded=encoded)
+        if len(reports) > REPORTS_PER_CALL:
+            out: list[Outcome] = []
+            for part in _parts(reports):
+                out += yield from self.complete_many(part, encoded)
+            return out
         return (yield from self.report(call, len(reports)))
 
     def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> Op[list[Outcome]]:
-        return (yield from self.report(fail_call(self.keys, reports), len(reports)))
+        call = fail_call(self.keys, reports)
+        if len(reports) > REPORTS_PER_CALL:
+            out: list[Outcome] = []
+            for part in _parts(reports):
+                out += yield from self.fail_many(part)
+            return out
+        return (yield from self.report(call, len(reports)))
 
     def confirm_cancel(self, claim: Claim) -> Op[Outcome]:
         (outcome,) = yield from self.run(confirm_cancel_call(self.keys, claim))
@@ -2710,6 +2893,11 @@ class Ops(ClaimShortcuts):
         call = release_call(self.keys, claims, delay)
         if not claims:
             return 0
+        if len(claims) > REPORTS_PER_CALL:
+            released = 0
+            for part in _parts(claims):
+                released += yield from self.release(part, delay)
+            return released
         return sum(int(v) for v in (yield from self.run(call)))
 
     # -------------------------------------------------------------- housekeeping
@@ -2747,7 +2935,7 @@ class Ops(ClaimShortcuts):
             raise InvalidArgument("purge_calls", "must be an int >= 0")
         reaped = yield from self.reap(REAP_BATCH)
         expired = yield from self.expire(EXPIRE_BATCH)
-        compacted = yield from self.compact(PROPAGATE_BUDGET)
+        compacted = yield from self.compact(limits.MAX_COMPACT_BUDGET)
         purged = 0
         for _ in range(purge_calls):
             removed = yield from self.purge(PURGE_BATCH)
@@ -2781,6 +2969,10 @@ class Ops(ClaimShortcuts):
         current = (int(clock[0]) * 1000 + int(clock[1]) // 1000) // 60_000
         cutoff = current - MINUTES_KEEP - MINUTES_MARGIN
         start = _count_or_none(stored)
+        if start is not None and start > current:
+            # A first minute after the present one (junk, a clock set back) would stop the
+            # trimming for good: start again as if none were stored.
+            start = None
         if start is None and int(size) > MINUTES_SCAN:
             # Never trimmed and large (written by an older version's clients meanwhile?):
             # start a week back rather than read it all.
@@ -2831,6 +3023,18 @@ class Ops(ClaimShortcuts):
             # the channel they subscribe to with SSUBSCRIBE, or SUBSCRIBE before Redis 7.
             sharded = yield from self.uses_sharded_pubsub()
             yield _one(("SPUBLISH" if sharded else "PUBLISH", self.keys.wake, "capacity"))
+
+    def payload_limit(self) -> Op[int]:
+        (raw,) = yield from self.read(("HGET", self.keys.meta, "payload_max"))
+        return decode_payload_limit(raw)
+
+    def set_payload_limit(self, limit: int | None) -> Op[int]:
+        chosen = validate_payload_limit(limit)
+        if chosen is None:
+            yield _one(("HDEL", self.keys.meta, "payload_max"))
+        else:
+            yield _one(("HSET", self.keys.meta, "payload_max", chosen))
+        return (yield from self.payload_limit())
 
     def order(self) -> Op[OrderSetting]:
         (fields,) = yield from self.read(("HMGET", self.keys.meta, "order", "aging_ms"))

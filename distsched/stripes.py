@@ -302,8 +302,10 @@ class StripedOps(ClaimShortcuts):
         result: list[Admitted | None] = [None] * len(specs)
         for s, at in groups.items():
             group = [specs[i] for i in at]
-            if core.placed_in_parts(group):
-                # Its stripe places the tasks with many dependencies in parts.
+            sizes = core.payload_sizes(calls[s])
+            if core.placed_in_parts(group) or len(core.schedule_batches(group, sizes)) > 1:
+                # Its stripe places the tasks with many dependencies in parts, and sends
+                # a group over one call's caps in several calls.
                 admitted = yield from stripes[s].admit_many(group)
             else:
                 admitted = core.decode_schedule_reply(group, (yield from stripes[s].run(calls[s])))
@@ -545,6 +547,16 @@ class StripedOps(ClaimShortcuts):
         return total
 
     # -------------------------------------------------------------- max_running
+
+    def payload_limit(self) -> Op[int]:
+        return (yield from (yield from self.resolve())[0].payload_limit())
+
+    def set_payload_limit(self, limit: int | None) -> Op[int]:
+        core.validate_payload_limit(limit)
+        # Each stripe's scripts read their own stripe's meta.
+        for ops in (yield from self.resolve()):
+            yield from ops.set_payload_limit(limit)
+        return (yield from self.payload_limit())
 
     def set_max_running(self, max_running: int | None) -> Op[None]:
         limit = core.validate_max_running(max_running)

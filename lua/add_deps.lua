@@ -21,21 +21,50 @@
 -- waits, ended: each task it ends that a client waits for loses its waits entry and
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
--- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
 -- ARGV[2] task id
 -- ARGV[3] allow_unknown: '1' or '0'; for a part of a placement followed by
 --   ' <version> more' or, for the last part (which lifts the hold), ' <version> last'
 -- ARGV[4..] the new dependency ids
 --
 -- Reply: { propagating jobs left, the task's state after the call }.
--- Ids are valid UTF-8 of 1..512 bytes; at most 10000 new dependencies per call.
+-- Ids are valid UTF-8 of 1..512 bytes. Caps (lib/limits.lua; BADARG naming the cap,
+-- nothing written): at most MAX_EDGES_PER_CALL (1000) new dependencies per call; the
+-- task's dependencies over every part at most MAX_DEPS_PER_TASK (4000); the cycle check
+-- reads at most MAX_CYCLE_VISITS (1000) dependents (BADARG deps cycle check visited more
+-- than 1000 pending tasks ...: add dependencies before other pending tasks depend on the
+-- task, or split the graph).
 -- Errors: NOTFOUND <id>; CONFLICT state <state> <id> (not pending);
 --   CONFLICT placed <id> (a part for a version that is not the current one or not held);
 --   CORRUPT task record of <id> <why> (the task's or a new dependency's record);
 --   UNKNOWN <id> <dep>; CYCLE <id> <id> ... (ids in hex, as in schedule.lua); BADARG deps ...
 -- Cost: O(deps log N) plus the task's pending descendants for the cycle check.
 
-local MAX_ADDED = 10000
+-- (entries, length of the first, true) of a stored dependency list, read by the heads
+-- of its entries (lib/graph.lua); (_, _, false) when it holds junk.
+local function list_heads(raw)
+  local count, pos, first_len = 0, 1, 0
+  while pos <= #raw do
+    local kind = string.sub(raw, pos, pos)
+    local len = hex3_at(raw, pos + 1)
+    if (kind ~= 'r' and kind ~= 'o' and kind ~= 'h') or not len or len == 0 or pos + 3 + len > #raw then
+      return count, first_len, false
+    end
+    if count == 0 then first_len = 4 + len end
+    count = count + 1
+    pos = pos + 4 + len
+  end
+  return count, first_len, true
+end
+
+-- Whether d is already a dependency of the current version of id: every dependency but
+-- the hold has exactly one edge d -> id (lib/graph.lua), of one of four forms.
+local function has_edge_to(d, id)
+  local p = id_prefix(d)
+  local s = redis.call('ZMSCORE', k.edges, p .. 'wr' .. id, p .. 'sr' .. id, p .. 'wo' .. id, p .. 'so' .. id)
+  return s[1] or s[2] or s[3] or s[4]
+end
 
 return run(function()
   local budget = budget_arg(ARGV[1])
@@ -47,26 +76,43 @@ return run(function()
     error({ err = 'BADARG placement must be <version> more|last' })
   end
   local allow_unknown = au == '1'
-  if #ARGV - 3 > MAX_ADDED then
-    error({ err = 'BADARG deps at most ' .. MAX_ADDED .. ' dependencies per call' })
+  if #ARGV - 3 > MAX_EDGES_PER_CALL then
+    error({ err = 'BADARG deps at most ' .. MAX_EDGES_PER_CALL .. ' dependencies per call (MAX_EDGES_PER_CALL)' })
   end
   -- Every argument is checked before any record is read.
   for i = 4, #ARGV do check_id(ARGV[i], 'deps') end
   local t = load_given(id)
   if not t then error({ err = 'NOTFOUND ' .. id }) end
   if t.state ~= 'pending' then error({ err = 'CONFLICT state ' .. t.state .. ' ' .. id }) end
-  local deps = decode_deps(redis.call('HGET', k.deps, id))
-  local held = deps[1] ~= nil and deps[1].kind == 'h'
+  -- The stored list is walked by its entries' heads only, and the new entries are
+  -- appended to it: a part costs what it adds, not the whole list again (a list that
+  -- holds junk is decoded and rebuilt instead, dropping the junk, as before).
+  local raw = redis.call('HGET', k.deps, id) or ''
+  local count, first_len, whole = list_heads(raw)
+  local deps = nil
+  if not whole then
+    deps = decode_deps(raw)
+    count = #deps
+  end
+  local held
+  if deps then held = deps[1] ~= nil and deps[1].kind == 'h' else held = string.sub(raw, 1, 1) == 'h' end
+  -- The task's dependencies in total, over every part (the hold is none).
+  if count - (held and 1 or 0) + #ARGV - 3 > MAX_DEPS_PER_TASK then
+    error({ err = 'BADARG deps of ' .. id .. ' at most ' .. MAX_DEPS_PER_TASK
+      .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
+  end
   if placing and (not held or t.version ~= tonumber(placing)) then
     error({ err = 'CONFLICT placed ' .. id })
   end
   local seen = {}
-  for _, d in ipairs(deps) do seen[d.id] = true end
+  for _, d in ipairs(deps or {}) do seen[d.id] = true end
   local added, states = {}, {}
   for i = 4, #ARGV do
     local d = ARGV[i]
     if d == id then error({ err = 'BADARG deps: ' .. id .. ' depends on itself' }) end
-    if seen[d] then error({ err = 'BADARG deps: ' .. d .. ' is already a dependency' }) end
+    if seen[d] or (not deps and has_edge_to(d, id)) then
+      error({ err = 'BADARG deps: ' .. d .. ' is already a dependency' })
+    end
     seen[d] = true
     local dt = load_given(d)
     if not dt and not allow_unknown then
@@ -94,14 +140,18 @@ return run(function()
       t.remaining = t.remaining + 1
     end
     redis.call('ZADD', k.edges, 0, edge_member(d.id, flag, 'r', id))
-    deps[#deps + 1] = d
   end
   local lift = part == 'last'
-  if lift then
-    table.remove(deps, 1)
-    t.remaining = t.remaining - 1
+  if lift then t.remaining = t.remaining - 1 end
+  if deps then
+    for _, d in ipairs(added) do deps[#deps + 1] = d end
+    if lift then table.remove(deps, 1) end
+    redis.call('HSET', k.deps, id, encode_deps(deps))
+  else
+    -- The hold leads the list: the last part drops it.
+    local kept = lift and string.sub(raw, first_len + 1) or raw
+    redis.call('HSET', k.deps, id, kept .. encode_deps(added))
   end
-  redis.call('HSET', k.deps, id, encode_deps(deps))
   t.updated = now
   if cause then
     block_task(id, t, cause.root, cause.parent, now)

@@ -23,7 +23,8 @@
 -- is not a count is ignored).
 -- One bad entry never stops the claim: an entry whose head is not a queue member's
 -- or whose id is not valid (UTF-8, 1..512 bytes) is dropped, and the task of such an
--- id ends failed where it is; a record that cannot be read is claimed as a final
+-- id ends failed where it is (listed in finished and states like any ended task, so that
+-- retention purges it); a record that cannot be read is claimed as a final
 -- attempt (attempt 1 of 1) whose payload is a msgpack string saying why, so that the
 -- worker fails it (fail.lua stores the error and settles its dependents). Everything
 -- is read and checked before the first write.
@@ -51,18 +52,21 @@
 -- Reads payloads, fires (its head), meta (max_running, count:running, order, aging_ms, fair); writes
 -- tasks, queue, leases, meta (count:ready, count:running, timer, timer_at), idle, claims,
 -- ranked; for expired tasks results, finished, states, propagating, deadlines, and waits
--- (a waited-for task that expired is published on ended, lib/ended.lua).
+-- (a waited-for task that expired is published on ended, lib/ended.lua); for a task of
+-- an id no worker can name, ended failed, meta (count:failed), finished and states.
 --
--- ARGV[1] worker id
--- ARGV[2] n, the most tasks to claim (>= 1)
+-- ARGV[1] worker id (1..MAX_WORKER_ID_BYTES, 256, bytes of valid UTF-8)
+-- ARGV[2] n, the most tasks to claim (1..MAX_CLAIM, 1000)
 -- ARGV[3] lease length in ms (>= 1)
 -- ARGV[4] the most stale entries to drop in this call (bounds its run time)
 -- ARGV[5] optional: the caller's own wake channel (ds:{NS}:w:<worker id>), when it listens
---         on it; '' or absent: it does not (and is never registered as idle)
+--         on it; '' or absent: it does not (and is never registered as idle); at most
+--         2 * MAX_WORKER_ID_BYTES (512) bytes
 -- ARGV[6] with ARGV[5]: how long (ms) it waits at most before it claims again
 -- ARGV[7] optional: a request id; the call's tokens are then kept in claims (field: the
 --         worker id; lib/kept.lua): the same call sent again gets the same tasks, and a
---         caller whose reply was lost hands them back (release.lua)
+--         caller whose reply was lost hands them back (release.lua); at most
+--         MAX_WORKER_ID_BYTES (256) bytes
 --
 -- Reply: { jobs left (0 unless a task expired), claimed, reason, delay_us,
 --          (id, version, attempt, priority, run_at_ms, payload) * claimed, keys }
@@ -70,7 +74,10 @@
 --           (the text of the error to fail the task with)
 --   reason  '' when n were claimed; else why not more:
 --           'empty' (no live entry), 'not_due' (head not due yet; delay_us until it is, or 0
---           when the stale-drop bound was reached), 'capacity' (max_running reached);
+--           when the stale-drop bound was reached, or when the payloads claimed reached
+--           MAX_CLAIM_REPLY_BYTES, 2097152 bytes: the call hands out at least one task and
+--           stops before the task that would take its reply past that), 'capacity'
+--           (max_running reached);
 --           in the priority order, 'not_due' when ranked has no live entry and queue has
 --           one (delay_us until the head of queue, 0 when due entries are left to move);
 --           'fire' (whatever was claimed): a schedule's slot is due (the head of fires),
@@ -83,6 +90,8 @@
 --           or the next fire time (the head of fires), whichever comes first, when fewer
 --           than n were claimed; -1 when not meaningful, or when another idle worker
 --           already waits for that time (lib/idle.lua).
+-- Errors (nothing written): BADARG n must be in [1, 1000] (MAX_CLAIM); BADARG worker_id,
+--   channel, request_id (over MAX_WORKER_ID_BYTES); BADARG lease_ms, max_drop, idle_ms.
 -- With a channel, a claim that gets fewer than n registers the caller in idle until now +
 -- ARGV[6]; one that gets n while more tasks are due wakes one more idle worker.
 -- Cost: O((claimed + dropped + moved) log N), in a few commands per call whatever n is
@@ -156,6 +165,15 @@ local function fair_drop(set, member)
   else
     redis.call('ZREM', k.fairq, member)
   end
+end
+
+-- The payload bytes a claimed task adds to the reply: its record's, else the payloads
+-- hash's (HSTRLEN, nothing copied); a quarantined task's reason is small.
+local function claim_size(id, t, quarantine)
+  if quarantine then return 64 end
+  if t.payload then return #t.payload end
+  if t.payload_at then return #t.raw - t.payload_at + 1 end
+  return redis.call('HSTRLEN', k.payloads, id)
 end
 
 -- Claims of a fair namespace: serve the key of lowest virtual time, one task at a time.
@@ -233,7 +251,12 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
         elseif limit and running + claimed >= limit then
           reason = 'capacity'
           break
+        elseif claimed > 0 and c.bytes + claim_size(id, t, corrupt) > MAX_CLAIM_REPLY_BYTES then
+          -- The reply holds as many payload bytes as one call may carry: call again.
+          reason = 'not_due'; delay = 0
+          break
         else
+          c.bytes = c.bytes + claim_size(id, t, corrupt)
           fair_drop(set, member)
           if corrupt then
             c.quarantined[id] = cmsgpack.pack('corrupt task record: ' .. corrupt)
@@ -292,13 +315,29 @@ return run(function()
   local n = to_int(ARGV[2], 'n')
   local lease_ms = to_int(ARGV[3], 'lease_ms')
   local max_drop = to_int(ARGV[4], 'max_drop')
-  if n < 1 then error({ err = 'BADARG n must be >= 1' }) end
+  if n < 1 or n > MAX_CLAIM then
+    error({ err = 'BADARG n must be in [1, ' .. MAX_CLAIM .. '] (MAX_CLAIM)' })
+  end
   if lease_ms < 1 then error({ err = 'BADARG lease_ms must be >= 1' }) end
+  -- The worker id is stored in every record it claims (and the request id and channel
+  -- with it): each within its cap, so no stored value grows with what a caller sends.
+  if not worker or #worker == 0 or #worker > MAX_WORKER_ID_BYTES or not valid_utf8(worker) then
+    error({ err = 'BADARG worker_id must be 1..' .. MAX_WORKER_ID_BYTES
+      .. ' bytes of valid UTF-8 (MAX_WORKER_ID_BYTES)' })
+  end
   local channel = ARGV[5] or ''
+  if #channel > 2 * MAX_WORKER_ID_BYTES then
+    error({ err = 'BADARG channel must be at most ' .. 2 * MAX_WORKER_ID_BYTES
+      .. ' bytes (2 * MAX_WORKER_ID_BYTES)' })
+  end
   local idle_ms = channel ~= '' and to_int(ARGV[6], 'idle_ms') or 0
 
   -- The same call sent again (a client retrying after a timeout): the same tasks.
   local request = ARGV[7] or ''
+  if #request > MAX_WORKER_ID_BYTES then
+    error({ err = 'BADARG request_id must be at most ' .. MAX_WORKER_ID_BYTES
+      .. ' bytes (MAX_WORKER_ID_BYTES)' })
+  end
   local again = kept_reply(worker, request)
   if again then return again end
 
@@ -326,6 +365,10 @@ return run(function()
   -- Every lease of the call ends at the same time: its text is formatted once.
   local lease_at = itoa(now + lease_ms)
   local claimed, dropped, handled, failed_here, ready_taken = 0, 0, 0, 0, 0
+  -- The tasks of ids no worker can name that the walk ends failed (bad_ids).
+  local bad_ids = {}
+  -- The payload bytes of the tasks claimed so far (MAX_CLAIM_REPLY_BYTES).
+  local reply_bytes = 0
   local quarantined = {}
   local reason, delay = '', -1
   -- Deadlines cost one EXISTS per call while no task has one.
@@ -341,6 +384,7 @@ return run(function()
       out = out, records = records, leases = leases, claimed_ids = claimed_ids,
       expiring = expiring, started = started_with_deadline, worker = worker, lease_at = lease_at,
       quarantined = quarantined, ready_taken = 0, keys = fair_keys, inline = inline,
+      bytes = 0,
     }
     reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
     claimed = #out
@@ -387,6 +431,7 @@ return run(function()
           t.updated = now
           records[#records + 1] = id
           records[#records + 1] = encode_task(t)
+          bad_ids[#bad_ids + 1] = { id = id, t = t }
           failed_here = failed_here + 1
           claimed_ids[id] = true
         end
@@ -409,7 +454,11 @@ return run(function()
         expiring[#expiring + 1] = { id = id, t = t }
       elseif limit and running >= limit then
         reason = 'capacity'; break
+      elseif claimed > 0 and reply_bytes + claim_size(id, t, quarantine) > MAX_CLAIM_REPLY_BYTES then
+        -- The reply holds as many payload bytes as one call may carry: call again.
+        reason = 'not_due'; delay = 0; break
       else
+        reply_bytes = reply_bytes + claim_size(id, t, quarantine)
         handled = handled + 1
         if quarantine then
           -- A record that cannot be read is handed out as a final attempt, whose payload
@@ -463,9 +512,15 @@ return run(function()
   call_many('HSET', k.tasks, records)
   call_many('ZADD', k.leases, leases)
   if ready_taken + failed_here > 0 then
-    redis.call('HINCRBY', k.meta, 'count:ready', itoa(-(ready_taken + failed_here)))
+    count_add('count:ready', -(ready_taken + failed_here))
   end
   if failed_here > 0 then redis.call('HINCRBY', k.meta, 'count:failed', itoa(failed_here)) end
+  -- A task ended failed here is listed like any ended task (finished, the state index),
+  -- so that retention purges it.
+  for _, b in ipairs(bad_ids) do
+    redis.call('ZADD', k.finished, itoa(now), b.id)
+    redis.call('ZADD', k.states, '0', index_member(b.t, b.id))
+  end
   if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:running', itoa(claimed)) end
   for _, e in ipairs(expiring) do expire_task(e.id, e.t, now) end
   if next(started_with_deadline) then

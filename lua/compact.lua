@@ -20,7 +20,8 @@
 -- Reads tasks, meta (count:ready); writes queue, ranked, fairq, meta (compact_cursor,
 -- compact_ranked, compact_fairq).
 --
--- ARGV[1] the most entries to examine in this call (>= 1)
+-- ARGV[1] the most entries to examine in this call (>= 1; a larger one than
+--         MAX_COMPACT_BUDGET, 2500, counts as that)
 -- ARGV[2] the least number of stale entries worth a walk (>= 0)
 --
 -- Reply: { 0, stale entries removed, stale entries left (estimate: entries - ready tasks) }.
@@ -30,6 +31,8 @@ return run(function()
   local budget = to_int(ARGV[1], 'budget')
   local minimum = to_int(ARGV[2], 'minimum')
   if budget < 1 then error({ err = 'BADARG budget must be >= 1' }) end
+  -- A budget asks for at most that much work: past the cap it counts as the cap.
+  if budget > MAX_COMPACT_BUDGET then budget = MAX_COMPACT_BUDGET end
   local entries = redis.call('ZCARD', k.queue) + redis.call('ZCARD', k.ranked)
     + redis.call('ZCARD', k.fairq)
   local live = tonumber(redis.call('HGET', k.meta, 'count:ready')) or 0

@@ -26,8 +26,10 @@
 -- waits, ended: each task it ends that a client waits for loses its waits entry and
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
--- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
--- ARGV[2] n; then 4 values per report: id, version, attempt, result bytes ('' for none)
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+-- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 4 values per report: id, version,
+--   attempt, result bytes ('' for none)
 --
 -- Reply: { propagating jobs left, outcome 1, ..., outcome n }, each outcome
 -- 'applied', 'duplicate' or 'stale'.
@@ -36,7 +38,7 @@
 
 return run(function()
   local budget = budget_arg(ARGV[1])
-  local n = to_int(ARGV[2], 'n')
+  local n = reports_arg(ARGV[2])
   if #ARGV ~= 2 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
   local now = now_ms()
   local running_before = running_count()

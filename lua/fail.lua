@@ -23,21 +23,32 @@
 -- waits, ended: each task it ends that a client waits for loses its waits entry and
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
--- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
 -- ARGV[2] the longest wait between attempts in ms (>= 0; distsched sends 3600000)
--- ARGV[3] n; then 4 values per report: id, version, attempt, error text
+-- ARGV[3] n (at most MAX_REPORTS_PER_CALL, 128); then 4 values per report: id, version,
+--   attempt, error text (at most MAX_ERROR_BYTES, 4096 bytes: a worker cuts longer ones)
 --
 -- Reply: { propagating jobs left, outcome 1, ..., outcome n }, each outcome
 -- 'applied', 'duplicate' or 'stale'.
 -- Publishes when a retry became the queue head or a capacity slot freed.
+-- Errors (nothing written): BADARG n ... (over MAX_REPORTS_PER_CALL), BADARG error of <id>
+--   ... (an error text over MAX_ERROR_BYTES), BADARG budget, backoff_cap, ARGV ...
 -- Cost: O(n log N) plus the dependents settled within the propagation budget.
 
 return run(function()
   local budget = budget_arg(ARGV[1])
   local cap_ms = to_int(ARGV[2], 'backoff_cap')
   if cap_ms < 0 then error({ err = 'BADARG backoff_cap must be >= 0' }) end
-  local n = to_int(ARGV[3], 'n')
+  local n = reports_arg(ARGV[3])
   if #ARGV ~= 3 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
+  for i = 1, n do
+    local text = ARGV[3 + 4 * i]
+    if #text > MAX_ERROR_BYTES then
+      error({ err = string.format('BADARG error of %s is %d bytes, limit %d (MAX_ERROR_BYTES)',
+        ARGV[4 * i], #text, MAX_ERROR_BYTES) })
+    end
+  end
   local now = now_ms()
   local reply, ended, applied = { 0 }, {}, 0
   for i = 1, n do

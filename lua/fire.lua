@@ -35,7 +35,7 @@
 -- now (lib/queue.lua), and the timer worker when the next fire time moved earlier than
 -- what it waits for (lib/fires.lua).
 --
--- ARGV[1] propagation budget (>= 1)
+-- ARGV[1] propagation budget (>= 1; at most MAX_PROPAGATE_BUDGET, 500, counts)
 -- ARGV[2] the schedule name
 -- ARGV[3] the rev of the definition the caller read (firing state)
 -- ARGV[4] mode: 'fire', 'trigger' or 'backfill'
@@ -49,7 +49,8 @@
 --         UTF-8 bytes in hex, 1..256 bytes; lib/fair.lua). A key turns the namespace fair
 --         and each task created is written to fairkeys before it is queued.
 -- ARGV[10] payload (msgpack map, as in schedule.lua)
--- ARGV[11] the largest payload accepted, in bytes (>= 1)
+-- ARGV[11] the caller's largest payload, in bytes (>= 1): it can only lower the namespace's
+--          payload limit (schedule.lua)
 -- ARGV[12] m, the number of slots (0..1000; 0 only in mode 'fire': the next fire time
 --          moves and nothing is created, ARGV[9..10] are then not read), then m pairs:
 --          slot time (ms; strictly increasing), the task's run_at (ms; the slot plus its
@@ -108,7 +109,7 @@ return run(function()
       p.key = key
     end
     payload = ARGV[10] or ''
-    local limit = int_arg(ARGV[11], 'max_payload_bytes', 1, MAX_MS)
+    local limit = payload_limit(int_arg(ARGV[11], 'max_payload_bytes', 1, MAX_MS))
     local problem = payload_problem(payload, limit)
     if problem then error({ err = 'BADARG payload ' .. problem }) end
   end

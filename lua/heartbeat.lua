@@ -10,7 +10,8 @@
 -- Reads tasks; writes leases.
 --
 -- ARGV[1] lease length in ms (>= 1)
--- ARGV[2] n; then 3 values per token: id, version, attempt
+-- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 3 values per token: id, version,
+--   attempt
 --
 -- Reply: { 0, status 1, ..., status n }, each status 1 current, 2 current and
 -- cancellation requested, 0 lost (lease reaped, task replaced or finished).
@@ -19,7 +20,7 @@
 return run(function()
   local lease_ms = to_int(ARGV[1], 'lease_ms')
   if lease_ms < 1 then error({ err = 'BADARG lease_ms must be >= 1' }) end
-  local n = to_int(ARGV[2], 'n')
+  local n = reports_arg(ARGV[2])
   if #ARGV ~= 2 + 3 * n then error({ err = 'BADARG ARGV expected 3 values per token' }) end
 
   local deadline = itoa(now_ms() + lease_ms)

@@ -20,8 +20,10 @@
 -- waits, ended: each task it ends that a client waits for loses its waits entry and
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
--- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
--- ARGV[2] n; then 3 values per token: id, version, attempt
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+-- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 3 values per token: id, version,
+--   attempt
 -- ARGV[3 + 3n] optional delay_ms (>= 0): the tasks become due again no sooner than this
 --   long from now (the queue entry's score; their run_at is kept). A delayed hand-back
 --   wakes no idle worker unless it became the queue head.
@@ -32,7 +34,7 @@
 
 return run(function()
   local budget = budget_arg(ARGV[1])
-  local n = to_int(ARGV[2], 'n')
+  local n = reports_arg(ARGV[2])
   -- An optional last value, delay_ms: the handed-back tasks become due again no sooner
   -- than that long from now (their run_at is kept), so that a worker which cannot run
   -- them does not claim them straight back.

@@ -21,7 +21,8 @@
 -- waits, ended: each task it ends that a client waits for loses its waits entry and
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
--- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
 -- ARGV[2] task id
 -- ARGV[3] cascade: '1' or '0'
 --

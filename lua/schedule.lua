@@ -38,7 +38,8 @@
 -- each new version's key is written to fairkeys and its entry goes to fairq (or queue for
 -- the default key), its key into fairready or fairwait (lib/fair.lua).
 --
--- ARGV[1] propagation budget: the most edges to settle in this call (>= 1)
+-- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
+--         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
 -- ARGV[2] n, the number of tasks; then for each task, in order:
 --   id;
 --   spec, eight fields joined by single spaces:
@@ -51,12 +52,22 @@
 --     fairness key), ' hold=1' (held until add_deps.lua's last part lifts it; lib/admit.lua);
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
--- then, optionally, the largest payload accepted in bytes (1048576 when left out).
+-- then, optionally, the caller's largest payload in bytes (>= 1): it can only lower the
+-- namespace's payload limit (meta payload_max, set by an admin; 65536 while none is
+-- stored, never above PAYLOAD_CEILING_BYTES, 131072).
 -- Ids are valid UTF-8 of 1..512 bytes; time is within +-(2^53 - 1) ('at') or +-2^52 ('in');
 -- max_attempts in [1, 1000000]; backoff in [0, 2^53 - 1] (the wait between attempts is
--- capped by fail.lua and reap.lua's argument); r and o at most 10000 each;
+-- capped by fail.lua and reap.lua's argument);
 -- the payload a msgpack map with a non-empty UTF-8 string fn, args an array and
--- kwargs a map with string keys (each may be nil or left out).
+-- kwargs a map with string keys (each may be nil or left out), arrays and maps nested at
+-- most MAX_PAYLOAD_DEPTH (64) deep (the payload itself is depth 1).
+-- Caps (lib/limits.lua; BADARG naming the cap, nothing written): n at most
+-- MAX_TASKS_PER_CALL (500); r + o of a task at most MAX_DEPS_PER_TASK (4000); the
+-- dependencies of the whole batch at most MAX_EDGES_PER_CALL (1000); the payloads of the
+-- batch at most MAX_PAYLOAD_BYTES_PER_CALL (131072 bytes) together; the cycle check
+-- reads at most MAX_CYCLE_VISITS (1000) dependents (BADARG deps cycle check visited more
+-- than 1000 pending tasks ...: schedule a graph dependencies first, or in smaller calls);
+-- the propagation budget counts as at most MAX_PROPAGATE_BUDGET (500).
 --
 -- Reply: { propagating jobs left, version 1, ..., version n }; when a spec of the call has
 --   an option (any of the four), one more value: n letters, the i-th 'n' when task i got
@@ -71,7 +82,7 @@
 --   BADARG <field> ...        malformed argument (task_id, priority, max_attempts, backoff,
 --                             run_at, delay, deps, optional_deps, payload of <id>,
 --                             dedupe_window of <id>, debounce of <id>, deadline of <id>,
---                             ttl of <id>, ...)
+--                             ttl of <id>, n, or a cap named in its message, ...)
 --   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
 --                             stored record that does not parse
 -- Wakes one idle worker per task it makes due now (lib/idle.lua).
@@ -87,6 +98,10 @@ return run(function()
   local budget = budget_arg(ARGV[1])
   local n = to_int(ARGV[2], 'n')
   if n < 0 then error({ err = 'BADARG n must be >= 0' }) end
+  if n > MAX_TASKS_PER_CALL then
+    error({ err = 'BADARG n at most ' .. MAX_TASKS_PER_CALL .. ' tasks per call (MAX_TASKS_PER_CALL)' })
+  end
+  local edges = 0
   local now = now_ms()
   local specs, batch, order = {}, {}, {}
   local admitting, all_specs = false, nil
@@ -115,8 +130,17 @@ return run(function()
     if not s.payload then error({ err = 'BADARG payload missing for ' .. id }) end
     s.run_at = s.time
     if mode == 'in' then s.run_at = now + s.time end
-    r = bounded(r, 'deps', 0, MAX_DEPS)
-    o = bounded(o, 'optional_deps', 0, MAX_DEPS)
+    r = bounded(r, 'deps', 0, MAX_MS)
+    o = bounded(o, 'optional_deps', 0, MAX_MS)
+    if r + o > MAX_DEPS_PER_TASK then
+      -- Named as the Python client names it: the list over the cap, else both together.
+      error({ err = 'BADARG ' .. (o > MAX_DEPS_PER_TASK and 'optional_deps' or 'deps') .. ' of '
+        .. id .. ' at most ' .. MAX_DEPS_PER_TASK .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
+    end
+    edges = edges + r + o
+    if edges > MAX_EDGES_PER_CALL then
+      error({ err = 'BADARG deps at most ' .. MAX_EDGES_PER_CALL .. ' dependencies per call (MAX_EDGES_PER_CALL)' })
+    end
     -- Most tasks have none: they share one empty list (never written to).
     s.deps = (r + o == 0 and not (opts and opts.hold)) and NO_DEPS or {}
     -- The hold leads the list (lib/graph.lua): it waits like a dependency nothing settles.
@@ -138,13 +162,27 @@ return run(function()
     batch[id] = s
     specs[i] = s
   end
-  -- An optional last value: the largest payload accepted, in bytes.
-  local limit = DEFAULT_MAX_PAYLOAD
+  -- An optional last value: the caller's own payload limit, which can only lower the
+  -- namespace's (lib/payload.lua).
+  local asked = nil
   if pos == #ARGV then
-    limit = to_int(ARGV[pos], 'max_payload_bytes')
-    if limit < 1 then error({ err = 'BADARG max_payload_bytes must be >= 1' }) end
+    asked = to_int(ARGV[pos], 'max_payload_bytes')
+    if asked < 1 then error({ err = 'BADARG max_payload_bytes must be >= 1' }) end
   elseif pos ~= #ARGV + 1 then
     error({ err = 'BADARG ARGV length does not match the counts' })
+  end
+  local limit = payload_limit(asked)
+  -- Sizes first: no payload is read before the call is known to be within its caps.
+  local payload_bytes = 0
+  for _, s in ipairs(specs) do
+    if #s.payload > limit then
+      error({ err = 'BADARG payload of ' .. s.id .. ' ' .. payload_problem(s.payload, limit) })
+    end
+    payload_bytes = payload_bytes + #s.payload
+  end
+  if payload_bytes > MAX_PAYLOAD_BYTES_PER_CALL then
+    error({ err = 'BADARG payload at most ' .. MAX_PAYLOAD_BYTES_PER_CALL
+      .. ' bytes of payloads per call (MAX_PAYLOAD_BYTES_PER_CALL)' })
   end
   for _, s in ipairs(specs) do
     local problem = payload_problem(s.payload, limit)

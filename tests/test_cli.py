@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 import redis
 from click.testing import CliRunner, Result
@@ -29,6 +30,7 @@ from tests.conftest import (
     RedisServer,
     free_port,
     namespace_keys,
+    put_payload,
     require_extra,
     require_redis_server,
     subprocess_env,
@@ -206,9 +208,12 @@ def test_parse_duration_reads_seconds_and_units(text: str, seconds: float) -> No
 def test_status_shows_a_bounded_preview_of_a_large_payload_with_its_size(
     redis_server: RedisServer, redis_client: redis.Redis, namespace: str
 ) -> None:
-    big = Scheduler(redis_client, namespace=namespace, max_payload_bytes=64 * 2**20)
+    big = Scheduler(redis_client, namespace=namespace)
     payload = "x" * (50 * 2**20)
-    big.schedule("big", fn="f", args=[payload], kwargs={"small": 1})
+    # Beyond any limit the scripts take today: stored as an older client could have.
+    big.schedule("big", fn="f")
+    packed = msgpack.packb({"fn": "f", "args": [payload], "kwargs": {"small": 1}})
+    put_payload(redis_client, big.keys, "big", packed)
     text = invoke(redis_server, namespace, "status", "big")
     assert text.exit_code == 0, text.stderr
     assert len(text.stdout) < 5000

@@ -21,7 +21,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, core
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, core, limits
 from distsched.errors import (
     CycleError,
     InvalidArgument,
@@ -436,7 +436,9 @@ def test_odd_but_valid_ids_round_trip_through_schedule_claim_complete_and_status
     vb = s.submit(b, fn="g", deps=[a], args=(b,))
     assert s.status(b).state is State.PENDING
     assert (s.status(b).deps, s.status(a).dependents) == ((a,), (b,))
-    claims = s.ready(5, f"worker {a}")
+    # A worker id holds at most MAX_WORKER_ID_BYTES: the id's head, whole characters.
+    worker = f"worker {a}".encode()[: limits.MAX_WORKER_ID_BYTES].decode("utf-8", "ignore")
+    claims = s.ready(5, worker)
     assert [(c.task_id, c.version, c.fn, c.args, c.kwargs) for c in claims] == [
         (a, va, "f", (a,), {a: [a]})
     ]

@@ -256,7 +256,7 @@ def test_the_documented_limits_are_the_limits_the_python_client_enforces() -> No
         "priority": f"[{core.PRIORITY_MIN}, {core.PRIORITY_MAX}]",
         "`max_attempts`": f"[1, {core.MAX_ATTEMPTS_LIMIT}]",
         "backoff": f"[0, {int(core.BACKOFF_MAX_S * 1000)}]",
-        "dependencies": f"at most {core.MAX_DEPS} required and {core.MAX_DEPS} optional",
+        "dependencies": f"at most {core.MAX_DEPS} per task",
         "payload": f"at most {core.DEFAULT_MAX_PAYLOAD_BYTES} bytes",
     }
     for row, limit in rows.items():

@@ -18,7 +18,7 @@ import msgpack
 import pytest
 import redis
 
-from distsched import Claim, Scheduler, State, TaskSpec, Worker, core
+from distsched import Claim, Scheduler, State, TaskSpec, Worker, core, limits
 from distsched.errors import ScriptError
 from distsched.metrics import WorkerMetrics
 from tests.conftest import RedisServer, namespace_keys, put_payload, running
@@ -76,7 +76,11 @@ SCHEDULE_REFUSALS: list[tuple[str, list[Any], str]] = [
     ("run_at 2^53", ["t", spec(mode="at", time_ms=2**53), GOOD], "run_at"),
     ("delay 2^52 + 1", ["t", spec(time_ms=2**52 + 1), GOOD], "delay"),
     ("10001 deps", ["t", spec(required=10_001), GOOD], "deps"),
-    ("10001 optional deps", ["t", spec(optional=10_001), GOOD], "optional_deps"),
+    (
+        "optional deps over MAX_DEPS_PER_TASK",
+        ["t", spec(optional=limits.MAX_DEPS_PER_TASK + 1), GOOD],
+        "optional_deps",
+    ),
     ("non-UTF-8 dep", ["t", spec(required=1), GOOD, b"\xff"], "deps"),
     ("empty dep", ["t", spec(optional=1), GOOD, ""], "optional_deps"),
     ("self dep", ["t", spec(required=1), GOOD, "t"], "deps"),
@@ -122,12 +126,12 @@ def test_schedule_refuses_what_the_python_client_refuses_naming_the_field_and_wr
 
 def test_schedule_accepts_the_edges_of_every_range(producer: Producer) -> None:
     longest = "é" * 256  # 512 bytes
-    deps = [f"d{i}" for i in range(10_000)]
+    deps = [f"d{i}" for i in range(limits.MAX_EDGES_PER_CALL)]
     producer.call(
         "schedule", BUDGET, 1, "first", spec(priority=-(2**31), max_attempts=1_000_000), GOOD
     )
     producer.call("schedule", BUDGET, 1, longest, spec(mode="at", time_ms=2**53 - 1), GOOD)
-    # allow_unknown set: 10,000 dependencies that do not exist yet wait.
+    # allow_unknown set: as many dependencies as one call takes, none existing yet, wait.
     wide = f"in 0 0 1 0 1 {len(deps)} 0"
     producer.call("schedule", BUDGET, 1, "many", wide, GOOD, *deps)
     payload = pack({"fn": "f", "args": ["x" * 100]})
@@ -161,8 +165,9 @@ def test_cancel_retry_and_add_deps_refuse_an_id_no_worker_could_read(
     ):
         with pytest.raises(redis.ResponseError, match=r"^BADARG (task_id|deps) "):
             producer.raw(*call)
-    with pytest.raises(redis.ResponseError, match=r"^BADARG deps at most 10000"):
-        producer.raw("add_deps", BUDGET, "p", "1", *[f"n{i}" for i in range(10_001)])
+    most = limits.MAX_EDGES_PER_CALL
+    with pytest.raises(redis.ResponseError, match=rf"^BADARG deps at most {most} "):
+        producer.raw("add_deps", BUDGET, "p", "1", *[f"n{i}" for i in range(most + 1)])
     assert namespace_keys(redis_client, namespace) == before
 
 

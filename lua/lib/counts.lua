@@ -16,10 +16,17 @@ local function count_move(from_state, to_state)
   if to_state then count_delta[to_state] = (count_delta[to_state] or 0) + 1 end
 end
 
-after_success(function()
-  for state, delta in pairs(count_delta) do
-    if delta ~= 0 then redis.call('HINCRBY', k.meta, 'count:' .. state, itoa(delta)) end
+-- Add delta to a counter, never leaving it below 0: a counter that was off (junk
+-- repaired to 0, a hand edit) reads 0 rather than a negative count.
+local function count_add(field, delta)
+  if delta == 0 then return end
+  if redis.call('HINCRBY', k.meta, field, itoa(delta)) < 0 then
+    redis.call('HSET', k.meta, field, '0')
   end
+end
+
+after_success(function()
+  for state, delta in pairs(count_delta) do count_add('count:' .. state, delta) end
 end)
 
 local function running_count()

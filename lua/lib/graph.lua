@@ -142,16 +142,42 @@ end
 -- (children: parent id -> list of dependent ids; batch: id -> truthy for those tasks)
 -- replace their old ones, and otherwise only pending tasks wait. Raises
 -- CYCLE <path>, the path listing each id before the ids that depend on it, first = last,
--- each id in hex (hex_id), separated by spaces.
+-- each id in hex (hex_id), separated by spaces. The walk reads at most MAX_CYCLE_VISITS
+-- dependents' records (lib/limits.lua); past that the call is refused (BADARG deps, see
+-- CYCLE_TOO_WIDE), so that no call holds Redis for a large pending graph.
+local CYCLE_TOO_WIDE = 'BADARG deps cycle check visited more than ' .. MAX_CYCLE_VISITS
+  .. ' pending tasks (MAX_CYCLE_VISITS): give a task its dependencies before other pending'
+  .. ' tasks depend on it (schedule a graph dependencies first), or add them in calls'
+  .. ' whose tasks have fewer pending dependents'
+
 local function check_cycles(starts, batch, children)
+  local visits = 0
   local function dependents_of(x)
     local out = {}
     local prefix = id_prefix(x) .. 'w'
-    for _, m in ipairs(redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255')) do
+    -- One more than the visits left: reading past the bound refuses the call.
+    local most = MAX_CYCLE_VISITS - visits + 1
+    local found = {}
+    for _, m in ipairs(redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255',
+                                  'LIMIT', '0', itoa(most))) do
       local c = string.sub(m, #prefix + 2)
       if not batch[c] then
-        local ct = load_task(c)
-        if ct and ct.state == 'pending' then out[#out + 1] = c end
+        visits = visits + 1
+        if visits > MAX_CYCLE_VISITS then error({ err = CYCLE_TOO_WIDE }) end
+        found[#found + 1] = c
+      end
+    end
+    -- Only the state is needed: read from the head of each record (lib/record.lua: a
+    -- msgpack record opens with the one-letter state as a fixstr, a text one with the
+    -- letter and '|'), all of them in one HMGET, rather than parsing every record.
+    for first = 1, #found, 1000 do
+      local raws = redis.call('HMGET', k.tasks, unpack(found, first, math.min(first + 999, #found)))
+      for j = 1, #raws do
+        local raw = raws[j]
+        if raw and string.byte(raw, 2) == (string.byte(raw, 1) == PACKED and 112 or 124)
+            and (string.byte(raw, 1) == PACKED or string.byte(raw, 1) == 112) then
+          out[#out + 1] = found[first + j - 1]
+        end
       end
     end
     for _, c in ipairs(children[x] or {}) do out[#out + 1] = c end
@@ -170,15 +196,17 @@ local function check_cycles(starts, batch, children)
           color[top.id] = 2
           stack[#stack] = nil
         elseif color[c] == 1 then
-          local path = { c }
+          -- The grey ids from c down to top, gathered back up through the parent
+          -- pointers, then put in order (one pass each way: linear in the path's length).
+          local back = {}
           local cur = top.id
           while cur ~= c do
-            table.insert(path, 2, cur)
+            back[#back + 1] = cur
             cur = parent[cur]
           end
-          path[#path + 1] = c
-          local parts = {}
-          for i, id in ipairs(path) do parts[i] = hex_id(id) end
+          local parts = { hex_id(c) }
+          for i = #back, 1, -1 do parts[#parts + 1] = hex_id(back[i]) end
+          parts[#parts + 1] = parts[1]
           error({ err = 'CYCLE ' .. table.concat(parts, ' ') })
         elseif not color[c] then
           color[c] = 1

@@ -21,18 +21,15 @@ local HISTORY_HEAD = '^(%d+)|(%d+)|(-?%d+)|(-?%d+)|([%l_]+)|(%d+)|'
 -- The last line of an error text that holds more than blanks, at most SUMMARY_MAX bytes
 -- (cut where a UTF-8 character starts), without '\r'; nil for none.
 local function error_summary(text)
-  local last, pos = nil, 1
-  while pos <= #text do
-    local nl = string.find(text, '\n', pos, true)
-    local line = string.sub(text, pos, (nl or #text + 1) - 1)
-    if string.find(line, '%S') then last = line end
-    if not nl then break end
-    pos = nl + 1
-  end
-  if not last then return nil end
+  -- Found by patterns (each one scan in C), not line by line: a text of many short
+  -- lines costs what a text of one line does.
+  local stop = string.match(text, '^.*()%S')
+  if not stop then return nil end
+  local start = string.match(string.sub(text, 1, stop), '^.*\n()') or 1
   -- Leading blanks off, cut well past the limit, then trailing blanks off: linear
   -- whatever the length of the line.
-  last = string.sub(string.gsub(string.match(last, '^%s*(.*)$'), '\r', ''), 1, SUMMARY_MAX + 64)
+  local last = string.match(string.sub(text, start, stop), '^%s*(.*)$')
+  last = string.sub(string.gsub(last, '\r', ''), 1, SUMMARY_MAX + 64)
   local stop = #last
   while stop > 0 and string.find(string.sub(last, stop, stop), '%s') do stop = stop - 1 end
   last = string.sub(last, 1, stop)

@@ -10,8 +10,6 @@
 local MAX_MS = 9007199254740991      -- 2^53 - 1: an absolute time
 local MAX_DELAY_MS = 4503599627370496 -- 2^52: the server adds its clock to a delay
 local MAX_ATTEMPTS = 1000000
-local MAX_DEPS = 10000
-local DEFAULT_MAX_PAYLOAD = 1048576
 
 local function bounded(text, field, lo, hi)
   local n = #text <= 17 and tonumber(text)
@@ -59,23 +57,36 @@ local function head(p, pos)
   return entry[1], n, pos + 1 + entry[2]
 end
 
--- The position after the value at pos (every string in it valid UTF-8), or nil.
-local function skip(p, pos)
-  local pending = 1
-  while pending > 0 do
-    local kind, n, at = head(p, pos)
-    if not kind then return nil end
-    pending = pending - 1
-    if kind == 'map' then
-      pending = pending + 2 * n
-      pos = at
-    elseif kind == 'array' then
-      pending = pending + n
-      pos = at
+-- The position after the value at pos (every string in it valid UTF-8), or nil; nil,
+-- 'deep' when arrays and maps in it nest deeper than MAX_PAYLOAD_DEPTH (lib/limits.lua),
+-- the value at pos being at depth `depth` (the payload itself: 1; 1 when left out).
+-- Readers (msgpack decoders, the CLI, the dashboard) recurse per level: past that depth
+-- they fail or cannot render what a script stored.
+local function skip(p, pos, depth)
+  -- left[level]: the values still to read in each open array or map (level 1: the value
+  -- at pos itself); a value read at level L is at depth base + L.
+  local base = (depth or 1) - 1
+  local left, level = { 1 }, 1
+  while level > 0 do
+    if left[level] == 0 then
+      level = level - 1
     else
-      if at + n - 1 > #p then return nil end
-      if kind == 'str' and not valid_utf8(p, at, at + n - 1) then return nil end
-      pos = at + n
+      left[level] = left[level] - 1
+      local kind, n, at = head(p, pos)
+      if not kind then return nil end
+      if kind == 'map' or kind == 'array' then
+        if base + level > MAX_PAYLOAD_DEPTH then return nil, 'deep' end
+        -- An empty one opens no level.
+        if n > 0 then
+          level = level + 1
+          left[level] = kind == 'map' and 2 * n or n
+        end
+        pos = at
+      else
+        if at + n - 1 > #p then return nil end
+        if kind == 'str' and not valid_utf8(p, at, at + n - 1) then return nil end
+        pos = at + n
+      end
     end
   end
   return pos
@@ -95,6 +106,18 @@ local function timeout_fine(p, pos)
   return n ~= nil and n >= 1 and n <= MAX_TIMEOUT_MS
 end
 
+-- The namespace's payload limit: its stored setting (meta payload_max, written by
+-- an admin; DEFAULT_MAX_PAYLOAD_BYTES while none is stored or it is not a count),
+-- never above PAYLOAD_CEILING_BYTES; asked, a caller's own limit (optional), only lowers it.
+local function payload_limit(asked)
+  local stored = tonumber(redis.call('HGET', k.meta, 'payload_max'))
+  local limit = DEFAULT_MAX_PAYLOAD_BYTES
+  if stored and stored >= 1 and stored == math.floor(stored) then limit = stored end
+  if limit > PAYLOAD_CEILING_BYTES then limit = PAYLOAD_CEILING_BYTES end
+  if asked and asked < limit then limit = asked end
+  return limit
+end
+
 -- Why a payload is not one a worker can run, or nil: one msgpack map with a non-empty
 -- UTF-8 string fn, args an array and kwargs a map with string keys (each may be left
 -- out or nil, which is how JavaScript encoders send undefined).
@@ -106,7 +129,7 @@ local function payload_fine(p)
   local fn = false
   for _ = 1, n do
     local key_kind, key_len, key_at = head(p, pos)
-    local value_at = key_kind and skip(p, pos)
+    local value_at = key_kind and skip(p, pos, 2)
     local vkind, vn, vat = nil, nil, nil
     if value_at then vkind, vn, vat = head(p, value_at) end
     if not vkind then return false end
@@ -124,21 +147,25 @@ local function payload_fine(p)
       local at = vat
       for _ = 1, vn do
         if head(p, at) ~= 'str' then return false end
-        at = skip(p, at)
-        at = at and skip(p, at)
+        at = skip(p, at, 3)
+        at = at and skip(p, at, 3)
         if not at then return false end
       end
     end
-    pos = skip(p, value_at)
+    pos = skip(p, value_at, 2)
     if not pos then return false end
   end
   return fn and pos == #p + 1
 end
 
 local function payload_problem(p, limit)
-  if #p > limit then return string.format('is %d bytes, limit %d', #p, limit) end
+  if #p > limit then return string.format('is %d bytes, limit %d (payload_max)', #p, limit) end
   if payload_fine(p) then return nil end
-  if skip(p, 1) ~= #p + 1 then return 'must be one valid msgpack value' end
+  local after, why = skip(p, 1)
+  if why == 'deep' then
+    return 'nests arrays and maps more than ' .. MAX_PAYLOAD_DEPTH .. ' deep (MAX_PAYLOAD_DEPTH)'
+  end
+  if after ~= #p + 1 then return 'must be one valid msgpack value' end
   local kind, n, pos = head(p, 1)
   if kind ~= 'map' then return 'must be a msgpack map' end
   local fn = nil

@@ -1,6 +1,7 @@
 -- lib/record.lua: task records and queue members.
 --
 --- @include run
+--- @include limits
 --
 -- Task record (field <task id> of the tasks hash): twelve msgpack values one after the
 -- other (no array header), the state as a one-letter string (p pending, r ready,
@@ -89,6 +90,16 @@ local function id_problem(id)
   if #id > MAX_ID_BYTES then return 'must be at most ' .. MAX_ID_BYTES .. ' bytes in UTF-8' end
   if not valid_utf8(id) then return 'must be valid UTF-8' end
   return nil
+end
+
+-- n of a report call (complete, fail, heartbeat, release): at most MAX_REPORTS_PER_CALL.
+local function reports_arg(value)
+  local n = to_int(value, 'n')
+  if n < 0 or n > MAX_REPORTS_PER_CALL then
+    error({ err = 'BADARG n must be in [0, ' .. MAX_REPORTS_PER_CALL
+      .. '] reports per call (MAX_REPORTS_PER_CALL)' })
+  end
+  return n
 end
 
 local function check_id(id, field)

@@ -5,7 +5,8 @@
 -- The meta fields scripts add to with HINCRBY. Redis refuses HINCRBY on a field that
 -- is not a 64-bit integer, and a script stops there with its earlier writes kept: a
 -- junk value (written by hand or by a broken client) is repaired before the body runs,
--- the junk kept as corrupt:<field> for an operator to see.
+-- the junk kept as corrupt:<field> for an operator to see. A negative count is junk as
+-- well; lib/counts.lua keeps a count it lowers at 0 or above.
 local COUNTED = { 'seq', 'pseq', 'count:pending', 'count:ready', 'count:running',
                   'count:succeeded', 'count:failed', 'count:cancelled', 'count:blocked' }
 
@@ -28,7 +29,9 @@ local function repair_meta()
   meta_start = meta_read
   for _, field in ipairs(COUNTED) do
     local value = meta_start[field]
-    if value and not is_int64_text(value) then
+    -- A count below 0 is junk too (no state holds fewer than no tasks).
+    if value and (not is_int64_text(value) or (field ~= 'seq' and field ~= 'pseq'
+        and string.sub(value, 1, 1) == '-')) then
       -- A count restarts at 0 (it is only shown). Versions and job numbers only grow:
       -- they restart above any a namespace reaches by counting, the server clock in
       -- microseconds (still within the queue member's 14 hex digits).

@@ -21,12 +21,15 @@
 -- counter, so a task blocked again after the retry is never retried by it.
 --
 -- The budget of a call (edges settled plus tasks visited) is the script's ARGV
--- propagation budget (core.PROPAGATE_BUDGET on the Python side).
+-- propagation budget (core.PROPAGATE_BUDGET on the Python side), at most
+-- MAX_PROPAGATE_BUDGET.
 
+-- A budget is a request for at most that much work: a larger one than
+-- MAX_PROPAGATE_BUDGET (lib/limits.lua) counts as that cap, so no call settles more.
 local function budget_arg(value)
   local budget = to_int(value, 'budget')
   if budget < 1 then error({ err = 'BADARG budget must be >= 1' }) end
-  return budget
+  return math.min(budget, MAX_PROPAGATE_BUDGET)
 end
 
 -- Write a new version of id (old: its current record or nil) with parameters p

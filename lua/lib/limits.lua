@@ -1,0 +1,39 @@
+-- lib/limits.lua: the server-side caps, the most work one script call may be asked to do.
+--
+-- Redis runs one script at a time: a call that runs long stalls every client of the
+-- server, other namespaces included. No argument can raise these; a call over a cap is
+-- refused with BADARG naming it and writes nothing (a budget over its cap counts as the
+-- cap). The same numbers are in distsched/limits.py (a test checks that they agree).
+
+-- Tasks in one schedule call.
+local MAX_TASKS_PER_CALL = 500
+-- Dependency edges in one call: a schedule batch's dependencies added up, or one
+-- add_deps part.
+local MAX_EDGES_PER_CALL = 1000
+-- Dependencies of one task in total, over every part that placed them.
+local MAX_DEPS_PER_TASK = 4000
+-- The most a propagation budget (ARGV[1] of the scripts that settle) counts for.
+local MAX_PROPAGATE_BUDGET = 500
+-- The most a compact budget (compact.lua ARGV[1]) counts for.
+local MAX_COMPACT_BUDGET = 2500
+-- Tasks one claim call hands out.
+local MAX_CLAIM = 1000
+-- Payload bytes one claim reply carries: past it the call stops early (it always hands
+-- out at least one task).
+local MAX_CLAIM_REPLY_BYTES = 2097152
+-- Tasks one report call (complete, fail, heartbeat, release) carries.
+local MAX_REPORTS_PER_CALL = 128
+-- An error text stored by fail.lua.
+local MAX_ERROR_BYTES = 4096
+-- A worker id (and a claim's request id and wake channel, stored with it).
+local MAX_WORKER_ID_BYTES = 256
+-- A namespace's payload limit while none is stored (meta payload_max), and the most it
+-- can be.
+local DEFAULT_MAX_PAYLOAD_BYTES = 65536
+local PAYLOAD_CEILING_BYTES = 131072
+-- The payload bytes of one schedule call in total (each is walked value by value).
+local MAX_PAYLOAD_BYTES_PER_CALL = 131072
+-- How deep arrays and maps may nest inside a payload (the top map is depth 1).
+local MAX_PAYLOAD_DEPTH = 64
+-- Pending tasks the cycle check may visit for one call; past it the call is refused.
+local MAX_CYCLE_VISITS = 1000
