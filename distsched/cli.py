@@ -525,6 +525,15 @@ class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click 
     show_default=True,
     help="On SIGTERM/SIGINT, how long running functions get before they are cancelled.",
 )
+@click.option(
+    "--max-unsent",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Finished tasks whose outcome is not reported yet that may wait before they take "
+    "slots again (claiming stops): leases held stay within --concurrency + N. "
+    "Default: 2 x --concurrency.",
+)
 @click.option("--worker-id", default=None, help="Worker id (default: host:pid:random).")
 @click.option(
     "--metrics-port",
@@ -572,8 +581,8 @@ class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click 
 @click.pass_context
 def worker(
     ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
-    grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
-    log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
+    grace: float, max_unsent: int | None, worker_id: str | None, metrics_port: int | None,
+    metrics_addr: str, log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
@@ -600,12 +609,12 @@ def worker(
         configure(log_level.upper(), log_format)
         ctx.exit(_supervise(
             ctx, app, processes, concurrency, lease_s, grace, worker_id, metrics_port,
-            metrics_addr, log_level, log_format, hook_specs, otel,
+            metrics_addr, log_level, log_format, hook_specs, otel, max_unsent,
         ))  # fmt: skip
     metrics = _serve_metrics(ctx, metrics_port, metrics_addr)
     pool = Worker(
         scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
-        metrics=metrics, hooks=hooks,
+        metrics=metrics, hooks=hooks, max_unsent=max_unsent,
     )  # fmt: skip
     # Last, once nothing can fail with a one-line error any more.
     configure(log_level.upper(), log_format)
@@ -616,6 +625,7 @@ def _supervise(
     ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
     grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
     log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
+    max_unsent: int | None = None,
 ) -> int:  # fmt: skip
     """``worker --processes N``: N one-process workers under a supervisor; its exit status."""
     from distsched.worker.supervisor import Supervisor
@@ -626,6 +636,7 @@ def _supervise(
         "--concurrency", str(concurrency), "--lease", repr(lease_s), "--grace", repr(grace),
         "--metrics-addr", metrics_addr, "--log-level", log_level, "--log-format", log_format,
         *(arg for spec in hook_specs for arg in ("--hooks", spec)), *(["--otel"] if otel else []),
+        *([] if max_unsent is None else ["--max-unsent", str(max_unsent)]),
     ]  # fmt: skip
 
     def child_args(index: int) -> list[str]:

@@ -66,6 +66,13 @@ log = logging.getLogger("distsched.worker")
 DEFAULT_UNSERVED_TIMEOUT_S = 300.0
 # How long the threads get to end once the shutdown is over.
 JOIN_S = 1.0
+# Unsent outcomes per slot past which a finished task keeps its slot (max_unsent=None).
+UNSENT_PER_SLOT = 2
+
+
+def default_max_unsent(concurrency: int) -> int:
+    """The ``max_unsent`` of a worker that was given none."""
+    return UNSENT_PER_SLOT * concurrency
 
 
 def default_worker_id() -> str:
@@ -91,6 +98,14 @@ class Worker:
     ``functions`` maps the names used in ``schedule(fn=...)`` to callables,
     ``def`` or ``async def``. At most ``concurrency`` functions run at once and
     no more tasks than free slots are ever claimed.
+
+    A task whose function returned keeps its lease (extended by the heartbeat)
+    until Redis answered its outcome. Up to ``max_unsent`` such outcomes (default
+    ``2 * concurrency``; 0: a slot is free only once its outcome is answered) may
+    wait without holding back the claims; past it each takes a slot again, so
+    that when reports stall (a blocked log sink, a report call Redis keeps
+    refusing) the worker stops claiming and never holds more than ``concurrency
+    + max_unsent`` leases.
 
     ``heartbeat_s`` (default: a third of the lease) is how often leases are
     extended. On shutdown, running functions get ``grace`` seconds to finish;
@@ -134,9 +149,14 @@ class Worker:
         metrics: WorkerMetrics | None = None,
         unserved_timeout: float = DEFAULT_UNSERVED_TIMEOUT_S,
         hooks: Sequence[Any] | None = None,
+        max_unsent: int | None = None,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
+        if max_unsent is None:
+            max_unsent = default_max_unsent(concurrency)
+        elif not isinstance(max_unsent, int) or isinstance(max_unsent, bool) or max_unsent < 0:
+            raise InvalidArgument("max_unsent", f"must be an int >= 0 or None, got {max_unsent!r}")
         if (
             not isinstance(functions, Mapping)
             or not functions
@@ -157,6 +177,7 @@ class Worker:
         self.scheduler = scheduler
         self.functions = dict(functions)
         self.concurrency = concurrency
+        self.max_unsent = max_unsent
         self.worker_id = worker_id or default_worker_id()
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else scheduler.lease_s / 3.0
         self.grace = _seconds(grace, "grace", positive=False)
@@ -171,7 +192,7 @@ class Worker:
         self._stopped = threading.Event()
         self._stop_grace: float | None = None
         self._wake = threading.Event()
-        self._slots = Slots(concurrency)
+        self._slots = Slots(concurrency, max_unsent)
         self._served = ServedFunctions(scheduler, self.functions, self.unserved_timeout)
         self._reporter = Reporter(scheduler, self._slots, self.metrics, self._served)
         self._registration = Registration(
@@ -260,8 +281,9 @@ class Worker:
         return self._slots.counts
 
     def snapshot(self) -> dict[str, int]:
-        """One consistent look at the pool: executing, claimed but not started, and
-        finished with the report still on its way (those still hold their lease)."""
+        """One consistent look at the pool: executing, claimed but not started,
+        finished with the report still on its way (those still hold their lease; past
+        ``max_unsent`` they take slots), and free slots."""
         return self._slots.snapshot()
 
     # ------------------------------------------------------------------ lifecycle
