@@ -15,6 +15,7 @@ its own writes out, dropping (and counting) what does not fit; ``configure`` use
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import enum
@@ -23,7 +24,6 @@ import logging
 import queue
 import sys
 import threading
-import time
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -210,8 +210,10 @@ class NonBlockingHandler(logging.Handler):
         self.capacity = capacity
         self.dropped = 0  # every record dropped so far
         self._unreported = 0  # dropped since the last line that said so
-        self._count_lock = threading.Lock()
-        self._queue: queue.Queue[object] = queue.Queue(capacity)
+        # Reentrant, as the queue's put: a signal handler that logs may interrupt a
+        # thread in the middle of logging (a plain lock would deadlock it).
+        self._count_lock = threading.RLock()
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._write, name="distsched-log", daemon=True)
         self._thread.start()
 
@@ -221,12 +223,14 @@ class NonBlockingHandler(logging.Handler):
         except Exception:
             self.handleError(record)
             return
-        try:
-            self._queue.put_nowait(prepared)
-        except queue.Full:
+        # The bound may be passed by as many records as threads log at once: no lock is
+        # taken around the check and the put, so that no thread ever waits here.
+        if self._queue.qsize() >= self.capacity:
             with self._count_lock:
                 self.dropped += 1
                 self._unreported += 1
+            return
+        self._queue.put(prepared)
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
         """A copy of ``record`` that another thread may write later: the arguments may
@@ -242,16 +246,15 @@ class NonBlockingHandler(logging.Handler):
 
     def _write(self) -> None:
         while True:
-            record = self._queue.get()
-            try:
-                if record is _STOP:
-                    return
-                assert isinstance(record, logging.LogRecord)
-                self._handle(record)
-                if self._queue.empty():
-                    self._report_drops()
-            finally:
-                self._queue.task_done()
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if isinstance(item, logging.LogRecord):
+                self._handle(item)
+            if self._queue.empty():
+                self._report_drops()
+            if isinstance(item, threading.Event):  # a flush: all before it is written
+                item.set()
 
     def _handle(self, record: logging.LogRecord) -> None:
         for handler in self.targets:
@@ -271,25 +274,35 @@ class NonBlockingHandler(logging.Handler):
             self._handle(self.prepare(record))
 
     def flush(self) -> None:
-        """Wait (at most ``LOG_FLUSH_S``) for the queued records to be written."""
-        deadline = time.monotonic() + LOG_FLUSH_S
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.01)
-        for handler in self.targets:
-            handler.flush()
+        """Wait (at most ``LOG_FLUSH_S``) for the records queued so far to be written."""
+        if not self._thread.is_alive():
+            return
+        written = threading.Event()
+        self._queue.put(written)
+        if written.wait(LOG_FLUSH_S):
+            # Not while the thread is stuck in a write: flushing would wait with it.
+            for handler in self.targets:
+                handler.flush()
 
     def close(self) -> None:
         """Write what is queued (waiting at most ``LOG_FLUSH_S``), then stop the thread."""
         if self._thread.is_alive():
-            try:
-                self._queue.put(_STOP, timeout=LOG_FLUSH_S)
-            except queue.Full:
-                pass  # the sink is stuck: the daemon thread stays with it
-            else:
-                self._thread.join(LOG_FLUSH_S)
-        for handler in self.targets:
-            handler.flush()
+            self._queue.put(_STOP)
+            # A thread stuck in a write stays with it: a daemon, it ends with the process.
+            self._thread.join(LOG_FLUSH_S)
         super().close()
+
+
+def flush_handlers(logger: logging.Logger) -> None:
+    """Flush every handler a record of ``logger`` reaches (before ``os._exit``, which
+    would lose what a :class:`NonBlockingHandler` still holds)."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            # Exiting anyway: a handler's fault must not stop it.
+            with contextlib.suppress(Exception):
+                handler.flush()
+        current = current.parent if current.propagate else None
 
 
 def configure(
