@@ -5,6 +5,8 @@ A :class:`Worker` is made of small parts, one job each, most on a thread of its 
 - :class:`~distsched.worker.consumer.Consumer`, on the thread that calls
   :meth:`Worker.run`: claims at most as many tasks as there are free slots and
   dispatches them, then waits for a wake-up with the server's delay hint as timeout;
+  finished tasks whose outcome is still unsent take slots past ``max_unsent``
+  (:class:`~distsched.worker.jobs.Slots`), so claims stop while reports stall;
 - :class:`~distsched.worker.execution.ThreadPool` (``concurrency`` threads, ``def``
   functions) and :class:`~distsched.worker.execution.LoopPool` (one event loop,
   ``async def`` functions), both through one
@@ -19,6 +21,11 @@ A :class:`Worker` is made of small parts, one job each, most on a thread of its 
   (:class:`~distsched.worker.served.ServedFunctions`) and this worker's entry in the
   worker registry (:class:`~distsched.worker.heartbeat.Registration`);
 - :class:`~distsched.worker.signals.SignalHandlers`: SIGTERM and SIGINT.
+
+The ``distsched worker`` command logs through a
+:class:`~distsched.worker.logs.NonBlockingHandler` (bounded, dropping and counting
+what a stalled output cannot take); a ``Worker`` in a program of its own logs
+through the handlers that program configured.
 """
 
 from __future__ import annotations

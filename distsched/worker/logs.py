@@ -249,10 +249,13 @@ class NonBlockingHandler(logging.Handler):
             item = self._queue.get()
             if item is _STOP:
                 return
-            if isinstance(item, logging.LogRecord):
-                self._handle(item)
-            if self._queue.empty():
-                self._report_drops()
+            # A target that raises (handlers report their own faults) must not end the
+            # thread: the queue would then fill for good.
+            with contextlib.suppress(Exception):
+                if isinstance(item, logging.LogRecord):
+                    self._handle(item)
+                if self._queue.empty():
+                    self._report_drops()
             if isinstance(item, threading.Event):  # a flush: all before it is written
                 item.set()
 
