@@ -9,13 +9,13 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 import redis
 
-from distsched import Scheduler, State, TaskSpec, Worker, current_task
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, current_task
 from distsched.worker.logs import NonBlockingHandler
 from tests.conftest import CLI_COMMAND, REPO_ROOT, RedisServer, running, subprocess_env
 
@@ -174,6 +174,57 @@ def test_a_reporter_stalled_by_its_log_sink_holds_no_more_leases_than_the_bound_
         assert (counts["stale"], counts["duplicate"]) == (0, 0)
     finally:
         leases.close()
+        s.close()
+
+
+class FailingReports(Scheduler):
+    """Claims and heartbeats go through; every report call fails while ``down`` is set."""
+
+    down = threading.Event()
+
+    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
+        if self.down.is_set():
+            raise redis.ConnectionError("reports cut off")
+        return super().complete_encoded(reports)
+
+    def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
+        if self.down.is_set():
+            raise redis.ConnectionError("reports cut off")
+        return super().fail_many(reports)
+
+
+def test_report_calls_that_keep_failing_while_claims_succeed_hold_no_more_than_the_bound(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    concurrency, max_unsent = 4, 6
+    s = FailingReports(redis.Redis.from_url(redis_server.url), namespace=namespace, lease_s=2.0)
+    s.down = threading.Event()
+    s.down.set()
+    runs: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def counted(i: int, runs_file: str | None = None) -> int:
+        with lock:
+            runs[current_task().task_id] += 1
+        return work(i)
+
+    worker = Worker(s, {"work": counted}, concurrency=concurrency, max_unsent=max_unsent)
+    try:
+        with running(worker), Load(redis_server.url, namespace) as load:
+            peak_leases = 0
+            until = time.monotonic() + 5.0  # over two leases long
+            while time.monotonic() < until:
+                peak_leases = max(peak_leases, s.client.zcard(s.keys.leases))
+                time.sleep(0.01)
+            assert peak_leases <= concurrency + max_unsent
+            assert sum(runs.values()) <= concurrency + max_unsent
+            assert len(load.ids) > 10 * (concurrency + max_unsent)
+            s.down.clear()
+            load.stop()
+            wait_until(load.all_succeeded, 60, "every task to succeed once reports go through")
+            load.check_each_ran_as_often_as_it_should(runs)
+        assert (worker.counts["stale"], worker.counts["duplicate"]) == (0, 0)
+    finally:
         s.close()
 
 
