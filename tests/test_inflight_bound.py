@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, current_task
-from distsched.worker.logs import NonBlockingHandler
+from distsched.worker.logs import LOG_QUEUE_MAX, NonBlockingHandler
 from tests.conftest import CLI_COMMAND, REPO_ROOT, RedisServer, running, subprocess_env
 
 # Every tenth task fails its first attempt (and succeeds on its retry).
@@ -245,7 +245,7 @@ def test_a_worker_whose_stderr_nobody_reads_keeps_draining_within_the_bound_and_
     )  # fmt: skip
     s = Scheduler.from_url(own_redis.url, namespace=namespace)
     try:
-        with Load(own_redis.url, namespace, runs_file=str(runs_file)) as load:
+        with Load(own_redis.url, namespace, per_batch=25, runs_file=str(runs_file)) as load:
             peak_leases = 0
             # A pipe holds 64 kB: a few hundred failures of a few kB each fill it many
             # times over, and a line per success (DEBUG) the log queue; the worker must
@@ -256,6 +256,7 @@ def test_a_worker_whose_stderr_nobody_reads_keeps_draining_within_the_bound_and_
                 time.sleep(0.01)
             load.stop()
             assert len(load.ids[::FAIL_EVERY]) * len(ERROR_PAD) > 4 * 65536  # a 64 kB pipe
+            assert len(load.ids) > 2 * LOG_QUEUE_MAX  # a DEBUG line each
             wait_until(load.all_succeeded, 60, "every task to succeed with stderr unread")
             assert peak_leases <= concurrency + max_unsent
             runs = Counter(runs_file.read_text().split())
