@@ -578,6 +578,15 @@ class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click 
     "reported failed (with --processes, a def function that still runs then ends with "
     "its process, which is replaced).",
 )
+@click.option(
+    "--max-unsent",
+    type=click.IntRange(min=0),
+    default=None,
+    metavar="N",
+    help="Finished tasks whose outcome is not reported yet that may wait before they take "
+    "slots again (claiming stops): leases held stay within --concurrency + N. "
+    "Default: 2 x --concurrency.",
+)
 @click.option("--worker-id", default=None, help="Worker id (default: host:pid:random).")
 @click.option(
     "--metrics-port",
@@ -625,9 +634,9 @@ class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click 
 @click.pass_context
 def worker(
     ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
-    grace: float, timeout: float | None, timeout_grace: float, worker_id: str | None,
-    metrics_port: int | None, metrics_addr: str, log_level: str, log_format: str,
-    hook_specs: tuple[str, ...], otel: bool,
+    grace: float, timeout: float | None, timeout_grace: float, max_unsent: int | None,
+    worker_id: str | None, metrics_port: int | None, metrics_addr: str, log_level: str,
+    log_format: str, hook_specs: tuple[str, ...], otel: bool,
 ) -> None:  # fmt: skip
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
@@ -656,6 +665,7 @@ def worker(
         ctx.exit(_supervise(
             ctx, app, processes, concurrency, lease_s, grace, worker_id, metrics_port,
             metrics_addr, log_level, log_format, hook_specs, otel, timeout, timeout_grace,
+            max_unsent,
         ))  # fmt: skip
     metrics = _serve_metrics(ctx, metrics_port, metrics_addr)
     # A process of a supervisor ends itself to end a def function past its time limit.
@@ -663,7 +673,7 @@ def worker(
     pool = Worker(
         scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
         metrics=metrics, hooks=hooks, timeout=timeout, timeout_grace=timeout_grace,
-        stop_on_overrun=supervised,
+        stop_on_overrun=supervised, max_unsent=max_unsent,
     )  # fmt: skip
     # Last, once nothing can fail with a one-line error any more.
     configure(log_level.upper(), log_format)
@@ -679,7 +689,7 @@ def _supervise(
     ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
     grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
     log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
-    timeout: float | None, timeout_grace: float,
+    timeout: float | None, timeout_grace: float, max_unsent: int | None = None,
 ) -> int:  # fmt: skip
     """``worker --processes N``: N one-process workers under a supervisor; its exit status."""
     from distsched.worker.supervisor import Supervisor
@@ -692,6 +702,7 @@ def _supervise(
         *(arg for spec in hook_specs for arg in ("--hooks", spec)), *(["--otel"] if otel else []),
         *([] if timeout is None else ["--timeout", repr(timeout)]),
         "--timeout-grace", repr(timeout_grace),
+        *([] if max_unsent is None else ["--max-unsent", str(max_unsent)]),
     ]  # fmt: skip
 
     def child_args(index: int) -> list[str]:

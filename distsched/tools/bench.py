@@ -167,7 +167,7 @@ class BenchConfig:
     claim_sizes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
     claims: int = 5_000
     chain: int = 10_000
-    fanout: int = 10_000
+    fanout: int = core.MAX_DEPS
     dependents: int = 100_000
     memory_tasks: int = 100_000
     wake_tasks: int = 200

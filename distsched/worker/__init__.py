@@ -5,6 +5,8 @@ A :class:`Worker` is made of small parts, one job each, most on a thread of its 
 - :class:`~distsched.worker.consumer.Consumer`, on the thread that calls
   :meth:`Worker.run`: claims at most as many tasks as there are free slots and
   dispatches them, then waits for a wake-up with the server's delay hint as timeout;
+  finished tasks whose outcome is still unsent take slots past ``max_unsent``
+  (:class:`~distsched.worker.jobs.Slots`), so claims stop while reports stall;
 - :class:`~distsched.worker.execution.ThreadPool` (``concurrency`` threads, ``def``
   functions) and :class:`~distsched.worker.execution.LoopPool` (one event loop,
   ``async def`` functions), both through one
@@ -19,6 +21,11 @@ A :class:`Worker` is made of small parts, one job each, most on a thread of its 
   (:class:`~distsched.worker.served.ServedFunctions`) and this worker's entry in the
   worker registry (:class:`~distsched.worker.heartbeat.Registration`);
 - :class:`~distsched.worker.signals.SignalHandlers`: SIGTERM and SIGINT.
+
+The ``distsched worker`` command logs through a
+:class:`~distsched.worker.logs.NonBlockingHandler` (bounded, dropping and counting
+what a stalled output cannot take); a ``Worker`` in a program of its own logs
+through the handlers that program configured.
 """
 
 from __future__ import annotations
@@ -73,6 +80,13 @@ log = logging.getLogger("distsched.worker")
 DEFAULT_UNSERVED_TIMEOUT_S = 300.0
 # How long the threads get to end once the shutdown is over.
 JOIN_S = 1.0
+# Unsent outcomes per slot past which a finished task keeps its slot (max_unsent=None).
+UNSENT_PER_SLOT = 2
+
+
+def default_max_unsent(concurrency: int) -> int:
+    """The ``max_unsent`` of a worker that was given none."""
+    return UNSENT_PER_SLOT * concurrency
 
 
 def _time_limit(value: object, field: str) -> float | None:
@@ -104,6 +118,14 @@ class Worker:
     ``functions`` maps the names used in ``schedule(fn=...)`` to callables,
     ``def`` or ``async def``. At most ``concurrency`` functions run at once and
     no more tasks than free slots are ever claimed.
+
+    A task whose function returned keeps its lease (extended by the heartbeat)
+    until Redis answered its outcome. Up to ``max_unsent`` such outcomes (default
+    ``2 * concurrency``; 0: a slot is free only once its outcome is answered) may
+    wait without holding back the claims; past it each takes a slot again, so
+    that when reports stall (a blocked log sink, a report call Redis keeps
+    refusing) the worker stops claiming and never holds more than ``concurrency
+    + max_unsent`` leases.
 
     ``heartbeat_s`` (default: a third of the lease) is how often leases are
     extended. On shutdown, running functions get ``grace`` seconds to finish;
@@ -164,9 +186,14 @@ class Worker:
         timeouts: Mapping[str, float | None] | None = None,
         timeout_grace: float = DEFAULT_TIMEOUT_GRACE_S,
         stop_on_overrun: bool = False,
+        max_unsent: int | None = None,
     ) -> None:
         if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
             raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
+        if max_unsent is None:
+            max_unsent = default_max_unsent(concurrency)
+        elif not isinstance(max_unsent, int) or isinstance(max_unsent, bool) or max_unsent < 0:
+            raise InvalidArgument("max_unsent", f"must be an int >= 0 or None, got {max_unsent!r}")
         if (
             not isinstance(functions, Mapping)
             or not functions
@@ -187,6 +214,7 @@ class Worker:
         self.scheduler = scheduler
         self.functions = dict(functions)
         self.concurrency = concurrency
+        self.max_unsent = max_unsent
         self.worker_id = worker_id or default_worker_id()
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else scheduler.lease_s / 3.0
         self.grace = _seconds(grace, "grace", positive=False)
@@ -217,7 +245,7 @@ class Worker:
         self._stopped = threading.Event()
         self._stop_grace: float | None = None
         self._wake = threading.Event()
-        self._slots = Slots(concurrency)
+        self._slots = Slots(concurrency, max_unsent)
         self._served = ServedFunctions(scheduler, self.functions, self.unserved_timeout)
         self._reporter = Reporter(scheduler, self._slots, self.metrics, self._served)
         self._registration = Registration(
@@ -311,9 +339,10 @@ class Worker:
 
     def snapshot(self) -> dict[str, int]:
         """One consistent look at the pool: executing, claimed but not started,
-        finished with the report still on its way (those still hold their lease), and
-        overrunning: functions still running after their attempt was reported timed
-        out (each keeps its slot until it returns)."""
+        finished with the report still on its way (those still hold their lease; past
+        ``max_unsent`` they take slots), free slots, and overrunning: functions still
+        running after their attempt was reported timed out (each keeps its slot until it
+        returns)."""
         return self._slots.snapshot()
 
     @property

@@ -22,6 +22,10 @@ from distsched.worker.reports import Reporter, ReportKind
 
 log = logging.getLogger("distsched.worker")
 
+# How long claiming may wait on unsent outcomes (at the max_unsent bound) before that is
+# logged: a busy worker reaches the bound for a round trip at a time, a stalled one stays.
+UNSENT_STALL_S = 10.0
+
 
 def idle_wait(delay: float | None) -> float:
     """How long an idle worker waits for a wake-up: until the next entry is due when it
@@ -35,10 +39,14 @@ def idle_wait(delay: float | None) -> float:
 class Consumer:
     """Claims tasks on the thread that calls :meth:`run` and hands each to its executor.
 
-    It never claims more than the free slots. A claim that comes up short registers the
-    worker as idle; it then waits on the wake-up event (set by the listener when a
-    script sends it ``ready``), with the server's delay hint as timeout when it is the
-    one idle worker waiting for the next entry, and at most ``IDLE_RECHECK_S``.
+    It never claims more than the free slots; a finished task's outcome that is not
+    sent yet takes a slot again past the worker's ``max_unsent`` bound (see
+    :class:`~distsched.worker.jobs.Slots`), so a stalled reporter stops the claims
+    (logged once it lasts ``UNSENT_STALL_S``) instead of letting them pile up. A claim
+    that comes up short registers the worker as idle; it then waits on the wake-up
+    event (set by the listener when a script sends it ``ready``), with the server's
+    delay hint as timeout when it is the one idle worker waiting for the next entry,
+    and at most ``IDLE_RECHECK_S``.
     """
 
     def __init__(
@@ -81,7 +89,7 @@ class Consumer:
     def _claim_loop(self) -> None:
         retry = backoff()
         while not self.stopping.is_set():
-            free = self.slots.wait_free(self.stopping)
+            free = self.wait_free()
             if self.stopping.is_set():
                 break
             # A wake-up from here on means the claim below may have missed something.
@@ -129,6 +137,27 @@ class Consumer:
             # waiting from the send, the next claim reaches Redis when the entry is due,
             # not a round trip later.
             self.wake.wait(max(0.0, started + idle_wait(wait.delay) - time.monotonic()))
+
+    def wait_free(self) -> int:
+        """Wait for a free slot; say so when unsent outcomes hold the claims back long."""
+        since = time.monotonic()
+        warned = False
+        while True:
+            free = self.slots.wait_free(self.stopping, 1.0)
+            if free or self.stopping.is_set():
+                break
+            waited = time.monotonic() - since
+            if not warned and waited >= UNSENT_STALL_S and self.slots.held_by_unsent():
+                warned = True
+                log.warning(
+                    "%d finished tasks wait for their outcome to be reported (max_unsent %s): "
+                    "no new claims until reports go out; their leases are kept meanwhile",
+                    self.slots.unsent, self.slots.max_unsent,
+                )  # fmt: skip
+        if warned and not self.stopping.is_set():
+            log.info("reports went out again after %.1f s: claiming again",
+                     time.monotonic() - since)  # fmt: skip
+        return free
 
     def fire(self) -> None:
         """Fire the due slots of the namespace's schedules (errors are logged: the next

@@ -1,4 +1,11 @@
-"""The claims a worker holds, and the pool slots they take."""
+"""The claims a worker holds, and the pool slots they take.
+
+A claim takes a slot from the claim until its function returns. A finished claim
+whose outcome is not answered yet (``REPORTING``) holds its lease, and takes a slot
+again once more than ``max_unsent`` of them wait: the consumer then stops claiming
+until reports go out, so a worker never holds more than ``concurrency +
+max_unsent`` leases, however long its reporter is stalled.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +20,8 @@ from distsched.core import Claim
 
 
 class Phase(enum.Enum):
-    """Where a claim held by the worker is; only ``CLAIMED`` and ``RUNNING`` take a slot."""
+    """Where a claim held by the worker is: ``CLAIMED`` and ``RUNNING`` take a slot, the
+    others (unsent outcomes) only past the ``max_unsent`` bound."""
 
     CLAIMED = "claimed"  # waiting for a pool thread or the event loop
     RUNNING = "running"  # its function is executing
@@ -44,11 +52,14 @@ class Slots:
     """The pool's bookkeeping under one lock: held jobs, free slots, running, counts.
 
     Every thread of the worker goes through it, so that a snapshot is always
-    consistent: claimed plus running never exceeds the pool size.
+    consistent: claimed plus running never exceeds the pool size, and held claims
+    never exceed the pool size plus ``max_unsent``.
     """
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, max_unsent: int | None = None) -> None:
         self.concurrency = concurrency
+        # None: no bound (an outcome on its way never holds back a claim).
+        self.max_unsent = max_unsent
         self.cond = threading.Condition()
         self._jobs: dict[tuple[str, int, int], Job] = {}
         self._in_phase = dict.fromkeys(Phase, 0)
@@ -153,8 +164,28 @@ class Slots:
             return self._free()
 
     def _free(self) -> int:
-        taken = self._in_phase[Phase.CLAIMED] + self._in_phase[Phase.RUNNING] + self.overrunning
-        return self.concurrency - taken
+        busy = self._in_phase[Phase.CLAIMED] + self._in_phase[Phase.RUNNING] + self.overrunning
+        return self.concurrency - busy - self._over_bound()
+
+    def _unsent(self) -> int:
+        return self._in_phase[Phase.REPORTING] + self._in_phase[Phase.RELEASED]
+
+    def _over_bound(self) -> int:
+        """Unsent outcomes past ``max_unsent``: each of them takes a slot."""
+        if self.max_unsent is None:
+            return 0
+        return max(0, self._unsent() - self.max_unsent)
+
+    @property
+    def unsent(self) -> int:
+        """Finished claims whose outcome Redis has not answered yet."""
+        with self.cond:
+            return self._unsent()
+
+    def held_by_unsent(self) -> bool:
+        """Whether the unsent outcomes alone leave no slot free (claiming waits on them)."""
+        with self.cond:
+            return self._free() <= 0 and self._over_bound() > 0
 
     @property
     def running(self) -> int:
@@ -194,12 +225,17 @@ class Slots:
 
     # -- waiting
 
-    def wait_free(self, stopping: threading.Event, timeout: float = 1.0) -> int:
-        """Block until a slot is free (or ``stopping`` is set); return the free slots."""
+    def wait_free(self, stopping: threading.Event, limit: float | None = None) -> int:
+        """Block until a slot is free, ``stopping`` is set or ``limit`` seconds passed;
+        return the free slots (0 when none came in time)."""
+        deadline = None if limit is None else time.monotonic() + limit
         with self.cond:
-            while self._free() == 0 and not stopping.is_set():
-                self.cond.wait(timeout)
-            return self._free()
+            while self._free() <= 0 and not stopping.is_set():
+                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
+                if left <= 0:
+                    break
+                self.cond.wait(left)
+            return max(0, self._free())
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no job is held any more; False when ``timeout`` ran out first."""

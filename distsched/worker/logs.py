@@ -7,15 +7,23 @@ attributes of the :class:`logging.LogRecord`: ``task_id``, ``fn``, ``version``,
 :class:`TaskOutcome` value) and ``error`` (the ``Type: message`` line, or None).
 Levels: a failed attempt that ends the task at ERROR with its traceback, one that
 will run again and a lost lease at WARNING, a success at DEBUG.
+
+A log sink that blocks (a pipe nobody reads, a stalled collector) must not stall the
+worker: :class:`NonBlockingHandler` hands records to a bounded queue that a thread of
+its own writes out, dropping (and counting) what does not fit; ``configure`` uses it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import datetime
 import enum
 import json
 import logging
+import queue
 import sys
+import threading
 from collections.abc import Mapping
 from typing import IO, Any
 
@@ -23,9 +31,11 @@ from distsched.core import Claim
 from distsched.text import redact
 
 __all__ = [
+    "LOG_QUEUE_MAX",
     "TASK_FIELDS",
     "JsonFormatter",
     "LogFormat",
+    "NonBlockingHandler",
     "TaskOutcome",
     "TextFormatter",
     "configure",
@@ -35,6 +45,15 @@ __all__ = [
 
 # The logger of the lines about single tasks (one per attempt and event).
 tasks_log = logging.getLogger("distsched.worker.tasks")
+# The logger of the line that counts the records a NonBlockingHandler dropped.
+drops_log = logging.getLogger("distsched.worker.logs")
+
+# Records a NonBlockingHandler holds while its sink is slow: about ten seconds of a
+# worker logging a hundred failures a second; a record holds at most a traceback of
+# a few kB, so the queue stays within a few MB.
+LOG_QUEUE_MAX = 1000
+# How long a flush or close waits for the queued records to be written.
+LOG_FLUSH_S = 2.0
 
 TASK_FIELDS = ("task_id", "fn", "version", "attempt", "duration", "outcome", "error")
 # Other structured fields the worker's own lines carry (start-up and shutdown).
@@ -168,23 +187,151 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
+# Renders tracebacks where a record is queued (the default rendering of every formatter).
+_TRACEBACKS = logging.Formatter()
+_STOP = object()
+
+
+class NonBlockingHandler(logging.Handler):
+    """Hand records to the ``targets`` handlers through a bounded queue and a thread of
+    its own, so that logging never waits for a slow sink.
+
+    A record is queued as it is logged: its message is rendered then (and its
+    traceback into ``exc_text``), every other attribute (the task fields) kept.
+    When ``capacity`` records wait, a new one is dropped and counted in
+    ``dropped``; once the queue has drained, one WARNING line on
+    ``distsched.worker.logs`` says how many were dropped since the last such line.
+    ``flush`` and ``close`` wait at most ``LOG_FLUSH_S`` for the queue to drain.
+    """
+
+    def __init__(self, *targets: logging.Handler, capacity: int = LOG_QUEUE_MAX) -> None:
+        super().__init__()
+        self.targets = targets
+        self.capacity = capacity
+        self.dropped = 0  # every record dropped so far
+        self._unreported = 0  # dropped since the last line that said so
+        # Reentrant, as the queue's put: a signal handler that logs may interrupt a
+        # thread in the middle of logging (a plain lock would deadlock it).
+        self._count_lock = threading.RLock()
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._write, name="distsched-log", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            prepared = self.prepare(record)
+        except Exception:
+            self.handleError(record)
+            return
+        # The bound may be passed by as many records as threads log at once: no lock is
+        # taken around the check and the put, so that no thread ever waits here.
+        if self._queue.qsize() >= self.capacity:
+            with self._count_lock:
+                self.dropped += 1
+                self._unreported += 1
+            return
+        self._queue.put(prepared)
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        """A copy of ``record`` that another thread may write later: the arguments may
+        change meanwhile, and a live traceback would keep all its frames in memory."""
+        record = copy.copy(record)
+        record.message = record.getMessage()
+        record.msg, record.args = record.message, None
+        if record.exc_info:
+            if not record.exc_text:
+                record.exc_text = _TRACEBACKS.formatException(record.exc_info)
+            record.exc_info = None
+        return record
+
+    def _write(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            # A target that raises (handlers report their own faults) must not end the
+            # thread: the queue would then fill for good.
+            with contextlib.suppress(Exception):
+                if isinstance(item, logging.LogRecord):
+                    self._handle(item)
+                if self._queue.empty():
+                    self._report_drops()
+            if isinstance(item, threading.Event):  # a flush: all before it is written
+                item.set()
+
+    def _handle(self, record: logging.LogRecord) -> None:
+        for handler in self.targets:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+    def _report_drops(self) -> None:
+        with self._count_lock:
+            dropped, self._unreported = self._unreported, 0
+        if dropped:
+            record = drops_log.makeRecord(
+                drops_log.name, logging.WARNING, __file__, 0,
+                "%d log records were dropped: the log output did not keep up (%d dropped "
+                "since the start; at most %d wait to be written)",
+                (dropped, self.dropped, self.capacity), None,
+            )  # fmt: skip
+            self._handle(self.prepare(record))
+
+    def flush(self) -> None:
+        """Wait (at most ``LOG_FLUSH_S``) for the records queued so far to be written."""
+        if not self._thread.is_alive():
+            return
+        written = threading.Event()
+        self._queue.put(written)
+        if written.wait(LOG_FLUSH_S):
+            # Not while the thread is stuck in a write: flushing would wait with it.
+            for handler in self.targets:
+                handler.flush()
+
+    def close(self) -> None:
+        """Write what is queued (waiting at most ``LOG_FLUSH_S``), then stop the thread."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            # A thread stuck in a write stays with it: a daemon, it ends with the process.
+            self._thread.join(LOG_FLUSH_S)
+        super().close()
+
+
+def flush_handlers(logger: logging.Logger) -> None:
+    """Flush every handler a record of ``logger`` reaches (before ``os._exit``, which
+    would lose what a :class:`NonBlockingHandler` still holds)."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            # Exiting anyway: a handler's fault must not stop it.
+            with contextlib.suppress(Exception):
+                handler.flush()
+        current = current.parent if current.propagate else None
+
+
 def configure(
     level: int | str = logging.INFO,
     fmt: LogFormat | str = LogFormat.TEXT,
     stream: IO[str] | None = None,
-) -> logging.Handler:
+) -> NonBlockingHandler:
     """Send the process's log to ``stream`` (default: stderr) in ``fmt``, from ``level`` up.
 
     Meant for a worker process of its own (the ``distsched worker`` command): it
     replaces the handlers of the root logger, so that the task functions' own
     logging comes out the same way. The signal messages (how to stop, how to exit
-    at once) stay visible whatever the level.
+    at once) stay visible whatever the level. The stream is written by a
+    :class:`NonBlockingHandler`: when it blocks, records are dropped and counted,
+    never waited for.
     """
-    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
-    handler.setFormatter(JsonFormatter() if LogFormat(fmt) is LogFormat.JSON else TextFormatter())
+    stream_handler = logging.StreamHandler(sys.stderr if stream is None else stream)
+    stream_handler.setFormatter(
+        JsonFormatter() if LogFormat(fmt) is LogFormat.JSON else TextFormatter()
+    )
+    handler = NonBlockingHandler(stream_handler)
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
+        if isinstance(old, NonBlockingHandler):
+            old.close()  # configured again: the earlier queue's thread ends
     root.addHandler(handler)
     root.setLevel(level)
     signals = logging.getLogger("distsched.worker.signals")

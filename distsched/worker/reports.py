@@ -235,6 +235,7 @@ class Reporter:
                 return fresh, stop
 
     def _give_up(self, reports: list[Report]) -> None:
+        self.slots.done(r.job for r in reports)
         for report in reports:
             claim = report.job.claim
             tasks_log.error(
@@ -244,7 +245,6 @@ class Reporter:
                 extra=task_fields(claim, TaskOutcome.UNREPORTED, report.duration,
                                   _error_of(report)),
             )  # fmt: skip
-        self.slots.done(r.job for r in reports)
 
     def _send_all(self, waiting: list[_Waiting], fresh: list[Report]) -> None:
         """Send reports: those sent alone one by one, the rest in batches by kind."""
@@ -316,12 +316,13 @@ class Reporter:
             self._again(reports, tries, exc, transient=False)
             return
         self._count_all(kind, outcomes)
+        # Let go first: the slots and leases are free whatever the log lines below cost.
+        self.slots.done(r.job for r in reports)
         try:
             self._log_outcomes(kind, reports, outcomes)
         except Exception:
             # The outcomes are recorded: a failure to describe them must not send them again.
             log.exception("logging %d %s outcomes failed", len(reports), kind)
-        self.slots.done(r.job for r in reports)
 
     def _again(
         self,

@@ -9,6 +9,8 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
+from distsched.worker.logs import flush_handlers
+
 # A logger of its own, so that a process can keep these lines on at any level.
 log = logging.getLogger("distsched.worker.signals")
 
@@ -60,6 +62,7 @@ class SignalHandlers:
                 "leases (reaped when they expire, as if this worker had vanished)",
                 self.worker_id, name, self._held(),
             )  # fmt: skip
+            flush_handlers(log)  # the line above may still wait in a log queue
             os._exit(EXIT_AT_ONCE)
         if self._signalled:
             log.warning(
