@@ -122,6 +122,7 @@ LAYERS: list[set[str]] = [
         "distsched.tools.embedded",
         "distsched.tools.fleet",
         "distsched.tools.stripes",
+        "distsched.tools.worst",
     },
     {"distsched.cli"},
 ]
