@@ -457,7 +457,8 @@ def test_a_payload_of_more_than_max_payload_values_is_refused(
     )
     assert message == f"BADARG payload of t has more than {most} values (MAX_PAYLOAD_VALUES)"
     # Empty arrays and maps, kwargs, and characters outside ASCII count too.
-    for item in ([], {}):
+    empties: list[Any] = [[], {}]
+    for item in empties:
         refused(
             redis_client, s, "MAX_PAYLOAD_VALUES", "schedule", *args(values_payload(most + 1, item))
         )
