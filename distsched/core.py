@@ -41,6 +41,7 @@ from distsched.errors import (
 from distsched.keys import Keys
 from distsched.schedules import (
     MAX_BACKFILL_SLOTS,
+    MAX_FIRE_SLOTS,
     Definition,
     FiringState,
     Schedule,
@@ -2310,6 +2311,13 @@ def recur_remove_call(keys: Keys, name: str) -> Call:
     return Call("recur", keys.for_script("recur"), ["remove", validate_name(name)])
 
 
+def fire_slots_per_call(d: Definition, max_payload_bytes: int) -> int:
+    """How many slots of ``d`` one fire call may create: each task stores the payload,
+    and a call's payloads are at most ``MAX_PAYLOAD_BYTES_PER_CALL`` (one slot always)."""
+    size = len(encode_payload(d.fn, d.args, d.kwargs, max_payload_bytes))
+    return max(1, min(MAX_BACKFILL_SLOTS, limits.MAX_PAYLOAD_BYTES_PER_CALL // size))
+
+
 def fire_call(
     keys: Keys,
     d: Definition,
@@ -3925,16 +3933,28 @@ class Ops(ClaimShortcuts):
         now = yield from self.now_ms()
         if end_ms > now:
             raise InvalidArgument("end", "must not be in the future (backfill fills the past)")
+        # A payload too large for every slot in one call is sent in parts (each creates
+        # its own slots' tasks, atomically); a change of the schedule between parts
+        # starts again from its definition, the slots created so far kept.
+        created = 0
         for _ in range(FIRE_TRIES):
             d, state, _ = yield from self._load_schedule(name)
             slots = backfill_slots(d, start_ms, end_ms, limit)
             if not slots:
-                return 0
+                return created
             pairs = [(slot, slot + d.jitter_for(slot)) for slot in slots]
-            call = fire_call(self.keys, d, state.rev, "backfill", pairs, self.max_payload_bytes)
-            fired = decode_fired((yield from self.run(call)))
-            if not fired.moved:
-                return fired.created
+            per = fire_slots_per_call(d, self.max_payload_bytes)
+            moved = False
+            for first in range(0, len(pairs), per):
+                part = pairs[first : first + per]
+                call = fire_call(self.keys, d, state.rev, "backfill", part, self.max_payload_bytes)
+                fired = decode_fired((yield from self.run(call)))
+                if fired.moved:
+                    moved = True
+                    break
+                created += fired.created
+            if not moved:
+                return created
         raise ConflictError(f"schedule {name!r} kept changing while it was backfilled")
 
     def next_fires(self, name: str, n: int) -> Op[list[float]]:
@@ -3990,7 +4010,8 @@ class Ops(ClaimShortcuts):
             try:
                 # What only this worker may lack (the cron extra, a time zone, a payload
                 # limit as large) is its own error: another worker may fire the slot.
-                plan = plan_fire(d, score, now)
+                most = fire_slots_per_call(d, self.max_payload_bytes)
+                plan = plan_fire(d, score, now, min(MAX_FIRE_SLOTS, most))
                 call = fire_call(k, d, rev, "fire", plan.slots, self.max_payload_bytes,
                                  score, plan.next_ms, plan.missed)  # fmt: skip
             except (ValueError, ImportError) as exc:

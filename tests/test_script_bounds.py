@@ -20,6 +20,7 @@ import redis
 from distsched import Scheduler, State, TaskSpec, core, limits, scripts
 from distsched.errors import CycleError, InvalidArgument, PayloadTooLarge
 from distsched.keys import Keys
+from distsched.schedules import Definition
 from tests.conftest import RedisServer, namespace_keys
 from tests.test_cli import invoke
 
@@ -680,3 +681,22 @@ def test_the_payload_limit_command_shows_sets_and_restores_the_namespaces_limit(
     assert result.exit_code == 1 and "payload_max" in result.stderr
     assert s.payload_limit() == 1000
     assert str(limits.DEFAULT_MAX_PAYLOAD_BYTES) in run("default")
+
+
+def test_a_fire_call_creates_at_most_max_payload_bytes_per_call_of_payloads(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    # Each task a fire creates stores the payload: two slots of a payload over half the
+    # cap are two calls, and one slot of any accepted payload is always allowed.
+    size = limits.MAX_PAYLOAD_BYTES_PER_CALL // 2 + 1000
+    now = s.server_time()
+    s.add_schedule("x", "f", args=["x" * size], interval=1.0, start=now - 10, overlap="allow")
+    d = Definition.decode("x", cast(bytes, redis_client.hget(s.keys.schedules, "x")))
+    rev = cast(bytes, redis_client.hget(s.keys.firing, "x")).decode().split("|")[0]
+    slot = int(now * 1000) - 5000
+    call = core.fire_call(
+        s.keys, d, rev, "backfill", [(slot, slot), (slot + 1000, slot + 1000)], size * 2
+    )
+    refused(redis_client, s, "MAX_PAYLOAD_BYTES_PER_CALL", "fire", *call.args)
+    assert core.fire_slots_per_call(d, size * 2) == 1
+    assert s.backfill("x", now - 6, now - 3) == 4
