@@ -1317,7 +1317,8 @@ def max_running(ctx: click.Context, limit: str | None) -> None:
 def payload_limit(ctx: click.Context, limit: str | None) -> None:
     """Show, or set to BYTES, the largest payload the namespace accepts.
 
-    An operator's setting (at most 4 MiB); `default` restores 1 MiB.
+    An operator's setting (at most 1 MiB, the default: a namespace may set less);
+    `default` restores 1 MiB.
     """
     scheduler = _connect(ctx)
     namespace = _settings(ctx).namespace

@@ -584,7 +584,8 @@ class Scheduler(BaseScheduler):
 
     def set_payload_limit(self, limit: int | None) -> int:
         """Set the namespace's payload limit to ``limit`` bytes, at most
-        ``limits.PAYLOAD_CEILING_BYTES`` (4 MiB); None restores the default (1 MiB).
+        ``limits.PAYLOAD_CEILING_BYTES`` (1 MiB, also the default: a namespace may set a
+        lower limit); None restores the default.
         Returns the limit now applied.
 
         An operator's call: the scripts take the limit from the namespace, so no

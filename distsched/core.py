@@ -41,6 +41,7 @@ from distsched.errors import (
 from distsched.keys import Keys
 from distsched.schedules import (
     MAX_BACKFILL_SLOTS,
+    MAX_FIRE_SLOTS,
     Definition,
     FiringState,
     Schedule,
@@ -1005,7 +1006,45 @@ def encode_payload(
         }
         field_name = max(sizes, key=lambda name: sizes[name])
         raise PayloadTooLarge(field_name, f"payload is {len(data)} bytes, limit {max_bytes}")
+    # A payload holds at most as many values as it has bytes: only a larger one is counted.
+    most = limits.MAX_PAYLOAD_VALUES
+    if len(data) > most and payload_values(data) > most:
+        args_n, kwargs_n = len(payload.get("args", ())), len(payload.get("kwargs", ()))
+        field_name = "args" if args_n >= kwargs_n else "kwargs"
+        raise PayloadTooLarge(
+            field_name, f"payload has more than {most} msgpack values (MAX_PAYLOAD_VALUES)"
+        )
     return data
+
+
+def payload_values(raw: bytes) -> int:
+    """The msgpack values of an encoded payload as the scripts count them (the map
+    itself, every key and every value inside it, and one more for each character outside
+    ASCII in a string): at most ``len(raw)``, which it replies for a value it cannot read."""
+    count = 1
+
+    def text(value: Any) -> int:
+        if value.__class__ is str and not value.isascii():
+            return len(value) - len(value.encode("ascii", "ignore"))
+        return 0
+
+    def items(values: list[Any]) -> list[Any]:
+        nonlocal count
+        count += len(values) + sum(map(text, values))
+        return values
+
+    def pairs(entries: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        nonlocal count
+        count += 2 * len(entries) + sum(text(k) + text(v) for k, v in entries)
+        return entries
+
+    try:
+        msgpack.unpackb(
+            raw, raw=False, strict_map_key=False, list_hook=items, object_pairs_hook=pairs
+        )
+    except (ValueError, msgpack.exceptions.ExtraData, msgpack.exceptions.StackError):
+        return len(raw)
+    return count
 
 
 def schedule_values(
@@ -2272,6 +2311,13 @@ def recur_remove_call(keys: Keys, name: str) -> Call:
     return Call("recur", keys.for_script("recur"), ["remove", validate_name(name)])
 
 
+def fire_slots_per_call(d: Definition, max_payload_bytes: int) -> int:
+    """How many slots of ``d`` one fire call may create: each task stores the payload,
+    and a call's payloads are at most ``MAX_PAYLOAD_BYTES_PER_CALL`` (one slot always)."""
+    size = len(encode_payload(d.fn, d.args, d.kwargs, max_payload_bytes))
+    return max(1, min(MAX_BACKFILL_SLOTS, limits.MAX_PAYLOAD_BYTES_PER_CALL // size))
+
+
 def fire_call(
     keys: Keys,
     d: Definition,
@@ -2494,32 +2540,46 @@ def _first_call_edges(spec: TaskSpec) -> int:
     return required + optional
 
 
-def payload_sizes(call: Call) -> list[int]:
-    """The size of each payload a schedule call carries, in order."""
-    args, sizes, pos = call.args, [], 2
+def call_payloads(call: Call) -> list[bytes]:
+    """The payloads a schedule call carries, in order."""
+    args, payloads, pos = call.args, [], 2
     for _ in range(int(args[1])):
         fields = str(args[pos + 1]).split(" ")
-        sizes.append(len(args[pos + 2]))
+        payloads.append(args[pos + 2])
         pos += 3 + int(fields[6]) + int(fields[7])
-    return sizes
+    return payloads
+
+
+def payload_weights(call: Call) -> list[tuple[int, int]]:
+    """(bytes, values) of each payload a schedule call carries, in order: the values are
+    counted only when the bytes of the call (each payload's bound on its values) exceed
+    ``MAX_PAYLOAD_VALUES_PER_CALL``."""
+    payloads = call_payloads(call)
+    sizes = [len(p) for p in payloads]
+    if sum(sizes) <= limits.MAX_PAYLOAD_VALUES_PER_CALL:
+        return list(zip(sizes, sizes, strict=True))
+    return [(len(p), payload_values(p)) for p in payloads]
 
 
 def schedule_batches(
-    specs: Sequence[TaskSpec], sizes: Sequence[int] | None = None
+    specs: Sequence[TaskSpec], sizes: Sequence[tuple[int, int]] | None = None
 ) -> list[list[int]]:
     """The positions of ``specs`` in schedule calls that each keep within the scripts'
     caps (``MAX_TASKS_PER_CALL`` tasks, ``MAX_EDGES_PER_CALL`` dependencies and, with
-    ``sizes`` their payloads' sizes, ``MAX_PAYLOAD_BYTES_PER_CALL``): one list (every
+    ``sizes`` their payloads' (bytes, values) from :func:`payload_weights`,
+    ``MAX_PAYLOAD_BYTES_PER_CALL`` and ``MAX_PAYLOAD_VALUES_PER_CALL``): one list (every
     position, in order) when the batch fits one call. Otherwise the batch's own
     dependencies come first, so that each call finds the tasks its tasks depend on."""
     if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
         return [[]]
     edges = [_first_call_edges(s) if isinstance(s, TaskSpec) else 0 for s in specs]
-    weights = list(sizes) if sizes is not None else [0] * len(specs)
+    weights = [w for w, _ in sizes] if sizes is not None else [0] * len(specs)
+    values = [v for _, v in sizes] if sizes is not None else [0] * len(specs)
     if (
         len(specs) <= limits.MAX_TASKS_PER_CALL
         and sum(edges) <= limits.MAX_EDGES_PER_CALL
         and sum(weights) <= limits.MAX_PAYLOAD_BYTES_PER_CALL
+        and sum(values) <= limits.MAX_PAYLOAD_VALUES_PER_CALL
     ):
         return [list(range(len(specs)))]
     at: dict[object, int] = {}
@@ -2552,17 +2612,19 @@ def schedule_batches(
                 state[nxt] = 1
                 stack.append((nxt, iter(inside(nxt))))
     batches: list[list[int]] = [[]]
-    used = carried = 0
+    used = carried = walked = 0
     for i in order:
         full = len(batches[-1]) >= limits.MAX_TASKS_PER_CALL
         over = used + edges[i] > limits.MAX_EDGES_PER_CALL
         heavy = carried + weights[i] > limits.MAX_PAYLOAD_BYTES_PER_CALL
-        if batches[-1] and (full or over or heavy):
+        many = walked + values[i] > limits.MAX_PAYLOAD_VALUES_PER_CALL
+        if batches[-1] and (full or over or heavy or many):
             batches.append([])
-            used = carried = 0
+            used = carried = walked = 0
         batches[-1].append(i)
         used += edges[i]
         carried += weights[i]
+        walked += values[i]
     return batches
 
 
@@ -2724,7 +2786,7 @@ class Ops(ClaimShortcuts):
             call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
             if not specs:
                 return []
-            batches = schedule_batches(specs, payload_sizes(call))
+            batches = schedule_batches(specs, payload_weights(call))
             if len(batches) > 1:
                 return (yield from self._admit_in_batches(specs, batches))
             values = yield from self.run(call)
@@ -2741,7 +2803,7 @@ class Ops(ClaimShortcuts):
             firsts[i] = replace(spec, deps=list(spec.deps)[:first_size])
             rests[i] = list(spec.deps)[first_size:]
         call = schedule_call(self.keys, firsts, self.max_payload_bytes, trace, held=wide)
-        batches = schedule_batches(specs, payload_sizes(call))
+        batches = schedule_batches(specs, payload_weights(call))
         if len(batches) > 1:
             return (yield from self._admit_in_batches(specs, batches))
         admitted = decode_schedule_reply(firsts, (yield from self.run(call)))
@@ -3871,16 +3933,28 @@ class Ops(ClaimShortcuts):
         now = yield from self.now_ms()
         if end_ms > now:
             raise InvalidArgument("end", "must not be in the future (backfill fills the past)")
+        # A payload too large for every slot in one call is sent in parts (each creates
+        # its own slots' tasks, atomically); a change of the schedule between parts
+        # starts again from its definition, the slots created so far kept.
+        created = 0
         for _ in range(FIRE_TRIES):
             d, state, _ = yield from self._load_schedule(name)
             slots = backfill_slots(d, start_ms, end_ms, limit)
             if not slots:
-                return 0
+                return created
             pairs = [(slot, slot + d.jitter_for(slot)) for slot in slots]
-            call = fire_call(self.keys, d, state.rev, "backfill", pairs, self.max_payload_bytes)
-            fired = decode_fired((yield from self.run(call)))
-            if not fired.moved:
-                return fired.created
+            per = fire_slots_per_call(d, self.max_payload_bytes)
+            moved = False
+            for first in range(0, len(pairs), per):
+                part = pairs[first : first + per]
+                call = fire_call(self.keys, d, state.rev, "backfill", part, self.max_payload_bytes)
+                fired = decode_fired((yield from self.run(call)))
+                if fired.moved:
+                    moved = True
+                    break
+                created += fired.created
+            if not moved:
+                return created
         raise ConflictError(f"schedule {name!r} kept changing while it was backfilled")
 
     def next_fires(self, name: str, n: int) -> Op[list[float]]:
@@ -3936,7 +4010,8 @@ class Ops(ClaimShortcuts):
             try:
                 # What only this worker may lack (the cron extra, a time zone, a payload
                 # limit as large) is its own error: another worker may fire the slot.
-                plan = plan_fire(d, score, now)
+                most = fire_slots_per_call(d, self.max_payload_bytes)
+                plan = plan_fire(d, score, now, min(MAX_FIRE_SLOTS, most))
                 call = fire_call(k, d, rev, "fire", plan.slots, self.max_payload_bytes,
                                  score, plan.next_ms, plan.missed)  # fmt: skip
             except (ValueError, ImportError) as exc:

@@ -302,7 +302,7 @@ class StripedOps(ClaimShortcuts):
         result: list[Admitted | None] = [None] * len(specs)
         for s, at in groups.items():
             group = [specs[i] for i in at]
-            sizes = core.payload_sizes(calls[s])
+            sizes = core.payload_weights(calls[s])
             if core.placed_in_parts(group) or len(core.schedule_batches(group, sizes)) > 1:
                 # Its stripe places the tasks with many dependencies in parts, and sends
                 # a group over one call's caps in several calls.

@@ -60,6 +60,9 @@
 --          slots skipped, the last task created or '' }.
 -- Errors (nothing written): BADARG <field> <why> (name, rev, mode, expected_ms,
 -- next_ms, missed, policy, spec, priority, max_attempts, backoff, key, payload, m, slot).
+-- Caps (lib/limits.lua): each task created stores the payload, so m slots of it at most
+-- MAX_PAYLOAD_BYTES_PER_CALL (1048576) bytes together, one slot always allowed (BADARG
+-- m ... (MAX_PAYLOAD_BYTES_PER_CALL)); the payload at most MAX_PAYLOAD_VALUES values.
 -- Cost: O(m log N), plus what cancel_previous settles within the budget.
 
 local POLICIES = { skip = true, buffer_one = true, buffer_all = true, cancel_previous = true,
@@ -112,6 +115,11 @@ return run(function()
     local limit = payload_limit(int_arg(ARGV[11], 'max_payload_bytes', 1, MAX_MS))
     local problem = payload_problem(payload, limit)
     if problem then error({ err = 'BADARG payload ' .. problem }) end
+    if m > 1 and m * #payload > MAX_PAYLOAD_BYTES_PER_CALL then
+      error({ err = 'BADARG m at most ' .. MAX_PAYLOAD_BYTES_PER_CALL
+        .. ' bytes of payloads per call (MAX_PAYLOAD_BYTES_PER_CALL): '
+        .. math.floor(MAX_PAYLOAD_BYTES_PER_CALL / #payload) .. ' slots of this payload' })
+    end
   end
   local now = now_ms()
   local slots, previous = {}, nil

@@ -53,18 +53,21 @@
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the caller's largest payload in bytes (>= 1): it can only lower the
--- namespace's payload limit (meta payload_max, set by an admin; 65536 while none is
--- stored, never above PAYLOAD_CEILING_BYTES, 131072).
+-- namespace's payload limit (meta payload_max, set by an admin; 1048576 while none is
+-- stored, never above PAYLOAD_CEILING_BYTES, 1048576).
 -- Ids are valid UTF-8 of 1..512 bytes; time is within +-(2^53 - 1) ('at') or +-2^52 ('in');
 -- max_attempts in [1, 1000000]; backoff in [0, 2^53 - 1] (the wait between attempts is
 -- capped by fail.lua and reap.lua's argument);
 -- the payload a msgpack map with a non-empty UTF-8 string fn, args an array and
 -- kwargs a map with string keys (each may be nil or left out), arrays and maps nested at
--- most MAX_PAYLOAD_DEPTH (64) deep (the payload itself is depth 1).
+-- most MAX_PAYLOAD_DEPTH (64) deep (the payload itself is depth 1), of at most
+-- MAX_PAYLOAD_VALUES (32768) msgpack values (the map, every key and value inside it, one
+-- more per character outside ASCII in a string).
 -- Caps (lib/limits.lua; BADARG naming the cap, nothing written): n at most
 -- MAX_TASKS_PER_CALL (500); r + o of a task at most MAX_DEPS_PER_TASK (4000); the
 -- dependencies of the whole batch at most MAX_EDGES_PER_CALL (1000); the payloads of the
--- batch at most MAX_PAYLOAD_BYTES_PER_CALL (131072 bytes) together; the cycle check
+-- batch at most MAX_PAYLOAD_BYTES_PER_CALL (1048576 bytes) and
+-- MAX_PAYLOAD_VALUES_PER_CALL (32768 values) together; the cycle check
 -- reads at most MAX_CYCLE_VISITS (1000) dependents (BADARG deps cycle check visited more
 -- than 1000 pending tasks ...: schedule a graph dependencies first, or in smaller calls);
 -- the propagation budget counts as at most MAX_PROPAGATE_BUDGET (500).
@@ -184,9 +187,16 @@ return run(function()
     error({ err = 'BADARG payload at most ' .. MAX_PAYLOAD_BYTES_PER_CALL
       .. ' bytes of payloads per call (MAX_PAYLOAD_BYTES_PER_CALL)' })
   end
+  -- Checking a payload costs time by the value: the call's values are capped too.
+  local values_left = MAX_PAYLOAD_VALUES_PER_CALL
   for _, s in ipairs(specs) do
-    local problem = payload_problem(s.payload, limit)
+    local problem, values = payload_problem(s.payload, limit, values_left)
     if problem then error({ err = 'BADARG payload of ' .. s.id .. ' ' .. problem }) end
+    values_left = values_left - values
+    if values_left < 0 then
+      error({ err = 'BADARG payload at most ' .. MAX_PAYLOAD_VALUES_PER_CALL
+        .. ' values of payloads per call (MAX_PAYLOAD_VALUES_PER_CALL)' })
+    end
   end
 
   -- The current records of the whole batch, read in slices of one HMGET each.

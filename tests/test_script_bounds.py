@@ -20,6 +20,7 @@ import redis
 from distsched import Scheduler, State, TaskSpec, core, limits, scripts
 from distsched.errors import CycleError, InvalidArgument, PayloadTooLarge
 from distsched.keys import Keys
+from distsched.schedules import Definition
 from tests.conftest import RedisServer, namespace_keys
 from tests.test_cli import invoke
 
@@ -33,7 +34,7 @@ def lua_limits() -> dict[str, int]:
 
 def test_the_lua_caps_are_the_python_caps_name_for_name() -> None:
     assert lua_limits() == {name: getattr(limits, name) for name in LIMIT_NAMES}
-    assert len(LIMIT_NAMES) == 15
+    assert len(LIMIT_NAMES) == 17
 
 
 def test_each_cap_is_written_once_per_language() -> None:
@@ -178,10 +179,14 @@ def test_the_python_client_sends_a_batch_over_the_caps_in_calls_within_them(
     for i in range(3):
         info = s.status(f"w{i}")
         assert (len(info.deps), len(info.optional_deps)) == (most - 700, 700)
-    # Payloads: at most MAX_PAYLOAD_BYTES_PER_CALL per call.
-    heavy = [TaskSpec(i, "f", args=("x" * 50_000,)) for i in ids("h", 9)]
-    s.schedule_many(heavy)
+    # Payloads: at most MAX_PAYLOAD_BYTES_PER_CALL and MAX_PAYLOAD_VALUES_PER_CALL per call.
+    size = limits.MAX_PAYLOAD_BYTES_PER_CALL // 3
+    # (Not due: the claims below take small tasks only.)
+    s.schedule_many([TaskSpec(i, "f", args=("x" * size,), delay=3600) for i in ids("h", 9)])
     assert s.status("h8").state is State.READY
+    many = limits.MAX_PAYLOAD_VALUES_PER_CALL // 3
+    s.schedule_many([TaskSpec(i, "f", args=[1] * many, delay=3600) for i in ids("v", 9)])
+    assert s.status("v8").state is State.READY
     # Claims and reports over the caps go in parts too.
     s.schedule_many([TaskSpec(i, "f", priority=1) for i in ids("r", limits.MAX_CLAIM + 5)])
     claims = s.ready(limits.MAX_CLAIM + 5, "w")
@@ -434,6 +439,97 @@ def test_a_schedule_call_carries_at_most_max_payload_bytes_per_call(
     assert s.status("t3").state is State.READY
 
 
+def values_payload(values: int, item: Any = 1) -> bytes:
+    """A payload of exactly ``values`` msgpack values as the scripts count them: the map,
+    fn and its name, args and its array (5), then ``values - 5`` items ``item``."""
+    return pack({"fn": "f", "args": [item] * (values - 5)})
+
+
+def test_a_payload_of_more_than_max_payload_values_is_refused(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    def args(payload: bytes) -> list[Any]:
+        return [core.PROPAGATE_BUDGET, 1, "t", SPEC.format(au=0, r=0, o=0), payload]
+
+    most = limits.MAX_PAYLOAD_VALUES
+    assert core.payload_values(values_payload(most)) == most
+    message = refused(
+        redis_client, s, "MAX_PAYLOAD_VALUES", "schedule", *args(values_payload(most + 1))
+    )
+    assert message == f"BADARG payload of t has more than {most} values (MAX_PAYLOAD_VALUES)"
+    # Empty arrays and maps, kwargs, and characters outside ASCII count too.
+    empties: list[Any] = [[], {}]
+    for item in empties:
+        refused(
+            redis_client, s, "MAX_PAYLOAD_VALUES", "schedule", *args(values_payload(most + 1, item))
+        )
+    wide = pack({"fn": "f", "kwargs": {f"k{i}": 0 for i in range((most - 3) // 2 + 1)}})
+    assert core.payload_values(wide) > most
+    refused(redis_client, s, "(MAX_PAYLOAD_VALUES)", "schedule", *args(wide))
+    cjk = pack({"fn": "f", "args": ["\u4e2d" * (most - 6)]})
+    assert core.payload_values(cjk) == most
+    over = pack({"fn": "f", "args": ["\u4e2d" * (most - 5)]})
+    refused(redis_client, s, "(MAX_PAYLOAD_VALUES)", "schedule", *args(over))
+    evalsha(redis_client, s.keys, "schedule", *args(values_payload(most)))
+    assert s.status("t").state is State.READY
+    evalsha(redis_client, s.keys, "schedule", *args(cjk))
+    # The client refuses it before sending, naming the field.
+    with pytest.raises(PayloadTooLarge, match="MAX_PAYLOAD_VALUES") as info:
+        s.schedule("c", fn="f", args=[1] * most)
+    assert info.value.field == "args"
+    s.schedule("c", fn="f", args=[1] * (most - 5))
+
+
+def test_a_schedule_call_carries_at_most_max_payload_values_per_call(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    most = limits.MAX_PAYLOAD_VALUES_PER_CALL
+    half = values_payload(most // 2)
+
+    def args(payloads: list[bytes]) -> list[Any]:
+        out: list[Any] = [core.PROPAGATE_BUDGET, len(payloads)]
+        for i, payload in enumerate(payloads):
+            out += [f"t{i}", SPEC.format(au=0, r=0, o=0), payload]
+        return out
+
+    refused(
+        redis_client, s, "MAX_PAYLOAD_VALUES_PER_CALL", "schedule", *args([half, half, PAYLOAD])
+    )
+    refused(redis_client, s, "MAX_PAYLOAD_VALUES_PER_CALL", "schedule", *args([half] * 3))
+    evalsha(redis_client, s.keys, "schedule", *args([half, half]))
+    assert s.status("t1").state is State.READY
+    # The client sends a batch over the cap in calls within it.
+    calls = core.schedule_batches(
+        [TaskSpec(f"b{i}", "f") for i in range(3)], [(len(half), most // 2)] * 3
+    )
+    assert calls == [[0, 1], [2]]
+    s.schedule_many([TaskSpec(f"b{i}", "f", args=[1] * (most // 2 - 5)) for i in range(3)])
+    assert [s.status(f"b{i}").state for i in range(3)] == [State.READY] * 3
+
+
+def test_a_string_payload_at_the_default_limit_is_accepted(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    default = limits.DEFAULT_MAX_PAYLOAD_BYTES
+    assert default == limits.MAX_PAYLOAD_BYTES_PER_CALL == 1 << 20
+    base = len(pack({"fn": "f", "args": ["x" * 70_000]})) - 70_000
+    text = pack({"fn": "f", "args": ["x" * (default - base)]})
+    assert len(text) == default
+    evalsha(
+        redis_client,
+        s.keys,
+        "schedule",
+        core.PROPAGATE_BUDGET,
+        1,
+        "t",
+        SPEC.format(au=0, r=0, o=0),
+        text,
+    )
+    assert s.status("t").state is State.READY
+    s.schedule("u", fn="f", args=["x" * (default - base)])
+    assert s.status("u").state is State.READY
+
+
 def test_set_payload_limit_refuses_more_than_the_ceiling_and_the_client_reports_the_stored_limit(
     redis_client: redis.Redis, s: Scheduler
 ) -> None:
@@ -585,3 +681,22 @@ def test_the_payload_limit_command_shows_sets_and_restores_the_namespaces_limit(
     assert result.exit_code == 1 and "payload_max" in result.stderr
     assert s.payload_limit() == 1000
     assert str(limits.DEFAULT_MAX_PAYLOAD_BYTES) in run("default")
+
+
+def test_a_fire_call_creates_at_most_max_payload_bytes_per_call_of_payloads(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    # Each task a fire creates stores the payload: two slots of a payload over half the
+    # cap are two calls, and one slot of any accepted payload is always allowed.
+    size = limits.MAX_PAYLOAD_BYTES_PER_CALL // 2 + 1000
+    now = s.server_time()
+    s.add_schedule("x", "f", args=["x" * size], interval=1.0, start=now - 10, overlap="allow")
+    d = Definition.decode("x", cast(bytes, redis_client.hget(s.keys.schedules, "x")))
+    rev = cast(bytes, redis_client.hget(s.keys.firing, "x")).decode().split("|")[0]
+    slot = int(now * 1000) - 5000
+    call = core.fire_call(
+        s.keys, d, rev, "backfill", [(slot, slot), (slot + 1000, slot + 1000)], size * 2
+    )
+    refused(redis_client, s, "MAX_PAYLOAD_BYTES_PER_CALL", "fire", *call.args)
+    assert core.fire_slots_per_call(d, size * 2) == 1
+    assert s.backfill("x", now - 6, now - 3) == 4

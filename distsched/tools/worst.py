@@ -49,10 +49,6 @@ FN = "noop"
 # The payload at the default limit: one bytes argument filling it but for the map's
 # own few bytes.
 PAYLOAD_ROOM = 64
-# Tasks scheduled in one call with payloads at the default limit. MAX_TASKS_PER_CALL of
-# them would be a GiB in one call, more than a Redis client may send (its query buffer
-# limit, 1 GiB by default); the time grows with the bytes, so this many show the slope.
-PAYLOAD_TASKS = 100
 # Dependencies of each task of the batch that carries MAX_EDGES_PER_CALL edges.
 EDGES_PER_TASK = 10
 LEASE_MS = 300_000
@@ -209,7 +205,7 @@ class Probe:
 
 def case_batch(p: Probe) -> None:
     """schedule: a full batch with a full load of edges, then again (replacing each
-    task, so its old edges go too); tasks with payloads at the default limit."""
+    task, so its old edges go too); payloads at the value and byte caps."""
     tasks = p.n(limits.MAX_TASKS_PER_CALL)
     per = min(EDGES_PER_TASK, tasks, max(1, limits.MAX_EDGES_PER_CALL // tasks))
     targets = p.fill("t", tasks, delay=FAR_DELAY_S)
@@ -221,12 +217,33 @@ def case_batch(p: Probe) -> None:
     edges = tasks * per
     p.measure_call(f"{tasks:,} tasks, {edges:,} dependencies on queued tasks", call)
     p.measure_call(f"{tasks:,} tasks replacing pending ones, {edges:,} dependencies", call)
-    big = p.n(PAYLOAD_TASKS)
-    payload = b"x" * (limits.DEFAULT_MAX_PAYLOAD_BYTES - PAYLOAD_ROOM)
-    specs = [TaskSpec(f"p{i}", FN, args=[payload], delay=FAR_DELAY_S) for i in range(big)]
+    # A check reads every value of every payload: one payload of MAX_PAYLOAD_VALUES
+    # one-byte values; then a full batch whose payloads carry, together, the most values
+    # and the most bytes (ASCII strings: each is searched for bytes outside ASCII) a call
+    # may; then payloads of one long string each, as many bytes as a call may.
+    most = limits.MAX_PAYLOAD_VALUES
+    specs = [TaskSpec("v0", FN, args=[1] * (most - 5), delay=FAR_DELAY_S)]
     call = core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
-    mib = limits.DEFAULT_MAX_PAYLOAD_BYTES >> 20
-    p.measure_call(f"{big:,} tasks with {mib} MiB payloads (the default limit)", call)
+    p.measure_call(f"1 task, a payload of {most:,} one-byte values", call)
+    values = limits.MAX_PAYLOAD_VALUES_PER_CALL // tasks
+    size = min(limits.MAX_PAYLOAD_BYTES_PER_CALL // tasks, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    args = text_args(size, values)
+    specs = [TaskSpec(f"m{i}", FN, args=args, delay=FAR_DELAY_S) for i in range(tasks)]
+    call = core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    p.measure_call(f"{tasks:,} tasks, payloads of {values:,} values and {size:,} bytes each", call)
+    size = limits.DEFAULT_MAX_PAYLOAD_BYTES
+    big = max(1, limits.MAX_PAYLOAD_BYTES_PER_CALL // size)
+    specs = [TaskSpec(f"p{i}", FN, args=text_args(size, 6), delay=FAR_DELAY_S) for i in range(big)]
+    call = core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    p.measure_call(f"a {size >> 10:,} KiB string payload in each of {big:,} tasks", call)
+
+
+def text_args(size: int, values: int) -> list[Any]:
+    """The args of a payload of ``size`` bytes (at most) and ``values`` msgpack values (at
+    least 6): one ASCII string filling the bytes, then one-byte integers."""
+    ones = [1] * (values - 6)
+    base = len(core.encode_payload(FN, ["x" * 70_000, *ones], None, 1 << 30)) - 70_000
+    return ["x" * max(0, size - base), *ones]
 
 
 def case_claim(p: Probe) -> None:
@@ -238,7 +255,8 @@ def case_claim(p: Probe) -> None:
     p.measure_call(f"n={limits.MAX_CLAIM:,}, {count:,} due tasks", call)
     size = limits.DEFAULT_MAX_PAYLOAD_BYTES - PAYLOAD_ROOM
     big = p.n(limits.MAX_CLAIM_REPLY_BYTES // size + 1)
-    p.fill("p", big, args=[b"x" * size])
+    for i in range(big):  # one a call: MAX_PAYLOAD_BYTES_PER_CALL
+        p.fill(f"p{i}-", 1, args=[b"x" * size])
     p.measure_call(f"n={limits.MAX_CLAIM:,}, {big:,} due tasks with 1 MiB payloads", call)
 
 

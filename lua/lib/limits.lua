@@ -29,11 +29,17 @@ local MAX_ERROR_BYTES = 4096
 local MAX_WORKER_ID_BYTES = 256
 -- A namespace's payload limit while none is stored (meta payload_max), and the most it
 -- can be.
-local DEFAULT_MAX_PAYLOAD_BYTES = 65536
-local PAYLOAD_CEILING_BYTES = 131072
--- The payload bytes of one schedule call in total (each is walked value by value).
-local MAX_PAYLOAD_BYTES_PER_CALL = 131072
+local DEFAULT_MAX_PAYLOAD_BYTES = 1048576
+local PAYLOAD_CEILING_BYTES = 1048576
+-- The payload bytes of one schedule call in total (copied, stored, and each string
+-- searched for bytes outside ASCII).
+local MAX_PAYLOAD_BYTES_PER_CALL = 1048576
 -- How deep arrays and maps may nest inside a payload (the top map is depth 1).
 local MAX_PAYLOAD_DEPTH = 64
 -- Pending tasks the cycle check may visit for one call; past it the call is refused.
 local MAX_CYCLE_VISITS = 1000
+-- msgpack values in one payload (the map itself, every key and every value inside it;
+-- each character outside ASCII in a string counts as one more), and in the payloads of
+-- one schedule call together: checking a payload costs time by the value, not the byte.
+local MAX_PAYLOAD_VALUES = 32768
+local MAX_PAYLOAD_VALUES_PER_CALL = 32768

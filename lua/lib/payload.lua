@@ -62,16 +62,57 @@ end
 -- the value at pos being at depth `depth` (the payload itself: 1; 1 when left out).
 -- Readers (msgpack decoders, the CLI, the dashboard) recurse per level: past that depth
 -- they fail or cannot render what a script stored.
+-- Every value it reads counts against walk_left: past it, nil, 'many' (a check's cost is
+-- per value, so the values of a payload and of a call are capped: MAX_PAYLOAD_VALUES);
+-- payload_fine and payload_problem set it, other walks (recur.lua) are bounded by bytes.
+local walk_left = 9007199254740991
+-- skip's stack, one for every call (a table per call cost more than reading a small value).
+local open_left = {}
+-- Whether p[first..last] is valid UTF-8. Each character outside ASCII counts against
+-- walk_left as a value does (it costs about as much to check; false once past it): an
+-- ASCII run takes one search, whatever its length.
+local function text_fine(p, first, last)
+  local i = string.find(p, '[\128-\255]', first)
+  while i and i <= last do
+    local c = string.byte(p, i)
+    local len, lo, hi = 0, 128, 191
+    if c >= 194 and c <= 223 then
+      len = 2
+    elseif c >= 224 and c <= 239 then
+      len = 3
+      if c == 224 then lo = 160 elseif c == 237 then hi = 159 end
+    elseif c >= 240 and c <= 244 then
+      len = 4
+      if c == 240 then lo = 144 elseif c == 244 then hi = 143 end
+    else
+      return false
+    end
+    walk_left = walk_left - 1
+    if walk_left < 0 or i + len - 1 > last then return false end
+    local b = string.byte(p, i + 1)
+    if b < lo or b > hi then return false end
+    for j = 2, len - 1 do
+      b = string.byte(p, i + j)
+      if b < 128 or b > 191 then return false end
+    end
+    i = string.find(p, '[\128-\255]', i + len)
+  end
+  return true
+end
+
 local function skip(p, pos, depth)
   -- left[level]: the values still to read in each open array or map (level 1: the value
   -- at pos itself); a value read at level L is at depth base + L.
   local base = (depth or 1) - 1
-  local left, level = { 1 }, 1
+  local left, level = open_left, 1
+  left[1] = 1
   while level > 0 do
     if left[level] == 0 then
       level = level - 1
     else
       left[level] = left[level] - 1
+      walk_left = walk_left - 1
+      if walk_left < 0 then return nil, 'many' end
       local kind, n, at = head(p, pos)
       if not kind then return nil end
       if kind == 'map' or kind == 'array' then
@@ -84,7 +125,13 @@ local function skip(p, pos, depth)
         pos = at
       else
         if at + n - 1 > #p then return nil end
-        if kind == 'str' and not valid_utf8(p, at, at + n - 1) then return nil end
+        if kind == 'str' then
+          -- An ASCII string (the most common) takes one search.
+          local wide = string.find(p, '[\128-\255]', at)
+          if wide and wide < at + n and not text_fine(p, wide, at + n - 1) then
+            return nil, walk_left < 0 and 'many' or nil
+          end
+        end
         pos = at + n
       end
     end
@@ -121,20 +168,26 @@ end
 -- Why a payload is not one a worker can run, or nil: one msgpack map with a non-empty
 -- UTF-8 string fn, args an array and kwargs a map with string keys (each may be left
 -- out or nil, which is how JavaScript encoders send undefined).
--- One pass over a payload: true only when payload_problem finds nothing (it then has
--- nothing to say; anything else goes to its slower walk, which names the problem).
-local function payload_fine(p)
+-- One pass over a payload, reading each value once and at most `most` of them: true and
+-- the number of values (the map itself, every key and every value inside it) only when
+-- payload_problem finds nothing; else false and, when known, why ('many' past `most`,
+-- 'deep'). Anything but true goes to payload_problem's slower walk, which names it.
+local function payload_fine(p, most)
+  walk_left = most - 1
+  if walk_left < 0 then return false, 'many' end
   local kind, n, pos = head(p, 1)
   if kind ~= 'map' then return false end
   local fn = false
   for _ = 1, n do
     local key_kind, key_len, key_at = head(p, pos)
-    local value_at = key_kind and skip(p, pos, 2)
-    local vkind, vn, vat = nil, nil, nil
-    if value_at then vkind, vn, vat = head(p, value_at) end
+    if not key_kind then return false end
+    local value_at, why = skip(p, pos, 2)
+    if not value_at then return false, why end
+    local vkind, vn, vat = head(p, value_at)
     if not vkind then return false end
     local key = key_kind == 'str' and string.sub(p, key_at, key_at + key_len - 1)
     local is_nil = string.byte(p, value_at) == 192
+    local after = nil
     if key == 'fn' then
       if vkind ~= 'str' or vn == 0 then return false end
       fn = true
@@ -144,28 +197,56 @@ local function payload_fine(p)
       return false
     elseif key == 'kwargs' and not is_nil then
       if vkind ~= 'map' then return false end
-      local at = vat
+      -- The map itself, then each key and value once.
+      walk_left = walk_left - 1
+      if walk_left < 0 then return false, 'many' end
+      after = vat
       for _ = 1, vn do
-        if head(p, at) ~= 'str' then return false end
-        at = skip(p, at, 3)
-        at = at and skip(p, at, 3)
-        if not at then return false end
+        -- The key read here: a string, nothing to open.
+        local kkind, kn, kat = head(p, after)
+        walk_left = walk_left - 1
+        if kkind ~= 'str' or kat + kn - 1 > #p then return false end
+        if walk_left < 0 or not text_fine(p, kat, kat + kn - 1) then
+          return false, walk_left < 0 and 'many' or nil
+        end
+        after, why = skip(p, kat + kn, 3)
+        if not after then return false, why end
       end
     end
-    pos = skip(p, value_at, 2)
-    if not pos then return false end
+    if not after then
+      after, why = skip(p, value_at, 2)
+      if not after then return false, why end
+    end
+    pos = after
   end
-  return fn and pos == #p + 1
+  if fn and pos == #p + 1 then return true, most - walk_left end
+  return false
 end
 
-local function payload_problem(p, limit)
+-- Why a payload is refused (the text after 'payload of <id> '), or nil and the number of
+-- values it holds. `most` (optional) is what is left of the call's MAX_PAYLOAD_VALUES_PER_CALL:
+-- past it the walk stops and replies nil, most + 1 (the caller names the call's cap).
+local function payload_problem(p, limit, most)
   if #p > limit then return string.format('is %d bytes, limit %d (payload_max)', #p, limit) end
-  if payload_fine(p) then return nil end
-  local after, why = skip(p, 1)
+  local cap = MAX_PAYLOAD_VALUES
+  if most and most < cap then cap = most end
+  local fine, got = payload_fine(p, cap)
+  if fine then return nil, got end
+  local after, why = nil, got
+  if why ~= 'many' and why ~= 'deep' then
+    walk_left = cap
+    after, why = skip(p, 1)
+  end
+  if why == 'many' then
+    if cap < MAX_PAYLOAD_VALUES then return nil, cap + 1 end
+    return 'has more than ' .. MAX_PAYLOAD_VALUES .. ' values (MAX_PAYLOAD_VALUES)'
+  end
   if why == 'deep' then
     return 'nests arrays and maps more than ' .. MAX_PAYLOAD_DEPTH .. ' deep (MAX_PAYLOAD_DEPTH)'
   end
   if after ~= #p + 1 then return 'must be one valid msgpack value' end
+  -- A valid value of at most cap values: the walks below end.
+  walk_left = math.huge
   local kind, n, pos = head(p, 1)
   if kind ~= 'map' then return 'must be a msgpack map' end
   local fn = nil
