@@ -21,7 +21,7 @@ MAX_EDGES_PER_CALL = 1000
 # Dependencies of one task in total, over every part that placed them.
 MAX_DEPS_PER_TASK = 4000
 # Dependents settled by one call (the propagation budget), whatever the caller asks.
-MAX_PROPAGATE_BUDGET = 500
+MAX_PROPAGATE_BUDGET = 250
 # Entries one ``compact`` call examines.
 MAX_COMPACT_BUDGET = 2500
 # Tasks one ``claim`` call hands out.

@@ -27,7 +27,7 @@
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+--         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 -- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 4 values per report: id, version,
 --   attempt, result bytes ('' for none)
 --

@@ -18,7 +18,7 @@
 -- Also writes states (the per-state index, for the records it writes).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+--         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 -- ARGV[2] the most deadlines entries to handle in this call (>= 1)
 --
 -- Reply: { propagating jobs left, tasks expired }.

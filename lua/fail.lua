@@ -24,7 +24,7 @@
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+--         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 -- ARGV[2] the longest wait between attempts in ms (>= 0; distsched sends 3600000)
 -- ARGV[3] n (at most MAX_REPORTS_PER_CALL, 128); then 4 values per report: id, version,
 --   attempt, error text (at most MAX_ERROR_BYTES, 4096 bytes: a worker cuts longer ones)

@@ -35,7 +35,7 @@
 -- now (lib/queue.lua), and the timer worker when the next fire time moved earlier than
 -- what it waits for (lib/fires.lua).
 --
--- ARGV[1] propagation budget (>= 1; at most MAX_PROPAGATE_BUDGET, 500, counts)
+-- ARGV[1] propagation budget (>= 1; at most MAX_PROPAGATE_BUDGET, 250, counts)
 -- ARGV[2] the schedule name
 -- ARGV[3] the rev of the definition the caller read (firing state)
 -- ARGV[4] mode: 'fire', 'trigger' or 'backfill'

@@ -19,7 +19,7 @@
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+--         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 --
 -- Reply: { propagating jobs left, budget used (edges settled plus tasks visited) }.
 -- Cost: O(budget log N).

@@ -24,7 +24,7 @@
 -- up), when it handles every expired lease (ARGV[4] empty).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+--         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 -- ARGV[2] the longest wait between attempts in ms (>= 0; distsched sends 3600000)
 -- ARGV[3] the most leases to handle in this call (>= 1)
 -- ARGV[4] task id to expire now whatever its deadline, or '' for every expired lease

@@ -21,7 +21,7 @@
 -- is published as '<state> <id>' on ended (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+--         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 -- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 3 values per token: id, version,
 --   attempt
 -- ARGV[3 + 3n] optional delay_ms (>= 0): the tasks become due again no sooner than this

@@ -39,7 +39,7 @@
 -- the default key), its key into fairready or fairwait (lib/fair.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
---         one than MAX_PROPAGATE_BUDGET, 500, counts as that)
+--         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 -- ARGV[2] n, the number of tasks; then for each task, in order:
 --   id;
 --   spec, eight fields joined by single spaces:
@@ -70,7 +70,7 @@
 -- MAX_PAYLOAD_VALUES_PER_CALL (32768 values) together; the cycle check
 -- reads at most MAX_CYCLE_VISITS (1000) dependents (BADARG deps cycle check visited more
 -- than 1000 pending tasks ...: schedule a graph dependencies first, or in smaller calls);
--- the propagation budget counts as at most MAX_PROPAGATE_BUDGET (500).
+-- the propagation budget counts as at most MAX_PROPAGATE_BUDGET (250).
 --
 -- Reply: { propagating jobs left, version 1, ..., version n }; when a spec of the call has
 --   an option (any of the four), one more value: n letters, the i-th 'n' when task i got

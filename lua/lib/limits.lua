@@ -13,7 +13,7 @@ local MAX_EDGES_PER_CALL = 1000
 -- Dependencies of one task in total, over every part that placed them.
 local MAX_DEPS_PER_TASK = 4000
 -- The most a propagation budget (ARGV[1] of the scripts that settle) counts for.
-local MAX_PROPAGATE_BUDGET = 500
+local MAX_PROPAGATE_BUDGET = 250
 -- The most a compact budget (compact.lua ARGV[1]) counts for.
 local MAX_COMPACT_BUDGET = 2500
 -- Tasks one claim call hands out.
