@@ -1747,12 +1747,16 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
     "--key", "fair_key", metavar="KEY",
     help="Fairness key (tenant) of the tasks it fires (default: the default key).",
 )  # fmt: skip
+@click.option(
+    "--timeout", type=Duration("timeout"), metavar="DURATION",
+    help="Time limit of each run it fires (default: the worker's); past it the attempt fails.",
+)  # fmt: skip
 @click.pass_context
 def schedules_add(
     ctx: click.Context, name: str, fn: str, args_json: str, kwargs_json: str, cron: str | None,
     tz: str, interval: float | None, priority: int, max_attempts: int, backoff: float,
     start: str | None, end: str | None, jitter: float, paused: bool, overlap: str, catchup: str,
-    catchup_window: float, fair_key: str | None,
+    catchup_window: float, fair_key: str | None, timeout: float | None,
 ) -> None:  # fmt: skip
     """Add (or replace) schedule NAME; print its next fire time."""
     options: ScheduleOptions = {
@@ -1763,7 +1767,7 @@ def schedules_add(
         "start": None if start is None else parse_when(start, "start"),
         "end": None if end is None else parse_when(end, "end"),
         "jitter": jitter, "paused": paused, "overlap": overlap, "catchup": catchup,
-        "catchup_window": catchup_window, "key": fair_key,
+        "catchup_window": catchup_window, "key": fair_key, "timeout": timeout,
     }  # fmt: skip
     scheduler = _connect(ctx)
     sc = scheduler.add_schedule(name, fn, **options)

@@ -2314,7 +2314,7 @@ def recur_remove_call(keys: Keys, name: str) -> Call:
 def fire_slots_per_call(d: Definition, max_payload_bytes: int) -> int:
     """How many slots of ``d`` one fire call may create: each task stores the payload,
     and a call's payloads are at most ``MAX_PAYLOAD_BYTES_PER_CALL`` (one slot always)."""
-    size = len(encode_payload(d.fn, d.args, d.kwargs, max_payload_bytes))
+    size = len(encode_payload(d.fn, d.args, d.kwargs, max_payload_bytes, timeout=d.timeout_ms))
     return max(1, min(MAX_BACKFILL_SLOTS, limits.MAX_PAYLOAD_BYTES_PER_CALL // size))
 
 
@@ -2330,7 +2330,7 @@ def fire_call(
     missed: int = 0,
 ) -> Call:
     """The fire script's call (see lua/fire.lua): ``slots`` are (slot ms, run_at ms)."""
-    payload = encode_payload(d.fn, d.args, d.kwargs, max_payload_bytes)
+    payload = encode_payload(d.fn, d.args, d.kwargs, max_payload_bytes, timeout=d.timeout_ms)
     args: list[Any] = [
         PROPAGATE_BUDGET, d.name, rev, mode,
         "" if expected_ms is None else expected_ms, "" if next_ms is None else next_ms,
@@ -3868,7 +3868,7 @@ class Ops(ClaimShortcuts):
         validate_name(name)
         now = yield from self.now_ms()
         d = schedule_definition(name, fn, now, options)
-        encode_payload(d.fn, d.args, d.kwargs, self.max_payload_bytes)
+        encode_payload(d.fn, d.args, d.kwargs, self.max_payload_bytes, timeout=d.timeout_ms)
         next_ms = None if d.paused else d.timetable().after(now)
         return (yield from self._put_schedule(d, next_ms))
 

@@ -89,6 +89,7 @@ class ScheduleOptions(TypedDict, total=False):
     catchup: Catchup | str
     catchup_window: float
     key: str | None
+    timeout: float | None
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ class Schedule:
       or only the ``latest``); the others are counted in ``missed``.
     - ``key``: the fairness key (tenant) of every task it fires (``None``: the default
       key), as ``Scheduler.schedule``'s ``key``.
+    - ``timeout``: the time limit in seconds of every task it fires (``None``: the
+      function's or the worker's limit), as ``Scheduler.schedule``'s ``timeout``.
     - ``next_fire``: the next slot (epoch seconds), ``None`` while paused or ended.
     - ``fired``, ``skipped``, ``missed``: tasks created, slots skipped by the overlap
       policy, slots not fired; ``last_task``: the id of the last run it started.
@@ -134,6 +137,7 @@ class Schedule:
     missed: int = 0
     last_task: str | None = None
     key: str | None = None
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,7 @@ class Definition:
     catchup: Catchup
     window_ms: int
     key: str | None = None
+    timeout_ms: int | None = None
 
     def encode(self) -> bytes:
         data = {
@@ -172,6 +177,8 @@ class Definition:
         }  # fmt: skip
         if self.key is not None:  # absent without one: definitions stored before read alike
             data["key"] = self.key
+        if self.timeout_ms is not None:  # absent without one, as key
+            data["timeout_ms"] = self.timeout_ms
         packed: bytes = msgpack.packb(data, use_bin_type=True)
         return packed
 
@@ -189,6 +196,7 @@ class Definition:
                 paused=bool(d["paused"]), overlap=Overlap(d["overlap"]),
                 catchup=Catchup(d["catchup"]), window_ms=int(d["window_ms"]),
                 key=None if d.get("key") is None else str(d["key"]),
+                timeout_ms=None if d.get("timeout_ms") is None else int(d["timeout_ms"]),
             )  # fmt: skip
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
             raise ValueError(
@@ -214,6 +222,7 @@ class Definition:
             catchup=self.catchup, catchup_window=self.window_ms / 1000.0,
             next_fire=sec(next_ms), fired=state.fired, skipped=state.skipped,
             missed=state.missed, last_task=state.last or None, key=self.key,
+            timeout=sec(self.timeout_ms),
         )  # fmt: skip
 
     def jitter_for(self, slot_ms: int) -> int:
@@ -329,6 +338,7 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
         PRIORITY_MIN,
         _is_int,
         encode_payload,
+        timeout_ms,
         validate_fair_key,
     )
 
@@ -381,6 +391,7 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
     key = options.get("key")
     if key is not None:
         key = validate_fair_key(key)
+    limit_ms = timeout_ms(options.get("timeout"), "timeout")
     anchor = start_ms if start_ms is not None else now_ms + (interval_ms or 0)
     return Definition(
         name=name, fn=str(fn), args=tuple(args), kwargs=dict(kwargs or {}), priority=priority,
@@ -388,7 +399,7 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
         cron=cron_expr if interval is None else None, tz=str(tz_name), interval_ms=interval_ms,
         anchor_ms=anchor, start_ms=start_ms, end_ms=end_ms, jitter_ms=round(jitter * 1000),
         paused=paused, overlap=overlap, catchup=catchup, window_ms=round(window * 1000),
-        key=key,
+        key=key, timeout_ms=limit_ms,
     )  # fmt: skip
 
 

@@ -6,6 +6,7 @@ Real redis-server, real workers (threads, and ``distsched worker --processes``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import signal
@@ -20,7 +21,7 @@ import pytest
 
 from distsched import Scheduler, State, TaskSpec, Worker, core, current_task
 from distsched.errors import InvalidArgument, NotFoundError
-from tests.conftest import RedisServer, put_payload, running
+from tests.conftest import RedisServer, put_payload, running, stored_payload
 from tests.test_cli import assert_one_line_error, invoke
 from tests.test_worker import wait_state, wait_until
 from tests.test_worker_processes import Supervised, alive, worker_pids
@@ -346,3 +347,76 @@ def test_the_script_takes_a_timeout_in_any_msgpack_integer_encoding(
     if encoded.startswith(b"\xcf"):
         expected = 2_592_000.0
     assert fast.status("t").timeout == expected
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def test_a_schedules_time_limit_goes_with_every_task_it_fires_and_ends_a_run_past_it(
+    fast: Scheduler,
+) -> None:
+    past = time.time() - 1800
+    sc = fast.add_schedule("s", "slow", interval=3600, start=past, timeout=LIMIT)
+    assert sc.timeout == LIMIT
+    run = fast.trigger("s")
+    assert run is not None and fast.backfill("s", past - 60, past + 60, limit=1) == 1
+    raw: Any = fast.client.hkeys(fast.keys.tasks)
+    fired = sorted(k.decode() for k in raw)
+    assert len(fired) == 2  # one triggered, one backfilled: both carry the limit
+    for task_id in fired:
+        payload = stored_payload(fast.client, fast.keys, task_id)
+        assert payload is not None and msgpack.unpackb(payload)["timeout"] == 500
+        if task_id != run:
+            fast.cancel(task_id)
+
+    worker = Worker(fast, {"slow": lambda: time.sleep(2.0)}, timeout_grace=GRACE)
+    with running(worker):
+        info = wait_state(fast, run, State.FAILED)
+    assert info.error == ERROR and info.timeout == LIMIT
+
+
+def test_a_schedule_without_a_time_limit_fires_tasks_without_the_key(fast: Scheduler) -> None:
+    assert fast.add_schedule("plain", "f", interval=3600).timeout is None
+    run = fast.trigger("plain")
+    assert run is not None
+    payload = stored_payload(fast.client, fast.keys, run)
+    assert payload is not None and "timeout" not in msgpack.unpackb(payload)
+    stored = fast.client.hget(fast.keys.schedules, "plain")
+    assert isinstance(stored, bytes) and "timeout_ms" not in msgpack.unpackb(stored)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.0004, math.nan, math.inf, True, "5", 2_592_001])
+def test_a_bad_schedule_timeout_is_refused_naming_it_and_nothing_is_written(
+    api: Scheduler, bad: Any
+) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        api.add_schedule("s", "f", interval=60, timeout=bad)
+    assert caught.value.field == "timeout"
+    assert api.schedules() == []
+
+
+def test_a_schedules_time_limit_reads_back_from_each_listing_and_survives_pause_and_resume(
+    api: Scheduler,
+) -> None:
+    assert api.add_schedule("s", "f", interval=60, timeout=90).timeout == 90.0
+    assert api.get_schedule("s").timeout == 90.0
+    assert [sc.timeout for sc in api.schedules()] == [90.0]
+    assert api.pause_schedule("s").timeout == 90.0
+    assert api.resume_schedule("s").timeout == 90.0
+    assert api.add_schedule("s", "f", interval=60).timeout is None  # replaced without one
+
+
+def test_the_cli_adds_a_schedule_with_a_timeout_lists_it_and_refuses_a_bad_one_naming_it(
+    redis_server: RedisServer, namespace: str, fast: Scheduler
+) -> None:
+    done = invoke(redis_server, namespace, "schedules", "add", "s", "--fn", "f",
+                  "--interval", "1h", "--timeout", "1m30s")  # fmt: skip
+    assert done.exit_code == 0, done.stderr
+    assert fast.get_schedule("s").timeout == 90.0
+    listed = invoke(redis_server, namespace, "schedules", "list", "--json")
+    assert [sc["timeout"] for sc in json.loads(listed.stdout)] == [90.0]
+    for bad in ("0", "-1", "31d", "nan"):
+        refused = invoke(redis_server, namespace, "schedules", "add", "u", "--fn", "f",
+                         "--interval", "1h", "--timeout", bad)  # fmt: skip
+        assert_one_line_error(refused, "--timeout")
+    assert [sc.name for sc in fast.schedules()] == ["s"]
