@@ -1689,8 +1689,9 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
         return
     now = scheduler.server_time()
     rows: list[tuple[str, ...]] = [
-        ("name", "fn", "when", "state", "next fire", "overlap", "fired", "skipped", "missed")
-    ]
+        ("name", "fn", "when", "state", "next fire", "overlap", "timeout", "fired", "skipped",
+         "missed")
+    ]  # fmt: skip
     for sc in found:
         next_fire = (
             "-" if sc.next_fire is None else f"{iso(sc.next_fire)} ({relative(sc.next_fire, now)})"
@@ -1698,9 +1699,10 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
         rows.append((
             show(one_line(sc.name)), show(one_line(sc.fn)), show(one_line(_when_text(sc))),
             _schedule_state(sc),
-            next_fire, sc.overlap.value, str(sc.fired), str(sc.skipped), str(sc.missed),
+            next_fire, sc.overlap.value, "-" if sc.timeout is None else f"{sc.timeout:g} s",
+            str(sc.fired), str(sc.skipped), str(sc.missed),
         ))  # fmt: skip
-    for line in table(rows, right=frozenset({6, 7, 8})):
+    for line in table(rows, right=frozenset({7, 8, 9})):
         click.echo(line)
 
 

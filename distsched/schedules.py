@@ -196,7 +196,7 @@ class Definition:
                 paused=bool(d["paused"]), overlap=Overlap(d["overlap"]),
                 catchup=Catchup(d["catchup"]), window_ms=int(d["window_ms"]),
                 key=None if d.get("key") is None else str(d["key"]),
-                timeout_ms=None if d.get("timeout_ms") is None else int(d["timeout_ms"]),
+                timeout_ms=_stored_timeout(d.get("timeout_ms")),
             )  # fmt: skip
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
             raise ValueError(
@@ -256,6 +256,17 @@ class FiringState:
 
 
 # --------------------------------------------------------------------------- validation
+
+
+def _stored_timeout(value: object) -> int | None:
+    """A stored definition's time limit (ms); ``ValueError`` when no task could carry it."""
+    from distsched.core import TIMEOUT_MAX_MS
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= TIMEOUT_MAX_MS:
+        raise ValueError(f"timeout_ms must be an int in [1, {TIMEOUT_MAX_MS}], got {value!r}")
+    return value
 
 
 def validate_name(name: object) -> str:

@@ -20,7 +20,7 @@ import msgpack
 import pytest
 
 from distsched import Scheduler, State, TaskSpec, Worker, core, current_task
-from distsched.errors import InvalidArgument, NotFoundError
+from distsched.errors import InvalidArgument, NotFoundError, ScriptError
 from tests.conftest import RedisServer, put_payload, running, stored_payload
 from tests.test_cli import assert_one_line_error, invoke
 from tests.test_worker import wait_state, wait_until
@@ -385,6 +385,22 @@ def test_a_schedule_without_a_time_limit_fires_tasks_without_the_key(fast: Sched
     assert isinstance(stored, bytes) and "timeout_ms" not in msgpack.unpackb(stored)
 
 
+@pytest.mark.parametrize("junk", [0, -5, 1.5, "500", True, 2_592_000_001])
+def test_a_stored_schedule_with_a_bad_time_limit_is_reported_unreadable_and_fires_nothing(
+    fast: Scheduler, junk: Any
+) -> None:
+    fast.add_schedule("s", "f", interval=3600, timeout=LIMIT)
+    stored = fast.client.hget(fast.keys.schedules, "s")
+    assert isinstance(stored, bytes)
+    fast.client.hset(fast.keys.schedules, "s", msgpack.packb({**msgpack.unpackb(stored),
+                                                              "timeout_ms": junk}))  # fmt: skip
+    with pytest.raises(ScriptError, match="timeout_ms"):
+        fast.get_schedule("s")
+    with pytest.raises(ScriptError, match="timeout_ms"):
+        fast.trigger("s")
+    assert fast.client.hlen(fast.keys.tasks) == 0
+
+
 @pytest.mark.parametrize("bad", [0, -1, 0.0004, math.nan, math.inf, True, "5", 2_592_001])
 def test_a_bad_schedule_timeout_is_refused_naming_it_and_nothing_is_written(
     api: Scheduler, bad: Any
@@ -415,6 +431,8 @@ def test_the_cli_adds_a_schedule_with_a_timeout_lists_it_and_refuses_a_bad_one_n
     assert fast.get_schedule("s").timeout == 90.0
     listed = invoke(redis_server, namespace, "schedules", "list", "--json")
     assert [sc["timeout"] for sc in json.loads(listed.stdout)] == [90.0]
+    table = invoke(redis_server, namespace, "schedules", "list").stdout.splitlines()
+    assert "timeout" in table[0].split() and "90 s" in table[1]
     for bad in ("0", "-1", "31d", "nan"):
         refused = invoke(redis_server, namespace, "schedules", "add", "u", "--fn", "f",
                          "--interval", "1h", "--timeout", bad)  # fmt: skip
