@@ -470,6 +470,10 @@ def test_a_payload_of_more_than_max_payload_values_is_refused(
     assert core.payload_values(cjk) == most
     over = pack({"fn": "f", "args": ["\u4e2d" * (most - 5)]})
     refused(redis_client, s, "(MAX_PAYLOAD_VALUES)", "schedule", *args(over))
+    # Characters outside ASCII add up over every string of the payload.
+    spread = pack({"fn": "f", "args": ["\u4e2d" * (most // 4)] * 4})
+    assert core.payload_values(spread) > most
+    refused(redis_client, s, "(MAX_PAYLOAD_VALUES)", "schedule", *args(spread))
     evalsha(redis_client, s.keys, "schedule", *args(values_payload(most)))
     assert s.status("t").state is State.READY
     evalsha(redis_client, s.keys, "schedule", *args(cjk))

@@ -69,34 +69,15 @@ local walk_left = 9007199254740991
 -- skip's stack, one for every call (a table per call cost more than reading a small value).
 local open_left = {}
 -- Whether p[first..last] is valid UTF-8. Each character outside ASCII counts against
--- walk_left as a value does (it costs about as much to check; false once past it): an
--- ASCII run takes one search, whatever its length.
+-- walk_left as a value does (lib/record.lua's valid_utf8; false once past it, walk_left
+-- then below 0): an ASCII run takes one search, whatever its length.
 local function text_fine(p, first, last)
-  local i = string.find(p, '[\128-\255]', first)
-  while i and i <= last do
-    local c = string.byte(p, i)
-    local len, lo, hi = 0, 128, 191
-    if c >= 194 and c <= 223 then
-      len = 2
-    elseif c >= 224 and c <= 239 then
-      len = 3
-      if c == 224 then lo = 160 elseif c == 237 then hi = 159 end
-    elseif c >= 240 and c <= 244 then
-      len = 4
-      if c == 240 then lo = 144 elseif c == 244 then hi = 143 end
-    else
-      return false
-    end
-    walk_left = walk_left - 1
-    if walk_left < 0 or i + len - 1 > last then return false end
-    local b = string.byte(p, i + 1)
-    if b < lo or b > hi then return false end
-    for j = 2, len - 1 do
-      b = string.byte(p, i + j)
-      if b < 128 or b > 191 then return false end
-    end
-    i = string.find(p, '[\128-\255]', i + len)
+  local wide, why = valid_utf8(p, first, last, walk_left)
+  if not wide then
+    if why == 'many' then walk_left = -1 end
+    return false
   end
+  walk_left = walk_left - wide
   return true
 end
 

@@ -49,17 +49,18 @@ local STATE_NAME = {
 -- U+10FFFF, no overlong form), 1..MAX_ID_BYTES bytes; the Python client checks the same.
 local MAX_ID_BYTES = 512
 
--- Is s (or its bytes first..last) valid UTF-8?
-local function valid_utf8(s, first, last)
+-- Is s (or its bytes first..last) valid UTF-8? The number of characters outside ASCII
+-- when it is, else false; with `most`, false and 'many' once more than most of them are
+-- read (a payload's check counts each as a value: they cost about as much to check).
+local function valid_utf8(s, first, last, most)
   local n = last or #s
+  local wide = 0
   -- Runs of ASCII are skipped with one search each: a large ASCII text costs one scan.
   local i = string.find(s, '[\128-\255]', first or 1)
   while i and i <= n do
     local c = string.byte(s, i)
-    local len, lo, hi = 1, 128, 191
-    if c < 128 then
-      len = 1
-    elseif c >= 194 and c <= 223 then
+    local len, lo, hi = 0, 128, 191
+    if c >= 194 and c <= 223 then
       len = 2
     elseif c >= 224 and c <= 239 then
       len = 3
@@ -70,18 +71,18 @@ local function valid_utf8(s, first, last)
     else
       return false
     end
+    wide = wide + 1
+    if most and wide > most then return false, 'many' end
     if i + len - 1 > n then return false end
-    for j = 1, len - 1 do
-      local b = string.byte(s, i + j)
-      if j == 1 then
-        if b < lo or b > hi then return false end
-      elseif b < 128 or b > 191 then
-        return false
-      end
+    local b = string.byte(s, i + 1)
+    if b < lo or b > hi then return false end
+    for j = 2, len - 1 do
+      b = string.byte(s, i + j)
+      if b < 128 or b > 191 then return false end
     end
     i = string.find(s, '[\128-\255]', i + len)
   end
-  return true
+  return wide
 end
 
 -- Why id is not a valid task id, or nil when it is.
