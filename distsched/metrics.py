@@ -279,8 +279,11 @@ class PrometheusMetrics(WorkerMetrics):
             self.released.inc(n)
 
     def on_housekeeping(self, reaped: int, compacted: int, purged: int) -> None:
-        for metric, n in ((self.expired, reaped), (self.compacted, compacted),
-                          (self.purged, purged)):  # fmt: skip
+        for metric, n in (
+            (self.expired, reaped),
+            (self.compacted, compacted),
+            (self.purged, purged),
+        ):
             if n:
                 metric.inc(n)
 

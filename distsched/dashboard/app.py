@@ -166,9 +166,14 @@ class Dashboard:
         page = await self.read(reads.overview, self.scheduler)
         data = reads.overview_json(page)
         return self.render(
-            request, "overview.html", page=page, data=data, fields=overview_fields(data),
-            states=list(State), svgs=charts(page),
-        )  # fmt: skip
+            request,
+            "overview.html",
+            page=page,
+            data=data,
+            fields=overview_fields(data),
+            states=list(State),
+            svgs=charts(page),
+        )
 
     async def overview_api(self, request: Request) -> Response:
         page = await self.read(reads.overview, self.scheduler)
@@ -185,17 +190,21 @@ class Dashboard:
             page = await self.read(reads.task, self.scheduler, task_id, offsets)
         except NotFoundError:
             return self.render(
-                request, "error.html", 404,
+                request,
+                "error.html",
+                404,
                 message=f"No task {reads.short(task_id)!r} in this namespace.",
-            )  # fmt: skip
+            )
         except InvalidArgument as exc:
             return self.render(request, "error.html", 400, message=reads.short(str(exc), 300))
         except reads.Unreadable as exc:
             return self.render(
-                request, "error.html", 200,
+                request,
+                "error.html",
+                200,
                 message=f"Task {reads.short(task_id)!r} is stored in a form this dashboard "
                 f"cannot read ({exc}); it was probably written by other means.",
-            )  # fmt: skip
+            )
         svg = graph.render(page.hood, self.task_link(request))
 
         def paged(name: str, offset: int) -> str:
@@ -275,9 +284,15 @@ class Dashboard:
         except InvalidArgument as exc:
             return self.render(request, "error.html", 400, message=str(exc))
         return self.render(
-            request, "tasks.html", state=state, states=list(State), fn=fn or "",
-            cursor=cursor, page=page, reads=reads,
-        )  # fmt: skip
+            request,
+            "tasks.html",
+            state=state,
+            states=list(State),
+            fn=fn or "",
+            cursor=cursor,
+            page=page,
+            reads=reads,
+        )
 
     async def leases(self, request: Request) -> Response:
         cursor = request.query_params.get("cursor") or None
@@ -332,12 +347,15 @@ class Dashboard:
         """The 429 answer to a client that failed to log in too often."""
         log.warning(
             "dashboard: login attempts from %s refused for %.0f s (too many failures)",
-            _peer(request), wait,
-        )  # fmt: skip
+            _peer(request),
+            wait,
+        )
         response = self.render(
-            request, "error.html", 429,
+            request,
+            "error.html",
+            429,
             message=f"Too many failed logins: try again in {seconds(math.ceil(wait))}.",
-        )  # fmt: skip
+        )
         response.headers["Retry-After"] = retry_after(wait)
         return response
 

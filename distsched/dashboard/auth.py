@@ -147,9 +147,10 @@ class Signer:
     def __init__(self, token: str, namespace: str) -> None:
         self._token = token.encode("utf-8")
         self._key = hmac.new(
-            self._token, b"distsched-dashboard-session\x00" + namespace.encode("utf-8"),
+            self._token,
+            b"distsched-dashboard-session\x00" + namespace.encode("utf-8"),
             hashlib.sha256,
-        ).digest()  # fmt: skip
+        ).digest()
 
     def token_matches(self, given: str) -> bool:
         return hmac.compare_digest(given.encode("utf-8"), self._token)

@@ -176,9 +176,12 @@ class _Story:
 
     def functions(self) -> dict[str, Callable[..., Any]]:
         return {
-            "record": self.record, "hold": self.hold, "watch": self.watch, "flaky": self.flaky,
+            "record": self.record,
+            "hold": self.hold,
+            "watch": self.watch,
+            "flaky": self.flaky,
             "busy": self.busy,
-        }  # fmt: skip
+        }
 
     # ---------------------------------------------------------------- helpers
 
@@ -498,8 +501,11 @@ class _Story:
         slots = self.started_order("ticker@")
         self.wait_state(slots[-1], State.SUCCEEDED)
         with self.lock:
-            late = [r.server_time - int(r.task_id.rsplit("@", 1)[1]) / 1000 for r in self.runs
-                    if r.task_id.startswith("ticker@")]  # fmt: skip
+            late = [
+                r.server_time - int(r.task_id.rsplit("@", 1)[1]) / 1000
+                for r in self.runs
+                if r.task_id.startswith("ticker@")
+            ]
         self.say(
             "demo", f"each slot's task started {max(late) * 1000:.0f} ms after its slot at most"
         )
@@ -527,10 +533,16 @@ class _Story:
         rows = [("task", "state", "version", "attempt", "priority", "outcome")]
         for info in lookup_many(self.s, self.submitted):
             outcome = info.error or (str(info.result) if info.result is not None else "")
-            rows.append((
-                info.task_id, info.state.value, str(info.version), str(info.attempt),
-                str(info.priority), outcome,
-            ))  # fmt: skip
+            rows.append(
+                (
+                    info.task_id,
+                    info.state.value,
+                    str(info.version),
+                    str(info.attempt),
+                    str(info.priority),
+                    outcome,
+                )
+            )
         for line in table(rows):
             self.echo("  " + line)
         cancelled = ("never-runs", "long-job")

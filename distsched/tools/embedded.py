@@ -84,16 +84,21 @@ def _redis_server(binary: str) -> Iterator[EmbeddedRedis]:
             proc = subprocess.Popen(
                 [
                     binary,
-                    "--port", str(port),
-                    "--bind", HOST,
-                    "--dir", str(workdir),
-                    "--save", "",
-                    "--appendonly", "no",
+                    "--port",
+                    str(port),
+                    "--bind",
+                    HOST,
+                    "--dir",
+                    str(workdir),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
                 stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+            )
             deadline = time.monotonic() + START_TIMEOUT_S
             info = None
             while proc.poll() is None and time.monotonic() < deadline:

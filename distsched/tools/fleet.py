@@ -172,8 +172,11 @@ class LocalFleet:
             addresses = [f"{HOST}:{port}" for port in self.ports]
             done = subprocess.run(
                 [cli, "--cluster", "create", *addresses, "--cluster-yes"],
-                capture_output=True, text=True, timeout=120, check=False,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             if done.returncode != 0:
                 raise FleetError(f"redis-cli --cluster create failed: {done.stdout}{done.stderr}")
             for port in self.ports:
@@ -223,9 +226,13 @@ class LocalFleet:
         ]  # fmt: skip
         with log_path.open("ab") as out:
             proc = subprocess.Popen(
-                args, env=self.env(), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, cwd=self.directory,
-            )  # fmt: skip
+                args,
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+            )
         self.workers.append(proc)
 
     def stop(self) -> None:
@@ -284,12 +291,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = _parser().parse_known_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     config = FleetConfig(
-        app=args.app, masters=args.masters, workers=args.workers, namespace=args.namespace,
-        grace_s=args.grace, worker_args=extra, directory=args.dir, keep=args.dir is not None,
-        redis_server=args.redis_server, redis_cli=args.redis_cli,
-        env={"PYTHONPATH": os.pathsep.join(p for p in (os.getcwd(), os.environ.get(
-            "PYTHONPATH", "")) if p)},
-    )  # fmt: skip
+        app=args.app,
+        masters=args.masters,
+        workers=args.workers,
+        namespace=args.namespace,
+        grace_s=args.grace,
+        worker_args=extra,
+        directory=args.dir,
+        keep=args.dir is not None,
+        redis_server=args.redis_server,
+        redis_cli=args.redis_cli,
+        env={
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (os.getcwd(), os.environ.get("PYTHONPATH", "")) if p
+            )
+        },
+    )
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

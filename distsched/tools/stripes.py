@@ -150,9 +150,14 @@ def order_inversion(client: RedisCluster, prefix: str, stripes: int) -> dict[str
 
 
 def measure(
-    fleet: LocalFleet, client: RedisCluster, config: StripesConfig, stripes: int, workdir: Path,
-    prefix: str, progress: Echo,
-) -> dict[str, Any]:  # fmt: skip
+    fleet: LocalFleet,
+    client: RedisCluster,
+    config: StripesConfig,
+    stripes: int,
+    workdir: Path,
+    prefix: str,
+    progress: Echo,
+) -> dict[str, Any]:
     """Enqueue and drain ``config.tasks`` no-op tasks on ``stripes`` stripes."""
     namespace = spread_namespace(client, f"{prefix}-k{stripes}", stripes)
     ids = [f"t{i}" for i in range(config.tasks)]
@@ -237,10 +242,13 @@ def run_stripes_bench(config: StripesConfig, progress: Echo) -> dict[str, Any]:
         "order": orders,
         "problems": [
             *(f"{r['stripes']} stripe(s): {p}" for r in runs for p in r["exactly_once_problems"]),
-            *(f"{o['stripes']} stripe(s): a stripe out of order"
-              for o in orders if not o["each_stripe_in_order"]),
+            *(
+                f"{o['stripes']} stripe(s): a stripe out of order"
+                for o in orders
+                if not o["each_stripe_in_order"]
+            ),
         ],
-    }  # fmt: skip
+    }
 
 
 def format_report(report: dict[str, Any]) -> list[str]:

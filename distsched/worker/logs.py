@@ -269,11 +269,15 @@ class NonBlockingHandler(logging.Handler):
             dropped, self._unreported = self._unreported, 0
         if dropped:
             record = drops_log.makeRecord(
-                drops_log.name, logging.WARNING, __file__, 0,
+                drops_log.name,
+                logging.WARNING,
+                __file__,
+                0,
                 "%d log records were dropped: the log output did not keep up (%d dropped "
                 "since the start; at most %d wait to be written)",
-                (dropped, self.dropped, self.capacity), None,
-            )  # fmt: skip
+                (dropped, self.dropped, self.capacity),
+                None,
+            )
             self._handle(self.prepare(record))
 
     def flush(self) -> None:

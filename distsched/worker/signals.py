@@ -60,20 +60,25 @@ class SignalHandlers:
             log.warning(
                 "worker %s: second %s: exiting now; %d running tasks are left to their "
                 "leases (reaped when they expire, as if this worker had vanished)",
-                self.worker_id, name, self._held(),
-            )  # fmt: skip
+                self.worker_id,
+                name,
+                self._held(),
+            )
             flush_handlers(log)  # the line above may still wait in a log queue
             os._exit(EXIT_AT_ONCE)
         if self._signalled:
             log.warning(
                 "worker %s: %s: already stopping; press Ctrl-C to exit at once",
-                self.worker_id, name,
-            )  # fmt: skip
+                self.worker_id,
+                name,
+            )
             return
         self._signalled = True
         log.warning(
             "worker %s: %s: stopping; no new tasks are claimed, running tasks get %gs grace "
             "to finish; press Ctrl-C again to exit at once",
-            self.worker_id, name, self._grace(),
-        )  # fmt: skip
+            self.worker_id,
+            name,
+            self._grace(),
+        )
         self._stop()

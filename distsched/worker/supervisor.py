@@ -161,9 +161,11 @@ class Supervisor:
         restore = self._install_signals()
         try:
             log.info(
-                "supervisor %d: starting %d worker processes", os.getpid(), self.processes,
+                "supervisor %d: starting %d worker processes",
+                os.getpid(),
+                self.processes,
                 extra={"processes": self.processes},
-            )  # fmt: skip
+            )
             for child in self.children:
                 self._start(child)
             return self._loop()
@@ -216,29 +218,38 @@ class Supervisor:
             child.state = ChildState.STOPPED
             level = logging.INFO if code == 0 else logging.WARNING
             log.log(
-                level, "worker process %d (pid %d) %s", child.index, child.proc.pid,
+                level,
+                "worker process %d (pid %d) %s",
+                child.index,
+                child.proc.pid,
                 "stopped" if code == 0 else _exit_text(code),
                 extra={"worker_process": child.index, "pid": child.proc.pid, "exit_code": code},
-            )  # fmt: skip
+            )
             return
         if code == EXIT_REPLACE:
             child.state = ChildState.WAITING
             child.restart_at = now
             log.warning(
                 "worker process %d (pid %d) ended itself to stop a task function past its "
-                "time limit; starting another", child.index, child.proc.pid,
+                "time limit; starting another",
+                child.index,
+                child.proc.pid,
                 extra={"worker_process": child.index, "pid": child.proc.pid, "exit_code": code},
-            )  # fmt: skip
+            )
             return
         ran = now - child.started
         child.crashes = child.crashes + 1 if ran < self.stable_s else 1
         if child.crashes >= self.crash_limit:
             log.error(
                 "worker process %d (pid %d) %s after %.1fs: %d quick deaths in a row, giving "
-                "up; stopping the other worker processes", child.index, child.proc.pid,
-                _exit_text(code), ran, child.crashes,
+                "up; stopping the other worker processes",
+                child.index,
+                child.proc.pid,
+                _exit_text(code),
+                ran,
+                child.crashes,
                 extra={"worker_process": child.index, "pid": child.proc.pid, "exit_code": code},
-            )  # fmt: skip
+            )
             child.state = ChildState.STOPPED
             self._gave_up = True
             self._begin_stop(signal.SIGTERM)
@@ -248,9 +259,13 @@ class Supervisor:
         child.restart_at = now + pause
         log.warning(
             "worker process %d (pid %d) %s after %.1fs; starting another in %.1fs",
-            child.index, child.proc.pid, _exit_text(code), ran, pause,
+            child.index,
+            child.proc.pid,
+            _exit_text(code),
+            ran,
+            pause,
             extra={"worker_process": child.index, "pid": child.proc.pid, "exit_code": code},
-        )  # fmt: skip
+        )
 
     def _start(self, child: Child) -> None:
         env = dict(self.env)
@@ -282,9 +297,11 @@ class Supervisor:
         child.state = ChildState.RUNNING
         child.started = time.monotonic()
         log.info(
-            "worker process %d started (pid %d)", child.index, proc.pid,
+            "worker process %d started (pid %d)",
+            child.index,
+            proc.pid,
             extra={"worker_process": child.index, "pid": proc.pid},
-        )  # fmt: skip
+        )
 
     # ------------------------------------------------------------------ shutdown
 
@@ -295,9 +312,11 @@ class Supervisor:
             if self._stop_deadline is None:
                 log.warning(
                     "supervisor %d: %s: stopping %d worker processes (each gives its running "
-                    "tasks their grace)", os.getpid(), signal.Signals(signum).name,
+                    "tasks their grace)",
+                    os.getpid(),
+                    signal.Signals(signum).name,
                     len(self.pids),
-                )  # fmt: skip
+                )
                 self._begin_stop(signum)
             elif signum == signal.SIGINT:
                 log.warning(
@@ -325,8 +344,10 @@ class Supervisor:
                 log.error(
                     "worker process %d (pid %d) still running %.0fs after the stop: killed; "
                     "its tasks run again when their leases expire",
-                    child.index, child.proc.pid, self.stop_timeout,
-                )  # fmt: skip
+                    child.index,
+                    child.proc.pid,
+                    self.stop_timeout,
+                )
                 child.proc.kill()
                 child.proc.wait()
                 child.exit_code = -signal.SIGKILL
