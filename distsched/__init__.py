@@ -23,6 +23,7 @@ from distsched.client import Scheduler  # noqa: E402
 from distsched.context import TaskContext, current_task  # noqa: E402
 from distsched.core import Admitted, Claim, Outcome, State, TaskInfo, TaskSpec, Wait  # noqa: E402
 from distsched.schedules import Catchup, Overlap, Schedule  # noqa: E402
+from distsched.version import __version__  # noqa: E402
 from distsched.worker import Worker  # noqa: E402
 
 __all__ = [
@@ -39,6 +40,6 @@ __all__ = [
     "TaskSpec",
     "Wait",
     "Worker",
+    "__version__",
     "current_task",
 ]
-__version__ = "0.1.0"

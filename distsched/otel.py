@@ -25,6 +25,7 @@ from typing import Any
 from distsched.context import TaskContext
 from distsched.errors import DistschedError
 from distsched.hooks import RunOutcome, WorkerHooks
+from distsched.version import __version__
 
 INSTALL_HINT = "pip install 'distsched[otel]'"
 SPAN_PREFIX = "distsched.run "
@@ -76,8 +77,6 @@ class TracingHooks(WorkerHooks):
         api = _opentelemetry()
         if not api:
             raise TracingUnavailable(f"tracing needs the opentelemetry-api package: {INSTALL_HINT}")
-        from distsched import __version__
-
         self._context, self._trace, self._propagator = api
         self._tracer = self._trace.get_tracer(
             "distsched", __version__, tracer_provider=tracer_provider
