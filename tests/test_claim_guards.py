@@ -42,10 +42,10 @@ def test_a_key_back_from_waiting_for_its_due_time_gets_its_turns_without_credit(
     second gets no extra claims for the time it had nothing due."""
     s = scheduler
     s.schedule_many([TaskSpec(f"a{i}", "f", key="a") for i in range(30)])
-    s.schedule_many([TaskSpec(f"b{i}", "f", key="b", delay=0.5) for i in range(30)])
+    s.schedule_many([TaskSpec(f"b{i}", "f", key="b", delay=1.0) for i in range(30)])
     first = [str(claim_one(s).key) for _ in range(12)]
     assert first == ["a"] * 12  # b has nothing due: it waits
-    time.sleep(0.6)
+    time.sleep(1.1)
     keys = [str(claim_one(s).key) for _ in range(12)]
     assert sorted(keys) == ["a"] * 6 + ["b"] * 6, keys
     assert max(len(list(run)) for _, run in itertools.groupby(keys)) == 1, keys

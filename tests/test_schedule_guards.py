@@ -64,7 +64,7 @@ def test_a_fire_call_from_a_next_fire_time_another_worker_moved_creates_and_move
     # A slow worker reads the schedule and plans its slots; another fires them first.
     d, state, due = stored(client, s, "s")
     plan = plan_fire(d, due, round(s.server_time() * 1000))
-    assert len(plan.slots) >= 5
+    assert len(plan.slots) >= 3
     time.sleep(0.1)
     assert s.fire_due() >= len(plan.slots)
     after = s.get_schedule("s").next_fire
