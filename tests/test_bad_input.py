@@ -239,7 +239,24 @@ def test_a_bad_lease_is_refused_naming_lease_s(
 
 def test_a_sub_second_lease_is_accepted(redis_client: redis.Redis, namespace: str) -> None:
     s = Scheduler(redis_client, namespace=namespace, lease_s=0.05)
-    s.close()
+    try:
+        assert s.lease_s == 0.05
+        s.schedule("t", fn="f")
+        t0 = s.server_time()
+        claim = s.next("w")
+        t1 = s.server_time()
+        assert isinstance(claim, Claim)
+        # The lease is 50 ms on the server clock: not rounded to 0 or to a second.
+        deadline = s.status("t").lease_deadline
+        assert deadline is not None and t0 + 0.049 <= deadline <= t1 + 0.051
+        assert s.reap() == 0
+        while s.server_time() <= deadline:
+            time.sleep(0.01)
+        assert s.reap() == 1
+        info = s.status("t")
+        assert (info.state, info.error) == (State.FAILED, "lease expired")
+    finally:
+        s.close()
 
 
 @pytest.mark.parametrize("ns", ["", "a{b", "a}b", "{x}", "with space", "tab\t", 5, None, "n" * 129])

@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from distsched import Claim, Scheduler, TaskSpec
 from distsched.errors import InvalidArgument
-from tests.conftest import RedisServer, python_command, subprocess_env
+from tests.conftest import RedisServer, python_command, require_extra, subprocess_env
 
 KEYS = ["", "a", "b", "bb"]
 # Long enough that no token comes back while a model test runs.
@@ -700,7 +700,7 @@ def test_stats_and_metrics_show_the_top_keys_running_queued_and_ready_wait(
 ) -> None:
     from tests.test_cli import invoke
 
-    prometheus_client = pytest.importorskip("prometheus_client")
+    prometheus_client = require_extra("prometheus_client")
     from distsched.metrics import PrometheusMetrics
 
     assert scheduler.stats()["keys"] == []  # not fair yet: nothing read
@@ -919,7 +919,7 @@ def test_claims_carry_their_key_only_in_a_fair_namespace(scheduler: Scheduler) -
 def test_per_key_ready_waits_are_a_histogram_of_at_most_the_top_keys_and_other(
     scheduler: Scheduler,
 ) -> None:
-    prometheus_client = pytest.importorskip("prometheus_client")
+    prometheus_client = require_extra("prometheus_client")
     from distsched.core import STATS_TOP_KEYS
     from distsched.metrics import OTHER_KEYS_LABEL, PrometheusMetrics
 

@@ -124,18 +124,33 @@ def test_schedule_refuses_what_the_python_client_refuses_naming_the_field_and_wr
     assert namespace_keys(redis_client, namespace) == before
 
 
-def test_schedule_accepts_the_edges_of_every_range(producer: Producer) -> None:
+def test_schedule_accepts_the_edges_of_every_range(producer: Producer, s: Scheduler) -> None:
     longest = "é" * 256  # 512 bytes
     deps = [f"d{i}" for i in range(limits.MAX_EDGES_PER_CALL)]
     producer.call(
         "schedule", BUDGET, 1, "first", spec(priority=-(2**31), max_attempts=1_000_000), GOOD
     )
+    producer.call("schedule", BUDGET, 1, "top", spec(priority=2**31 - 1), GOOD)
     producer.call("schedule", BUDGET, 1, longest, spec(mode="at", time_ms=2**53 - 1), GOOD)
     # allow_unknown set: as many dependencies as one call takes, none existing yet, wait.
     wide = f"in 0 0 1 0 1 {len(deps)} 0"
     producer.call("schedule", BUDGET, 1, "many", wide, GOOD, *deps)
     payload = pack({"fn": "f", "args": ["x" * 100]})
     producer.call("schedule", BUDGET, 1, "exact", spec(), payload, len(payload))
+    # Each stored as given, none clamped or rounded.
+    first = s.status("first")
+    assert (first.state, first.priority, first.max_attempts) == (State.READY, -(2**31), 1_000_000)
+    assert s.status("top").priority == 2**31 - 1
+    far = s.status(longest)
+    assert (far.task_id, far.state, far.run_at) == (longest, State.READY, (2**53 - 1) / 1000)
+    many = s.status("many")
+    assert (many.state, many.remaining, many.deps) == (State.PENDING, len(deps), tuple(deps))
+    exact = s.status("exact")
+    assert (exact.state, exact.fn, exact.args) == (State.READY, "f", ("x" * 100,))
+    # The due ones are claimed as they were stored; the far one is never due.
+    claims, _ = s.claim(10, "w")
+    got = {c.task_id: (c.priority, c.args) for c in claims}
+    assert got == {"first": (-(2**31), ()), "top": (2**31 - 1, ()), "exact": (0, ("x" * 100,))}
 
 
 def test_nil_args_and_kwargs_from_a_javascript_encoder_run_as_empty(

@@ -47,10 +47,14 @@ def wait_state(s: Scheduler, task_id: str, *states: State, timeout: float = 10.0
     return info
 
 
+# Every command that runs a script: the client calls by FCALL, by EVALSHA where functions
+# are refused, and reads may go by the read-only variants.
+SCRIPT_COMMANDS = ("fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval", "eval_ro")
+
+
 def script_calls(client: redis.Redis) -> int:
     stats: Any = client.info("commandstats")
-    names = ("cmdstat_evalsha", "cmdstat_eval")
-    return sum(int(stats.get(name, {}).get("calls", 0)) for name in names)
+    return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in SCRIPT_COMMANDS)
 
 
 def new_namespace() -> str:
@@ -125,7 +129,8 @@ def test_script_calls_per_task_do_not_grow_with_the_number_of_idle_worker_proces
     six = script_calls_per_task(own_redis, 6, 20)
     # schedule, claim, complete, and the claim that finds the queue empty again (one slot
     # per worker); before, each other idle worker ran one more claim per task.
-    assert one <= 4.5, f"{one} script calls per task with one worker"
+    # Counted at all: a count that misses the command the scripts run by reads 0.
+    assert 3.5 <= one <= 4.5, f"{one} script calls per task with one worker"
     assert six <= one + 0.5, f"{six} script calls per task with six idle workers, {one} with one"
 
 
