@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, NamedTuple, TypedDict
 
+# --------------------------------------------------------------------------- tasks
+
 
 class State(str, enum.Enum):
     """A task's state (§2). Values are the lowercase names stored in Redis."""
@@ -293,6 +295,9 @@ class Admitted:
     created: bool
 
 
+# --------------------------------------------------------------------------- order and fairness
+
+
 class Order(str, enum.Enum):
     """The order in which claims take a namespace's due tasks (``Scheduler.set_order``)."""
 
@@ -346,6 +351,9 @@ class KeyLoad(TypedDict):
     queued: int
     cap: int | None
     ready_wait_s: float | None
+
+
+# --------------------------------------------------------------------------- stats
 
 
 STATS_TOP_KEYS = 10
@@ -440,6 +448,9 @@ class Chores(TypedDict):
     """Per-minute counter fields deleted (older than ``MINUTES_KEEP`` plus a margin)."""
 
 
+# --------------------------------------------------------------------------- workers
+
+
 # A worker counts as alive while its last heartbeat is at most this many of its own
 # heartbeat intervals old: one or two slow or failed rounds do not make it look gone.
 WORKER_ALIVE_BEATS = 3
@@ -491,6 +502,9 @@ class WorkerInfo:
         return WORKER_DROP_LEASES * max(self.lease_s, self.heartbeat_s)
 
 
+# --------------------------------------------------------------------------- recurring schedules
+
+
 @dataclass(frozen=True)
 class Fired:
     """What one fire call did: ``moved`` when another caller fired first (or the schedule
@@ -500,6 +514,9 @@ class Fired:
     created: int
     skipped: int
     last_task: str | None
+
+
+# --------------------------------------------------------------------------- explain
 
 
 class Reason(str, enum.Enum):

@@ -51,25 +51,29 @@ PROPAGATE_BUDGET = limits.MAX_PROPAGATE_BUDGET
 # at most this many, each its own script call (lua/add_deps.lua), so that no call holds
 # Redis for the whole list; it is held (never claimable) until the last part.
 PLACE_PART = limits.MAX_EDGES_PER_CALL
-
-
 # Bounds the time one claim or reap call may spend on lazily deleted entries.
 CLAIM_MAX_DROP = 1000
-
-
 # An idle worker claims again at least this often, so that no task waits longer than
 # this for a wake-up that was lost (its worker died, a message was dropped).
 IDLE_RECHECK_S = 2.0
 # How long an idle registration lasts: a worker that has not claimed again by then is
 # gone, and its entry no longer takes wake-ups.
 IDLE_MS = int(IDLE_RECHECK_S * 3 * 1000)
-
-
 REAP_BATCH = 1000
-
-
 # The most deadline entries one housekeeping round handles (lua/expire.lua).
 EXPIRE_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class Call:
+    """One script invocation: which script, its KEYS and its ARGV."""
+
+    script: str
+    keys: list[str]
+    args: list[Any] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- scheduling
 
 
 def admission_suffix(spec: TaskSpec) -> str:
@@ -125,77 +129,6 @@ def _policy_suffix(spec: TaskSpec) -> str:
         if window < 0:
             raise InvalidArgument("dedupe_window", "must be >= 0 seconds")
     return f" dedupe={window}"
-
-
-@dataclass(frozen=True)
-class Call:
-    """One script invocation: which script, its KEYS and its ARGV."""
-
-    script: str
-    keys: list[str]
-    args: list[Any] = field(default_factory=list)
-
-
-ORDER_REWRITE_MAX = 100_000
-"""The most ready-set entries a change of order or aging rewrites in its one call."""
-
-
-def order_call(keys: Keys, order: Order, aging_ms: int, most: int = ORDER_REWRITE_MAX) -> Call:
-    """The order script's call: ``order`` with ``aging_ms`` ms of credit per priority point."""
-    return Call("order", keys.for_script("order"), [order.value, aging_ms, most])
-
-
-def _key_reads(keys: Keys, key: str) -> list[tuple[Any, ...]]:
-    """The reads of :func:`_decode_key_info`, for one key."""
-    prefix = _fair_prefix(key)
-    settings: tuple[Any, ...] = (
-        "HMGET",
-        keys.fair,
-        f"cap:{key}",
-        "cap",
-        f"w:{key}",
-        f"run:{key}",
-        f"rate:{key}",
-    )
-    turns = [
-        ("ZSCORE", keys.fairready, key),
-        ("ZSCORE", keys.fairwait, key),
-        ("ZSCORE", keys.fairfull, key),
-    ]
-    if key == "":
-        # The default key's entries: queue, and in the priority order ranked, whose head
-        # is the next claimed (its due time is rank + priority * aging).
-        return [
-            settings,
-            ("ZCARD", keys.queue),
-            *turns,
-            ("ZRANGE", keys.queue, 0, 0, "WITHSCORES"),
-            ("ZCARD", keys.ranked),
-            ("ZRANGE", keys.ranked, 0, 0, "WITHSCORES"),
-            ("HMGET", keys.meta, "order", "aging_ms"),
-        ]
-    # A keyed entry's ranked section sorts first: the first entry is the next claimed.
-    return [
-        settings,
-        ("ZLEXCOUNT", keys.fairq, b"[" + prefix, b"[" + prefix + b"\xff"),
-        *turns,
-        ("ZRANGE", keys.fairq, b"[" + prefix, b"[" + prefix + b"\xff", "BYLEX", "LIMIT", 0, 1),
-    ]
-
-
-def fairness_call(
-    keys: Keys,
-    kind: str,
-    key: str,
-    cap: int | None,
-    weight: int,
-    rate: tuple[int, int] | None = None,
-) -> Call:
-    """The fairness script's call (``lua/fairness.lua``); ``rate``: (tasks, interval ms)."""
-    args: list[Any] = [kind, key, "" if cap is None else cap, weight]
-    if rate is not None:
-        args += [rate[0], rate[1]]
-    return Call("fairness", keys.for_script("fairness"), args)
 
 
 def schedule_values(
@@ -274,6 +207,74 @@ def schedule_call(
 
 def cancel_call(keys: Keys, task_id: object) -> Call:
     return Call("cancel", keys.for_script("cancel"), [PROPAGATE_BUDGET, validate_task_id(task_id)])
+
+
+# --------------------------------------------------------------------------- order and fairness
+
+
+ORDER_REWRITE_MAX = 100_000
+"""The most ready-set entries a change of order or aging rewrites in its one call."""
+
+
+def order_call(keys: Keys, order: Order, aging_ms: int, most: int = ORDER_REWRITE_MAX) -> Call:
+    """The order script's call: ``order`` with ``aging_ms`` ms of credit per priority point."""
+    return Call("order", keys.for_script("order"), [order.value, aging_ms, most])
+
+
+def _key_reads(keys: Keys, key: str) -> list[tuple[Any, ...]]:
+    """The reads of :func:`_decode_key_info`, for one key."""
+    prefix = _fair_prefix(key)
+    settings: tuple[Any, ...] = (
+        "HMGET",
+        keys.fair,
+        f"cap:{key}",
+        "cap",
+        f"w:{key}",
+        f"run:{key}",
+        f"rate:{key}",
+    )
+    turns = [
+        ("ZSCORE", keys.fairready, key),
+        ("ZSCORE", keys.fairwait, key),
+        ("ZSCORE", keys.fairfull, key),
+    ]
+    if key == "":
+        # The default key's entries: queue, and in the priority order ranked, whose head
+        # is the next claimed (its due time is rank + priority * aging).
+        return [
+            settings,
+            ("ZCARD", keys.queue),
+            *turns,
+            ("ZRANGE", keys.queue, 0, 0, "WITHSCORES"),
+            ("ZCARD", keys.ranked),
+            ("ZRANGE", keys.ranked, 0, 0, "WITHSCORES"),
+            ("HMGET", keys.meta, "order", "aging_ms"),
+        ]
+    # A keyed entry's ranked section sorts first: the first entry is the next claimed.
+    return [
+        settings,
+        ("ZLEXCOUNT", keys.fairq, b"[" + prefix, b"[" + prefix + b"\xff"),
+        *turns,
+        ("ZRANGE", keys.fairq, b"[" + prefix, b"[" + prefix + b"\xff", "BYLEX", "LIMIT", 0, 1),
+    ]
+
+
+def fairness_call(
+    keys: Keys,
+    kind: str,
+    key: str,
+    cap: int | None,
+    weight: int,
+    rate: tuple[int, int] | None = None,
+) -> Call:
+    """The fairness script's call (``lua/fairness.lua``); ``rate``: (tasks, interval ms)."""
+    args: list[Any] = [kind, key, "" if cap is None else cap, weight]
+    if rate is not None:
+        args += [rate[0], rate[1]]
+    return Call("fairness", keys.for_script("fairness"), args)
+
+
+# --------------------------------------------------------------------------- workers
 
 
 def claim_call(
@@ -394,6 +395,9 @@ def propagate_call(keys: Keys, budget: int = PROPAGATE_BUDGET) -> Call:
     return Call("propagate", keys.for_script("propagate"), [budget])
 
 
+# --------------------------------------------------------------------------- housekeeping
+
+
 # Per-minute counters (lua/lib/history.lua) kept for a day, plus a margin before the
 # workers' housekeeping deletes them, at most MINUTES_TRIM_STEP minutes per round.
 MINUTES_KEEP = 1440
@@ -435,6 +439,9 @@ def compact_call(
     return Call("compact", keys.for_script("compact"), [budget, minimum])
 
 
+# ------------------------------------------------------------------ retries and dependencies
+
+
 def retry_call(keys: Keys, task_id: object, cascade: object) -> Call:
     if not isinstance(cascade, bool):
         raise InvalidArgument("cascade", "must be a bool")
@@ -470,6 +477,9 @@ def add_deps_call(
 def status_reads(keys: Keys) -> list[str]:
     """The hashes read by ``status`` (HGET of the task id in each), in order."""
     return [keys.tasks, keys.payloads, keys.results, keys.deps, keys.blocked, keys.history]
+
+
+# --------------------------------------------------------------------------- recurring schedules
 
 
 FIRE_HEADS = 10
@@ -516,6 +526,9 @@ def fire_call(
     for slot, run_at in slots:
         args += [slot, run_at]
     return Call("fire", keys.for_script("fire"), args)
+
+
+# --------------------------------------------------------------------------- batches
 
 
 def placed_in_parts(specs: object) -> list[int]:
