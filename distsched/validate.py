@@ -33,8 +33,6 @@ BACKOFF_CAP_MS = 3_600_000
 MAX_ATTEMPTS_LIMIT = 1_000_000
 # The most dependencies of one task, required and optional together (lua/lib/limits.lua).
 MAX_DEPS = limits.MAX_DEPS_PER_TASK
-
-
 DEFAULT_MAX_PAYLOAD_BYTES = limits.DEFAULT_MAX_PAYLOAD_BYTES
 
 

@@ -22,8 +22,6 @@ from distsched.wire.replies import translate_error
 
 # The longest single wait on a timer (threading's own limit is far above any real delay).
 MAX_WAIT_S = 3600.0
-
-
 # A client waiting for an outcome (``Scheduler.wait``) registers again and re-reads the
 # task at least this often: a notice lost with its connection costs at most this long.
 WAIT_REFRESH_S = 60.0
