@@ -25,6 +25,17 @@ from typing import Any, TypedDict
 import msgpack
 
 from distsched.errors import InvalidArgument, MissingExtraError
+from distsched.validate import (
+    BACKOFF_MAX_S,
+    MAX_ATTEMPTS_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    TIMEOUT_MAX_MS,
+    _is_int,
+    timeout_ms,
+    validate_fair_key,
+)
+from distsched.wire.payload import encode_payload
 
 MAX_NAME_BYTES = 256
 """A schedule name is 1 to 256 bytes of UTF-8 (its slot tasks are ``<name>@<ms>``)."""
@@ -260,8 +271,6 @@ class FiringState:
 
 def _stored_timeout(value: object) -> int | None:
     """A stored definition's time limit (ms); ``ValueError`` when no task could carry it."""
-    from distsched.core import TIMEOUT_MAX_MS
-
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= TIMEOUT_MAX_MS:
@@ -342,17 +351,6 @@ def validate_cron(expr: object) -> str:
 
 def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]) -> Definition:
     """Validate ``add_schedule(name, fn, **options)``; ``now_ms`` anchors an interval."""
-    from distsched.core import (
-        BACKOFF_MAX_S,
-        MAX_ATTEMPTS_LIMIT,
-        PRIORITY_MAX,
-        PRIORITY_MIN,
-        _is_int,
-        encode_payload,
-        timeout_ms,
-        validate_fair_key,
-    )
-
     unknown = sorted(set(options) - set(ScheduleOptions.__annotations__))
     if unknown:
         raise InvalidArgument(unknown[0], "is not a schedule option")
