@@ -141,7 +141,7 @@ def _modules() -> dict[str, Path]:
 
 
 # Packages whose modules all share the package's layer.
-LAYERED_PACKAGES = ("distsched.worker",)
+LAYERED_PACKAGES = ("distsched.worker", "distsched.cli")
 
 
 def _layer(module: str) -> int:
