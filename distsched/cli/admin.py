@@ -6,13 +6,9 @@ import click
 import redis
 
 from distsched import library, scripts
-from distsched.cli.common import (
-    connect,
-)
+from distsched.cli.common import connect
 from distsched.scripts import Check
-from distsched.text import (
-    one_line,
-)
+from distsched.text import one_line
 
 
 @click.group("library")

@@ -8,22 +8,10 @@ from typing import Any
 import click
 
 from distsched import views
-from distsched.cli.common import (
-    Duration,
-    connect,
-    info_dict,
-    task_named,
-)
+from distsched.cli.common import Duration, connect, info_dict, task_named
 from distsched.client import Scheduler
-from distsched.core import (
-    State,
-    TaskInfo,
-)
-from distsched.errors import (
-    ConflictError,
-    InvalidArgument,
-    NotFoundError,
-)
+from distsched.core import State, TaskInfo
+from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.text import (
     CUT_CHARS,
     error_summary,
@@ -145,16 +133,21 @@ def _bulk_options(command: Callable[..., Any]) -> Callable[..., Any]:
         [
             click.option("--fn", default=None, help="Only tasks of this function."),
             click.option(
-                "--since", type=Duration("since"), default=None,
+                "--since",
+                type=Duration("since"),
+                default=None,
                 help="Only tasks that entered the state at most this long ago (e.g. 1h).",
             ),
             click.option("--limit", type=int, default=None, help="At most N tasks in all."),
             click.option(
-                "--batch", type=int, default=100, show_default=True,
+                "--batch",
+                type=int,
+                default=100,
+                show_default=True,
                 help="Tasks per page (1-1000).",
             ),
         ]
-    ):  # fmt: skip
+    ):
         command = option(command)
     return command
 
@@ -166,13 +159,16 @@ def _progress(verb: str, done: int, skipped: int) -> None:
 @click.command()
 @click.argument("task_id", metavar="[ID]", required=False)
 @click.option(
-    "--no-cascade", is_flag=True,
+    "--no-cascade",
+    is_flag=True,
     help="Retry only the task; the tasks it blocked stay blocked.",
-)  # fmt: skip
+)
 @click.option(
-    "--state", type=click.Choice(RETRYABLE_STATES), default=None,
+    "--state",
+    type=click.Choice(RETRYABLE_STATES),
+    default=None,
     help="Retry every task in this state instead of one ID (with --fn, --since).",
-)  # fmt: skip
+)
 @_bulk_options
 @click.pass_context
 def retry(
@@ -200,18 +196,30 @@ def retry(
         raise click.UsageError("--fn, --since and --limit go with --state")
     scheduler = connect(ctx)
     if state is not None:
-        retried = skipped = 0
-        for items in _listing(scheduler, state, fn, since, limit, batch):
-            for info in items:
-                try:
-                    scheduler.retry(info.task_id, cascade=not no_cascade)
-                    retried += 1
-                except (ConflictError, NotFoundError):
-                    skipped += 1  # it moved on since the page was read
-            _progress("retried", retried, skipped)
-        click.echo(f"retried {retried} {state} tasks" + (f", skipped {skipped}" if skipped else ""))
+        _retry_state(
+            scheduler, state, not no_cascade, _listing(scheduler, state, fn, since, limit, batch)
+        )
         return
     assert task_id is not None
+    _retry_one(ctx, scheduler, task_id, no_cascade)
+
+
+def _retry_state(
+    scheduler: Scheduler, state: str, cascade: bool, pages: Iterator[list[TaskInfo]]
+) -> None:
+    retried = skipped = 0
+    for items in pages:
+        for info in items:
+            try:
+                scheduler.retry(info.task_id, cascade=cascade)
+                retried += 1
+            except (ConflictError, NotFoundError):
+                skipped += 1  # it moved on since the page was read
+        _progress("retried", retried, skipped)
+    click.echo(f"retried {retried} {state} tasks" + (f", skipped {skipped}" if skipped else ""))
+
+
+def _retry_one(ctx: click.Context, scheduler: Scheduler, task_id: str, no_cascade: bool) -> None:
     with task_named(ctx, task_id):
         blocked = views.blocked_by(scheduler, task_id)
         try:
@@ -240,9 +248,11 @@ def retry(
 
 @click.command()
 @click.option(
-    "--state", required=True, type=click.Choice(TERMINAL_STATES),
+    "--state",
+    required=True,
+    type=click.Choice(TERMINAL_STATES),
     help="Remove the tasks that ended in this state.",
-)  # fmt: skip
+)
 @_bulk_options
 @click.pass_context
 def purge(

@@ -14,22 +14,9 @@ import click
 import redis
 
 from distsched.client import Scheduler
-from distsched.core import (
-    CLUSTER_SCHEMES,
-    TaskInfo,
-    cluster_seed,
-)
-from distsched.errors import (
-    InvalidArgument,
-    NotFoundError,
-)
-from distsched.text import (
-    jsonable,
-    one_line,
-    parse_duration,
-    parse_when,
-    redact,
-)
+from distsched.core import CLUSTER_SCHEMES, TaskInfo, cluster_seed
+from distsched.errors import InvalidArgument, NotFoundError
+from distsched.text import jsonable, one_line, parse_duration, parse_when, redact
 
 
 @dataclasses.dataclass

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import click
 
-from distsched.cli.common import (
-    connect,
-)
+from distsched.cli.common import connect
 
 
 @click.command()

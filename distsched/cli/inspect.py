@@ -8,22 +8,9 @@ from typing import Any
 import click
 
 from distsched import views
-from distsched.cli.common import (
-    Duration,
-    connect,
-    info_dict,
-    settings_of,
-    task_named,
-)
-from distsched.core import (
-    AttemptInfo,
-    State,
-    TaskInfo,
-)
-from distsched.errors import (
-    InvalidArgument,
-    Timeout,
-)
+from distsched.cli.common import Duration, connect, info_dict, settings_of, task_named
+from distsched.core import AttemptInfo, State, TaskInfo
+from distsched.errors import InvalidArgument, Timeout
 from distsched.text import (
     CUT_CHARS,
     DURATION_HINT,
@@ -147,9 +134,13 @@ def _error_value(error: str | None, limit: int | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (always in full).")
 @click.option("--full", is_flag=True, help="Print args, kwargs, result and error in full.")
 @click.option(
-    "--preview", "preview_chars", type=click.IntRange(min=1), default=PREVIEW_CHARS,
-    show_default=True, help="Characters shown of args, kwargs, result and error.",
-)  # fmt: skip
+    "--preview",
+    "preview_chars",
+    type=click.IntRange(min=1),
+    default=PREVIEW_CHARS,
+    show_default=True,
+    help="Characters shown of args, kwargs, result and error.",
+)
 @click.option(
     "--wait",
     "wait",
@@ -158,9 +149,11 @@ def _error_value(error: str | None, limit: int | None) -> str:
     f"it failed, was cancelled or is blocked, {EXIT_TIMEOUT} on --timeout.",
 )
 @click.option(
-    "--timeout", type=Duration("timeout"), default=None,
+    "--timeout",
+    type=Duration("timeout"),
+    default=None,
     help=f"With --wait: give up after this long ({DURATION_HINT}); default: no limit.",
-)  # fmt: skip
+)
 @click.pass_context
 def status(
     ctx: click.Context,

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 import click
 
-from distsched.cli.common import (
-    Duration,
-    connect,
-)
-from distsched.core import (
-    KeyInfo,
-)
-from distsched.errors import (
-    InvalidArgument,
-)
+from distsched.cli.common import Duration, connect
+from distsched.core import KeyInfo
+from distsched.errors import InvalidArgument
 
 
 @click.group()
@@ -40,9 +33,13 @@ def _key_line(info: KeyInfo) -> str:
 @click.option("--weight", type=int, default=1, show_default=True, help="Share of claims.")
 @click.option("--rate", type=int, default=None, help="Most tasks of KEY started per --per.")
 @click.option(
-    "--per", "per_s", type=Duration("per"), default="1s", show_default=True,
+    "--per",
+    "per_s",
+    type=Duration("per"),
+    default="1s",
+    show_default=True,
     help="The interval of --rate (seconds, or 500ms, 1m).",
-)  # fmt: skip
+)
 @click.pass_context
 def keys_set(
     ctx: click.Context, key: str, cap: int | None, weight: int, rate: int | None, per_s: float

@@ -13,29 +13,12 @@ import click
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from distsched.cli.common import (
-    Duration,
-    connect,
-    require_namespace,
-    settings_of,
-)
+from distsched.cli.common import Duration, connect, require_namespace, settings_of
 from distsched.client import Scheduler
-from distsched.core import (
-    PRIORITY_LABELS,
-    Order,
-    OrderSetting,
-)
-from distsched.errors import (
-    InvalidArgument,
-)
+from distsched.core import PRIORITY_LABELS, Order, OrderSetting
+from distsched.errors import InvalidArgument
 from distsched.keys import MAX_STRIPES
-from distsched.text import (
-    duration,
-    iso,
-    parse_duration,
-    redact,
-    table,
-)
+from distsched.text import duration, iso, parse_duration, redact, table
 
 
 def _by_priority(ages: Mapping[str, float]) -> list[tuple[str, float]]:
@@ -78,22 +61,35 @@ def _stats_lines(data: Mapping[str, Any]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per draw).")
 @click.option("--watch", is_flag=True, help="Redraw every --interval until Ctrl-C.")
 @click.option(
-    "--interval", type=Duration("interval"), default="2s", show_default=True,
+    "--interval",
+    type=Duration("interval"),
+    default="2s",
+    show_default=True,
     help="Time between draws with --watch (seconds, or 500ms, 10s, 1m).",
-)  # fmt: skip
+)
 @click.option(
-    "--count", type=click.IntRange(min=1), default=None,
+    "--count",
+    type=click.IntRange(min=1),
+    default=None,
     help="With --watch: stop after this many draws.",
-)  # fmt: skip
+)
 @click.option(
-    "--soon", "soon_s", type=Duration("soon_s"), default="5s", show_default=True,
+    "--soon",
+    "soon_s",
+    type=Duration("soon_s"),
+    default="5s",
+    show_default=True,
     help="Count the leases whose deadline is this close (seconds, or 500ms, 10s, 1m).",
-)  # fmt: skip
+)
 @click.pass_context
 def stats(
-    ctx: click.Context, as_json: bool, watch: bool, interval: float, count: int | None,
+    ctx: click.Context,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+    count: int | None,
     soon_s: float,
-) -> None:  # fmt: skip
+) -> None:
     """Tasks per state, queue entries (live, stale), the oldest due task's wait,
     running vs max_running, leases (expired, expiring soon) and retention.
 
@@ -250,9 +246,13 @@ def stripes(ctx: click.Context, count: int | None) -> None:
 @click.command()
 @click.argument("order", required=False, type=click.Choice(["default", "priority"]))
 @click.option(
-    "--aging", "aging_s", type=Duration("aging"), default="60s", show_default=True,
+    "--aging",
+    "aging_s",
+    type=Duration("aging"),
+    default="60s",
+    show_default=True,
     help="With priority: the wait one point of priority is worth (seconds, or 500ms, 1m).",
-)  # fmt: skip
+)
 @click.pass_context
 def order(ctx: click.Context, order: str | None, aging_s: float) -> None:
     """Show, or set, the order in which workers take the namespace's due tasks.

@@ -9,12 +9,7 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from distsched.cli.common import (
-    Duration,
-    connect,
-    parse_json,
-    settings_of,
-)
+from distsched.cli.common import Duration, connect, parse_json, settings_of
 from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
 from distsched.text import (
     duration,
@@ -116,43 +111,81 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
 )
 @click.option("--paused", is_flag=True, help="Add it paused.")
 @click.option(
-    "--overlap", type=click.Choice([o.value for o in Overlap]), default="skip", show_default=True,
+    "--overlap",
+    type=click.Choice([o.value for o in Overlap]),
+    default="skip",
+    show_default=True,
     help="What a slot does while the previous run is still queued or running.",
-)  # fmt: skip
+)
 @click.option(
-    "--catchup", type=click.Choice(["all", "latest"]), default="latest", show_default=True,
+    "--catchup",
+    type=click.Choice(["all", "latest"]),
+    default="latest",
+    show_default=True,
     help="After an outage, fire all missed slots within the window, or only the latest.",
-)  # fmt: skip
+)
 @click.option(
-    "--catchup-window", type=Duration("catchup_window"), default=3600.0, show_default=True,
+    "--catchup-window",
+    type=Duration("catchup_window"),
+    default=3600.0,
+    show_default=True,
     help="How far back missed slots still fire (older ones are counted as missed).",
-)  # fmt: skip
+)
 @click.option(
-    "--key", "fair_key", metavar="KEY",
+    "--key",
+    "fair_key",
+    metavar="KEY",
     help="Fairness key (tenant) of the tasks it fires (default: the default key).",
-)  # fmt: skip
+)
 @click.option(
-    "--timeout", type=Duration("timeout"), metavar="DURATION",
+    "--timeout",
+    type=Duration("timeout"),
+    metavar="DURATION",
     help="Time limit of each run it fires (default: the worker's); past it the attempt fails.",
-)  # fmt: skip
+)
 @click.pass_context
 def schedules_add(
-    ctx: click.Context, name: str, fn: str, args_json: str, kwargs_json: str, cron: str | None,
-    tz: str, interval: float | None, priority: int, max_attempts: int, backoff: float,
-    start: str | None, end: str | None, jitter: float, paused: bool, overlap: str, catchup: str,
-    catchup_window: float, fair_key: str | None, timeout: float | None,
-) -> None:  # fmt: skip
+    ctx: click.Context,
+    name: str,
+    fn: str,
+    args_json: str,
+    kwargs_json: str,
+    cron: str | None,
+    tz: str,
+    interval: float | None,
+    priority: int,
+    max_attempts: int,
+    backoff: float,
+    start: str | None,
+    end: str | None,
+    jitter: float,
+    paused: bool,
+    overlap: str,
+    catchup: str,
+    catchup_window: float,
+    fair_key: str | None,
+    timeout: float | None,
+) -> None:
     """Add (or replace) schedule NAME; print its next fire time."""
     options: ScheduleOptions = {
         "args": parse_json(args_json, "args", list),
         "kwargs": parse_json(kwargs_json, "kwargs", dict),
-        "cron": cron, "tz": tz, "interval": interval, "priority": priority,
-        "max_attempts": max_attempts, "backoff": backoff,
+        "cron": cron,
+        "tz": tz,
+        "interval": interval,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "backoff": backoff,
         "start": None if start is None else parse_when(start, "start"),
         "end": None if end is None else parse_when(end, "end"),
-        "jitter": jitter, "paused": paused, "overlap": overlap, "catchup": catchup,
-        "catchup_window": catchup_window, "key": fair_key, "timeout": timeout,
-    }  # fmt: skip
+        "jitter": jitter,
+        "paused": paused,
+        "overlap": overlap,
+        "catchup": catchup,
+        "catchup_window": catchup_window,
+        "key": fair_key,
+        "timeout": timeout,
+    }
     scheduler = connect(ctx)
     sc = scheduler.add_schedule(name, fn, **options)
     click.echo(f"{sc.name}: {_when_text(sc)}, {_schedule_state(sc)}, next fire {iso(sc.next_fire)}")
@@ -210,9 +243,12 @@ def schedules_trigger(ctx: click.Context, name: str) -> None:
     "--end", required=True, metavar="WHEN", help="Epoch seconds or ISO-8601 (not in the future)."
 )
 @click.option(
-    "--limit", type=int, default=MAX_BACKFILL_SLOTS, show_default=True,
+    "--limit",
+    type=int,
+    default=MAX_BACKFILL_SLOTS,
+    show_default=True,
     help="The most slots created by this call, from the earliest.",
-)  # fmt: skip
+)
 @click.pass_context
 def schedules_backfill(ctx: click.Context, name: str, start: str, end: str, limit: int) -> None:
     """Create the tasks of NAME's slots within [--start, --end]; print how many.

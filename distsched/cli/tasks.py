@@ -16,16 +16,9 @@ from distsched.cli.common import (
     settings_of,
     task_named,
 )
-from distsched.core import (
-    Admitted,
-)
-from distsched.errors import (
-    CycleError,
-    UnknownDependencyError,
-)
-from distsched.text import (
-    parse_when,
-)
+from distsched.core import Admitted
+from distsched.errors import CycleError, UnknownDependencyError
+from distsched.text import parse_when
 
 
 def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -33,11 +26,17 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.option("--fn", required=True, help="Name of the registered function to run."),
         click.option(
-            "--args", "args_json", default="[]", metavar="JSON",
+            "--args",
+            "args_json",
+            default="[]",
+            metavar="JSON",
             help="Positional args: a JSON list.",
         ),
         click.option(
-            "--kwargs", "kwargs_json", default="{}", metavar="JSON",
+            "--kwargs",
+            "kwargs_json",
+            default="{}",
+            metavar="JSON",
             help="Keyword args: a JSON object.",
         ),
         click.option(
@@ -47,7 +46,8 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
             "(2030-01-01T09:00:00+00:00).",
         ),
         click.option(
-            "--delay", type=Duration("delay", signed=True),
+            "--delay",
+            type=Duration("delay", signed=True),
             help="From now (server clock): seconds, or 500ms, 30s, 5m, 1h30m, 2d.",
         ),
         click.option(
@@ -66,46 +66,69 @@ def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="Wait before attempt 2 (seconds, or 500ms, 2s, 1m); doubles for each later one.",
         ),
         click.option(
-            "--dedupe", is_flag=True,
+            "--dedupe",
+            is_flag=True,
             help="Keep a queued or running version of ID instead of replacing it.",
         ),
         click.option(
-            "--dedupe-window", type=Duration("dedupe_window"), metavar="DURATION",
+            "--dedupe-window",
+            type=Duration("dedupe_window"),
+            metavar="DURATION",
             help="With dedupe: also keep a version that ended less than this long ago.",
         ),
         click.option(
-            "--debounce", type=Duration("debounce"), metavar="MAX_WAIT",
+            "--debounce",
+            type=Duration("debounce"),
+            metavar="MAX_WAIT",
             help="Replace a queued version, but start at most this long after the burst's "
             "first submission.",
         ),
         click.option(
-            "--deadline", metavar="WHEN",
+            "--deadline",
+            metavar="WHEN",
             help="Expire (end cancelled) if not started by then: as --run-at.",
         ),
         click.option(
-            "--ttl", type=Duration("ttl"), metavar="DURATION",
+            "--ttl",
+            type=Duration("ttl"),
+            metavar="DURATION",
             help="Expire (end cancelled) if not started this long after now (server clock).",
         ),
         click.option(
-            "--key", "fair_key", metavar="KEY",
+            "--key",
+            "fair_key",
+            metavar="KEY",
             help="The fairness key (tenant): keys take turns at the claims (see 'keys').",
         ),
         click.option(
-            "--timeout", type=Duration("timeout"), metavar="DURATION",
+            "--timeout",
+            type=Duration("timeout"),
+            metavar="DURATION",
             help="Time limit of each run (default: the worker's); past it the attempt fails.",
         ),
-    ]  # fmt: skip
+    ]
     for option in reversed(options):
         command = option(command)
     return command
 
 
 def _task_keywords(
-    args_json: str, kwargs_json: str, run_at: str | None, delay: float | None, priority: int,
-    max_attempts: int, backoff: float, dedupe: bool = False, dedupe_window: float | None = None,
-    debounce: float | None = None, deadline: str | None = None, ttl: float | None = None,
-    fair_key: str | None = None, timeout: float | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    *,
+    args_json: str,
+    kwargs_json: str,
+    run_at: str | None,
+    delay: float | None,
+    priority: int,
+    max_attempts: int,
+    backoff: float,
+    dedupe: bool,
+    dedupe_window: float | None,
+    debounce: float | None,
+    deadline: str | None,
+    ttl: float | None,
+    fair_key: str | None,
+    timeout: float | None,
+) -> dict[str, Any]:
     """The options of ``_task_options`` as ``Scheduler.schedule`` keywords."""
     return {
         "timeout": timeout,
@@ -129,20 +152,12 @@ def _task_keywords(
 @click.argument("task_id", metavar="ID")
 @_task_options
 @click.pass_context
-def schedule(
-    ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
-    run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
-    dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
-    ttl: float | None, fair_key: str | None, timeout: float | None,
-) -> None:  # fmt: skip
+def schedule(ctx: click.Context, /, task_id: str, fn: str, **given: Any) -> None:
     """Schedule (or replace) task ID; print its new version.
 
     With --dedupe, a version kept instead is printed, and a note says so on stderr.
     """
-    options = _task_keywords(
-        args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
-        dedupe, dedupe_window, debounce, deadline, ttl, fair_key, timeout,
-    )  # fmt: skip
+    options = _task_keywords(**given)
     scheduler = connect(ctx)
     _echo_admitted(scheduler.admit(task_id, fn=fn, **options))
 
@@ -177,28 +192,32 @@ def _echo_admitted(admitted: Admitted) -> None:
 )
 @click.pass_context
 def submit(
-    ctx: click.Context, task_id: str, fn: str, args_json: str, kwargs_json: str,
-    run_at: str | None, delay: float | None, priority: int, max_attempts: int, backoff: float,
-    deps: tuple[str, ...], optional_deps: tuple[str, ...], allow_unknown: bool,
-    dedupe: bool, dedupe_window: float | None, debounce: float | None, deadline: str | None,
-    ttl: float | None, fair_key: str | None, timeout: float | None,
-) -> None:  # fmt: skip
+    ctx: click.Context,
+    /,
+    task_id: str,
+    fn: str,
+    deps: tuple[str, ...],
+    optional_deps: tuple[str, ...],
+    allow_unknown: bool,
+    **given: Any,
+) -> None:
     """Submit (or replace) task ID after its dependencies; print its new version.
 
     The task waits (pending) until every --dep has succeeded and every
     --optional-dep has ended; a failed, cancelled or blocked --dep blocks it.
     A dependency cycle is refused with its path.
     """
-    options = _task_keywords(
-        args_json, kwargs_json, run_at, delay, priority, max_attempts, backoff,
-        dedupe, dedupe_window, debounce, deadline, ttl, fair_key, timeout,
-    )  # fmt: skip
+    options = _task_keywords(**given)
     scheduler = connect(ctx)
     try:
         admitted = scheduler.admit(
-            task_id, fn=fn, deps=deps, optional_deps=optional_deps,
-            allow_unknown=allow_unknown, **options,
-        )  # fmt: skip
+            task_id,
+            fn=fn,
+            deps=deps,
+            optional_deps=optional_deps,
+            allow_unknown=allow_unknown,
+            **options,
+        )
     except CycleError as exc:
         raise click.ClickException(
             f"refused, nothing written: dependency cycle: {views.show_path(exc.path)}"

@@ -12,15 +12,8 @@ from typing import Any
 
 import click
 
-from distsched.cli.common import (
-    Duration,
-    cluster_url,
-    connect,
-    settings_of,
-)
-from distsched.errors import (
-    DistschedError,
-)
+from distsched.cli.common import Duration, cluster_url, connect, settings_of
+from distsched.errors import DistschedError
 
 
 def _given_url_checked(ctx: click.Context, override: str | None) -> str | None:
@@ -197,14 +190,19 @@ class _BenchCommand(click.Command):
 )
 @click.option("--json", "json_path", metavar="FILE", default=None, help="Also write JSON here.")
 @click.option(
-    "--quick", is_flag=True,
+    "--quick",
+    is_flag=True,
     help="Small sizes for a smoke run of every section (under 20 s); sizes given still count.",
-)  # fmt: skip
+)
 @click.pass_context
 def bench(
-    ctx: click.Context, /, bench_url: str | None, json_path: str | None, quick: bool,
+    ctx: click.Context,
+    /,
+    bench_url: str | None,
+    json_path: str | None,
+    quick: bool,
     **sizes: Any,
-) -> None:  # fmt: skip
+) -> None:
     """Measure the scheduler against raw Redis: one run, about four minutes.
 
     Script-call ceiling, enqueue (against a raw LPUSH), end-to-end no-op tasks
@@ -228,9 +226,10 @@ def bench(
     url = _given_url_checked(ctx, bench_url)
     if quick:
         given = {
-            name: value for name, value in sizes.items()
+            name: value
+            for name, value in sizes.items()
             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT
-        }  # fmt: skip
+        }
         config = dataclasses.replace(BenchConfig.quick(), **given)
     else:
         config = BenchConfig(**sizes)
@@ -241,12 +240,27 @@ def bench(
 
 
 @click.command("bench-stripes")
-@click.option("--tasks", type=click.IntRange(min=1), default=20_000, show_default=True,
-              help="No-op tasks per stripe count.")  # fmt: skip
-@click.option("--processes", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Worker processes draining them.")  # fmt: skip
-@click.option("--concurrency", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Threads per worker process.")  # fmt: skip
+@click.option(
+    "--tasks",
+    type=click.IntRange(min=1),
+    default=20_000,
+    show_default=True,
+    help="No-op tasks per stripe count.",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Worker processes draining them.",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Threads per worker process.",
+)
 @click.option("--json", "json_path", metavar="FILE", default=None, help="Also write JSON here.")
 @click.pass_context
 def bench_stripes(

@@ -3,6 +3,7 @@ supervisor."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import math
@@ -13,21 +14,12 @@ from typing import Any
 
 import click
 
-from distsched.cli.common import (
-    Duration,
-    connect,
-    settings_of,
-)
-from distsched.core import (
-    validate_worker_id,
-)
-from distsched.errors import (
-    InvalidArgument,
-)
+from distsched.cli.common import Duration, connect, settings_of
+from distsched.client import Scheduler
+from distsched.core import validate_worker_id
+from distsched.errors import InvalidArgument
 from distsched.hooks import validate_hooks
-from distsched.text import (
-    one_line,
-)
+from distsched.text import one_line
 
 
 def import_object(spec: str, field: str) -> Any:
@@ -79,8 +71,11 @@ def load_app(spec: str) -> dict[str, Callable[..., Any]]:
             f"{spec} must be a mapping of name -> function or a list of functions, "
             f"got {type(target).__name__}",
         )
-    bad = [name for name, fn in functions.items() if not isinstance(name, str) or not name
-           or not callable(fn)]  # fmt: skip
+    bad = [
+        name
+        for name, fn in functions.items()
+        if not isinstance(name, str) or not name or not callable(fn)
+    ]
     if bad or not functions:
         raise InvalidArgument("app", f"{spec} must name at least one function, by str names")
     return functions
@@ -205,56 +200,95 @@ class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click 
     "object, a class made with no arguments, or a list of them. Repeatable.",
 )
 @click.option(
-    "--otel", is_flag=True,
+    "--otel",
+    is_flag=True,
     help="Trace every run as an OpenTelemetry span (distsched.otel.TracingHooks), linked to "
     "the producer's trace; needs the otel extra and a configured tracer provider.",
-)  # fmt: skip
+)
 @click.pass_context
-def worker(
-    ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
-    grace: float, timeout: float | None, timeout_grace: float, max_unsent: int | None,
-    worker_id: str | None, metrics_port: int | None, metrics_addr: str, log_level: str,
-    log_format: str, hook_specs: tuple[str, ...], otel: bool,
-) -> None:  # fmt: skip
+def worker(ctx: click.Context, /, app: str, **given: Any) -> None:
     """Run the functions of APP (module:attribute) for the namespace's tasks.
 
     The attribute is a mapping of name -> function, or a list of functions
     registered under their __name__. SIGTERM or SIGINT shuts down gracefully.
     """
+    from distsched.worker.logs import configure
+
+    options = WorkerOptions(**given)
+    if not math.isfinite(options.grace) or options.grace < 0:
+        raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
+    if options.worker_id is not None:
+        validate_worker_id(options.worker_id)
+    functions = load_app(app)
+    hooks = _hooks(options)
+    scheduler = connect(ctx, lease_s=options.lease_s)
+    scheduler.client.ping()  # an unreachable Redis is an error now, not endless retries
+    if options.processes > 1:
+        scheduler.close()
+        configure(options.log_level.upper(), options.log_format)
+        ctx.exit(_supervise(ctx, app, options))
+    _run_one(ctx, scheduler, functions, hooks, options)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    """The options of ``distsched worker`` but APP, as given."""
+
+    processes: int
+    concurrency: int
+    lease_s: float
+    grace: float
+    timeout: float | None
+    timeout_grace: float
+    max_unsent: int | None
+    worker_id: str | None
+    metrics_port: int | None
+    metrics_addr: str
+    log_level: str
+    log_format: str
+    hook_specs: tuple[str, ...]
+    otel: bool
+
+
+def _hooks(options: WorkerOptions) -> list[Any]:
+    hooks = [hook for spec in options.hook_specs for hook in load_hooks(spec)]
+    if options.otel:
+        from distsched.otel import TracingHooks
+
+        hooks.append(TracingHooks())
+    return hooks
+
+
+def _run_one(
+    ctx: click.Context,
+    scheduler: Scheduler,
+    functions: dict[str, Callable[..., Any]],
+    hooks: list[Any],
+    options: WorkerOptions,
+) -> None:
+    """This process is the worker: run it until it is told to stop."""
     from distsched.worker import Worker
     from distsched.worker.logs import configure
     from distsched.worker.supervisor import EXIT_REPLACE, PROCESS_ENV
 
-    if not math.isfinite(grace) or grace < 0:
-        raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
-    if worker_id is not None:
-        validate_worker_id(worker_id)
-    functions = load_app(app)
-    hooks = [hook for spec in hook_specs for hook in load_hooks(spec)]
-    if otel:
-        from distsched.otel import TracingHooks
-
-        hooks.append(TracingHooks())
-    scheduler = connect(ctx, lease_s=lease_s)
-    scheduler.client.ping()  # an unreachable Redis is an error now, not endless retries
-    if processes > 1:
-        scheduler.close()
-        configure(log_level.upper(), log_format)
-        ctx.exit(_supervise(
-            ctx, app, processes, concurrency, lease_s, grace, worker_id, metrics_port,
-            metrics_addr, log_level, log_format, hook_specs, otel, timeout, timeout_grace,
-            max_unsent,
-        ))  # fmt: skip
-    metrics = _serve_metrics(ctx, metrics_port, metrics_addr)
+    metrics = _serve_metrics(ctx, options.metrics_port, options.metrics_addr)
     # A process of a supervisor ends itself to end a def function past its time limit.
     supervised = PROCESS_ENV in os.environ
     pool = Worker(
-        scheduler, functions, concurrency=concurrency, worker_id=worker_id, grace=grace,
-        metrics=metrics, hooks=hooks, timeout=timeout, timeout_grace=timeout_grace,
-        stop_on_overrun=supervised, max_unsent=max_unsent,
-    )  # fmt: skip
+        scheduler,
+        functions,
+        concurrency=options.concurrency,
+        worker_id=options.worker_id,
+        grace=options.grace,
+        metrics=metrics,
+        hooks=hooks,
+        timeout=options.timeout,
+        timeout_grace=options.timeout_grace,
+        stop_on_overrun=supervised,
+        max_unsent=options.max_unsent,
+    )
     # Last, once nothing can fail with a one-line error any more.
-    configure(log_level.upper(), log_format)
+    configure(options.log_level.upper(), options.log_format)
     pool.run()  # it logs its start-up line and its shutdown summary
     if pool.ended_by_overrun:
         # Its outcomes are reported; the function that ignored its time limit (and any
@@ -263,25 +297,12 @@ def worker(
         os._exit(EXIT_REPLACE)
 
 
-def _supervise(
-    ctx: click.Context, app: str, processes: int, concurrency: int, lease_s: float,
-    grace: float, worker_id: str | None, metrics_port: int | None, metrics_addr: str,
-    log_level: str, log_format: str, hook_specs: tuple[str, ...], otel: bool,
-    timeout: float | None, timeout_grace: float, max_unsent: int | None = None,
-) -> int:  # fmt: skip
+def _supervise(ctx: click.Context, app: str, options: WorkerOptions) -> int:
     """``worker --processes N``: N one-process workers under a supervisor; its exit status."""
     from distsched.worker.supervisor import Supervisor
 
     settings = settings_of(ctx)
-    command = [
-        sys.executable, "-m", "distsched.cli", "worker", app, "--processes", "1",
-        "--concurrency", str(concurrency), "--lease", repr(lease_s), "--grace", repr(grace),
-        "--metrics-addr", metrics_addr, "--log-level", log_level, "--log-format", log_format,
-        *(arg for spec in hook_specs for arg in ("--hooks", spec)), *(["--otel"] if otel else []),
-        *([] if timeout is None else ["--timeout", repr(timeout)]),
-        "--timeout-grace", repr(timeout_grace),
-        *([] if max_unsent is None else ["--max-unsent", str(max_unsent)]),
-    ]  # fmt: skip
+    worker_id, metrics_port = options.worker_id, options.metrics_port
 
     def child_args(index: int) -> list[str]:
         # Each process its own id and metrics port (PORT + index; 0 stays "any free").
@@ -297,9 +318,35 @@ def _supervise(
     # A child's shutdown: its grace, then the cancel wait and the last reports (10 s
     # each by default), with a margin.
     supervisor = Supervisor(
-        command, processes, env=env, stop_timeout=grace + 30.0, child_args=child_args
+        _child_command(app, options),
+        options.processes,
+        env=env,
+        stop_timeout=options.grace + 30.0,
+        child_args=child_args,
     )
     return supervisor.run()
+
+
+def _child_command(app: str, options: WorkerOptions) -> list[str]:
+    """The command of one supervised process: the same options, one process each."""
+    given: list[tuple[str, ...]] = [
+        ("--processes", "1"),
+        ("--concurrency", str(options.concurrency)),
+        ("--lease", repr(options.lease_s)),
+        ("--grace", repr(options.grace)),
+        ("--metrics-addr", options.metrics_addr),
+        ("--log-level", options.log_level),
+        ("--log-format", options.log_format),
+        *(("--hooks", spec) for spec in options.hook_specs),
+    ]
+    if options.otel:
+        given.append(("--otel",))
+    if options.timeout is not None:
+        given.append(("--timeout", repr(options.timeout)))
+    given.append(("--timeout-grace", repr(options.timeout_grace)))
+    if options.max_unsent is not None:
+        given.append(("--max-unsent", str(options.max_unsent)))
+    return [sys.executable, "-m", "distsched.cli", "worker", app, *(a for g in given for a in g)]
 
 
 def _serve_metrics(ctx: click.Context, port: int | None, addr: str) -> Any:

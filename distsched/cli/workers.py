@@ -5,19 +5,8 @@ from __future__ import annotations
 import click
 
 from distsched import views
-from distsched.cli.common import (
-    connect,
-    require_namespace,
-    task_named,
-)
-from distsched.text import (
-    duration,
-    json_line,
-    jsonable,
-    one_line,
-    show,
-    table,
-)
+from distsched.cli.common import connect, require_namespace, task_named
+from distsched.text import duration, json_line, jsonable, one_line, show, table
 
 
 @click.command()
