@@ -37,6 +37,7 @@ DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "default"
 
 
+# How each validated field is spelled on the command line.
 OPTION_NAMES = {
     "task_id": "ID",
     "fn": "--fn",

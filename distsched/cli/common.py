@@ -21,6 +21,8 @@ from distsched.text import jsonable, one_line, parse_duration, parse_when, redac
 
 @dataclasses.dataclass
 class Settings:
+    """What the options of the top command chose, for every command (``ctx.obj``)."""
+
     url: str
     namespace: str
     url_given: bool
