@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from distsched import scripts
-from distsched.tools.worst import longest_per_script, run_worst
+from distsched.tools.bench.worst import longest_per_script, run_worst
 from tests.conftest import RedisServer
 from tests.test_bench import bench
 

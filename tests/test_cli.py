@@ -21,7 +21,8 @@ import redis
 from click.testing import CliRunner, Result
 
 from distsched import Outcome, Scheduler, State
-from distsched.cli import cli, load_app
+from distsched.cli import cli
+from distsched.cli.worker import load_app
 from distsched.core import Order, OrderSetting
 from distsched.text import parse_duration
 from distsched.tools.embedded import EmbeddedRedisUnavailable, embedded_redis

@@ -12,7 +12,8 @@ import pytest
 from click.testing import Result
 
 from distsched import Claim, Outcome, Scheduler, State
-from distsched.cli import cli, cluster_url
+from distsched.cli import cli
+from distsched.cli.common import cluster_url
 from distsched.errors import InvalidArgument
 from tests.cluster_fixtures import LocalCluster, Node
 from tests.conftest import CLI_COMMAND, REPO_ROOT, subprocess_env

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from distsched import Scheduler, State, TaskSpec
-from distsched.cli import Processes
+from distsched.cli.worker import Processes
 from distsched.errors import InvalidArgument
 from distsched.worker.supervisor import EXIT_CRASHING
 from tests.conftest import CliProcess, RedisServer

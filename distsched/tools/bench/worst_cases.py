@@ -1,30 +1,15 @@
-"""The ``worst`` section of ``distsched bench``: the longest single call of each script.
-
-Redis runs one script at a time, so one long call stalls every client of the server.
-The scripts bound their own work with the caps of :mod:`distsched.limits`; this section
-builds, for every script, the worst input those caps accept (the most tasks, edges,
-dependents, reports, bytes or entries one call may be given, and the graph shapes that
-make a call walk the most), runs each such call a few times, and reads how long Redis
-spent in it from SLOWLOG. The goal is no call over :data:`TARGET_MS`.
-
-It changes SLOWLOG settings (restored after), so it runs on the bench's own server
-only. Calls a server refuses (an input over a cap, a cycle) are measured too and
-reported with the error; a section run never stops on one.
-"""
+"""The worst inputs of the ``worst`` section: one case per kind of call, each the
+most its caps accept."""
 
 from __future__ import annotations
 
-import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from distsched import core, limits, scripts
 from distsched.client import Scheduler
@@ -32,18 +17,13 @@ from distsched.core import Call, Claim, TaskSpec
 from distsched.errors import DistschedError
 from distsched.keys import Keys
 from distsched.schedules import MAX_BACKFILL_SLOTS
-from distsched.tools.bench import _argv_head, _is_script_client, _text_of, script_of
+from distsched.tools.bench.slowlog import argv_head, is_script_client, text_of
 
-log = logging.getLogger("distsched.bench")
-
-# The goal for any single script call, whatever its input.
-TARGET_MS = 50.0
 # SLOWLOG logs the calls measured slower than this. Not 0: Redis logs the commands a
 # script runs too, and logging each of them would add to the call being measured; none
 # of those commands comes near this, and no script call this short matters here.
 SLOWER_THAN_US = 100
 SLOWLOG_MAX_LEN = 10_000
-SLOWLOG_SETTINGS = ("slowlog-log-slower-than", "slowlog-max-len")
 # The task function of every task created (never run: no worker takes part).
 FN = "noop"
 # The payload at the default limit: one bytes argument filling it but for the map's
@@ -54,9 +34,6 @@ EDGES_PER_TASK = 10
 LEASE_MS = 300_000
 FAR_DELAY_S = 86_400.0
 WORKER = "bench-worst"
-# How long a call may take before the run gives up on it: far longer than any call should
-# (redis-py's default, 5 s, would resend a long call on a new connection, found busy).
-CALL_TIMEOUT_S = 600.0
 # The longest an input's description is kept in the report.
 OUTCOME_CHARS = 160
 
@@ -72,37 +49,8 @@ class Measured:
     entries: list[dict[str, Any]] = field(default_factory=list)
 
 
-def longest_per_script(
-    entries: Iterable[dict[str, Any]], shas: dict[str, str]
-) -> dict[str, dict[str, Any]]:
-    """The longest call of each script in SLOWLOG ``entries``: ``{script: {"ms", "id"}}``.
-
-    A script call is an ``FCALL`` of ``distsched_<hash>_<script>`` or an ``EVALSHA`` of a
-    script's SHA1 (``shas``: SHA1 to script name); the commands a script runs (logged
-    from its own client, ``?:0``) and any other command are left out, as are calls of
-    scripts that are not distsched's."""
-    longest: dict[str, dict[str, Any]] = {}
-    for entry in entries:
-        if _is_script_client(entry.get("client_address")):
-            continue
-        script = script_of(entry.get("command"), shas)
-        if script not in scripts.SCRIPT_NAMES:
-            continue
-        ms = int(entry["duration"]) / 1000.0
-        best = longest.get(script)
-        if best is None or ms > best["ms"]:
-            longest[script] = {"ms": ms, "id": int(entry["id"])}
-    return longest
-
-
-def _longest_ms(item: Measured, shas: dict[str, str]) -> float | None:
-    """The longest call of the script ``item`` measured, None when none was logged."""
-    best = longest_per_script(item.entries, shas).get(item.script)
-    return None if best is None else float(best["ms"])
-
-
-def _describe(exc: BaseException) -> str:
-    text = " ".join(_text_of(str(exc)).split())
+def describe(exc: BaseException) -> str:
+    text = " ".join(text_of(str(exc)).split())
     return text[:OUTCOME_CHARS] + ("..." if len(text) > OUTCOME_CHARS else "")
 
 
@@ -143,17 +91,17 @@ class Probe:
         try:
             reply = fn()
         except (redis.ResponseError, DistschedError) as exc:
-            item.outcome = f"refused: {_describe(exc)}"
+            item.outcome = f"refused: {describe(exc)}"
         except redis.RedisError as exc:
-            item.outcome = f"failed: {type(exc).__name__}: {_describe(exc)}"
+            item.outcome = f"failed: {type(exc).__name__}: {describe(exc)}"
         finally:
             self.client.config_set("slowlog-log-slower-than", -1)
         got: list[dict[str, Any]] = self.client.slowlog_get(SLOWLOG_MAX_LEN)
         item.entries = [
             {k: v for k, v in entry.items() if k != "command"}
-            | {"command": list(_argv_head(entry.get("command")))}
+            | {"command": list(argv_head(entry.get("command")))}
             for entry in got
-            if not _is_script_client(entry.get("client_address"))
+            if not is_script_client(entry.get("client_address"))
         ]
         return reply
 
@@ -198,9 +146,6 @@ class Probe:
             self.s.clear()
         finally:
             self.s.close()
-
-
-# --------------------------------------------------------------------------- cases
 
 
 def case_batch(p: Probe) -> None:
@@ -352,7 +297,7 @@ def case_compact(p: Probe) -> None:
     stale = 2 * budget
     # Entries of tasks whose records are gone: each examined entry is removed.
     members = [core.queue_member(0, 1, f"gone{i}") for i in range(stale)]
-    for chunk in _chunks(members, 10_000):
+    for chunk in chunks(members, 10_000):
         p.client.zadd(p.keys.queue, {m: 0 for m in chunk})
     call = core.compact_call(p.keys, budget, 0)
     for i in range(2):
@@ -439,140 +384,6 @@ CASES: dict[str, Callable[[Probe], None]] = {
 }
 
 
-def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+def chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-# --------------------------------------------------------------------------- the run
-
-
-def _row(
-    script: str, best: dict[str, Any] | None, where: dict[int, Measured], measured: list[Measured]
-) -> dict[str, Any]:
-    """A script's line of the report: its longest call, with the input that made it."""
-    if best is not None:
-        item = where[best["id"]]
-        return {
-            "script": script,
-            "ms": best["ms"],
-            "input": item.input,
-            "outcome": item.outcome,
-            "case": item.case,
-            "met": best["ms"] < TARGET_MS,
-        }
-    # None logged: every call of it was faster than SLOWER_THAN_US (or none was made).
-    tried = [item for item in measured if item.script == script]
-    return {
-        "script": script,
-        "ms": None,
-        "input": tried[-1].input if tried else "",
-        "outcome": (
-            f"under {SLOWER_THAN_US / 1000:g} ms (not logged)" if tried else "not measured"
-        ),
-        "case": tried[-1].case if tried else "",
-        "met": True if tried else None,
-    }
-
-
-@contextmanager
-def slowlog_kept(client: redis.Redis) -> Iterator[dict[str, str]]:
-    """Restore the server's SLOWLOG settings after the block, and empty its log."""
-    got = client.config_get("slowlog-*")
-    saved = {name: _text_of(got[name]) for name in SLOWLOG_SETTINGS if name in got}
-    try:
-        client.config_set("slowlog-max-len", SLOWLOG_MAX_LEN)
-        client.config_set("slowlog-log-slower-than", -1)
-        yield saved
-    finally:
-        for name, value in saved.items():
-            client.config_set(name, value)
-        client.slowlog_reset()
-
-
-def run_worst(
-    url: str,
-    prefix: str,
-    scale: float = 1.0,
-    repeats: int = 3,
-    step: Callable[[str], None] = log.info,
-) -> dict[str, Any]:
-    """Run every case ``repeats`` times on the Redis at ``url`` (each in a fresh namespace
-    ``<prefix>-worst-...``, cleared after) and report the longest call of each script with
-    its input.
-
-    ``scale`` shrinks every count (1.0: the caps themselves). Changes the server's SLOWLOG
-    settings while it runs: only for a server of one's own."""
-    client = redis.Redis.from_url(url, socket_timeout=CALL_TIMEOUT_S, retry=Retry(NoBackoff(), 0))
-    try:
-        return _run(client, prefix, scale, repeats, step)
-    finally:
-        client.close()
-
-
-def _run(
-    client: redis.Redis,
-    prefix: str,
-    scale: float,
-    repeats: int,
-    step: Callable[[str], None],
-) -> dict[str, Any]:
-    shas = {name: script.sha for name, script in scripts.Registry(client).scripts.items()}
-    by_sha = {sha: name for name, sha in shas.items()}
-    measured: list[Measured] = []
-    problems: list[str] = []
-    with slowlog_kept(client) as saved:
-        for case, fn in CASES.items():
-            for r in range(repeats):
-                probe = Probe(client, f"{prefix}-worst-{case}-{r}", scale, case, measured)
-                try:
-                    fn(probe)
-                except (redis.ResponseError, DistschedError) as exc:
-                    # Setup refused (a cap this run's input went over): said, not fatal.
-                    problems.append(f"{case}: setup refused: {_describe(exc)}")
-                finally:
-                    probe.close()
-            step(f"{case}: done")
-    entries: list[dict[str, Any]] = []
-    where: dict[int, Measured] = {}
-    for item in measured:
-        for entry in item.entries:
-            entries.append(entry)
-            where[int(entry["id"])] = item
-    longest = longest_per_script(entries, by_sha)
-    rows = [_row(name, longest.get(name), where, measured) for name in scripts.SCRIPT_NAMES]
-    for row in rows:
-        # The longest call whose input the script took, apart from any it refused.
-        accepted = [
-            ms
-            for m in measured
-            if m.script == row["script"]
-            and m.outcome == "ok"
-            and (ms := _longest_ms(m, by_sha)) is not None
-        ]
-        row["accepted_ms"] = max(accepted, default=None)
-    return {
-        "scale": scale,
-        "repeats": repeats,
-        "target_ms": TARGET_MS,
-        "slower_than_us": SLOWER_THAN_US,
-        "settings_restored": saved,
-        "scripts": rows,
-        # Every input measured, with the longest script call it made (None: none logged).
-        "inputs": [
-            {
-                "case": m.case,
-                "script": m.script,
-                "input": m.input,
-                "outcome": m.outcome,
-                "ms": _longest_ms(m, by_sha),
-            }
-            for m in measured
-        ],
-        "refused": [
-            {"case": m.case, "input": m.input, "outcome": m.outcome}
-            for m in measured
-            if m.outcome != "ok"
-        ],
-        "problems": problems,
-    }

@@ -1,0 +1,278 @@
+"""The namespace as a whole: ``stats`` and its settings (retention, max-running,
+payload-limit, stripes, order)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import click
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from distsched.cli.common import Duration, connect, require_namespace, settings_of
+from distsched.client import Scheduler
+from distsched.core import PRIORITY_LABELS, Order, OrderSetting
+from distsched.errors import InvalidArgument
+from distsched.keys import MAX_STRIPES
+from distsched.text import duration, iso, parse_duration, redact, table
+
+
+def _by_priority(ages: Mapping[str, float]) -> list[tuple[str, float]]:
+    """The per-priority oldest waits, highest priority bucket first."""
+    order = {label: i for i, label in enumerate(reversed(PRIORITY_LABELS))}
+    return sorted(ages.items(), key=lambda item: order.get(item[0], len(order)))
+
+
+def _stats_lines(data: Mapping[str, Any]) -> list[str]:
+    rows: list[tuple[str, ...]] = [("state", "tasks")]
+    rows += [(state, str(count)) for state, count in data["counts"].items()]
+    limit = data["max_running"]
+    oldest = data["oldest_ready_age"]
+    soon = f"{data['leases_soon_s']:g} s"
+    return [*table(rows), "", *table([
+        ("queue entries", f"{data['queue_entries']} ({data['live_entries']} live, "
+                          f"{data['stale_entries']} stale)"),
+        ("stale ratio", f"{100 * data['stale_ratio']:.1f}%"),
+        ("oldest due", "-" if oldest is None else f"{oldest:.3f} s waiting to start"),
+        *[(f"  priority {bucket}", f"{age:.3f} s")
+          for bucket, age in _by_priority(data["oldest_ready_age_by_priority"])],
+        ("order", data["order"] if data["order"] == "default"
+                  else f"priority (aging {data['aging_s']:g} s per point)"),
+        ("running", f"{data['running']} (max_running: "
+                    f"{'unlimited' if limit is None else limit})"),
+        ("leases", f"{data['leases']} ({data['leases_expired']} expired, "
+                   f"{data['leases_expiring']} expiring within {soon})"),
+        ("retention", duration(data["retention_s"])),
+        ("sequence", str(data["sequence"])),
+        *[(f"  key {load['key']!r}" if load["key"] else "  key '' (default)",
+           f"{load['running']} running (cap {'none' if load['cap'] is None else load['cap']}), "
+           f"{load['queued']} queued"
+           + ("" if load["ready_wait_s"] is None
+              else f", first due {load['ready_wait_s']:.3f} s waiting"))
+          for load in data.get("keys", [])],
+    ])]  # fmt: skip
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per draw).")
+@click.option("--watch", is_flag=True, help="Redraw every --interval until Ctrl-C.")
+@click.option(
+    "--interval",
+    type=Duration("interval"),
+    default="2s",
+    show_default=True,
+    help="Time between draws with --watch (seconds, or 500ms, 10s, 1m).",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=None,
+    help="With --watch: stop after this many draws.",
+)
+@click.option(
+    "--soon",
+    "soon_s",
+    type=Duration("soon_s"),
+    default="5s",
+    show_default=True,
+    help="Count the leases whose deadline is this close (seconds, or 500ms, 10s, 1m).",
+)
+@click.pass_context
+def stats(
+    ctx: click.Context,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+    count: int | None,
+    soon_s: float,
+) -> None:
+    """Tasks per state, queue entries (live, stale), the oldest due task's wait,
+    running vs max_running, leases (expired, expiring soon) and retention.
+
+    All times are on the Redis server's clock.
+    """
+    if interval < 0.01:
+        raise InvalidArgument("interval", "must be at least 10ms")
+    scheduler = connect(ctx)
+    require_namespace(ctx, scheduler)
+    settings = settings_of(ctx)
+    interactive = watch and not as_json and sys.stdout.isatty()
+    draws = 0
+    try:
+        while True:
+            data = scheduler.overview(soon_s)
+            if as_json:
+                click.echo(json.dumps(data))
+            else:
+                if interactive:
+                    click.clear()
+                if watch:
+                    if draws and not interactive:
+                        click.echo("")
+                    click.echo(
+                        f"namespace {settings.namespace!r} at {redact(settings.url)}, "
+                        f"{iso(data['server_time'])}"
+                    )
+                for line in _stats_lines(data):
+                    click.echo(line)
+            draws += 1
+            if not watch or (count is not None and draws >= count):
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how --watch ends
+
+
+@click.command(context_settings={"ignore_unknown_options": True})  # '-1' is a value here
+@click.argument("seconds", required=False, metavar="[SECONDS]")
+@click.pass_context
+def retention(ctx: click.Context, seconds: str | None) -> None:
+    """Show, or set to SECONDS, how long terminal tasks are kept.
+
+    SECONDS is a number of seconds or has a unit: 500ms, 90s, 30m, 12h, 7d.
+    The setting belongs to the namespace (default 24 h). Workers purge older
+    succeeded, failed, cancelled and blocked tasks, with their payloads,
+    results and edges, as they go.
+    """
+    scheduler = connect(ctx)
+    namespace = settings_of(ctx).namespace
+    if seconds is None:
+        require_namespace(ctx, scheduler)
+        kept = scheduler.stats()["retention_s"]
+        click.echo(f"retention of namespace {namespace!r}: {duration(kept)}")
+        return
+    value = parse_duration(seconds, "retention_s")
+    scheduler.set_retention(value)
+    kept = scheduler.stats()["retention_s"]
+    click.echo(f"retention of namespace {namespace!r} set to {duration(kept)}")
+
+
+@click.command("max-running", context_settings={"ignore_unknown_options": True})
+@click.argument("limit", required=False, metavar="[N|none]")
+@click.pass_context
+def max_running(ctx: click.Context, limit: str | None) -> None:
+    """Show, or set to N, how many tasks of the namespace may run at once.
+
+    The bound holds across every worker of the namespace; `none` removes it,
+    0 pauses claiming (running tasks finish).
+    """
+    scheduler = connect(ctx)
+    namespace = settings_of(ctx).namespace
+
+    def shown(value: int | None) -> str:
+        return "unlimited" if value is None else str(value)
+
+    if limit is None:
+        require_namespace(ctx, scheduler)
+        current = scheduler.stats()["max_running"]
+        click.echo(f"max_running of namespace {namespace!r}: {shown(current)}")
+        return
+    value: int | None
+    if limit.strip().lower() in ("none", "unlimited"):
+        value = None
+    else:
+        try:
+            value = int(limit)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise InvalidArgument(
+                "max_running", f"must be a whole number >= 0 or 'none', got {limit!r}"
+            )
+    scheduler.set_max_running(value)
+    current = scheduler.stats()["max_running"]
+    click.echo(f"max_running of namespace {namespace!r} set to {shown(current)}")
+
+
+@click.command("payload-limit")
+@click.argument("limit", required=False, metavar="[BYTES|default]")
+@click.pass_context
+def payload_limit(ctx: click.Context, limit: str | None) -> None:
+    """Show, or set to BYTES, the largest payload the namespace accepts.
+
+    An operator's setting (at most 1 MiB, the default: a namespace may set less);
+    `default` restores 1 MiB.
+    """
+    scheduler = connect(ctx)
+    namespace = settings_of(ctx).namespace
+    if limit is None:
+        click.echo(f"payload limit of namespace {namespace!r}: {scheduler.payload_limit()} bytes")
+        return
+    value: int | None = None
+    if limit.strip().lower() != "default":
+        try:
+            value = int(limit)
+        except ValueError:
+            raise InvalidArgument(
+                "payload_max", f"must be a whole number of bytes or 'default', got {limit!r}"
+            ) from None
+    now = scheduler.set_payload_limit(value)
+    click.echo(f"payload limit of namespace {namespace!r} set to {now} bytes")
+
+
+@click.command()
+@click.argument("count", required=False, type=click.IntRange(min=1, max=MAX_STRIPES))
+@click.pass_context
+def stripes(ctx: click.Context, count: int | None) -> None:
+    """Show the namespace's stripes (hash slots, and nodes on a cluster), or set
+    their COUNT.
+
+    A new count is taken only while the namespace holds no task, since ids map to
+    stripes by hash; restart the workers after changing it.
+    """
+    scheduler = connect(ctx)
+    namespace = settings_of(ctx).namespace
+    if count is not None:
+        changed = Scheduler(scheduler.client, namespace=namespace, stripes=count)
+        changed.close()
+    rows = [["stripe", "keys", "slot", "node"]]
+    client = scheduler.client
+    for keys in scheduler.stripe_keys():
+        slot = key_slot(keys.meta.encode())
+        node = "-"
+        if isinstance(client, RedisCluster):
+            owner = client.nodes_manager.get_node_from_slot(slot)
+            node = owner.name if owner is not None else "?"
+        rows.append([str(keys.stripe), keys.prefix + "*", str(slot), node])
+    click.echo(f"namespace {namespace!r}: {len(rows) - 1} stripe(s)")
+    for line in table(rows, right=frozenset({0, 2})):
+        click.echo(line)
+
+
+@click.command()
+@click.argument("order", required=False, type=click.Choice(["default", "priority"]))
+@click.option(
+    "--aging",
+    "aging_s",
+    type=Duration("aging"),
+    default="60s",
+    show_default=True,
+    help="With priority: the wait one point of priority is worth (seconds, or 500ms, 1m).",
+)
+@click.pass_context
+def order(ctx: click.Context, order: str | None, aging_s: float) -> None:
+    """Show, or set, the order in which workers take the namespace's due tasks.
+
+    default: first due, first served (ties by priority, then submission).
+    priority: the highest priority first, each point of priority worth --aging of
+    waiting, so a task waits at most (highest priority - its priority) x aging
+    behind tasks that became due after it. Queued tasks follow the new order.
+    """
+    scheduler = connect(ctx)
+    namespace = settings_of(ctx).namespace
+
+    def shown(setting: OrderSetting) -> str:
+        if setting.order is Order.DEFAULT:
+            return "default"
+        return f"priority, aging {setting.aging_s:g} s per point"
+
+    if order is None:
+        require_namespace(ctx, scheduler)
+        click.echo(f"order of namespace {namespace!r}: {shown(scheduler.order())}")
+        return
+    setting = scheduler.set_order(order, aging=aging_s)
+    click.echo(f"order of namespace {namespace!r} set to {shown(setting)}")

@@ -1,0 +1,247 @@
+"""Write one task: ``schedule``, ``submit`` (with dependencies) and ``cancel``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from distsched import views
+from distsched.cli.common import (
+    Duration,
+    connect,
+    parse_json,
+    parse_run_at,
+    settings_of,
+    task_named,
+)
+from distsched.core import Admitted
+from distsched.errors import CycleError, UnknownDependencyError
+from distsched.text import parse_when
+
+
+def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options that describe a task, shared by ``schedule`` and ``submit``."""
+    options = [
+        click.option("--fn", required=True, help="Name of the registered function to run."),
+        click.option(
+            "--args",
+            "args_json",
+            default="[]",
+            metavar="JSON",
+            help="Positional args: a JSON list.",
+        ),
+        click.option(
+            "--kwargs",
+            "kwargs_json",
+            default="{}",
+            metavar="JSON",
+            help="Keyword args: a JSON object.",
+        ),
+        click.option(
+            "--run-at",
+            metavar="WHEN",
+            help="Epoch seconds (not milliseconds) or ISO-8601 with offset "
+            "(2030-01-01T09:00:00+00:00).",
+        ),
+        click.option(
+            "--delay",
+            type=Duration("delay", signed=True),
+            help="From now (server clock): seconds, or 500ms, 30s, 5m, 1h30m, 2d.",
+        ),
+        click.option(
+            "--priority",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Higher runs first among tasks due at the same time.",
+        ),
+        click.option("--max-attempts", type=int, default=1, show_default=True),
+        click.option(
+            "--backoff",
+            type=Duration("backoff"),
+            default="1s",
+            show_default=True,
+            help="Wait before attempt 2 (seconds, or 500ms, 2s, 1m); doubles for each later one.",
+        ),
+        click.option(
+            "--dedupe",
+            is_flag=True,
+            help="Keep a queued or running version of ID instead of replacing it.",
+        ),
+        click.option(
+            "--dedupe-window",
+            type=Duration("dedupe_window"),
+            metavar="DURATION",
+            help="With dedupe: also keep a version that ended less than this long ago.",
+        ),
+        click.option(
+            "--debounce",
+            type=Duration("debounce"),
+            metavar="MAX_WAIT",
+            help="Replace a queued version, but start at most this long after the burst's "
+            "first submission.",
+        ),
+        click.option(
+            "--deadline",
+            metavar="WHEN",
+            help="Expire (end cancelled) if not started by then: as --run-at.",
+        ),
+        click.option(
+            "--ttl",
+            type=Duration("ttl"),
+            metavar="DURATION",
+            help="Expire (end cancelled) if not started this long after now (server clock).",
+        ),
+        click.option(
+            "--key",
+            "fair_key",
+            metavar="KEY",
+            help="The fairness key (tenant): keys take turns at the claims (see 'keys').",
+        ),
+        click.option(
+            "--timeout",
+            type=Duration("timeout"),
+            metavar="DURATION",
+            help="Time limit of each run (default: the worker's); past it the attempt fails.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _task_keywords(
+    *,
+    args_json: str,
+    kwargs_json: str,
+    run_at: str | None,
+    delay: float | None,
+    priority: int,
+    max_attempts: int,
+    backoff: float,
+    dedupe: bool,
+    dedupe_window: float | None,
+    debounce: float | None,
+    deadline: str | None,
+    ttl: float | None,
+    fair_key: str | None,
+    timeout: float | None,
+) -> dict[str, Any]:
+    """The options of ``_task_options`` as ``Scheduler.schedule`` keywords."""
+    return {
+        "timeout": timeout,
+        "key": fair_key,
+        "deadline": None if deadline is None else parse_when(deadline, "deadline"),
+        "ttl": ttl,
+        "dedupe": dedupe,
+        "dedupe_window": dedupe_window,
+        "debounce": debounce,
+        "args": parse_json(args_json, "args", list),
+        "kwargs": parse_json(kwargs_json, "kwargs", dict),
+        "run_at": None if run_at is None else parse_run_at(run_at),
+        "delay": delay,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "backoff": backoff,
+    }
+
+
+@click.command()
+@click.argument("task_id", metavar="ID")
+@_task_options
+@click.pass_context
+def schedule(ctx: click.Context, /, task_id: str, fn: str, **given: Any) -> None:
+    """Schedule (or replace) task ID; print its new version.
+
+    With --dedupe, a version kept instead is printed, and a note says so on stderr.
+    """
+    options = _task_keywords(**given)
+    scheduler = connect(ctx)
+    _echo_admitted(scheduler.admit(task_id, fn=fn, **options))
+
+
+def _echo_admitted(admitted: Admitted) -> None:
+    click.echo(admitted.version)
+    if not admitted.created:
+        click.echo(f"kept the existing version {admitted.version} (dedupe)", err=True)
+
+
+@click.command()
+@click.argument("task_id", metavar="ID")
+@_task_options
+@click.option(
+    "--dep",
+    "deps",
+    multiple=True,
+    metavar="ID",
+    help="A required dependency: the task runs only after it succeeded. Repeatable.",
+)
+@click.option(
+    "--optional-dep",
+    "optional_deps",
+    multiple=True,
+    metavar="ID",
+    help="An optional dependency: waited for, but any outcome will do. Repeatable.",
+)
+@click.option(
+    "--allow-unknown",
+    is_flag=True,
+    help="Accept dependencies not submitted yet, and wait for them.",
+)
+@click.pass_context
+def submit(
+    ctx: click.Context,
+    /,
+    task_id: str,
+    fn: str,
+    deps: tuple[str, ...],
+    optional_deps: tuple[str, ...],
+    allow_unknown: bool,
+    **given: Any,
+) -> None:
+    """Submit (or replace) task ID after its dependencies; print its new version.
+
+    The task waits (pending) until every --dep has succeeded and every
+    --optional-dep has ended; a failed, cancelled or blocked --dep blocks it.
+    A dependency cycle is refused with its path.
+    """
+    options = _task_keywords(**given)
+    scheduler = connect(ctx)
+    try:
+        admitted = scheduler.admit(
+            task_id,
+            fn=fn,
+            deps=deps,
+            optional_deps=optional_deps,
+            allow_unknown=allow_unknown,
+            **options,
+        )
+    except CycleError as exc:
+        raise click.ClickException(
+            f"refused, nothing written: dependency cycle: {views.show_path(exc.path)}"
+        ) from None
+    except UnknownDependencyError as exc:
+        namespace = settings_of(ctx).namespace
+        raise click.ClickException(
+            f"unknown dependency {exc.dependency!r}: no such task in namespace {namespace!r} "
+            "(submit it first, or pass --allow-unknown to wait for it)"
+        ) from None
+    _echo_admitted(admitted)
+
+
+@click.command()
+@click.argument("task_id", metavar="ID")
+@click.pass_context
+def cancel(ctx: click.Context, task_id: str) -> None:
+    """Cancel task ID; print its state after the call.
+
+    A queued task is cancelled at once and never runs. A running one prints
+    'running': its function is asked to stop and the task ends cancelled
+    when it does.
+    """
+    scheduler = connect(ctx)
+    with task_named(ctx, task_id):
+        state = scheduler.cancel(task_id)
+    click.echo(state.value)

@@ -1,0 +1,230 @@
+"""``distsched why``: why a task is not running, in plain sentences."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+
+from distsched import views
+from distsched.cli.common import connect, task_named
+from distsched.core import Explanation, Reason, State
+from distsched.text import CUT_CHARS, escape, iso, json_line, jsonable, one_line, relative, show
+
+
+def _quoted(text: str | None, limit: int | None) -> str:
+    """A stored string quoted, escaped and cut, as an error message names it."""
+    return "None" if text is None else escape(repr(text if limit is None else text[:limit]))
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _fn_shown(exp: Explanation, limit: int | None) -> str:
+    return views.show_id(exp.fn, limit) if exp.fn else "(unreadable payload)"
+
+
+def _spent(exp: Explanation) -> str:
+    return f"{exp.attempt} of {exp.max_attempts} attempts"
+
+
+def _running(exp: Explanation, limit: int | None) -> str:
+    lease = "with no lease recorded"
+    if exp.lease_deadline is not None:
+        lease = f"until {iso(exp.lease_deadline)} ({relative(exp.lease_deadline, exp.server_time)})"
+    return (
+        f"it runs attempt {exp.attempt} of {exp.max_attempts}, leased by "
+        f"{views.show_id(exp.worker or '?', limit)} {lease}"
+    )
+
+
+def _cancel_requested(exp: Explanation, limit: int | None) -> str:
+    return (
+        "cancel requested: its function is asked to stop at the next heartbeat, "
+        "and the task ends cancelled when it does"
+    )
+
+
+def _lease_expired(exp: Explanation, limit: int | None) -> str:
+    now = exp.server_time
+    ago = now - (exp.lease_deadline or now)
+    then = "retries it" if exp.attempts_left else "fails it (no attempt left)"
+    return f"its lease expired {ago:.3f} s ago: the next reap {then}"
+
+
+def _succeeded(exp: Explanation, limit: int | None) -> str:
+    return f"it succeeded at {iso(exp.updated_at)}"
+
+
+def _failed(exp: Explanation, limit: int | None) -> str:
+    error = show(one_line(exp.error), limit) if exp.error else "no error recorded"
+    return f"it failed at {iso(exp.updated_at)} after {_spent(exp)}: {error}"
+
+
+def _cancelled(exp: Explanation, limit: int | None) -> str:
+    return f"it was cancelled at {iso(exp.updated_at)}"
+
+
+def _expired(exp: Explanation, limit: int | None) -> str:
+    if exp.state is State.CANCELLED:
+        return "it expired: it was not started by its deadline"
+    return "its root cause expired: it was not started by its deadline"
+
+
+def _blocked(exp: Explanation, limit: int | None) -> str:
+    cause = exp.blocked_by
+    if cause is None:
+        return "it is blocked; its root cause is not recorded"
+    root_state = exp.root_state.value if exp.root_state else "no longer readable"
+    return (
+        f"it is blocked by {views.show_id(cause.root, limit)} ({root_state}), "
+        f"via {views.show_path(cause.path, limit)}"
+    )
+
+
+def _placing(exp: Explanation, limit: int | None) -> str:
+    return (
+        "it is held while its dependencies are placed in parts; if this stays, "
+        "the submission stopped part way: schedule it again or cancel it"
+    )
+
+
+def _waiting_on_deps(exp: Explanation, limit: int | None) -> str:
+    waits = _count(exp.remaining, "required dependency", "required dependencies")
+    text = f"it waits on {waits}"
+    if exp.optional_remaining:
+        text += f" and {exp.optional_remaining} optional"
+    if exp.deps:
+        text += ":"
+    return text
+
+
+def _not_due(exp: Explanation, limit: int | None) -> str:
+    now = exp.server_time
+    due = exp.due_at or now
+    retry = f" (a retry after backoff, {_spent(exp)} spent)" if exp.attempt else ""
+    return f"it is not due yet: due at {iso(due)} ({relative(due, now)}, server clock){retry}"
+
+
+def _unserved(exp: Explanation, limit: int | None) -> str:
+    last = (
+        "none ever announced it"
+        if exp.served_at is None
+        else f"last announced {exp.server_time - exp.served_at:.0f} s ago"
+    )
+    return f"no live worker serves its function {_fn_shown(exp, limit)}: {last}"
+
+
+def _capacity(exp: Explanation, limit: int | None) -> str:
+    return f"capacity is full: {exp.running} running, max_running {exp.max_running}"
+
+
+def _behind(exp: Explanation, limit: int | None) -> str:
+    return (
+        f"it is due, {_count(exp.ahead or 0, 'queue entry', 'queue entries')} ahead of it "
+        "(live tasks, and stale entries of replaced or cancelled tasks)"
+    )
+
+
+def _key_capped(exp: Explanation, limit: int | None) -> str:
+    return (
+        f"its fairness key {_quoted(exp.fair_key, limit)} is at its cap: "
+        f"{exp.key_running} running, cap {exp.key_cap}"
+    )
+
+
+def _key_rate(exp: Explanation, limit: int | None) -> str:
+    now = exp.server_time
+    due = exp.key_next_at or now
+    return (
+        f"its fairness key {_quoted(exp.fair_key, limit)} used its rate of "
+        f"{exp.key_rate} per {exp.key_per_s:g} s: "
+        f"next start at {iso(due)} ({relative(due, now)})"
+    )
+
+
+def _next(exp: Explanation, limit: int | None) -> str:
+    return "it is due and first in line: the next worker with a free slot claims it"
+
+
+def _not_queued(exp: Explanation, limit: int | None) -> str:
+    return "it is ready but has no queue entry (its data was changed outside distsched)"
+
+
+# The sentence of each reason (one this version does not know reads as not queued).
+SENTENCES: dict[Reason, Callable[[Explanation, int | None], str]] = {
+    Reason.RUNNING: _running,
+    Reason.CANCEL_REQUESTED: _cancel_requested,
+    Reason.LEASE_EXPIRED: _lease_expired,
+    Reason.SUCCEEDED: _succeeded,
+    Reason.FAILED: _failed,
+    Reason.CANCELLED: _cancelled,
+    Reason.EXPIRED: _expired,
+    Reason.BLOCKED: _blocked,
+    Reason.PLACING: _placing,
+    Reason.WAITING_ON_DEPS: _waiting_on_deps,
+    Reason.NOT_DUE: _not_due,
+    Reason.UNSERVED: _unserved,
+    Reason.CAPACITY: _capacity,
+    Reason.BEHIND: _behind,
+    Reason.KEY_CAPPED: _key_capped,
+    Reason.KEY_RATE: _key_rate,
+    Reason.NEXT: _next,
+    Reason.NOT_QUEUED: _not_queued,
+}
+
+
+def _dep_lines(exp: Explanation, limit: int | None) -> list[str]:
+    """Below the waiting sentence: one line per dependency shown."""
+    lines = []
+    for dep in exp.deps:
+        kind = " (optional)" if dep.optional else ""
+        state = dep.state.value if dep.state else "no record (not submitted yet)"
+        lines.append(f"    {views.show_id(dep.task_id, limit)}{kind}: {state}")
+    if exp.deps_not_shown:
+        lines.append(f"    ... and {exp.deps_not_shown} more not shown")
+    return lines
+
+
+def _headline(exp: Explanation, limit: int | None) -> str:
+    return (
+        f"{views.show_id(exp.task_id, limit)} (version {exp.version}, fn {_fn_shown(exp, limit)}) "
+        f"is {exp.state.value}" + ("." if exp.state is State.RUNNING else ", not running:")
+    )
+
+
+def _why_lines(exp: Explanation, limit: int | None = CUT_CHARS) -> list[str]:
+    """The explanation in plain sentences: a headline, then one line per reason; every
+    stored string escaped and cut to ``limit`` characters (None: whole)."""
+    lines = [_headline(exp, limit)]
+    for reason in exp.reasons:
+        lines.append(f"- {SENTENCES.get(reason, _not_queued)(exp, limit)}")
+        if reason is Reason.WAITING_ON_DEPS:
+            lines += _dep_lines(exp, limit)
+    if not exp.state.terminal and exp.state is not State.RUNNING:
+        lines.append(f"{_spent(exp)} spent, {exp.attempts_left} left.")
+    return lines
+
+
+@click.command()
+@click.argument("task_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--full", is_flag=True, help="Print ids and the error whole (not cut).")
+@click.pass_context
+def why(ctx: click.Context, task_id: str, as_json: bool, full: bool) -> None:
+    """Why task ID is not running (or that it is), in plain sentences.
+
+    Times are on the Redis server's clock. A due task's place counts the queue
+    entries ahead of it, stale ones included.
+    """
+    scheduler = connect(ctx)
+    with task_named(ctx, task_id):
+        exp = scheduler.explain(task_id)
+    if as_json:
+        data = jsonable(exp)
+        data["reasons"] = [reason.value for reason in exp.reasons]
+        click.echo(json_line(data))
+        return
+    for line in _why_lines(exp, None if full else CUT_CHARS):
+        click.echo(line)
