@@ -24,6 +24,7 @@ from distsched import (
     Wait,
     Worker,
     core,
+    lua_files,
     schedules,
     scripts,
 )
@@ -412,7 +413,7 @@ def test_includes_come_dependencies_first_each_once_in_the_order_written(
     }
     for name, text in parts.items():
         (lib / f"{name}.lua").write_text(text)
-    monkeypatch.setattr(scripts, "lua_dir", lambda: tmp_path)
+    monkeypatch.setattr(lua_files, "lua_dir", lambda: tmp_path)
     scripts.part_text.cache_clear()
     try:
         assert scripts.resolve_includes(["d", "b"]) == ("c", "b", "a", "d")
@@ -1080,3 +1081,19 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     assert scripts.library() == "\n".join(lines) + "\n"
     readme = (LUA / "README.md").read_text("utf-8")
     assert listed in " ".join(readme.split())
+
+
+def test_the_key_names_and_the_registry_read_the_headers_from_one_module_below_both() -> None:
+    """keys.py and scripts.py import lua_files, never each other (no import circle)."""
+    package = Path(lua_files.__file__).parent
+    imports = re.compile(
+        r"^\s*(?:from distsched(?:\.(\w+))? import (\w+)|import distsched\.(\w+))", re.M
+    )
+
+    def imported(module: str) -> set[str]:
+        text = (package / f"{module}.py").read_text("utf-8")
+        return {a or b or c for a, b, c in imports.findall(text)}
+
+    assert "scripts" not in imported("keys")
+    assert "keys" not in imported("scripts")
+    assert not imported("lua_files")
