@@ -113,7 +113,7 @@ def includes(name: str) -> tuple[str, ...]:
 
 # --------------------------------------------------------------------------- Redis Functions
 
-_BODY_START = "\nreturn run(function()\n"
+_BODY_START = "\nreturn run(function(c)\n"
 _BODY_END = "end)\n"
 
 
@@ -154,7 +154,7 @@ def _function_block(name: str) -> str:
     keys = script_keys(name)
     head, found, tail = text.partition(_BODY_START)
     if not found or not tail.endswith(_BODY_END) or _BODY_START in tail:
-        raise ValueError(f"{name}.lua must end with one 'return run(function() ... end)'")
+        raise ValueError(f"{name}.lua must end with one 'return run(function(c) ... end)'")
     targets = ", ".join(f"k.{key}" for key in keys)
     values = ", ".join(f"keys[{i}]" for i in range(1, len(keys) + 1))
     parts = [part_text(part) for part in includes(name)]
@@ -164,7 +164,7 @@ def _function_block(name: str) -> str:
             "local KEYS, ARGV, k = nil, nil, {}",
             *parts,
             head,
-            "local function body()",
+            "local function body(c)",
             tail[: -len(_BODY_END)] + "end",
             f"redis.register_function{{function_name = '{function_name(name)}', "
             "callback = function(keys, args)",

@@ -66,7 +66,8 @@ local function has_edge_to(d, id)
   return s[1] or s[2] or s[3] or s[4]
 end
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local id = check_id(ARGV[2], 'task_id')
   local au, placing, part = string.match(ARGV[3] or '', '^([01])$')
@@ -126,7 +127,7 @@ return run(function()
   -- The task keeps its existing awaited edges, so only the new ones join the walk.
   check_cycles({ { id = id } }, {}, children)
 
-  local now = now_ms()
+  local now = now_ms(c)
   local cause = nil
   for _, d in ipairs(added) do
     local st = states[d.id]
@@ -154,14 +155,18 @@ return run(function()
   end
   t.updated = now
   if cause then
-    block_task(id, t, cause.root, cause.parent, now)
+    block_task(c, id, t, cause.root, cause.parent, now)
   elseif lift and t.remaining <= 0 and t.optional <= 0 then
-    count_move('pending', 'ready')
+    count_move(c, 'pending', 'ready')
     t.state = 'ready'
     save_task(id, t)
-    enqueue(t, id)
+    enqueue(c, t, id)
   else
     save_task(id, t)
   end
-  return { settle_after_terminal({}, now, budget), t.state }
+  local left = settle_after_terminal(c, {}, now, budget)
+  write_counts(c)
+  wake_for_enqueued(c)
+  tell_waiters(c)
+  return { left, t.state }
 end)

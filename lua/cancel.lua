@@ -30,24 +30,27 @@
 -- Errors: NOTFOUND <id>.
 -- Cost: O(1) plus the dependents settled within the propagation budget.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local id = check_id(ARGV[2], 'task_id')
   local t = load_given(id)
   if not t then error({ err = 'NOTFOUND ' .. id }) end
-  local now = now_ms()
+  local now = now_ms(c)
+  local left
   if t.state == 'pending' or t.state == 'ready' then
-    count_move(t.state, 'cancelled')
-    t.state = 'cancelled'
-    t.updated = now
-    save_task(id, t)
-    redis.call('ZADD', k.finished, now, id)
-    return { settle_after_terminal({ id }, now, budget), 'cancelled' }
+    end_task(c, id, t, 'cancelled', now)
+    left = settle_after_terminal(c, { id }, now, budget)
+  else
+    if t.state == 'running' and t.cancel == 0 then
+      t.cancel = 1
+      save_task(id, t)
+      publish(k.wake, string.format('cancel %d ', t.version) .. id)
+    end
+    left = redis.call('ZCARD', k.propagating)
   end
-  if t.state == 'running' and t.cancel == 0 then
-    t.cancel = 1
-    save_task(id, t)
-    publish(k.wake, string.format('cancel %d ', t.version) .. id)
-  end
-  return { redis.call('ZCARD', k.propagating), t.state }
+  write_counts(c)
+  wake_for_enqueued(c)
+  tell_waiters(c)
+  return { left, t.state }
 end)

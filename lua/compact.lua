@@ -27,7 +27,7 @@
 -- Reply: { 0, stale entries removed, stale entries left (estimate: entries - ready tasks) }.
 -- Cost: O(budget log N).
 
-return run(function()
+return run(function(c)
   local budget = to_int(ARGV[1], 'budget')
   local minimum = to_int(ARGV[2], 'minimum')
   if budget < 1 then error({ err = 'BADARG budget must be >= 1' }) end

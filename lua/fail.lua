@@ -1,6 +1,7 @@
 -- fail.lua: report a batch of claims whose function raised.
 --
 --- @include settle
+--- @include reports
 --- @include tokens
 --- @include attempt
 --- @keys tasks results queue leases finished meta idle
@@ -36,7 +37,8 @@
 --   ... (an error text over MAX_ERROR_BYTES), BADARG budget, backoff_cap, ARGV ...
 -- Cost: O(n log N) plus the dependents settled within the propagation budget.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local cap_ms = to_int(ARGV[2], 'backoff_cap')
   if cap_ms < 0 then error({ err = 'BADARG backoff_cap must be >= 0' }) end
@@ -49,23 +51,20 @@ return run(function()
         ARGV[4 * i], #text, MAX_ERROR_BYTES) })
     end
   end
-  local now = now_ms()
-  local reply, ended, applied = { 0 }, {}, 0
-  for i = 1, n do
-    local base = 3 + 4 * (i - 1)
-    local id = ARGV[base + 1]
-    local version, attempt = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-    local t = load_task(id)
-    local outcome = token_outcome(t, id, version, attempt)
-    if outcome == 'applied' then
-      applied = applied + 1
-      if end_attempt_failed(id, t, now, ARGV[base + 4], cap_ms, 'failed') then
-        ended[#ended + 1] = id
-      end
+  local now = now_ms(c)
+  local ended, applied = {}, 0
+  local reply = each_report(4, 4, n, function(id, t, at, version, attempt)
+    if not t then return unapplied_outcome(id, version, attempt) end
+    applied = applied + 1
+    if end_attempt_failed(c, id, t, now, ARGV[at], cap_ms, 'failed') then
+      ended[#ended + 1] = id
     end
-    reply[i + 1] = outcome
-  end
+    return 'applied'
+  end)
   count_minute('f', applied, now)
-  reply[1] = settle_after_terminal(ended, now, budget)
+  reply[1] = settle_after_terminal(c, ended, now, budget)
+  write_counts(c)
+  wake_for_enqueued(c)
+  tell_waiters(c)
   return reply
 end)

@@ -17,12 +17,12 @@
 -- Reply: { 0, 1 when another idle worker was woken to take the timer over, else 0 }.
 -- Cost: O(log N) in the number of idle workers.
 
-return run(function()
+return run(function(c)
   local channel, worker = ARGV[1], ARGV[2]
   if not channel or channel == '' or not worker then
     error({ err = 'BADARG ARGV expected the channel and the worker id' })
   end
-  local now = now_ms()
+  local now = now_ms(c)
   redis.call('ZREM', k.idle, channel)
   redis.call('HDEL', k.claims, worker)
   local woken = 0

@@ -24,8 +24,12 @@
 -- Reply: { propagating jobs left, budget used (edges settled plus tasks visited) }.
 -- Cost: O(budget log N).
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
-  local used = propagate(budget, now_ms())
+  local used = propagate(c, budget, now_ms(c))
+  write_counts(c)
+  wake_for_enqueued(c)
+  tell_waiters(c)
   return { redis.call('ZCARD', k.propagating), used }
 end)

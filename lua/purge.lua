@@ -25,7 +25,8 @@
 -- Reply: { 0, tasks removed, terminal tasks still kept }.
 -- Cost: O(m (deps + dependents + log N)) for m removed tasks.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local limit = to_int(ARGV[1], 'limit')
   if limit < 1 then error({ err = 'BADARG limit must be >= 1' }) end
   local default = to_int(ARGV[3], 'default_retention')
@@ -36,7 +37,7 @@ return run(function()
     redis.call('HSET', k.meta, 'retention_ms', retention)
   end
   local retention = tonumber(redis.call('HGET', k.meta, 'retention_ms')) or default
-  local now = now_ms()
+  local now = now_ms(c)
   local ids = redis.call('ZRANGEBYSCORE', k.finished, '-inf', now - retention, 'LIMIT', 0, limit)
   local removed = 0
   for _, id in ipairs(ids) do
@@ -45,9 +46,10 @@ return run(function()
       -- Not terminal any more (a new version): it should not be listed.
       redis.call('ZREM', k.finished, id)
     elseif not redis.call('ZSCORE', k.propagating, 'p' .. id) then
-      remove_task(id, t)
+      remove_task(c, id, t)
       removed = removed + 1
     end
   end
+  write_counts(c)
   return { 0, removed, redis.call('ZCARD', k.finished) }
 end)

@@ -32,13 +32,14 @@
 -- Reply: { propagating jobs left, leases handled }.
 -- Cost: O(m log N) for m handled leases, plus the propagation budget.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local cap_ms = to_int(ARGV[2], 'backoff_cap')
   if cap_ms < 0 then error({ err = 'BADARG backoff_cap must be >= 0' }) end
   local limit = to_int(ARGV[3], 'limit')
   if limit < 1 then error({ err = 'BADARG limit must be >= 1' }) end
-  local now = now_ms()
+  local now = now_ms(c)
   local ids
   if ARGV[4] and ARGV[4] ~= '' then
     ids = {}
@@ -54,7 +55,7 @@ return run(function()
   for _, id in ipairs(ids) do
     local t = load_task(id)
     if t and t.state == 'running' then
-      if end_attempt_failed(id, t, now, 'lease expired', cap_ms, 'lost') then
+      if end_attempt_failed(c, id, t, now, 'lease expired', cap_ms, 'lost') then
         ended[#ended + 1] = id
       end
       handled = handled + 1
@@ -64,5 +65,9 @@ return run(function()
     end
   end
   count_minute('f', handled, now)
-  return { settle_after_terminal(ended, now, budget), handled }
+  local left = settle_after_terminal(c, ended, now, budget)
+  write_counts(c)
+  wake_for_enqueued(c)
+  tell_waiters(c)
+  return { left, handled }
 end)

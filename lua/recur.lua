@@ -30,7 +30,7 @@
 -- Errors (nothing written): BADARG op|name|rev|definition|next_ms <why>.
 -- Cost: O(log S) in the number of schedules.
 
-return run(function()
+return run(function(c)
   local op = ARGV[1]
   if op ~= 'put' and op ~= 'remove' and op ~= 'drop' then
     error({ err = 'BADARG op must be put, remove or drop' })
@@ -67,7 +67,7 @@ return run(function()
   redis.call('HSET', k.schedules, name, definition)
   if next_ms then
     redis.call('ZADD', k.fires, next_ms, name)
-    fires_changed(now_ms())
+    fires_changed(now_ms(c))
   else
     redis.call('ZREM', k.fires, name)
   end

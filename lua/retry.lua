@@ -31,7 +31,8 @@
 --   BUSY <id> (still telling its dependents that it ended; settle with propagate.lua).
 -- Cost: O(deps + log N), plus the propagation budget for the cascade.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local id = check_id(ARGV[2], 'task_id')
   local cascade = ARGV[3] == '1'
@@ -44,11 +45,11 @@ return run(function()
   -- The tasks this one blocked share its root cause: itself, or its own root if blocked.
   local root = id
   if t.state == 'blocked' then root = block_cause(id) or id end
-  local now = now_ms()
+  local now = now_ms(c)
   local params = { run_at = t.run_at, priority = t.priority, max_attempts = t.max_attempts,
                    backoff = t.backoff_ms }
   local deps = decode_deps(redis.call('HGET', k.deps, id))
-  local version = write_version(id, t, params, deps, now, record_state)
+  local version = write_version(c, id, t, params, deps, now, record_state)
   if cascade then
     local prefix = id_prefix(root)
     local any = redis.call('ZRANGEBYLEX', k.blockedby, '[' .. prefix, '(' .. prefix .. '\255', 'LIMIT', 0, 1)
@@ -57,5 +58,9 @@ return run(function()
       add_job('r' .. id)
     end
   end
-  return { settle_after_terminal({}, now, budget), version }
+  local left = settle_after_terminal(c, {}, now, budget)
+  write_counts(c)
+  wake_for_enqueued(c)
+  tell_waiters(c)
+  return { left, version }
 end)
