@@ -18,8 +18,10 @@
 -- propagating (then more, as propagate.lua).
 -- Also writes states (the per-state index, for the records it writes).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one when the last
+-- part makes the task due now, one per dependent that settling makes claimable; '<state>
+-- <id>' on ended for each task it ends that a client waits for, whose waits entry it
+-- removes (lib/ended.lua): the task blocked by a new dependency.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)

@@ -55,6 +55,10 @@
 -- (a waited-for task that expired is published on ended, lib/ended.lua); for a task of
 -- an id no worker can name, ended failed, meta (count:failed), finished and states.
 --
+-- Publishes: 'ready' on the channel of one more idle worker (lib/idle.lua) when it filled
+-- its batch while more is due; '<state> <id>' on ended for each task it ends that a
+-- client waits for, whose waits entry it removes (lib/ended.lua): a task it expires.
+--
 -- ARGV[1] worker id (1..MAX_WORKER_ID_BYTES, 256, bytes of valid UTF-8)
 -- ARGV[2] n, the most tasks to claim (1..MAX_CLAIM, 1000)
 -- ARGV[3] lease length in ms (>= 1)

@@ -20,6 +20,8 @@
 -- Reads tasks, meta (count:ready); writes queue, ranked, fairq, meta (compact_cursor,
 -- compact_ranked, compact_fairq).
 --
+-- Publishes: nothing.
+--
 -- ARGV[1] the most entries to examine in this call (>= 1; a larger one than
 --         MAX_COMPACT_BUDGET, 2500, counts as that)
 -- ARGV[2] the least number of stale entries worth a walk (>= 0)

@@ -24,8 +24,10 @@
 --   history (the attempt it ends),
 --   minutes (succeeded / failed attempts).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per slot it
+-- frees when max_running was reached, one when a fairness key at its cap gets a slot
+-- back, one per dependent that settling makes claimable; '<state> <id>' on ended for each
+-- task it ends that a client waits for, whose waits entry it removes (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -34,7 +36,6 @@
 --
 -- Reply: { propagating jobs left, outcome 1, ..., outcome n }, each outcome
 -- 'applied', 'duplicate' or 'stale'.
--- Publishes 'capacity' when max_running was reached and a slot freed.
 -- Cost: O(n log N) plus the dependents settled within the propagation budget.
 
 return run(function(c)

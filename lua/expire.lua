@@ -15,7 +15,12 @@
 --
 -- Writes tasks, results, finished, meta, deadlines, idle, and for dependents edges,
 -- blocked, blockedby, propagating, queue.
--- Also writes states (the per-state index, for the records it writes).
+-- Also writes states (the per-state index, for the records it writes), and waits (the
+-- entry of a waited-for task it ends).
+--
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua), one per dependent
+-- that settling makes claimable; '<state> <id>' on ended for each task it ends that a
+-- client waits for, whose waits entry it removes (lib/ended.lua): a task it expires.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)

@@ -14,6 +14,9 @@
 -- Reads and writes meta (fair), fair, fairready, fairfull, idle; reads queue, fairwait,
 -- ranked, meta (order, aging_ms).
 --
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua), one per key it moves
+-- back from fairfull.
+--
 -- ARGV[1] 'key': set ARGV[2]'s cap, weight and rate limit; 'default': set the default cap
 -- ARGV[2] the key (UTF-8, 0..256 bytes; '' is the default key of tasks given none);
 --         ignored for 'default' (send '')

@@ -35,6 +35,13 @@
 -- now (lib/queue.lua), and the timer worker when the next fire time moved earlier than
 -- what it waits for (lib/fires.lua).
 --
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per task due now
+-- (or one for a new queue head not due yet), one when the head of fires moved earlier
+-- than what the timer worker waits for, one per dependent that settling makes claimable;
+-- 'cancel <version> <id>' on wake when cancel_previous asks a running last run to stop;
+-- '<state> <id>' on ended for each task it ends that a client waits for, whose waits
+-- entry it removes (lib/ended.lua): a queued last run it cancels.
+--
 -- ARGV[1] propagation budget (>= 1; at most MAX_PROPAGATE_BUDGET, 250, counts)
 -- ARGV[2] the schedule name
 -- ARGV[3] the rev of the definition the caller read (firing state)

@@ -9,6 +9,8 @@
 --
 -- Reads tasks; writes leases.
 --
+-- Publishes: nothing.
+--
 -- ARGV[1] lease length in ms (>= 1)
 -- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 3 values per token: id, version,
 --   attempt

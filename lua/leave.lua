@@ -11,6 +11,9 @@
 -- Writes meta (timer, timer_at), idle, claims; publishes 'ready' on the woken
 -- worker's channel.
 --
+-- Publishes: 'ready' on the channel of one idle worker (lib/idle.lua), to take the timer
+-- over.
+--
 -- ARGV[1] the worker's wake channel (ds:{NS}:w:<worker id>)
 -- ARGV[2] the worker id (its field in claims)
 --

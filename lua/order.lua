@@ -25,6 +25,8 @@
 --
 -- Reads and writes meta (order, aging_ms), queue, ranked, fairq; reads meta (fair).
 --
+-- Publishes: nothing.
+--
 -- ARGV[1] 'default' or 'priority'
 -- ARGV[2] aging_ms, an integer in [0, 1000000000] (ignored for 'default'; send 0)
 -- ARGV[3] the most entries of ranked this call may rewrite (>= 0)

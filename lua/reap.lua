@@ -23,6 +23,12 @@
 -- Also drops up to ARGV[3] waits entries whose time has passed (their client gave
 -- up), when it handles every expired lease (ARGV[4] empty).
 --
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per retry due
+-- now (or one for a retry that became the queue head), one per slot it frees when
+-- max_running was reached, one when a fairness key at its cap gets a slot back, one per
+-- dependent that settling makes claimable; '<state> <id>' on ended for each task it ends
+-- that a client waits for, whose waits entry it removes (lib/ended.lua).
+--
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 -- ARGV[2] the longest wait between attempts in ms (>= 0; distsched sends 3600000)

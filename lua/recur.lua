@@ -18,6 +18,9 @@
 -- Writes schedules, fires, firing; wakes one idle worker when the head of fires is
 -- earlier than what the timer worker waits for (lib/fires.lua).
 --
+-- Publishes: 'ready' on the channel of one idle worker (lib/idle.lua) when the head of
+-- fires is earlier than what the timer worker waits for (lib/fires.lua).
+--
 -- ARGV[1] 'put', 'remove' or 'drop'
 -- ARGV[2] the schedule name (valid UTF-8, 1..256 bytes)
 -- put:

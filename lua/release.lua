@@ -18,8 +18,12 @@
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per task handed
+-- back due now (a delayed one only when it became the queue head), one per slot it frees
+-- when max_running was reached, one when a fairness key at its cap gets a slot back, one
+-- per dependent that settling makes claimable; '<state> <id>' on ended for each task it
+-- ends that a client waits for, whose waits entry it removes (lib/ended.lua): a task it
+-- ends cancelled.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -31,7 +35,6 @@
 --
 -- Reply: { propagating jobs left, then per token 1 handed back (ready, or cancelled)
 -- or 0 stale (left as it is) }.
--- Wakes one idle worker per task handed back due now (lib/idle.lua).
 
 return run(function(c)
   repair_meta(c)

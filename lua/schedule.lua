@@ -29,14 +29,16 @@
 -- namespace of the priority order ranked (a task due now goes straight into the ready
 -- set; lib/ranked.lua), reading meta (order, aging_ms).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
---
 -- Also writes debounce (the burst of a task scheduled with debounce; lib/admit.lua)
 -- and deadlines (a version's deadline, when it has one; lib/deadline.lua).
 -- A spec with key=<hex> turns the namespace fair (meta fair) and, in a fair namespace,
 -- each new version's key is written to fairkeys and its entry goes to fairq (or queue for
 -- the default key), its key into fairready or fairwait (lib/fair.lua).
+--
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per task it
+-- makes due now, or one for a new queue head not due yet; '<state> <id>' on ended for
+-- each task it ends that a client waits for, whose waits entry it removes
+-- (lib/ended.lua): a task blocked at once, a dependent it blocks.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -88,7 +90,6 @@
 --                             ttl of <id>, n, or a cap named in its message, ...)
 --   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
 --                             stored record that does not parse
--- Wakes one idle worker per task it makes due now (lib/idle.lua).
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
 -- cycle check; blocked tasks' dependents are settled within the propagation budget.
 

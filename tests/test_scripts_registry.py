@@ -360,22 +360,28 @@ def test_every_library_part_uses_only_what_it_includes() -> None:
         assert undefined_names(assembled) == [], part
 
 
-def reachable_keys(code: str) -> set[str]:
-    """The ``k.<name>`` keys that code can reach from its top level (the body and the
-    library's top-level statements), following calls of top-level functions."""
+def reachable_code(code: str) -> tuple[set[str], str]:
+    """The top-level functions that code can reach from its top level (the body and the
+    library's top-level statements), following their calls, and the code they and the
+    top level hold (comments left out)."""
     code = strip_comments(code)
     bodies = {m.group(1): m.group(0) for m in TOP_FUNCTION.finditer(code)}
     pending = [TOP_FUNCTION.sub("", code)]
     seen: set[str] = set()
-    found: set[str] = set()
+    chunks: list[str] = []
     while pending:
         chunk = pending.pop()
-        found.update(re.findall(r"(?<![\w.])k\.(\w+)", chunk))
+        chunks.append(chunk)
         for word in set(re.findall(r"(?<![\w.:])([A-Za-z_]\w*)\b", chunk)):
             if word in bodies and word not in seen:
                 seen.add(word)
                 pending.append(bodies[word])
-    return found
+    return seen, "\n".join(chunks)
+
+
+def reachable_keys(code: str) -> set[str]:
+    """The ``k.<name>`` keys that code can reach from its top level."""
+    return set(re.findall(r"(?<![\w.])k\.(\w+)", reachable_code(code)[1]))
 
 
 def test_the_reach_checker_follows_calls_and_skips_unreachable_functions() -> None:
@@ -399,6 +405,65 @@ def test_each_script_declares_exactly_the_keys_it_can_reach(name: str) -> None:
     kept = KEPT_FOR_THE_PROTOCOL.get(name, set())
     assert reachable_keys(source(name)) == set(scripts.script_keys(name)) - kept
     assert kept <= set(scripts.script_keys(name))
+
+
+# What a header says a script publishes: the kinds of message, each by the words that
+# name it in the header's "-- Publishes:" paragraph.
+PUBLISHED_WORDS = {
+    "ready": "'ready' on the channel",
+    "cancel": "'cancel <version> <id>' on wake",
+    "ended": "'<state> <id>' on ended",
+}
+
+
+def can_publish(code: str) -> set[str]:
+    """The kinds of message code can publish, found from the publish calls it can reach:
+    on ended, a cancel notice on wake, or 'ready' on a worker's channel."""
+    calls = re.findall(r"(?<!function )\bpublish\(([^,]+),\s*([^)]*)", reachable_code(code)[1])
+    kinds = set()
+    for channel, message in calls:
+        if channel.strip() == "k.ended":
+            kinds.add("ended")
+        elif channel.strip() == "k.wake" and "'cancel" in message:
+            kinds.add("cancel")
+        elif message.strip().startswith("'ready'"):
+            kinds.add("ready")
+        else:
+            raise AssertionError(f"a publish the header check does not know: {channel}, {message}")
+    return kinds
+
+
+def header_publishes(name: str) -> set[str]:
+    lines = header_lines(script_files()[name])
+    starts = [i for i, line in enumerate(lines) if line.startswith("-- Publishes: ")]
+    assert len(starts) == 1, f"{name}.lua has no one '-- Publishes:' paragraph"
+    paragraph = []
+    for line in lines[starts[0] :]:
+        if line == "--":
+            break
+        paragraph.append(line[3:])
+    text = " ".join(paragraph)
+    if text == "Publishes: nothing.":
+        return set()
+    kinds = {kind for kind, words in PUBLISHED_WORDS.items() if words in text}
+    assert kinds, f"{name}.lua: {text!r} names no message"
+    return kinds
+
+
+def test_the_publish_checker_follows_calls_to_the_publish() -> None:
+    code = (
+        "local function publish(channel, message)\n  redis.pcall('SPUBLISH', channel, message)\nend\n"
+        "local function wake(r)\n  publish(popped[1], 'ready')\nend\n"
+        "local function tell(c)\n  publish(k.ended, c.state .. ' x')\nend\n"
+        "local function unused()\n  publish(k.wake, string.format('cancel %d ', 1))\nend\n"
+        "return run(function(c) wake(1); tell(c) end)\n"
+    )
+    assert can_publish(code) == {"ready", "ended"}
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_each_header_says_what_its_script_publishes(name: str) -> None:
+    assert header_publishes(name) == can_publish(source(name))
 
 
 # --------------------------------------------------------------------------- assembly
