@@ -158,17 +158,12 @@ return run(function(c)
   t.updated = now
   if cause then
     block_task(c, id, t, cause.root, cause.parent, now)
-  elseif lift and t.remaining <= 0 and t.optional <= 0 then
-    count_move(c, 'pending', 'ready')
-    t.state = 'ready'
-    save_task(id, t)
-    enqueue(c, t, id)
+  elseif lift then
+    save_pending(c, id, t)
   else
     save_task(id, t)
   end
   local left = settle_after_terminal(c, {}, now, budget)
-  write_counts(c)
-  wake_for_enqueued(c)
-  tell_waiters(c)
+  end_call(c)
   return { left, t.state }
 end)

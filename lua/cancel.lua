@@ -51,8 +51,6 @@ return run(function(c)
     end
     left = redis.call('ZCARD', k.propagating)
   end
-  write_counts(c)
-  wake_for_enqueued(c)
-  tell_waiters(c)
+  end_call(c)
   return { left, t.state }
 end)

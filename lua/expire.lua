@@ -48,8 +48,6 @@ return run(function(c)
     end
   end
   local left = settle_after_terminal(c, {}, now, budget)
-  write_counts(c)
-  wake_for_enqueued(c)
-  tell_waiters(c)
+  end_call(c)
   return { left, expired }
 end)

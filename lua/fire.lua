@@ -229,8 +229,6 @@ return run(function(c)
   else
     left = redis.call('ZCARD', k.propagating)
   end
-  write_counts(c)
-  wake_for_enqueued(c)
-  tell_waiters(c)
+  end_call(c)
   return { left, 'fired', created, skipped, last_created }
 end)

@@ -72,8 +72,6 @@ return run(function(c)
   end
   count_minute('f', handled, now)
   local left = settle_after_terminal(c, ended, now, budget)
-  write_counts(c)
-  wake_for_enqueued(c)
-  tell_waiters(c)
+  end_call(c)
   return { left, handled }
 end)

@@ -82,8 +82,6 @@ return run(function(c)
     capacity_freed(c, running_before)
   end
   reply[1] = settle_after_terminal(c, ended, now, budget)
-  write_counts(c)
-  wake_for_enqueued(c)
-  tell_waiters(c)
+  end_call(c)
   return reply
 end)

@@ -394,8 +394,6 @@ return run(function(c)
   call_many('ZADD', k.ranked, ranks)
   -- Only a blocked task, or work already waiting, needs the propagation budget here.
   if jobs_pending or blocked_any then reply[1] = settle_after_terminal(c, {}, now, budget) end
-  write_counts(c)
-  wake_for_enqueued(c)
-  tell_waiters(c)
+  end_call(c)
   return reply
 end)

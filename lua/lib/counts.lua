@@ -9,11 +9,7 @@
 -- (write_counts).
 
 local function count_move(c, from_state, to_state)
-  local delta = c.counts
-  if not delta then
-    delta = {}
-    c.counts = delta
-  end
+  local delta = call_table(c, 'counts')
   if from_state then delta[from_state] = (delta[from_state] or 0) - 1 end
   if to_state then delta[to_state] = (delta[to_state] or 0) + 1 end
 end

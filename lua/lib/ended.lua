@@ -16,13 +16,12 @@
 
 -- Note that id ended in state (its last state of the call counts), for tell_waiters.
 local function note_ended(c, id, state)
-  local ended = c.ended
-  if not ended then
-    ended = { ids = {}, state = {} }
-    c.ended = ended
+  local states = call_table(c, 'ended_state')
+  if not states[id] then
+    local ids = call_table(c, 'ended')
+    ids[#ids + 1] = id
   end
-  if not ended.state[id] then ended.ids[#ended.ids + 1] = id end
-  ended.state[id] = state
+  states[id] = state
 end
 
 -- End task id (t: its record) in terminal state `state` at now: a running one gives the
@@ -41,16 +40,15 @@ end
 
 -- Publish '<state> <id>' on ended for each task the call ended that a client waits for.
 local function tell_waiters(c)
-  local ended = c.ended
-  if not ended then return end
-  local all = ended.ids
+  local all = c.ended
+  if not all then return end
   for i = 1, #all, 1000 do
     local ids = { unpack(all, i, math.min(i + 999, #all)) }
     local scores = redis.call('ZMSCORE', k.waits, unpack(ids))
     for j, score in ipairs(scores) do
       if score then
         redis.call('ZREM', k.waits, ids[j])
-        publish(k.ended, ended.state[ids[j]] .. ' ' .. ids[j])
+        publish(k.ended, c.ended_state[ids[j]] .. ' ' .. ids[j])
       end
     end
   end

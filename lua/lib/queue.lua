@@ -18,12 +18,7 @@
 
 -- Note an entry the call added (score: when it is due), for wake_for_enqueued.
 local function note_enqueued(c, member, score)
-  local enqueued = c.enqueued
-  if not enqueued then
-    enqueued = {}
-    c.enqueued = enqueued
-  end
-  enqueued[member] = score
+  call_table(c, 'enqueued')[member] = score
 end
 
 local function enqueue(c, t, id)

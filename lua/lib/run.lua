@@ -13,6 +13,17 @@
 -- not call: what a call writes at its end (counters, wake-ups, ended notices) its own
 -- file calls, after its body's work.
 
+-- c[name], a table the call fills as it goes (tallies, notes), made at its first use:
+-- most calls never need most of them.
+local function call_table(c, name)
+  local t = c[name]
+  if not t then
+    t = {}
+    c[name] = t
+  end
+  return t
+end
+
 -- The server clock is read once per call: a call is one atomic moment.
 local function now_ms(c)
   if not c.now then

@@ -104,6 +104,19 @@ local function write_version(c, id, old, p, deps, now, state_of, version)
   return version, t.state
 end
 
+-- Save pending task id (t: its record, changed by the caller): ready, and queued, once it
+-- awaits no dependency (remaining and optional both 0).
+local function save_pending(c, id, t)
+  if t.remaining <= 0 and t.optional <= 0 then
+    count_move(c, 'pending', 'ready')
+    t.state = 'ready'
+    save_task(id, t)
+    enqueue(c, t, id)
+  else
+    save_task(id, t)
+  end
+end
+
 -- Settle the edges of one 'p' job: at most want edges. Returns (cost, done).
 local function settle_edges(c, p, want, now)
   local pt = load_task(p)
@@ -129,14 +142,7 @@ local function settle_edges(c, p, want, now)
       end
       if ct then
         ct.updated = now
-        if ct.remaining <= 0 and ct.optional <= 0 then
-          count_move(c, 'pending', 'ready')
-          ct.state = 'ready'
-          save_task(child, ct)
-          enqueue(c, ct, child)
-        else
-          save_task(child, ct)
-        end
+        save_pending(c, child, ct)
       end
     end
   end
@@ -274,4 +280,13 @@ local function settle_after_terminal(c, ids, now, budget)
   if redis.call('ZCARD', k.propagating) == 0 then return 0 end
   propagate(c, budget, now)
   return redis.call('ZCARD', k.propagating)
+end
+
+-- What a script that changes tasks does last, once its work is done: write the counters
+-- its moves changed (lib/counts.lua), wake one idle worker per claimable entry it added
+-- (lib/queue.lua), and tell the clients waiting for a task it ended (lib/ended.lua).
+local function end_call(c)
+  write_counts(c)
+  wake_for_enqueued(c)
+  tell_waiters(c)
 end
