@@ -452,7 +452,8 @@ def header_publishes(name: str) -> set[str]:
 
 def test_the_publish_checker_follows_calls_to_the_publish() -> None:
     code = (
-        "local function publish(channel, message)\n  redis.pcall('SPUBLISH', channel, message)\nend\n"
+        "local function publish(channel, message)\n"
+        "  redis.pcall('SPUBLISH', channel, message)\nend\n"
         "local function wake(r)\n  publish(popped[1], 'ready')\nend\n"
         "local function tell(c)\n  publish(k.ended, c.state .. ' x')\nend\n"
         "local function unused()\n  publish(k.wake, string.format('cancel %d ', 1))\nend\n"
@@ -1169,3 +1170,22 @@ def test_the_key_names_and_the_registry_read_the_headers_from_one_module_below_b
     assert "scripts" not in imported("keys")
     assert "keys" not in imported("scripts")
     assert not imported("lua_files")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown text."""
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        words = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+        anchors.add(words.replace(" ", "-"))
+    return anchors
+
+
+def test_the_protocol_and_the_storage_reference_link_to_sections_that_exist() -> None:
+    """lua/README.md (the wire protocol) and lua/STORAGE.md (every key and its layout)."""
+    docs = {name: (LUA / name).read_text("utf-8") for name in ("README.md", "STORAGE.md")}
+    for name, text in docs.items():
+        links = re.findall(r"\]\(((?:README|STORAGE)\.md)?#([a-z0-9-]+)\)", text)
+        assert links, name
+        for target, anchor in links:
+            assert anchor in heading_anchors(docs[target or name]), f"{name}: {target}#{anchor}"
