@@ -65,14 +65,32 @@ def failed_x(s: Scheduler) -> None:
     s.fail(claim(s, "x"), "no")
 
 
-def cancel_previous(s: Scheduler) -> None:
+def failed_x_and_y_on_z(s: Scheduler) -> None:
+    failed_x(s)
+    s.schedule("y", fn="f", deps=["z"], allow_unknown=True)
+
+
+def failed_x_and_y_on_x(s: Scheduler) -> None:
+    failed_x(s)
+    s.schedule("y", fn="f", key=KEY, deps=["x"])
+
+
+def past_ttl(s: Scheduler, delay: float) -> None:
+    s.schedule("x", fn="f", key=KEY, delay=delay, ttl=0.01)
+    time.sleep(0.05)
+
+
+def triggered_once(s: Scheduler) -> None:
     s.add_schedule("sched", "f", interval=3600.0, overlap="cancel_previous", key=KEY)
+    s.trigger("sched")
+    # The second trigger's slot is another millisecond.
+    time.sleep(0.002)
 
 
-def first_trigger(client: redis.Redis, keys: Keys) -> str:
+def first_trigger(client: Any, keys: Keys) -> str:
     """The task of the schedule's first trigger: the only one when the second comes."""
-    [task_id] = [t.decode() for t in client.hkeys(keys.tasks) if t.startswith(b"sched@")]
-    return task_id
+    [task_id] = [t for t in client.hkeys(keys.tasks) if t.startswith(b"sched@")]
+    return str(task_id.decode())
 
 
 def endings() -> list[Ending]:
@@ -149,35 +167,35 @@ def endings() -> list[Ending]:
             "add_deps",
             "y",
             "blocked",
-            lambda s: (failed_x(s), s.schedule("y", fn="f", deps=["z"], allow_unknown=True)),
+            failed_x_and_y_on_z,
             lambda s: s.add_deps("y", ["x"]),
         ),
         Ending(
             "retry",
             "y",
             "blocked",
-            lambda s: (failed_x(s), s.schedule("y", fn="f", key=KEY, deps=["x"])),
+            failed_x_and_y_on_x,
             lambda s: s.retry("y", cascade=False),
         ),
         Ending(
             "expire",
             "x",
             "cancelled",
-            lambda s: (s.schedule("x", fn="f", key=KEY, delay=60, ttl=0.01), time.sleep(0.05)),
+            lambda s: past_ttl(s, delay=60),
             lambda s: s.housekeeping(),
         ),
         Ending(
             "claim",
             "x",
             "cancelled",
-            lambda s: (s.schedule("x", fn="f", key=KEY, ttl=0.01), time.sleep(0.05)),
+            lambda s: past_ttl(s, delay=0),
             lambda s: s.ready(1, "w"),
         ),
         Ending(
             "fire",
             "sched@first",
             "cancelled",
-            lambda s: (cancel_previous(s), s.trigger("sched"), time.sleep(0.002)),
+            triggered_once,
             lambda s: s.trigger("sched"),
         ),
     ]
@@ -209,9 +227,9 @@ def recorder(redis_client: redis.Redis, namespace: str) -> Iterator[Recorder]:
     s.close()
 
 
-def ended_notices(client: redis.Redis, keys: Keys, act: Callable[[], object]) -> list[bytes]:
+def ended_notices(client: Any, keys: Keys, act: Callable[[], object]) -> list[bytes]:
     """The messages published on ``ended`` while ``act`` runs (and shortly after)."""
-    pubsub: Any = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub: Any = client.pubsub(ignore_subscribe_messages=True)
     pubsub.ssubscribe(keys.ended)
     try:
         deadline = time.monotonic() + 5
@@ -231,7 +249,7 @@ def ended_notices(client: redis.Redis, keys: Keys, act: Callable[[], object]) ->
         pubsub.close()
 
 
-def fairness_problems(client: redis.Redis, keys: Keys) -> list[str]:
+def fairness_problems(client: Any, keys: Keys) -> list[str]:
     """Where the fairness counters disagree with the running tasks: each key's run:<key>
     counts its fairrun entries, every fairrun entry is a running task, and a key waits in
     fairfull only while it is at its cap."""
@@ -253,7 +271,7 @@ def fairness_problems(client: redis.Redis, keys: Keys) -> list[str]:
     return problems
 
 
-def index_members(client: redis.Redis, keys: Keys, task_id: str) -> list[bytes]:
+def index_members(client: Any, keys: Keys, task_id: str) -> list[bytes]:
     tail = task_id.encode()
     return [m for m in client.zrange(keys.states, 0, -1) if m[15:] == tail]
 
