@@ -58,7 +58,7 @@ return run(function(c)
   if rev == '' or #rev > 64 or string.find(rev, '|', 1, true) then
     error({ err = 'BADARG rev must be 1..64 bytes without |' })
   end
-  if head(definition, 1) ~= 'map' or skip(definition, 1) ~= #definition + 1 then
+  if head(definition, 1) ~= 'map' or skip(new_walk(math.huge), definition, 1) ~= #definition + 1 then
     error({ err = 'BADARG definition must be one msgpack map' })
   end
   local next_ms = nil
