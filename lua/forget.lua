@@ -14,13 +14,11 @@
 -- example one removed already) is skipped, so the same call may be sent again.
 --
 -- Reads propagating; writes tasks, payloads, results, done, debounce, finished, meta
--- (count:<state>), edges, deps, blocked, blockedby, states, history, fairkeys; a stale
--- fairrun entry of a removed task gives its key's slot back (fair, fairfull, fairready,
--- idle: lib/fair.lua).
+-- (count:<state>), edges, deps, blocked, blockedby, states, history, fairkeys. It receives
+-- idle, fair, fairready, fairfull and fairrun and touches none of them (a terminal task
+-- holds no slot of its fairness key).
 --
--- Publishes: 'ready' on the channel of one idle worker (lib/idle.lua) only when a removed
--- task still held a slot of a fairness key at its cap (junk: no task a script ended
--- does).
+-- Publishes: nothing.
 --
 -- ARGV[1] n, the number of ids (0 to 1000); then n task ids
 --

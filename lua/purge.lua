@@ -16,12 +16,10 @@
 -- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done, debounce,
 -- finished, meta (retention_ms, count:<state>), edges, deps, blocked, blockedby.
 -- Also removes the task's member of states (the per-state index), its history and its
--- fairness key (fairkeys); a stale fairrun entry of it gives its key's slot back (fair,
--- fairfull, fairready, idle: lib/fair.lua).
+-- fairness key (fairkeys). It receives idle, fair, fairready, fairfull and fairrun and
+-- touches none of them (a terminal task holds no slot of its fairness key).
 --
--- Publishes: 'ready' on the channel of one idle worker (lib/idle.lua) only when a removed
--- task still held a slot of a fairness key at its cap (junk: no task a script ended
--- does).
+-- Publishes: nothing.
 --
 -- ARGV[1] the most tasks to remove in this call (>= 1)
 -- ARGV[2] retention in ms to store first (meta field retention_ms), or '' to use the

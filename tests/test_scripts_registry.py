@@ -396,8 +396,15 @@ def test_the_reach_checker_follows_calls_and_skips_unreachable_functions() -> No
 
 
 # Keys a script still receives, for a wire protocol that does not change, but no longer
-# touches: claim and fairness forget no task, so they remove no fairness key of one.
-KEPT_FOR_THE_PROTOCOL = {"claim": {"fairkeys"}, "fairness": {"fairkeys", "fairrun"}}
+# touches: claim and fairness forget no task, so they remove no fairness key of one;
+# fairness, purge and forget end no running task, so they give no fairness slot back.
+UNTOUCHED_SLOT_KEYS = {"idle", "fair", "fairready", "fairfull", "fairrun"}
+KEPT_FOR_THE_PROTOCOL = {
+    "claim": {"fairkeys"},
+    "fairness": {"fairkeys", "fairrun"},
+    "purge": UNTOUCHED_SLOT_KEYS,
+    "forget": UNTOUCHED_SLOT_KEYS,
+}
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)

@@ -16,8 +16,6 @@ local function remove_task(c, id, t)
   end
   forget_task(id, t)
   redis.call('HDEL', k.fairkeys, id)
-  -- A terminal task holds no slot of its fairness key; a stale claim on one goes with it.
-  fair_slot_back(c, id)
   redis.call('HDEL', k.payloads, id)
   redis.call('HDEL', k.results, id)
   redis.call('HDEL', k.done, id)
