@@ -1196,3 +1196,21 @@ def test_the_protocol_and_the_storage_reference_link_to_sections_that_exist() ->
         assert links, name
         for target, anchor in links:
             assert anchor in heading_anchors(docs[target or name]), f"{name}: {target}#{anchor}"
+
+
+def test_library_parts_only_define_and_register_nothing() -> None:
+    """A part's top level is local definitions only: no call and no assignment that makes
+    including it change what another part does (hooks filled in at include time)."""
+    for file_name, text in library_files().items():
+        for line in strip_comments(text).splitlines():
+            if line and not line[0].isspace():
+                assert re.match(r"^(local |end\b|\})", line), f"{file_name}: {line}"
+        # Nothing a part defines is assigned to by another part.
+        code = strip_comments(text)
+        for other_name, other in library_files().items():
+            if other_name == file_name:
+                continue
+            for name in re.findall(r"^local (?:function )?(\w+)", code, re.M):
+                assert not re.search(rf"^\s*{name}\s*=[^=]", strip_comments(other), re.M), (
+                    f"{other_name} assigns {name} of {file_name}"
+                )
