@@ -61,10 +61,7 @@ return run(function(c)
       end_task(c, id, t, 'cancelled', now)
       ended[#ended + 1] = id
     else
-      fair_slot_back(c, id)
-      count_move(c, 'running', 'ready')
-      t.state = 'ready'
-      save_task(id, t)
+      back_to_ready(c, id, t)
       if delay > 0 and t.run_at < now + delay and fair_on(c) then
         enqueue(c, { run_at = now + delay, priority = t.priority, version = t.version }, id)
       elseif delay > 0 and t.run_at < now + delay then

@@ -8,12 +8,21 @@
 -- The running attempt of id (t: its record, its token checked by the caller) ends at now
 -- with outcome (history, lib/history.lua; summary: its text or nil): its lease goes and
 -- the record has no worker. The caller then ends the task (end_task, lib/ended.lua, which
--- gives the slot of its fairness key back), or makes it ready again, after fair_slot_back.
+-- gives the slot of its fairness key back), or makes it ready again (back_to_ready).
 local function leave_running(id, t, now, outcome, summary)
   redis.call('ZREM', k.leases, id)
   record_attempt(id, t, now, outcome, summary)
   t.worker = ''
   t.updated = now
+end
+
+-- A running task whose attempt ended (leave_running) becomes ready again: the slot of its
+-- fairness key comes back (lib/fair.lua), and it is counted and saved; the caller queues it.
+local function back_to_ready(c, id, t)
+  fair_slot_back(c, id)
+  count_move(c, 'running', 'ready')
+  t.state = 'ready'
+  save_task(id, t)
 end
 
 -- End a running attempt that failed (raised, or its lease expired): a new
@@ -30,10 +39,7 @@ local function end_attempt_failed(c, id, t, now, reason, cap_ms, outcome)
     local delay = t.backoff_ms * 2 ^ (t.attempt - 1)
     if delay > cap_ms then delay = cap_ms end
     t.run_at = now + math.floor(delay)
-    fair_slot_back(c, id)
-    t.state = 'ready'
-    count_move(c, 'running', 'ready')
-    save_task(id, t)
+    back_to_ready(c, id, t)
     enqueue(c, t, id)
   else
     end_task(c, id, t, 'failed', now)
