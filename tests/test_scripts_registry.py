@@ -498,7 +498,7 @@ def test_includes_come_dependencies_first_each_once_in_the_order_written(
     try:
         assert scripts.resolve_includes(["d", "b"]) == ("c", "b", "a", "d")
         assert scripts.resolve_includes(["b", "a"]) == ("c", "b", "a")
-        text = "--- @include a\n--- @keys tasks meta\nreturn run(function() end)\n"
+        text = "--- @include a\n--- @keys tasks meta\nreturn run(function(c) end)\n"
         assembled = scripts.assemble(text)
         assert assembled == "\n".join(
             [scripts.prelude(["tasks", "meta"]), parts["c"], parts["b"], parts["a"], text]
