@@ -15,6 +15,10 @@ import binascii
 import functools
 from dataclasses import dataclass
 
+from distsched.errors import InvalidArgument
+from distsched.lua_files import KEY_NAMES as KEY_NAMES
+from distsched.lua_files import SCRIPT_NAMES, script_keys
+
 PREFIX = "ds"
 MAX_NAMESPACE_BYTES = 128
 # The most stripes a namespace may be spread over (README, "Scaling out").
@@ -24,50 +28,9 @@ MAX_STRIPES = 1024
 # to the first ``}``, the whole ``ns{s``.
 STRIPE_MARK = "{"
 
-# Every key (and the wake channel) of a namespace, by the name scripts declare it
-# with in their ``--- @keys`` line (see ``lua/README.md``).
-KEY_NAMES = (
-    "tasks",
-    "payloads",
-    "results",
-    "done",
-    "queue",
-    "leases",
-    "finished",
-    "meta",
-    "wake",
-    "idle",
-    "claims",
-    "edges",
-    "deps",
-    "blocked",
-    "blockedby",
-    "propagating",
-    "states",
-    "history",
-    "minutes",
-    "schedules",
-    "fires",
-    "firing",
-    "waits",
-    "ended",
-    "ranked",
-    "debounce",
-    "deadlines",
-    "fair",
-    "fairq",
-    "fairready",
-    "fairwait",
-    "fairfull",
-    "fairkeys",
-    "fairrun",
-)
-
 
 def validate_namespace(namespace: object) -> str:
     """Return ``namespace`` if it can be used inside a hash tag, else raise."""
-    from distsched.errors import InvalidArgument
-
     if not isinstance(namespace, str):
         raise InvalidArgument("namespace", f"must be a str, got {type(namespace).__name__}")
     if not namespace:
@@ -115,8 +78,6 @@ class Keys:
             or isinstance(self.stripe, bool)
             or not 0 <= self.stripe < MAX_STRIPES
         ):
-            from distsched.errors import InvalidArgument
-
             raise InvalidArgument("stripe", f"must be an int in [0, {MAX_STRIPES})")
 
     @property
@@ -352,12 +313,7 @@ class Keys:
 
     @functools.cached_property
     def _by_script(self) -> dict[str, list[str]]:
-        from distsched import scripts
-
-        return {
-            name: [getattr(self, key) for key in scripts.script_keys(name)]
-            for name in scripts.SCRIPT_NAMES
-        }
+        return {name: [getattr(self, key) for key in script_keys(name)] for name in SCRIPT_NAMES}
 
     def all_keys(self) -> list[str]:
         """Every data key of the namespace (not the channels)."""

@@ -1,9 +1,7 @@
 """The script registry: every ``lua/*.lua`` transition, loaded once per client.
 
-A script file declares, in its header, the library parts it uses (``--- @include
-<part>``, one line each, naming ``lua/lib/<part>.lua``) and the keys it receives
-(``--- @keys <name> <name> ...``, in ``KEYS`` order; several lines continue the
-list). A library part may declare includes of its own. The text sent to Redis is
+Each file's header declares the library parts it includes and the keys it receives
+(read by :mod:`distsched.lua_files`). The text sent to Redis is
 a generated prelude that binds the declared keys (:func:`prelude`), then every part
 the script needs, dependencies first and each once (:func:`resolve_includes`),
 then the script file, joined by newlines.
@@ -32,13 +30,8 @@ import enum
 import functools
 import hashlib
 import logging
-import re
 import threading
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
-from importlib import resources
-from importlib.abc import Traversable
-from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis as AsyncRedis
@@ -46,78 +39,16 @@ from redis.asyncio import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, ResponseError
 
-from distsched.keys import KEY_NAMES
+# Read from the headers by distsched.lua_files, and named here too (``as``: re-exported).
+from distsched.lua_files import KEY_NAMES, script_text
+from distsched.lua_files import SCRIPT_NAMES as SCRIPT_NAMES
+from distsched.lua_files import Directives as Directives
+from distsched.lua_files import lua_dir as lua_dir
+from distsched.lua_files import parse_directives as parse_directives
+from distsched.lua_files import part_text as part_text
+from distsched.lua_files import script_keys as script_keys
 
 log = logging.getLogger("distsched.scripts")
-
-SCRIPT_NAMES = (
-    "schedule",
-    "cancel",
-    "claim",
-    "heartbeat",
-    "complete",
-    "fail",
-    "confirm_cancel",
-    "release",
-    "reap",
-    "propagate",
-    "retry",
-    "add_deps",
-    "purge",
-    "forget",
-    "compact",
-    "leave",
-    "recur",
-    "fire",
-    "order",
-    "expire",
-    "fairness",
-)
-
-_INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)
-_KEYS = re.compile(r"^--- @keys((?: \S+)+)\s*$", re.M)
-_DIRECTIVE = re.compile(r"^--- @", re.M)
-_PART_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class Directives:
-    """What a file's ``--- @`` lines declare: its direct includes and its keys, in order."""
-
-    includes: tuple[str, ...]
-    keys: tuple[str, ...]
-
-
-def parse_directives(text: str) -> Directives:
-    """Read the ``--- @include`` and ``--- @keys`` lines of a script or library part."""
-    includes = tuple(_INCLUDE.findall(text))
-    keys = tuple(name for line in _KEYS.findall(text) for name in line.split())
-    if len(_DIRECTIVE.findall(text)) != len(_INCLUDE.findall(text)) + len(_KEYS.findall(text)):
-        raise ValueError("a '--- @' line is neither '--- @include <part>' nor '--- @keys <names>'")
-    return Directives(includes, keys)
-
-
-def lua_dir() -> Traversable:
-    """Where the scripts are: inside the installed package, or the source checkout."""
-    packaged = resources.files("distsched") / "lua"
-    if packaged.is_dir():
-        return packaged
-    # A source checkout (editable install): the scripts stay at the repository top.
-    return Path(__file__).resolve().parent.parent / "lua"
-
-
-@functools.cache
-def part_text(part: str) -> str:
-    """The text of library part ``part`` (``lua/lib/<part>.lua``)."""
-    if not _PART_NAME.match(part):
-        raise ValueError(f"bad library part name {part!r}")
-    path = lua_dir() / "lib" / f"{part}.lua"
-    if not path.is_file():
-        raise ValueError(f"no library part {part!r} (lua/lib/{part}.lua)")
-    text = path.read_text("utf-8")
-    if parse_directives(text).keys:
-        raise ValueError(f"library part {part!r} declares keys: only scripts do")
-    return text
 
 
 def resolve_includes(direct: Sequence[str]) -> tuple[str, ...]:
@@ -168,33 +99,21 @@ def assemble(text: str) -> str:
     return "\n".join([prelude(directives.keys), *parts, text])
 
 
-def _script_text(name: str) -> str:
-    if name not in SCRIPT_NAMES:
-        raise KeyError(name)
-    return (lua_dir() / f"{name}.lua").read_text("utf-8")
-
-
 @functools.cache
 def source(name: str) -> str:
     """The full text sent to Redis for script ``name``."""
-    return assemble(_script_text(name))
+    return assemble(script_text(name))
 
 
 @functools.cache
 def includes(name: str) -> tuple[str, ...]:
     """The library parts script ``name`` is assembled with, in load order."""
-    return resolve_includes(parse_directives(_script_text(name)).includes)
-
-
-@functools.cache
-def script_keys(name: str) -> tuple[str, ...]:
-    """The key names (``Keys`` attributes) script ``name`` receives, in ``KEYS`` order."""
-    return parse_directives(_script_text(name)).keys
+    return resolve_includes(parse_directives(script_text(name)).includes)
 
 
 # --------------------------------------------------------------------------- Redis Functions
 
-_BODY_START = "\nreturn run(function()\n"
+_BODY_START = "\nreturn run(function(c)\n"
 _BODY_END = "end)\n"
 
 
@@ -231,11 +150,11 @@ def _function_block(name: str) -> str:
     Each script keeps its own copy of the parts in its own block: no block holds more
     locals than the script assembled for EVALSHA does (Lua allows 200 per function).
     """
-    text = _script_text(name)
+    text = script_text(name)
     keys = script_keys(name)
     head, found, tail = text.partition(_BODY_START)
     if not found or not tail.endswith(_BODY_END) or _BODY_START in tail:
-        raise ValueError(f"{name}.lua must end with one 'return run(function() ... end)'")
+        raise ValueError(f"{name}.lua must end with one 'return run(function(c) ... end)'")
     targets = ", ".join(f"k.{key}" for key in keys)
     values = ", ".join(f"keys[{i}]" for i in range(1, len(keys) + 1))
     parts = [part_text(part) for part in includes(name)]
@@ -245,7 +164,7 @@ def _function_block(name: str) -> str:
             "local KEYS, ARGV, k = nil, nil, {}",
             *parts,
             head,
-            "local function body()",
+            "local function body(c)",
             tail[: -len(_BODY_END)] + "end",
             f"redis.register_function{{function_name = '{function_name(name)}', "
             "callback = function(keys, args)",

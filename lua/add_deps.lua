@@ -18,8 +18,10 @@
 -- propagating (then more, as propagate.lua).
 -- Also writes states (the per-state index, for the records it writes).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one when the last
+-- part makes the task due now, one per dependent that settling makes claimable; '<state>
+-- <id>' on ended for each task it ends that a client waits for, whose waits entry it
+-- removes (lib/ended.lua): the task blocked by a new dependency.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -66,7 +68,8 @@ local function has_edge_to(d, id)
   return s[1] or s[2] or s[3] or s[4]
 end
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local id = check_id(ARGV[2], 'task_id')
   local au, placing, part = string.match(ARGV[3] or '', '^([01])$')
@@ -126,7 +129,7 @@ return run(function()
   -- The task keeps its existing awaited edges, so only the new ones join the walk.
   check_cycles({ { id = id } }, {}, children)
 
-  local now = now_ms()
+  local now = now_ms(c)
   local cause = nil
   for _, d in ipairs(added) do
     local st = states[d.id]
@@ -154,14 +157,13 @@ return run(function()
   end
   t.updated = now
   if cause then
-    block_task(id, t, cause.root, cause.parent, now)
-  elseif lift and t.remaining <= 0 and t.optional <= 0 then
-    count_move('pending', 'ready')
-    t.state = 'ready'
-    save_task(id, t)
-    enqueue(t, id)
+    block_task(c, id, t, cause.root, cause.parent, now)
+  elseif lift then
+    save_pending(c, id, t)
   else
     save_task(id, t)
   end
-  return { settle_after_terminal({}, now, budget), t.state }
+  local left = settle_after_terminal(c, {}, now, budget)
+  end_call(c)
+  return { left, t.state }
 end)

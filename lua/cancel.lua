@@ -18,8 +18,10 @@
 -- edges, blocked, blockedby, propagating, queue.
 -- Also writes states (the per-state index, for the records it writes).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'cancel <version> <id>' on wake when it asks a running task to stop; 'ready'
+-- on the channels of idle workers (lib/idle.lua), one per dependent that settling makes
+-- claimable; '<state> <id>' on ended for each task it ends that a client waits for, whose
+-- waits entry it removes (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -30,24 +32,25 @@
 -- Errors: NOTFOUND <id>.
 -- Cost: O(1) plus the dependents settled within the propagation budget.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local id = check_id(ARGV[2], 'task_id')
   local t = load_given(id)
   if not t then error({ err = 'NOTFOUND ' .. id }) end
-  local now = now_ms()
+  local now = now_ms(c)
+  local left
   if t.state == 'pending' or t.state == 'ready' then
-    count_move(t.state, 'cancelled')
-    t.state = 'cancelled'
-    t.updated = now
-    save_task(id, t)
-    redis.call('ZADD', k.finished, now, id)
-    return { settle_after_terminal({ id }, now, budget), 'cancelled' }
+    end_task(c, id, t, 'cancelled', now)
+    left = settle_after_terminal(c, { id }, now, budget)
+  else
+    if t.state == 'running' and t.cancel == 0 then
+      t.cancel = 1
+      save_task(id, t)
+      publish(k.wake, string.format('cancel %d ', t.version) .. id)
+    end
+    left = redis.call('ZCARD', k.propagating)
   end
-  if t.state == 'running' and t.cancel == 0 then
-    t.cancel = 1
-    save_task(id, t)
-    publish(k.wake, string.format('cancel %d ', t.version) .. id)
-  end
-  return { redis.call('ZCARD', k.propagating), t.state }
+  end_call(c)
+  return { left, t.state }
 end)

@@ -41,8 +41,8 @@
 -- every key with work is at its cap. It writes as it goes; an id no worker can name is
 -- dropped there as a stale entry (a record that cannot be read is handed out to fail, as
 -- in the queue walk). Writes fair (run:<key>, tb:<key>,
--- vt), fairq, fairready, fairwait, fairfull, fairrun (fairkeys: only through the shared
--- hooks of lib/fair.lua, for a task it ends).
+-- vt), fairq, fairready, fairwait, fairfull, fairrun. fairkeys is received and never
+-- touched (kept so that the keys of the call stay as they were).
 --
 -- A due task whose deadline has passed (lib/deadline.lua; looked up only while the
 -- deadlines set is not empty) is never started: it is expired here instead, ending
@@ -54,6 +54,10 @@
 -- ranked; for expired tasks results, finished, states, propagating, deadlines, and waits
 -- (a waited-for task that expired is published on ended, lib/ended.lua); for a task of
 -- an id no worker can name, ended failed, meta (count:failed), finished and states.
+--
+-- Publishes: 'ready' on the channel of one more idle worker (lib/idle.lua) when it filled
+-- its batch while more is due; '<state> <id>' on ended for each task it ends that a
+-- client waits for, whose waits entry it removes (lib/ended.lua): a task it expires.
 --
 -- ARGV[1] worker id (1..MAX_WORKER_ID_BYTES, 256, bytes of valid UTF-8)
 -- ARGV[2] n, the most tasks to claim (1..MAX_CLAIM, 1000)
@@ -180,7 +184,7 @@ end
 -- Unlike the queue walk it writes as it goes (each choice depends on the last); a
 -- record that cannot be read, or an id no worker can name, is dropped as stale.
 -- Returns reason, delay (as the reply's), and how many stale entries it dropped.
-local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
+local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, walk)
   local vt0 = fair_vt()
   -- Keys whose head came due rejoin the turns.
   local due = redis.call('ZRANGEBYSCORE', k.fairwait, '-inf', now, 'LIMIT', 0, FAIR_MOVE)
@@ -210,7 +214,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
     else
       local version, id = parse_member(qmember)
       local t, corrupt = nil, nil
-      if version and not id_problem(id) and not c.claimed_ids[id] then
+      if version and not id_problem(id) and not walk.claimed_ids[id] then
         local raw = redis.call('HGET', k.tasks, id)
         if raw then t, corrupt = read_task(id, raw) end
       end
@@ -230,10 +234,10 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
       elseif at > now then
         redis.call('ZREM', k.fairready, key)
         redis.call('ZADD', k.fairwait, at, key)
-      elseif not corrupt and deadlines_on and deadline_at(version, id, now, c.started) then
+      elseif not corrupt and deadlines_on and deadline_at(version, id, now, walk.started) then
         fair_drop(set, member)
-        c.claimed_ids[id] = true
-        c.expiring[#c.expiring + 1] = { id = id, t = t }
+        walk.claimed_ids[id] = true
+        walk.expiring[#walk.expiring + 1] = { id = id, t = t }
       else
         local s = redis.call('HMGET', k.fair, 'run:' .. key, 'cap:' .. key, 'cap', 'w:' .. key,
           'rate:' .. key, 'tb:' .. key)
@@ -251,31 +255,31 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
         elseif limit and running + claimed >= limit then
           reason = 'capacity'
           break
-        elseif claimed > 0 and c.bytes + claim_size(id, t, corrupt) > MAX_CLAIM_REPLY_BYTES then
+        elseif claimed > 0 and walk.bytes + claim_size(id, t, corrupt) > MAX_CLAIM_REPLY_BYTES then
           -- The reply holds as many payload bytes as one call may carry: call again.
           reason = 'not_due'; delay = 0
           break
         else
-          c.bytes = c.bytes + claim_size(id, t, corrupt)
+          walk.bytes = walk.bytes + claim_size(id, t, corrupt)
           fair_drop(set, member)
           if corrupt then
-            c.quarantined[id] = cmsgpack.pack('corrupt task record: ' .. corrupt)
+            walk.quarantined[id] = cmsgpack.pack('corrupt task record: ' .. corrupt)
             redis.log(redis.LOG_WARNING, 'distsched: claimed the corrupt task record of ' .. id .. ' to fail it')
           else
-            c.ready_taken = c.ready_taken + 1
+            walk.ready_taken = walk.ready_taken + 1
           end
           t.state = 'running'
           t.attempt = t.attempt + 1
-          t.worker = c.worker
+          t.worker = walk.worker
           t.updated = now
-          c.records[#c.records + 1] = id
-          c.records[#c.records + 1] = encode_task(t)
-          c.leases[#c.leases + 1] = c.lease_at
-          c.leases[#c.leases + 1] = id
-          c.claimed_ids[id] = true
-          c.out[#c.out + 1] = { id, t.version, t.attempt, t.priority, t.run_at }
-          c.inline[#c.out] = task_payload(t)
-          c.keys[#c.keys + 1] = key
+          walk.records[#walk.records + 1] = id
+          walk.records[#walk.records + 1] = encode_task(t)
+          walk.leases[#walk.leases + 1] = walk.lease_at
+          walk.leases[#walk.leases + 1] = id
+          walk.claimed_ids[id] = true
+          walk.out[#walk.out + 1] = { id, t.version, t.attempt, t.priority, t.run_at }
+          walk.inline[#walk.out] = task_payload(t)
+          walk.keys[#walk.keys + 1] = key
           claimed = claimed + 1
           redis.call('HINCRBY', k.fair, 'run:' .. key, '1')
           redis.call('HSET', k.fairrun, id, key)
@@ -310,7 +314,8 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
   return reason, delay, dropped
 end
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local worker = ARGV[1]
   local n = to_int(ARGV[2], 'n')
   local lease_ms = to_int(ARGV[3], 'lease_ms')
@@ -345,11 +350,11 @@ return run(function()
   local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local now = math.floor(now_us / 1000)
   -- A max_running that is not a count (junk) is ignored, as if none were set.
-  local settings = meta_fields('max_running', 'order', 'aging_ms', 'fair')
-  cached_fair = settings[4] == '1'
+  local settings = meta_fields(c, 'max_running', 'order', 'aging_ms', 'fair')
   local limit = tonumber(settings[1])
   if limit and (limit < 0 or limit ~= math.floor(limit)) then limit = nil end
   local aging = aging_of(settings[2], settings[3])
+  c.aging, c.fair = aging, settings[4] == '1'
   -- The priority order: the entries due by now join the ready set first. Moving changes
   -- no task, so it may come before the reads below.
   if aging then move_due(now, aging) end
@@ -358,7 +363,7 @@ return run(function()
     if aging then return redis.call('ZRANGE', k.ranked, itoa(first), itoa(last), 'WITHSCORES') end
     return redis.call('ZRANGE', k.queue, itoa(first), itoa(last), 'WITHSCORES')
   end
-  local running = running_count()
+  local running = running_count(c)
   local out, records, leases, claimed_ids = {}, {}, {}, {}
   -- The payload of each claimed task its record holds (by position in out).
   local inline = {}
@@ -378,17 +383,17 @@ return run(function()
   local fair_keys = {}
 
   -- A fair namespace (lib/fair.lua): keys take turns, each in the namespace's order.
-  local fair = fair_on()
+  local fair = fair_on(c)
   if fair then
-    local c = {
+    local walk = {
       out = out, records = records, leases = leases, claimed_ids = claimed_ids,
       expiring = expiring, started = started_with_deadline, worker = worker, lease_at = lease_at,
       quarantined = quarantined, ready_taken = 0, keys = fair_keys, inline = inline,
       bytes = 0,
     }
-    reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, c)
+    reason, delay, dropped = fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on, aging, walk)
     claimed = #out
-    ready_taken = c.ready_taken
+    ready_taken = walk.ready_taken
     running = running + claimed
   end
 
@@ -495,9 +500,9 @@ return run(function()
   -- The payloads: from the records, else (large ones, tasks stored by earlier versions)
   -- from the payloads hash (lib/kept.lua); a quarantined task's is why it fails.
   local ids = {}
-  for i, c in ipairs(out) do
-    ids[i] = c[1]
-    inline[i] = quarantined[c[1]] or inline[i]
+  for i, task in ipairs(out) do
+    ids[i] = task[1]
+    inline[i] = quarantined[task[1]] or inline[i]
   end
   local payloads = payloads_of(ids, inline)
 
@@ -522,10 +527,10 @@ return run(function()
     redis.call('ZADD', k.states, '0', index_member(b.t, b.id))
   end
   if claimed > 0 then redis.call('HINCRBY', k.meta, 'count:running', itoa(claimed)) end
-  for _, e in ipairs(expiring) do expire_task(e.id, e.t, now) end
+  for _, e in ipairs(expiring) do expire_task(c, e.id, e.t, now) end
   if next(started_with_deadline) then
-    for _, c in ipairs(out) do
-      local member = started_with_deadline[c[1]]
+    for _, task in ipairs(out) do
+      local member = started_with_deadline[task[1]]
       if member then redis.call('ZREM', k.deadlines, member) end
     end
   end
@@ -553,10 +558,13 @@ return run(function()
   keep_claim(worker, request, out)
   local left = #expiring > 0 and redis.call('ZCARD', k.propagating) or 0
   local reply = { left, claimed, reason, delay }
-  for i, c in ipairs(out) do
-    for _, value in ipairs(c) do reply[#reply + 1] = value end
+  for i, task in ipairs(out) do
+    for _, value in ipairs(task) do reply[#reply + 1] = value end
     reply[#reply + 1] = payloads[i] or ''
   end
   for _, key in ipairs(fair_keys) do reply[#reply + 1] = key end
+  -- An expired task: its counters, and its waiters (lib/ended.lua).
+  write_counts(c)
+  tell_waiters(c)
   return reply
 end)

@@ -20,6 +20,8 @@
 -- Reads tasks, meta (count:ready); writes queue, ranked, fairq, meta (compact_cursor,
 -- compact_ranked, compact_fairq).
 --
+-- Publishes: nothing.
+--
 -- ARGV[1] the most entries to examine in this call (>= 1; a larger one than
 --         MAX_COMPACT_BUDGET, 2500, counts as that)
 -- ARGV[2] the least number of stale entries worth a walk (>= 0)
@@ -27,7 +29,7 @@
 -- Reply: { 0, stale entries removed, stale entries left (estimate: entries - ready tasks) }.
 -- Cost: O(budget log N).
 
-return run(function()
+return run(function(c)
   local budget = to_int(ARGV[1], 'budget')
   local minimum = to_int(ARGV[2], 'minimum')
   if budget < 1 then error({ err = 'BADARG budget must be >= 1' }) end
@@ -44,37 +46,21 @@ return run(function()
     queue_cursor = '0'
   end
   local removed, seen = 0, 0
-  -- Walks `key` from `cursor` within the budget left; the cursor to go on from, or nil
-  -- once the walk wrapped.
-  -- A page of `key` from `cursor`: its members, and the cursor ZSCAN gave.
-  local function page_of(key, cursor)
-    if key == 'fairq' then
-      local page = redis.call('ZSCAN', k.fairq, cursor, 'COUNT', math.min(budget - seen, 500))
-      return page[2], page[1]
-    elseif key == 'ranked' then
-      local page = redis.call('ZSCAN', k.ranked, cursor, 'COUNT', math.min(budget - seen, 500))
-      return page[2], page[1]
-    end
-    local page = redis.call('ZSCAN', k.queue, cursor, 'COUNT', math.min(budget - seen, 500))
-    return page[2], page[1]
-  end
-  local function drop(key, member)
-    if key == 'fairq' then return redis.call('ZREM', k.fairq, member) end
-    if key == 'ranked' then return redis.call('ZREM', k.ranked, member) end
-    return redis.call('ZREM', k.queue, member)
-  end
-  local function walk(key, cursor)
+  -- Walks set_key (fairq: with fairq members) from `cursor` within the budget left,
+  -- removing its stale entries; the cursor to go on from, or nil once the walk wrapped.
+  local function walk(set_key, cursor, fairq)
     repeat
-      local items
-      items, cursor = page_of(key, cursor)
+      local page = redis.call('ZSCAN', set_key, cursor, 'COUNT', math.min(budget - seen, 500))
+      local items = page[2]
+      cursor = page[1]
       for i = 1, #items, 2 do
         local member = items[i]
         local qmember = member
-        if key == 'fairq' then qmember = select(3, fairq_parse(member)) or '' end
+        if fairq then qmember = select(3, fairq_parse(member)) or '' end
         local version, id = parse_member(qmember)
         local t = version and load_task(id) or nil
         if not t or t.state ~= 'ready' or t.version ~= version then
-          removed = removed + drop(key, member)
+          removed = removed + redis.call('ZREM', set_key, member)
         end
         seen = seen + 1
       end
@@ -83,33 +69,29 @@ return run(function()
     return cursor
   end
   if queue_cursor then
-    queue_cursor = walk('queue', queue_cursor)
+    queue_cursor = walk(k.queue, queue_cursor, false)
     if not queue_cursor and redis.call('EXISTS', k.ranked) == 1 then ranked_cursor = '0' end
     if not queue_cursor and not ranked_cursor and redis.call('EXISTS', k.fairq) == 1 then
       fairq_cursor = '0'
     end
   end
   if ranked_cursor and not queue_cursor and seen < budget then
-    ranked_cursor = walk('ranked', ranked_cursor)
+    ranked_cursor = walk(k.ranked, ranked_cursor, false)
     if not ranked_cursor and redis.call('EXISTS', k.fairq) == 1 then fairq_cursor = '0' end
   end
   if fairq_cursor and not queue_cursor and not ranked_cursor and seen < budget then
-    fairq_cursor = walk('fairq', fairq_cursor)
+    fairq_cursor = walk(k.fairq, fairq_cursor, true)
   end
-  if queue_cursor then
-    redis.call('HSET', k.meta, 'compact_cursor', queue_cursor)
-  else
-    redis.call('HDEL', k.meta, 'compact_cursor')
+  -- Each walk's cursor is kept in meta while it goes on.
+  local function keep(field, cursor)
+    if cursor then
+      redis.call('HSET', k.meta, field, cursor)
+    else
+      redis.call('HDEL', k.meta, field)
+    end
   end
-  if ranked_cursor then
-    redis.call('HSET', k.meta, 'compact_ranked', ranked_cursor)
-  else
-    redis.call('HDEL', k.meta, 'compact_ranked')
-  end
-  if fairq_cursor then
-    redis.call('HSET', k.meta, 'compact_fairq', fairq_cursor)
-  else
-    redis.call('HDEL', k.meta, 'compact_fairq')
-  end
+  keep('compact_cursor', queue_cursor)
+  keep('compact_ranked', ranked_cursor)
+  keep('compact_fairq', fairq_cursor)
   return { 0, removed, stale - removed }
 end)

@@ -1,8 +1,9 @@
 -- complete.lua: report a batch of claims as succeeded.
 --
 --- @include settle
+--- @include reports
 --- @include tokens
---- @include history
+--- @include attempt
 --- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
@@ -23,8 +24,10 @@
 --   history (the attempt it ends),
 --   minutes (succeeded / failed attempts).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per slot it
+-- frees when max_running was reached, one when a fairness key at its cap gets a slot
+-- back, one per dependent that settling makes claimable; '<state> <id>' on ended for each
+-- task it ends that a client waits for, whose waits entry it removes (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -33,45 +36,33 @@
 --
 -- Reply: { propagating jobs left, outcome 1, ..., outcome n }, each outcome
 -- 'applied', 'duplicate' or 'stale'.
--- Publishes 'capacity' when max_running was reached and a slot freed.
 -- Cost: O(n log N) plus the dependents settled within the propagation budget.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local n = reports_arg(ARGV[2])
   if #ARGV ~= 2 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
-  local now = now_ms()
-  local running_before = running_count()
-  local reply, ended, applied = { 0 }, {}, 0
-  for i = 1, n do
-    local base = 2 + 4 * (i - 1)
-    local id = ARGV[base + 1]
-    local version, attempt = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-    local t = load_task(id)
-    local outcome = token_outcome(t, id, version, attempt)
-    if outcome == 'applied' then
-      applied = applied + 1
-      record_attempt(id, t, now, 'succeeded', nil)
-      redis.call('ZREM', k.leases, id)
-      count_move('running', 'succeeded')
-      t.state = 'succeeded'
-      t.worker = ''
-      t.updated = now
-      save_task(id, t)
-      if ARGV[base + 4] ~= '' then
-        redis.call('HSET', k.results, id, 'R' .. ARGV[base + 4])
-      elseif t.attempt > 1 then
-        -- An earlier attempt's error must not show on a task that succeeded. A first
-        -- attempt has none: every new version starts without a result (write_version).
-        redis.call('HDEL', k.results, id)
-      end
-      redis.call('ZADD', k.finished, now_text(), id)
-      ended[#ended + 1] = id
+  local now = now_ms(c)
+  local running_before = running_count(c)
+  local ended = {}
+  local reply = each_report(3, 4, n, function(id, t, at, version, attempt)
+    if not t then return unapplied_outcome(id, version, attempt) end
+    leave_running(id, t, now, 'succeeded', nil)
+    end_task(c, id, t, 'succeeded', now)
+    if ARGV[at] ~= '' then
+      redis.call('HSET', k.results, id, 'R' .. ARGV[at])
+    elseif t.attempt > 1 then
+      -- An earlier attempt's error must not show on a task that succeeded. A first
+      -- attempt has none: every new version starts without a result (write_version).
+      redis.call('HDEL', k.results, id)
     end
-    reply[i + 1] = outcome
-  end
-  capacity_freed(running_before)
-  count_minute('s', applied, now)
-  reply[1] = settle_after_terminal(ended, now, budget)
+    ended[#ended + 1] = id
+    return 'applied'
+  end)
+  capacity_freed(c, running_before)
+  count_minute('s', #ended, now)
+  reply[1] = settle_after_terminal(c, ended, now, budget)
+  end_call(c)
   return reply
 end)

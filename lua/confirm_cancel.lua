@@ -1,8 +1,9 @@
 -- confirm_cancel.lua: the holder's function stopped because cancellation was requested.
 --
 --- @include settle
+--- @include reports
 --- @include tokens
---- @include history
+--- @include attempt
 --- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
@@ -16,8 +17,10 @@
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per slot it
+-- frees when max_running was reached, one when a fairness key at its cap gets a slot
+-- back, one per dependent that settling makes claimable; '<state> <id>' on ended for each
+-- task it ends that a client waits for, whose waits entry it removes (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -26,25 +29,26 @@
 -- Reply: { propagating jobs left, 'applied', 'duplicate' or 'stale' }.
 -- Errors: CONFLICT not_requested <id>  the token is current but no cancel was requested.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
-  local id = ARGV[2]
-  local version, attempt = tonumber(ARGV[3]), tonumber(ARGV[4])
-  local t = load_task(id)
-  local outcome = token_outcome(t, id, version, attempt)
-  if outcome ~= 'applied' then return { redis.call('ZCARD', k.propagating), outcome } end
-  if t.cancel ~= 1 then error({ err = 'CONFLICT not_requested ' .. id }) end
-
-  local now = now_ms()
-  local running_before = running_count()
-  record_attempt(id, t, now, 'cancelled', nil)
-  redis.call('ZREM', k.leases, id)
-  count_move('running', 'cancelled')
-  t.state = 'cancelled'
-  t.worker = ''
-  t.updated = now
-  save_task(id, t)
-  redis.call('ZADD', k.finished, now, id)
-  capacity_freed(running_before)
-  return { settle_after_terminal({ id }, now, budget), outcome }
+  local now = now_ms(c)
+  local running_before = running_count(c)
+  local ended = nil
+  local reply = each_report(2, 3, 1, function(id, t, _, version, attempt)
+    if not t then return unapplied_outcome(id, version, attempt) end
+    if t.cancel ~= 1 then error({ err = 'CONFLICT not_requested ' .. id }) end
+    leave_running(id, t, now, 'cancelled', nil)
+    end_task(c, id, t, 'cancelled', now)
+    ended = id
+    return 'applied'
+  end)
+  if not ended then
+    reply[1] = redis.call('ZCARD', k.propagating)
+    return reply
+  end
+  capacity_freed(c, running_before)
+  reply[1] = settle_after_terminal(c, { ended }, now, budget)
+  end_call(c)
+  return reply
 end)

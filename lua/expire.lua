@@ -15,7 +15,12 @@
 --
 -- Writes tasks, results, finished, meta, deadlines, idle, and for dependents edges,
 -- blocked, blockedby, propagating, queue.
--- Also writes states (the per-state index, for the records it writes).
+-- Also writes states (the per-state index, for the records it writes), and waits (the
+-- entry of a waited-for task it ends).
+--
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua), one per dependent
+-- that settling makes claimable; '<state> <id>' on ended for each task it ends that a
+-- client waits for, whose waits entry it removes (lib/ended.lua): a task it expires.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -24,22 +29,25 @@
 -- Reply: { propagating jobs left, tasks expired }.
 -- Cost: O(m log N) for m entries handled, plus the propagation budget.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local limit = to_int(ARGV[2], 'limit')
   if limit < 1 then error({ err = 'BADARG limit must be >= 1' }) end
-  local now = now_ms()
+  local now = now_ms(c)
   local members = redis.call('ZRANGEBYSCORE', k.deadlines, '-inf', now, 'LIMIT', 0, limit)
-  local ended = {}
+  local expired = 0
   for _, member in ipairs(members) do
     local version, id = parse_deadline_member(member)
     local t = version and not id_problem(id) and load_task(id)
     if t and t.version == version and (t.state == 'pending' or t.state == 'ready') then
-      expire_task(id, t, now)
-      ended[#ended + 1] = id
+      expire_task(c, id, t, now)
+      expired = expired + 1
     else
       redis.call('ZREM', k.deadlines, member)
     end
   end
-  return { settle_after_terminal({}, now, budget), #ended }
+  local left = settle_after_terminal(c, {}, now, budget)
+  end_call(c)
+  return { left, expired }
 end)

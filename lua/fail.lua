@@ -1,6 +1,7 @@
 -- fail.lua: report a batch of claims whose function raised.
 --
 --- @include settle
+--- @include reports
 --- @include tokens
 --- @include attempt
 --- @keys tasks results queue leases finished meta idle
@@ -20,8 +21,11 @@
 --   history (the attempt it ends),
 --   minutes (succeeded / failed attempts).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per retry due
+-- now (or one for a retry that became the queue head), one per slot it frees when
+-- max_running was reached, one when a fairness key at its cap gets a slot back, one per
+-- dependent that settling makes claimable; '<state> <id>' on ended for each task it ends
+-- that a client waits for, whose waits entry it removes (lib/ended.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -31,12 +35,12 @@
 --
 -- Reply: { propagating jobs left, outcome 1, ..., outcome n }, each outcome
 -- 'applied', 'duplicate' or 'stale'.
--- Publishes when a retry became the queue head or a capacity slot freed.
 -- Errors (nothing written): BADARG n ... (over MAX_REPORTS_PER_CALL), BADARG error of <id>
 --   ... (an error text over MAX_ERROR_BYTES), BADARG budget, backoff_cap, ARGV ...
 -- Cost: O(n log N) plus the dependents settled within the propagation budget.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local cap_ms = to_int(ARGV[2], 'backoff_cap')
   if cap_ms < 0 then error({ err = 'BADARG backoff_cap must be >= 0' }) end
@@ -49,23 +53,18 @@ return run(function()
         ARGV[4 * i], #text, MAX_ERROR_BYTES) })
     end
   end
-  local now = now_ms()
-  local reply, ended, applied = { 0 }, {}, 0
-  for i = 1, n do
-    local base = 3 + 4 * (i - 1)
-    local id = ARGV[base + 1]
-    local version, attempt = tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3])
-    local t = load_task(id)
-    local outcome = token_outcome(t, id, version, attempt)
-    if outcome == 'applied' then
-      applied = applied + 1
-      if end_attempt_failed(id, t, now, ARGV[base + 4], cap_ms, 'failed') then
-        ended[#ended + 1] = id
-      end
+  local now = now_ms(c)
+  local ended, applied = {}, 0
+  local reply = each_report(4, 4, n, function(id, t, at, version, attempt)
+    if not t then return unapplied_outcome(id, version, attempt) end
+    applied = applied + 1
+    if end_attempt_failed(c, id, t, now, ARGV[at], cap_ms, 'failed') then
+      ended[#ended + 1] = id
     end
-    reply[i + 1] = outcome
-  end
+    return 'applied'
+  end)
   count_minute('f', applied, now)
-  reply[1] = settle_after_terminal(ended, now, budget)
+  reply[1] = settle_after_terminal(c, ended, now, budget)
+  end_call(c)
   return reply
 end)

@@ -14,6 +14,9 @@
 -- Reads and writes meta (fair), fair, fairready, fairfull, idle; reads queue, fairwait,
 -- ranked, meta (order, aging_ms).
 --
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua), one per key it moves
+-- back from fairfull.
+--
 -- ARGV[1] 'key': set ARGV[2]'s cap, weight and rate limit; 'default': set the default cap
 -- ARGV[2] the key (UTF-8, 0..256 bytes; '' is the default key of tasks given none);
 --         ignored for 'default' (send '')
@@ -33,7 +36,7 @@ local MAX_CAP = 1000000000
 local MAX_WEIGHT = 1000000
 local MAX_INTERVAL_MS = 24 * 3600 * 1000
 
-return run(function()
+return run(function(c)
   local kind, key, cap_arg, weight_arg = ARGV[1], ARGV[2] or '', ARGV[3] or '', ARGV[4]
   if kind ~= 'key' and kind ~= 'default' then error({ err = 'BADARG kind must be key or default' }) end
   if #key > 256 or not valid_utf8(key) then
@@ -57,8 +60,8 @@ return run(function()
       error({ err = 'BADARG interval_ms must be in [1, ' .. MAX_INTERVAL_MS .. ']' })
     end
   end
-  local now = now_ms()
-  if not fair_on() then fair_turn_on(now) end
+  local now = now_ms(c)
+  if not fair_on(c) then fair_turn_on(c, now) end
   local field = kind == 'default' and 'cap' or 'cap:' .. key
   if cap then redis.call('HSET', k.fair, field, cap) else redis.call('HDEL', k.fair, field) end
   if kind == 'key' then

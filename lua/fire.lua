@@ -35,6 +35,13 @@
 -- now (lib/queue.lua), and the timer worker when the next fire time moved earlier than
 -- what it waits for (lib/fires.lua).
 --
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per task due now
+-- (or one for a new queue head not due yet), one when the head of fires moved earlier
+-- than what the timer worker waits for, one per dependent that settling makes claimable;
+-- 'cancel <version> <id>' on wake when cancel_previous asks a running last run to stop;
+-- '<state> <id>' on ended for each task it ends that a client waits for, whose waits
+-- entry it removes (lib/ended.lua): a queued last run it cancels.
+--
 -- ARGV[1] propagation budget (>= 1; at most MAX_PROPAGATE_BUDGET, 250, counts)
 -- ARGV[2] the schedule name
 -- ARGV[3] the rev of the definition the caller read (firing state)
@@ -69,7 +76,8 @@ local POLICIES = { skip = true, buffer_one = true, buffer_all = true, cancel_pre
                    allow = true }
 local MAX_SLOTS = 1000
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local name = check_name(ARGV[2])
   local rev = ARGV[3] or ''
@@ -121,7 +129,7 @@ return run(function()
         .. math.floor(MAX_PAYLOAD_BYTES_PER_CALL / #payload) .. ' slots of this payload' })
     end
   end
-  local now = now_ms()
+  local now = now_ms(c)
   local slots, previous = {}, nil
   for i = 1, m do
     local slot_text, run_text = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
@@ -180,11 +188,7 @@ return run(function()
             publish(k.wake, string.format('cancel %d ', prev.version) .. f.last)
           end
         else
-          count_move(prev.state, 'cancelled')
-          prev.state = 'cancelled'
-          prev.updated = now
-          save_task(f.last, prev)
-          redis.call('ZADD', k.finished, now, f.last)
+          end_task(c, f.last, prev, 'cancelled', now)
           cancelled[#cancelled + 1] = f.last
         end
       end
@@ -193,10 +197,10 @@ return run(function()
                        backoff = p.backoff, inline = payload_inline(payload) and payload }
         if p.key then
           -- The schedule's fairness key: read by enqueue, kept for the task's retries.
-          if not fair_on() then fair_turn_on(now) end
+          if not fair_on(c) then fair_turn_on(c, now) end
           redis.call('HSET', k.fairkeys, id, p.key)
         end
-        write_version(id, nil, spec, deps, now, record_state)
+        write_version(c, id, nil, spec, deps, now, record_state)
         if not spec.inline then redis.call('HSET', k.payloads, id, payload) end
         created = created + 1
         last_created = id
@@ -221,9 +225,10 @@ return run(function()
   end
   local left
   if #cancelled > 0 then
-    left = settle_after_terminal(cancelled, now, budget)
+    left = settle_after_terminal(c, cancelled, now, budget)
   else
     left = redis.call('ZCARD', k.propagating)
   end
+  end_call(c)
   return { left, 'fired', created, skipped, last_created }
 end)

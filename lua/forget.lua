@@ -14,7 +14,11 @@
 -- example one removed already) is skipped, so the same call may be sent again.
 --
 -- Reads propagating; writes tasks, payloads, results, done, debounce, finished, meta
--- (count:<state>), edges, deps, blocked, blockedby, states, history.
+-- (count:<state>), edges, deps, blocked, blockedby, states, history, fairkeys. It receives
+-- idle, fair, fairready, fairfull and fairrun and touches none of them (a terminal task
+-- holds no slot of its fairness key).
+--
+-- Publishes: nothing.
 --
 -- ARGV[1] n, the number of ids (0 to 1000); then n task ids
 --
@@ -22,7 +26,8 @@
 -- Errors: BADARG n ...; BADARG task_id ... (an id that is no valid task id).
 -- Cost: O(m (deps + dependents + log N)) for m removed tasks.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local n = to_int(ARGV[1], 'n')
   if n < 0 or n > 1000 then error({ err = 'BADARG n must be in [0, 1000]' }) end
   if #ARGV ~= 1 + n then error({ err = 'BADARG ARGV expected n task ids' }) end
@@ -35,10 +40,11 @@ return run(function()
       if why or not TERMINAL[t.state] or redis.call('ZSCORE', k.propagating, 'p' .. id) then
         refused = refused + 1
       else
-        remove_task(id, t)
+        remove_task(c, id, t)
         removed = removed + 1
       end
     end
   end
+  write_counts(c)
   return { 0, removed, refused }
 end)

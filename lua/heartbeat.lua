@@ -1,6 +1,6 @@
 -- heartbeat.lua: extend the leases of a batch of claims.
 --
---- @include record
+--- @include reports
 --- @keys tasks leases
 --
 -- No state changes. A token (id, version, attempt) that is still the running
@@ -8,6 +8,8 @@
 -- reported lost so that its holder stops the function.
 --
 -- Reads tasks; writes leases.
+--
+-- Publishes: nothing.
 --
 -- ARGV[1] lease length in ms (>= 1)
 -- ARGV[2] n (at most MAX_REPORTS_PER_CALL, 128); then 3 values per token: id, version,
@@ -17,25 +19,16 @@
 -- cancellation requested, 0 lost (lease reaped, task replaced or finished).
 -- Cost: O(n log N).
 
-return run(function()
+return run(function(c)
   local lease_ms = to_int(ARGV[1], 'lease_ms')
   if lease_ms < 1 then error({ err = 'BADARG lease_ms must be >= 1' }) end
   local n = reports_arg(ARGV[2])
   if #ARGV ~= 2 + 3 * n then error({ err = 'BADARG ARGV expected 3 values per token' }) end
 
-  local deadline = itoa(now_ms() + lease_ms)
-  local reply = { 0 }
-  for i = 1, n do
-    local base = 2 + 3 * (i - 1)
-    local id = ARGV[base + 1]
-    local t = load_task(id)
-    if t and t.state == 'running' and t.version == tonumber(ARGV[base + 2])
-        and t.attempt == tonumber(ARGV[base + 3]) then
-      redis.call('ZADD', k.leases, 'XX', deadline, id)
-      reply[i + 1] = 1 + t.cancel
-    else
-      reply[i + 1] = 0
-    end
-  end
-  return reply
+  local deadline = itoa(now_ms(c) + lease_ms)
+  return each_report(3, 3, n, function(id, t)
+    if not t then return 0 end
+    redis.call('ZADD', k.leases, 'XX', deadline, id)
+    return 1 + t.cancel
+  end)
 end)

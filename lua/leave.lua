@@ -11,18 +11,21 @@
 -- Writes meta (timer, timer_at), idle, claims; publishes 'ready' on the woken
 -- worker's channel.
 --
+-- Publishes: 'ready' on the channel of one idle worker (lib/idle.lua), to take the timer
+-- over.
+--
 -- ARGV[1] the worker's wake channel (ds:{NS}:w:<worker id>)
 -- ARGV[2] the worker id (its field in claims)
 --
 -- Reply: { 0, 1 when another idle worker was woken to take the timer over, else 0 }.
 -- Cost: O(log N) in the number of idle workers.
 
-return run(function()
+return run(function(c)
   local channel, worker = ARGV[1], ARGV[2]
   if not channel or channel == '' or not worker then
     error({ err = 'BADARG ARGV expected the channel and the worker id' })
   end
-  local now = now_ms()
+  local now = now_ms(c)
   redis.call('ZREM', k.idle, channel)
   redis.call('HDEL', k.claims, worker)
   local woken = 0

@@ -25,6 +25,8 @@
 --
 -- Reads and writes meta (order, aging_ms), queue, ranked, fairq; reads meta (fair).
 --
+-- Publishes: nothing.
+--
 -- ARGV[1] 'default' or 'priority'
 -- ARGV[2] aging_ms, an integer in [0, 1000000000] (ignored for 'default'; send 0)
 -- ARGV[3] the most entries of ranked this call may rewrite (>= 0)
@@ -38,7 +40,7 @@
 
 local MAX_AGING_MS = 1000000000
 
-return run(function()
+return run(function(c)
   local order = ARGV[1]
   if order ~= 'default' and order ~= 'priority' then
     error({ err = 'BADARG order must be default or priority' })
@@ -50,10 +52,10 @@ return run(function()
   local most = to_int(ARGV[3], 'most')
   if most < 0 then error({ err = 'BADARG most must be >= 0' }) end
   if order == 'default' then aging = nil end
-  local old = order_aging()
+  local old = order_aging(c)
   if old == aging then return { 0, 0, 0 } end
   local size = old and redis.call('ZCARD', k.ranked) or 0
-  local keyed = (old and cached_fair) and redis.call('ZCARD', k.fairq) or 0
+  local keyed = (old and c.fair) and redis.call('ZCARD', k.fairq) or 0
   if size + keyed > most then error({ err = 'CONFLICT queued ' .. (size + keyed) }) end
   if keyed > 0 then
     -- Only the ranked sections change; a delayed entry keeps its member.

@@ -15,8 +15,9 @@
 -- propagating; a retry's cascade also writes deps and results.
 -- Also writes states (the per-state index, for the records it writes).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua), one per dependent
+-- that settling makes claimable; '<state> <id>' on ended for each task it ends that a
+-- client waits for, whose waits entry it removes (lib/ended.lua): a dependent it blocks.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -24,8 +25,10 @@
 -- Reply: { propagating jobs left, budget used (edges settled plus tasks visited) }.
 -- Cost: O(budget log N).
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
-  local used = propagate(budget, now_ms())
+  local used = propagate(c, budget, now_ms(c))
+  end_call(c)
   return { redis.call('ZCARD', k.propagating), used }
 end)

@@ -15,7 +15,11 @@
 --
 -- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done, debounce,
 -- finished, meta (retention_ms, count:<state>), edges, deps, blocked, blockedby.
--- Also removes the task's member of states (the per-state index) and its history.
+-- Also removes the task's member of states (the per-state index), its history and its
+-- fairness key (fairkeys). It receives idle, fair, fairready, fairfull and fairrun and
+-- touches none of them (a terminal task holds no slot of its fairness key).
+--
+-- Publishes: nothing.
 --
 -- ARGV[1] the most tasks to remove in this call (>= 1)
 -- ARGV[2] retention in ms to store first (meta field retention_ms), or '' to use the
@@ -25,7 +29,8 @@
 -- Reply: { 0, tasks removed, terminal tasks still kept }.
 -- Cost: O(m (deps + dependents + log N)) for m removed tasks.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local limit = to_int(ARGV[1], 'limit')
   if limit < 1 then error({ err = 'BADARG limit must be >= 1' }) end
   local default = to_int(ARGV[3], 'default_retention')
@@ -36,7 +41,7 @@ return run(function()
     redis.call('HSET', k.meta, 'retention_ms', retention)
   end
   local retention = tonumber(redis.call('HGET', k.meta, 'retention_ms')) or default
-  local now = now_ms()
+  local now = now_ms(c)
   local ids = redis.call('ZRANGEBYSCORE', k.finished, '-inf', now - retention, 'LIMIT', 0, limit)
   local removed = 0
   for _, id in ipairs(ids) do
@@ -45,9 +50,10 @@ return run(function()
       -- Not terminal any more (a new version): it should not be listed.
       redis.call('ZREM', k.finished, id)
     elseif not redis.call('ZSCORE', k.propagating, 'p' .. id) then
-      remove_task(id, t)
+      remove_task(c, id, t)
       removed = removed + 1
     end
   end
+  write_counts(c)
   return { 0, removed, redis.call('ZCARD', k.finished) }
 end)

@@ -23,6 +23,12 @@
 -- Also drops up to ARGV[3] waits entries whose time has passed (their client gave
 -- up), when it handles every expired lease (ARGV[4] empty).
 --
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per retry due
+-- now (or one for a retry that became the queue head), one per slot it frees when
+-- max_running was reached, one when a fairness key at its cap gets a slot back, one per
+-- dependent that settling makes claimable; '<state> <id>' on ended for each task it ends
+-- that a client waits for, whose waits entry it removes (lib/ended.lua).
+--
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 -- ARGV[2] the longest wait between attempts in ms (>= 0; distsched sends 3600000)
@@ -32,13 +38,14 @@
 -- Reply: { propagating jobs left, leases handled }.
 -- Cost: O(m log N) for m handled leases, plus the propagation budget.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local cap_ms = to_int(ARGV[2], 'backoff_cap')
   if cap_ms < 0 then error({ err = 'BADARG backoff_cap must be >= 0' }) end
   local limit = to_int(ARGV[3], 'limit')
   if limit < 1 then error({ err = 'BADARG limit must be >= 1' }) end
-  local now = now_ms()
+  local now = now_ms(c)
   local ids
   if ARGV[4] and ARGV[4] ~= '' then
     ids = {}
@@ -54,7 +61,7 @@ return run(function()
   for _, id in ipairs(ids) do
     local t = load_task(id)
     if t and t.state == 'running' then
-      if end_attempt_failed(id, t, now, 'lease expired', cap_ms, 'lost') then
+      if end_attempt_failed(c, id, t, now, 'lease expired', cap_ms, 'lost') then
         ended[#ended + 1] = id
       end
       handled = handled + 1
@@ -64,5 +71,7 @@ return run(function()
     end
   end
   count_minute('f', handled, now)
-  return { settle_after_terminal(ended, now, budget), handled }
+  local left = settle_after_terminal(c, ended, now, budget)
+  end_call(c)
+  return { left, handled }
 end)

@@ -18,6 +18,9 @@
 -- Writes schedules, fires, firing; wakes one idle worker when the head of fires is
 -- earlier than what the timer worker waits for (lib/fires.lua).
 --
+-- Publishes: 'ready' on the channel of one idle worker (lib/idle.lua) when the head of
+-- fires is earlier than what the timer worker waits for (lib/fires.lua).
+--
 -- ARGV[1] 'put', 'remove' or 'drop'
 -- ARGV[2] the schedule name (valid UTF-8, 1..256 bytes)
 -- put:
@@ -30,7 +33,7 @@
 -- Errors (nothing written): BADARG op|name|rev|definition|next_ms <why>.
 -- Cost: O(log S) in the number of schedules.
 
-return run(function()
+return run(function(c)
   local op = ARGV[1]
   if op ~= 'put' and op ~= 'remove' and op ~= 'drop' then
     error({ err = 'BADARG op must be put, remove or drop' })
@@ -55,7 +58,7 @@ return run(function()
   if rev == '' or #rev > 64 or string.find(rev, '|', 1, true) then
     error({ err = 'BADARG rev must be 1..64 bytes without |' })
   end
-  if head(definition, 1) ~= 'map' or skip(definition, 1) ~= #definition + 1 then
+  if head(definition, 1) ~= 'map' or skip(new_walk(math.huge), definition, 1) ~= #definition + 1 then
     error({ err = 'BADARG definition must be one msgpack map' })
   end
   local next_ms = nil
@@ -67,7 +70,7 @@ return run(function()
   redis.call('HSET', k.schedules, name, definition)
   if next_ms then
     redis.call('ZADD', k.fires, next_ms, name)
-    fires_changed(now_ms())
+    fires_changed(now_ms(c))
   else
     redis.call('ZREM', k.fires, name)
   end

@@ -1,7 +1,8 @@
 -- release.lua: hand back claims whose function never started (worker shutdown).
 --
 --- @include settle
---- @include history
+--- @include reports
+--- @include attempt
 --- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
@@ -17,8 +18,12 @@
 -- Also writes states (the per-state index, for the records it writes),
 --   history (the attempt it ends).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per task handed
+-- back due now (a delayed one only when it became the queue head), one per slot it frees
+-- when max_running was reached, one when a fairness key at its cap gets a slot back, one
+-- per dependent that settling makes claimable; '<state> <id>' on ended for each task it
+-- ends that a client waits for, whose waits entry it removes (lib/ended.lua): a task it
+-- ends cancelled.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -30,9 +35,9 @@
 --
 -- Reply: { propagating jobs left, then per token 1 handed back (ready, or cancelled)
 -- or 0 stale (left as it is) }.
--- Wakes one idle worker per task handed back due now (lib/idle.lua).
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local n = reports_arg(ARGV[2])
   -- An optional last value, delay_ms: the handed-back tasks become due again no sooner
@@ -45,49 +50,35 @@ return run(function()
   elseif #ARGV ~= 2 + 3 * n then
     error({ err = 'BADARG ARGV expected 3 values per token' })
   end
-  local now = now_ms()
-  local running_before = running_count()
-  local reply, ended = { 0 }, {}
-  local released = 0
-  for i = 1, n do
-    local base = 2 + 3 * (i - 1)
-    local id = ARGV[base + 1]
-    local t = load_task(id)
-    if t and t.state == 'running' and t.version == tonumber(ARGV[base + 2])
-        and t.attempt == tonumber(ARGV[base + 3]) then
-      redis.call('ZREM', k.leases, id)
-      record_attempt(id, t, now, 'handed_back', nil)
-      t.attempt = t.attempt - 1
-      t.worker = ''
-      t.updated = now
-      if t.cancel == 1 then
-        count_move('running', 'cancelled')
-        t.state = 'cancelled'
-        redis.call('ZADD', k.finished, now, id)
-        ended[#ended + 1] = id
-      else
-        count_move('running', 'ready')
-        t.state = 'ready'
-        if delay > 0 and t.run_at < now + delay and fair_on() then
-          enqueue({ run_at = now + delay, priority = t.priority, version = t.version }, id)
-        elseif delay > 0 and t.run_at < now + delay then
-          local member = queue_member(t, id)
-          redis.call('ZADD', k.queue, now + delay, member)
-          enqueued[member] = now + delay
-        else
-          enqueue(t, id)
-        end
-      end
-      save_task(id, t)
-      released = released + 1
-      reply[i + 1] = 1
+  local now = now_ms(c)
+  local running_before = running_count(c)
+  local ended, released = {}, 0
+  local reply = each_report(3, 3, n, function(id, t)
+    if not t then return 0 end
+    leave_running(id, t, now, 'handed_back', nil)
+    t.attempt = t.attempt - 1
+    if t.cancel == 1 then
+      end_task(c, id, t, 'cancelled', now)
+      ended[#ended + 1] = id
     else
-      reply[i + 1] = 0
+      back_to_ready(c, id, t)
+      if delay > 0 and t.run_at < now + delay and fair_on(c) then
+        enqueue(c, { run_at = now + delay, priority = t.priority, version = t.version }, id)
+      elseif delay > 0 and t.run_at < now + delay then
+        local member = queue_member(t, id)
+        redis.call('ZADD', k.queue, now + delay, member)
+        note_enqueued(c, member, now + delay)
+      else
+        enqueue(c, t, id)
+      end
     end
-  end
+    released = released + 1
+    return 1
+  end)
   if released > 0 then
-    capacity_freed(running_before)
+    capacity_freed(c, running_before)
   end
-  reply[1] = settle_after_terminal(ended, now, budget)
+  reply[1] = settle_after_terminal(c, ended, now, budget)
+  end_call(c)
   return reply
 end)

@@ -18,8 +18,10 @@
 -- propagating.
 -- Also writes states (the per-state index, for the records it writes).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one when the new
+-- version is due now, one per dependent that settling makes claimable; '<state> <id>' on
+-- ended for each task it ends that a client waits for, whose waits entry it removes
+-- (lib/ended.lua): a version blocked at once.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -31,7 +33,8 @@
 --   BUSY <id> (still telling its dependents that it ended; settle with propagate.lua).
 -- Cost: O(deps + log N), plus the propagation budget for the cascade.
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local id = check_id(ARGV[2], 'task_id')
   local cascade = ARGV[3] == '1'
@@ -44,11 +47,11 @@ return run(function()
   -- The tasks this one blocked share its root cause: itself, or its own root if blocked.
   local root = id
   if t.state == 'blocked' then root = block_cause(id) or id end
-  local now = now_ms()
+  local now = now_ms(c)
   local params = { run_at = t.run_at, priority = t.priority, max_attempts = t.max_attempts,
                    backoff = t.backoff_ms }
   local deps = decode_deps(redis.call('HGET', k.deps, id))
-  local version = write_version(id, t, params, deps, now, record_state)
+  local version = write_version(c, id, t, params, deps, now, record_state)
   if cascade then
     local prefix = id_prefix(root)
     local any = redis.call('ZRANGEBYLEX', k.blockedby, '[' .. prefix, '(' .. prefix .. '\255', 'LIMIT', 0, 1)
@@ -57,5 +60,7 @@ return run(function()
       add_job('r' .. id)
     end
   end
-  return { settle_after_terminal({}, now, budget), version }
+  local left = settle_after_terminal(c, {}, now, budget)
+  end_call(c)
+  return { left, version }
 end)

@@ -29,14 +29,16 @@
 -- namespace of the priority order ranked (a task due now goes straight into the ready
 -- set; lib/ranked.lua), reading meta (order, aging_ms).
 --
--- waits, ended: each task it ends that a client waits for loses its waits entry and
--- is published as '<state> <id>' on ended (lib/ended.lua).
---
 -- Also writes debounce (the burst of a task scheduled with debounce; lib/admit.lua)
 -- and deadlines (a version's deadline, when it has one; lib/deadline.lua).
 -- A spec with key=<hex> turns the namespace fair (meta fair) and, in a fair namespace,
 -- each new version's key is written to fairkeys and its entry goes to fairq (or queue for
 -- the default key), its key into fairready or fairwait (lib/fair.lua).
+--
+-- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per task it
+-- makes due now, or one for a new queue head not due yet; '<state> <id>' on ended for
+-- each task it ends that a client waits for, whose waits entry it removes
+-- (lib/ended.lua): a task blocked at once, a dependent it blocks.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -88,7 +90,6 @@
 --                             ttl of <id>, n, or a cap named in its message, ...)
 --   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
 --                             stored record that does not parse
--- Wakes one idle worker per task it makes due now (lib/idle.lua).
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
 -- cycle check; blocked tasks' dependents are settled within the propagation budget.
 
@@ -97,7 +98,8 @@ local NO_DEPS = {}
 
 local SPEC_PATTERN = '^(%l%l) (-?%d+) (-?%d+) (%d+) (%d+) ([01]) (%d+) (%d+)(.*)$'
 
-return run(function()
+return run(function(c)
+  repair_meta(c)
   local budget = budget_arg(ARGV[1])
   local n = to_int(ARGV[2], 'n')
   if n < 0 then error({ err = 'BADARG n must be >= 0' }) end
@@ -105,7 +107,7 @@ return run(function()
     error({ err = 'BADARG n at most ' .. MAX_TASKS_PER_CALL .. ' tasks per call (MAX_TASKS_PER_CALL)' })
   end
   local edges = 0
-  local now = now_ms()
+  local now = now_ms(c)
   local specs, batch, order = {}, {}, {}
   local admitting, all_specs = false, nil
   local jobs_pending = redis.call('ZCARD', k.propagating) > 0
@@ -330,8 +332,8 @@ return run(function()
   for _, s in ipairs(specs) do
     if s.opts and s.opts.key then fair_keys[#fair_keys + 1] = s end
   end
-  if #fair_keys > 0 and not fair_on() then fair_turn_on(now) end
-  if fair_on() then
+  if #fair_keys > 0 and not fair_on(c) then fair_turn_on(c, now) end
+  if fair_on(c) then
     for _, s in ipairs(specs) do
       if s.opts and s.opts.key then
         redis.call('HSET', k.fairkeys, s.id, s.opts.key)
@@ -350,7 +352,7 @@ return run(function()
   -- Payloads go into the records when small (lib/record.lua), else the payloads hash;
   -- a replaced version's entry there is removed.
   local records, payloads, entries, ranks, moved = {}, {}, {}, {}, {}
-  local aging = order_aging()
+  local aging = order_aging(c)
   for _, s in ipairs(order) do
     s.inline = payload_inline(s.payload) and s.payload
     if not s.old and #s.deps == 0 then
@@ -359,13 +361,13 @@ return run(function()
         backoff_ms = s.backoff, run_at = s.run_at, priority = s.priority, cancel = 0,
         updated = now, remaining = 0, optional = 0, worker = '', payload = s.inline or nil,
       }
-      count_move(nil, 'ready')
+      count_move(c, nil, 'ready')
       local member = queue_member(t, s.id)
-      enqueued[member] = s.run_at
+      note_enqueued(c, member, s.run_at)
       records[#records + 1] = s.id
       records[#records + 1] = encode_task(t)
-      if fair_on() then
-        enqueue(t, s.id)
+      if fair_on(c) then
+        enqueue(c, t, s.id)
       elseif aging and s.run_at <= now then
         ranks[#ranks + 1] = rank_of(s.run_at, s.priority, aging)
         ranks[#ranks + 1] = member
@@ -375,7 +377,7 @@ return run(function()
       end
       written[s.id] = 'ready'
     else
-      written[s.id] = select(2, write_version(s.id, s.old, s, s.deps, now, state_of, s.version))
+      written[s.id] = select(2, write_version(c, s.id, s.old, s, s.deps, now, state_of, s.version))
       if written[s.id] == 'blocked' then blocked_any = true end
     end
     if not s.inline then
@@ -391,6 +393,7 @@ return run(function()
   call_many('ZADD', k.queue, entries)
   call_many('ZADD', k.ranked, ranks)
   -- Only a blocked task, or work already waiting, needs the propagation budget here.
-  if jobs_pending or blocked_any then reply[1] = settle_after_terminal({}, now, budget) end
+  if jobs_pending or blocked_any then reply[1] = settle_after_terminal(c, {}, now, budget) end
+  end_call(c)
   return reply
 end)

@@ -1,4 +1,4 @@
-"""§9: lua/README.md is complete, and a Node producer written from it alone works.
+"""§9: lua/README.md (with lua/STORAGE.md) is complete, and a Node producer written from it works.
 
 ``tests/node/producer.js`` uses npm's ``ioredis`` and ``@msgpack/msgpack``: it assembles and
 hashes the scripts itself, loads them on NOSCRIPT, settles on BUSY, and reads records and
@@ -194,13 +194,16 @@ def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_run
 
 # --------------------------------------------------------------------------- a complete document
 
-README = (Path(__file__).resolve().parent.parent / "lua" / "README.md").read_text("utf-8")
-LUA_FILES = sorted((Path(__file__).resolve().parent.parent / "lua").rglob("*.lua"))
+LUA = Path(__file__).resolve().parent.parent / "lua"
+# The wire protocol, and the storage reference: every key and its layout.
+README = (LUA / "README.md").read_text("utf-8")
+STORAGE = (LUA / "STORAGE.md").read_text("utf-8")
+LUA_FILES = sorted(LUA.rglob("*.lua"))
 
 
-def doc_section(heading: str) -> str:
-    """The text under ``heading`` up to the next heading of any level."""
-    return README.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
+def doc_section(heading: str, doc: str = README) -> str:
+    """The text of ``doc`` under ``heading`` up to the next heading of any level."""
+    return doc.split(f"\n{heading}\n", 1)[1].split("\n#", 1)[0]
 
 
 def lua_code() -> str:
@@ -212,7 +215,7 @@ def lua_code() -> str:
 
 
 def test_the_document_describes_every_key_of_a_namespace() -> None:
-    data = doc_section("## Data")
+    data = doc_section("## Keys", STORAGE)
     keys = Keys("NS")
     names = [*KEY_NAMES, "served", "workers"]
     for name in names:
@@ -228,7 +231,7 @@ def test_the_document_names_every_meta_field_the_scripts_use() -> None:
     for names in re.findall(r"meta_fields\(([^)]*)\)", code):
         fields |= set(re.findall(r"'([a-z_]+:?)", names))
     assert {"seq", "pseq", "max_running", "count:"} <= fields
-    table = doc_section("### Meta fields")
+    table = doc_section("## Meta fields", STORAGE)
     first_cells = re.findall(r"^\|([^|]*)\|", table, re.M)
     documented = {name for cell in first_cells for name in re.findall(r"`([a-z_]+:?)", cell)}
     assert fields <= documented

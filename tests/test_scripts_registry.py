@@ -24,6 +24,7 @@ from distsched import (
     Wait,
     Worker,
     core,
+    lua_files,
     schedules,
     scripts,
 )
@@ -359,22 +360,28 @@ def test_every_library_part_uses_only_what_it_includes() -> None:
         assert undefined_names(assembled) == [], part
 
 
-def reachable_keys(code: str) -> set[str]:
-    """The ``k.<name>`` keys that code can reach from its top level (the body and the
-    library's top-level statements), following calls of top-level functions."""
+def reachable_code(code: str) -> tuple[set[str], str]:
+    """The top-level functions that code can reach from its top level (the body and the
+    library's top-level statements), following their calls, and the code they and the
+    top level hold (comments left out)."""
     code = strip_comments(code)
     bodies = {m.group(1): m.group(0) for m in TOP_FUNCTION.finditer(code)}
     pending = [TOP_FUNCTION.sub("", code)]
     seen: set[str] = set()
-    found: set[str] = set()
+    chunks: list[str] = []
     while pending:
         chunk = pending.pop()
-        found.update(re.findall(r"(?<![\w.])k\.(\w+)", chunk))
+        chunks.append(chunk)
         for word in set(re.findall(r"(?<![\w.:])([A-Za-z_]\w*)\b", chunk)):
             if word in bodies and word not in seen:
                 seen.add(word)
                 pending.append(bodies[word])
-    return found
+    return seen, "\n".join(chunks)
+
+
+def reachable_keys(code: str) -> set[str]:
+    """The ``k.<name>`` keys that code can reach from its top level."""
+    return set(re.findall(r"(?<![\w.])k\.(\w+)", reachable_code(code)[1]))
 
 
 def test_the_reach_checker_follows_calls_and_skips_unreachable_functions() -> None:
@@ -388,9 +395,83 @@ def test_the_reach_checker_follows_calls_and_skips_unreachable_functions() -> No
     assert reachable_keys(code) == {"one", "two"}
 
 
+# Keys a script still receives, for a wire protocol that does not change, but no longer
+# touches: claim and fairness forget no task, so they remove no fairness key of one;
+# fairness, purge and forget end no running task, so they give no fairness slot back.
+UNTOUCHED_SLOT_KEYS = {"idle", "fair", "fairready", "fairfull", "fairrun"}
+KEPT_FOR_THE_PROTOCOL = {
+    "claim": {"fairkeys"},
+    "fairness": {"fairkeys", "fairrun"},
+    "purge": UNTOUCHED_SLOT_KEYS,
+    "forget": UNTOUCHED_SLOT_KEYS,
+}
+
+
 @pytest.mark.parametrize("name", SCRIPT_NAMES)
 def test_each_script_declares_exactly_the_keys_it_can_reach(name: str) -> None:
-    assert reachable_keys(source(name)) == set(scripts.script_keys(name))
+    kept = KEPT_FOR_THE_PROTOCOL.get(name, set())
+    assert reachable_keys(source(name)) == set(scripts.script_keys(name)) - kept
+    assert kept <= set(scripts.script_keys(name))
+
+
+# What a header says a script publishes: the kinds of message, each by the words that
+# name it in the header's "-- Publishes:" paragraph.
+PUBLISHED_WORDS = {
+    "ready": "'ready' on the channel",
+    "cancel": "'cancel <version> <id>' on wake",
+    "ended": "'<state> <id>' on ended",
+}
+
+
+def can_publish(code: str) -> set[str]:
+    """The kinds of message code can publish, found from the publish calls it can reach:
+    on ended, a cancel notice on wake, or 'ready' on a worker's channel."""
+    calls = re.findall(r"(?<!function )\bpublish\(([^,]+),\s*([^)]*)", reachable_code(code)[1])
+    kinds = set()
+    for channel, message in calls:
+        if channel.strip() == "k.ended":
+            kinds.add("ended")
+        elif channel.strip() == "k.wake" and "'cancel" in message:
+            kinds.add("cancel")
+        elif message.strip().startswith("'ready'"):
+            kinds.add("ready")
+        else:
+            raise AssertionError(f"a publish the header check does not know: {channel}, {message}")
+    return kinds
+
+
+def header_publishes(name: str) -> set[str]:
+    lines = header_lines(script_files()[name])
+    starts = [i for i, line in enumerate(lines) if line.startswith("-- Publishes: ")]
+    assert len(starts) == 1, f"{name}.lua has no one '-- Publishes:' paragraph"
+    paragraph = []
+    for line in lines[starts[0] :]:
+        if line == "--":
+            break
+        paragraph.append(line[3:])
+    text = " ".join(paragraph)
+    if text == "Publishes: nothing.":
+        return set()
+    kinds = {kind for kind, words in PUBLISHED_WORDS.items() if words in text}
+    assert kinds, f"{name}.lua: {text!r} names no message"
+    return kinds
+
+
+def test_the_publish_checker_follows_calls_to_the_publish() -> None:
+    code = (
+        "local function publish(channel, message)\n"
+        "  redis.pcall('SPUBLISH', channel, message)\nend\n"
+        "local function wake(r)\n  publish(popped[1], 'ready')\nend\n"
+        "local function tell(c)\n  publish(k.ended, c.state .. ' x')\nend\n"
+        "local function unused()\n  publish(k.wake, string.format('cancel %d ', 1))\nend\n"
+        "return run(function(c) wake(1); tell(c) end)\n"
+    )
+    assert can_publish(code) == {"ready", "ended"}
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_each_header_says_what_its_script_publishes(name: str) -> None:
+    assert header_publishes(name) == can_publish(source(name))
 
 
 # --------------------------------------------------------------------------- assembly
@@ -412,12 +493,12 @@ def test_includes_come_dependencies_first_each_once_in_the_order_written(
     }
     for name, text in parts.items():
         (lib / f"{name}.lua").write_text(text)
-    monkeypatch.setattr(scripts, "lua_dir", lambda: tmp_path)
+    monkeypatch.setattr(lua_files, "lua_dir", lambda: tmp_path)
     scripts.part_text.cache_clear()
     try:
         assert scripts.resolve_includes(["d", "b"]) == ("c", "b", "a", "d")
         assert scripts.resolve_includes(["b", "a"]) == ("c", "b", "a")
-        text = "--- @include a\n--- @keys tasks meta\nreturn run(function() end)\n"
+        text = "--- @include a\n--- @keys tasks meta\nreturn run(function(c) end)\n"
         assembled = scripts.assemble(text)
         assert assembled == "\n".join(
             [scripts.prelude(["tasks", "meta"]), parts["c"], parts["b"], parts["a"], text]
@@ -853,11 +934,11 @@ def test_each_script_runs_as_a_user_allowed_only_its_declared_keys(
 
 
 def lua_eval(client: redis.Redis, body: str, *args: Any) -> Any:
-    """Run ``body`` with the whole library included (keys of namespace 'twins'), its
-    per-call state set up as ``run`` does."""
+    """Run ``body`` with the whole library included (keys of namespace 'twins'), ``c`` the
+    state of the call as ``run`` hands it to a script's body."""
     text = (
         "--- @include settle\n--- @include tokens\n--- @include attempt\n"
-        f"--- @keys {' '.join(KEY_NAMES)}\nbegin_call()\n" + body
+        f"--- @keys {' '.join(KEY_NAMES)}\nlocal c = {{}}\n" + body
     )
     return client.eval(scripts.assemble(text), len(KEY_NAMES), *Keys("twins").script_keys(), *args)
 
@@ -1055,7 +1136,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     for name in order:
         text = script_files()[name]
         keys = scripts.script_keys(name)
-        head, body = text.split("\nreturn run(function()\n")
+        head, body = text.split("\nreturn run(function(c)\n")
         assert body.endswith("\nend)\n")
         targets = ", ".join(f"k.{key}" for key in keys)
         values = ", ".join(f"keys[{i}]" for i in range(1, len(keys) + 1))
@@ -1064,7 +1145,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
             "local KEYS, ARGV, k = nil, nil, {}",
             *(library_files()[f"{part}.lua"] for part in scripts.includes(name)),
             head,
-            "local function body()",
+            "local function body(c)",
             body[: -len("end)\n")] + "end",
             f"redis.register_function{{function_name = 'distsched_{h}_{name}', "
             "callback = function(keys, args)",
@@ -1080,3 +1161,56 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     assert scripts.library() == "\n".join(lines) + "\n"
     readme = (LUA / "README.md").read_text("utf-8")
     assert listed in " ".join(readme.split())
+
+
+def test_the_key_names_and_the_registry_read_the_headers_from_one_module_below_both() -> None:
+    """keys.py and scripts.py import lua_files, never each other (no import circle)."""
+    package = Path(lua_files.__file__).parent
+    imports = re.compile(
+        r"^\s*(?:from distsched(?:\.(\w+))? import (\w+)|import distsched\.(\w+))", re.M
+    )
+
+    def imported(module: str) -> set[str]:
+        text = (package / f"{module}.py").read_text("utf-8")
+        return {a or b or c for a, b, c in imports.findall(text)}
+
+    assert "scripts" not in imported("keys")
+    assert "keys" not in imported("scripts")
+    assert not imported("lua_files")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown text."""
+    anchors = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
+        words = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+        anchors.add(words.replace(" ", "-"))
+    return anchors
+
+
+def test_the_protocol_and_the_storage_reference_link_to_sections_that_exist() -> None:
+    """lua/README.md (the wire protocol) and lua/STORAGE.md (every key and its layout)."""
+    docs = {name: (LUA / name).read_text("utf-8") for name in ("README.md", "STORAGE.md")}
+    for name, text in docs.items():
+        links = re.findall(r"\]\(((?:README|STORAGE)\.md)?#([a-z0-9-]+)\)", text)
+        assert links, name
+        for target, anchor in links:
+            assert anchor in heading_anchors(docs[target or name]), f"{name}: {target}#{anchor}"
+
+
+def test_library_parts_only_define_and_register_nothing() -> None:
+    """A part's top level is local definitions only: no call and no assignment that makes
+    including it change what another part does (hooks filled in at include time)."""
+    for file_name, text in library_files().items():
+        for line in strip_comments(text).splitlines():
+            if line and not line[0].isspace():
+                assert re.match(r"^(local |end\b|\})", line), f"{file_name}: {line}"
+        # Nothing a part defines is assigned to by another part.
+        code = strip_comments(text)
+        for other_name, other in library_files().items():
+            if other_name == file_name:
+                continue
+            for name in re.findall(r"^local (?:function )?(\w+)", code, re.M):
+                assert not re.search(rf"^\s*{name}\s*=[^=]", strip_comments(other), re.M), (
+                    f"{other_name} assigns {name} of {file_name}"
+                )

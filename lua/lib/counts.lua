@@ -5,15 +5,13 @@
 --- @include fair
 --
 -- Per-state counters live in the meta hash as count:<state>. A script tallies its
--- moves and writes each changed counter once, when its body has succeeded.
+-- moves in c.counts (count_move) and writes each changed counter once, at its end
+-- (write_counts).
 
-local count_delta = {}
--- A fresh table only after a call that used it: most calls leave it empty.
-on_each_call(function() if next(count_delta) then count_delta = {} end end)
-
-local function count_move(from_state, to_state)
-  if from_state then count_delta[from_state] = (count_delta[from_state] or 0) - 1 end
-  if to_state then count_delta[to_state] = (count_delta[to_state] or 0) + 1 end
+local function count_move(c, from_state, to_state)
+  local delta = call_table(c, 'counts')
+  if from_state then delta[from_state] = (delta[from_state] or 0) - 1 end
+  if to_state then delta[to_state] = (delta[to_state] or 0) + 1 end
 end
 
 -- Add delta to a counter, never leaving it below 0: a counter that was off (junk
@@ -25,22 +23,24 @@ local function count_add(field, delta)
   end
 end
 
-after_success(function()
-  for state, delta in pairs(count_delta) do count_add('count:' .. state, delta) end
-end)
+-- Write the counters the call's moves changed.
+local function write_counts(c)
+  for state, delta in pairs(c.counts or {}) do count_add('count:' .. state, delta) end
+end
 
-local function running_count()
-  return (tonumber(meta_fields('count:running')[1]) or 0) + (count_delta.running or 0)
+local function running_count(c)
+  local moved = c.counts and c.counts.running or 0
+  return (tonumber(meta_fields(c, 'count:running')[1]) or 0) + moved
 end
 
 -- When the fleet-wide capacity was full and slots free, wake one idle worker per free
 -- slot (no more than there are queue entries).
-local function capacity_freed(running_before)
-  local limit = tonumber(meta_fields('max_running')[1])
+local function capacity_freed(c, running_before)
+  local limit = tonumber(meta_fields(c, 'max_running')[1])
   if limit and running_before >= limit then
     local queued = redis.call('ZCARD', k.queue)
-    if fair_on() then queued = queued + redis.call('ZCARD', k.fairq) end
-    local free = math.min(limit - running_count(), queued)
-    wake_idle(free, now_ms())
+    if fair_on(c) then queued = queued + redis.call('ZCARD', k.fairq) end
+    local free = math.min(limit - running_count(c), queued)
+    wake_idle(free, now_ms(c))
   end
 end

@@ -23,15 +23,12 @@ local function parse_deadline_member(member)
   return tonumber(head, 16), string.sub(member, 15)
 end
 
--- End queued task id (t: its pending or ready record) cancelled, with the error
--- text saying it expired; its dependents are told as for any cancel (a propagation job).
-local function expire_task(id, t, now)
+-- End queued task id (t: its pending or ready record) cancelled (end_task, lib/ended.lua),
+-- with the error text saying it expired; its dependents are told as for any cancel (a
+-- propagation job).
+local function expire_task(c, id, t, now)
   redis.call('ZREM', k.deadlines, deadline_member(t.version, id))
-  count_move(t.state, 'cancelled')
-  t.state = 'cancelled'
-  t.updated = now
-  save_task(id, t)
-  redis.call('ZADD', k.finished, now, id)
+  end_task(c, id, t, 'cancelled', now)
   redis.call('HSET', k.results, id, 'E' .. EXPIRED_TEXT)
   needs_propagation(id)
 end

@@ -1,36 +1,55 @@
--- lib/ended.lua: telling clients that wait for a task that it ended.
+-- lib/ended.lua: a task ending, and telling the clients that wait for it.
 --
 --- @include record
 --- @include idle
+--- @include counts
+--- @include fair
 --
 -- A client waiting for a task's outcome (Scheduler.wait) first adds the task id to the
 -- waits sorted set (score: the time, ms, until which it waits; ZADD GT), then reads the
 -- task's state, then waits for a message on the ended channel: a task that ends between
--- its read and its wait still finds the entry. Every record saved in a terminal state
--- is noted here (lib/record.lua's save_task calls on_terminal_save); once the script's
--- body has succeeded, each noted id that has a waits entry loses it and is published
--- as '<state> <id>' on ended. A task nobody waits for costs a ZMSCORE. Entries whose
--- time has passed are dropped by reap.lua (housekeeping), a bounded number per call.
+-- its read and its wait still finds the entry. Every task a script ends goes through
+-- end_task, which notes it in c.ended; at its end the script calls tell_waiters: each
+-- noted id that has a waits entry loses it and is published as '<state> <id>' on ended.
+-- A task nobody waits for costs a ZMSCORE. Entries whose time has passed are dropped by
+-- reap.lua (housekeeping), a bounded number per call.
 
-local ended_ids, ended_state = {}, {}
-on_each_call(function()
-  if next(ended_ids) or next(ended_state) then ended_ids, ended_state = {}, {} end
-end)
-
-on_terminal_save = function(id, state)
-  if not ended_state[id] then ended_ids[#ended_ids + 1] = id end
-  ended_state[id] = state
+-- Note that id ended in state (its last state of the call counts), for tell_waiters.
+local function note_ended(c, id, state)
+  local states = call_table(c, 'ended_state')
+  if not states[id] then
+    local ids = call_table(c, 'ended')
+    ids[#ids + 1] = id
+  end
+  states[id] = state
 end
 
-after_success(function()
-  for i = 1, #ended_ids, 1000 do
-    local ids = { unpack(ended_ids, i, math.min(i + 999, #ended_ids)) }
+-- End task id (t: its record) in terminal state `state` at now: a running one gives the
+-- slot of its fairness key back (lib/fair.lua), and the task is counted (count_move), saved
+-- (its member of the per-state index moves with it, lib/record.lua), listed in finished,
+-- and noted for tell_waiters.
+local function end_task(c, id, t, state, now)
+  if t.state == 'running' then fair_slot_back(c, id) end
+  count_move(c, t.state, state)
+  t.state = state
+  t.updated = now
+  save_task(id, t)
+  redis.call('ZADD', k.finished, itoa(now), id)
+  note_ended(c, id, state)
+end
+
+-- Publish '<state> <id>' on ended for each task the call ended that a client waits for.
+local function tell_waiters(c)
+  local all = c.ended
+  if not all then return end
+  for i = 1, #all, 1000 do
+    local ids = { unpack(all, i, math.min(i + 999, #all)) }
     local scores = redis.call('ZMSCORE', k.waits, unpack(ids))
     for j, score in ipairs(scores) do
       if score then
         redis.call('ZREM', k.waits, ids[j])
-        publish(k.ended, ended_state[ids[j]] .. ' ' .. ids[j])
+        publish(k.ended, c.ended_state[ids[j]] .. ' ' .. ids[j])
       end
     end
   end
-end)
+end

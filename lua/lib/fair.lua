@@ -42,9 +42,9 @@
 local FAIR_DUE_MAX = 4503599627370495
 
 -- Whether the namespace is fair, read once per call (with the order: lib/ranked.lua).
-local function fair_on()
-  if cached_fair == nil then order_aging() end
-  return cached_fair
+local function fair_on(c)
+  read_settings(c)
+  return c.fair
 end
 
 local function fair_prefix(key)
@@ -112,10 +112,11 @@ end
 
 -- Turn the namespace fair: the default key's entries (queue, and ranked in the priority
 -- order) take their turns from now on.
-local function fair_turn_on(now)
+local function fair_turn_on(c, now)
   redis.call('HSET', k.meta, 'fair', '1')
-  cached_fair = true
-  if order_aging() and redis.call('ZCARD', k.ranked) > 0 then
+  read_settings(c)
+  c.fair = true
+  if order_aging(c) and redis.call('ZCARD', k.ranked) > 0 then
     fair_activate('', now, now)
     return
   end
@@ -139,9 +140,11 @@ local function fair_key_of(id)
   return redis.call('HGET', k.fairkeys, id) or ''
 end
 
--- A running task leaves running: its key's slot comes back (once).
-on_running_left = function(id)
-  if not fair_on() then return end  -- fairrun is only written in a fair namespace
+-- Running task id leaves running (ended, retried or handed back): the slot of the key a
+-- fair claim started it under comes back (once: the fairrun entry goes with it), and the
+-- key, when it waited at its cap, takes its turns again and wakes one idle worker.
+local function fair_slot_back(c, id)
+  if not fair_on(c) then return end  -- fairrun is only written in a fair namespace
   local key = redis.call('HGET', k.fairrun, id)
   if not key then return end
   redis.call('HDEL', k.fairrun, id)
@@ -153,11 +156,7 @@ on_running_left = function(id)
     if not cap or running < cap then
       redis.call('ZREM', k.fairfull, key)
       redis.call('ZADD', k.fairready, fair_vt(), key)
-      wake_idle(1, now_ms())
+      wake_idle(1, now_ms(c))
     end
   end
-end
-
-on_forget = function(id)
-  redis.call('HDEL', k.fairkeys, id)
 end

@@ -4,17 +4,18 @@
 
 -- Remove terminal task id (t: its record, or nil for one that cannot be read): the
 -- record and its index member, payload, result, applied tokens, history, dependency
--- list, debounce burst, block cause and every edge to or from it. Its dependents keep their own
--- records; a later dependency on the id is an unknown dependency.
-local function remove_task(id, t)
-  if t then count_move(t.state, nil) end
+-- list, debounce burst, fairness key, block cause and every edge to or from it. Its
+-- dependents keep their own records; a later dependency on the id is an unknown dependency.
+local function remove_task(c, id, t)
+  if t then count_move(c, t.state, nil) end
   clear_version(id)
   local prefix = id_prefix(id)
   local outgoing = redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255')
   for i = 1, #outgoing, 500 do
     redis.call('ZREM', k.edges, unpack(outgoing, i, math.min(i + 499, #outgoing)))
   end
-  forget_task(id)
+  forget_task(id, t)
+  redis.call('HDEL', k.fairkeys, id)
   redis.call('HDEL', k.payloads, id)
   redis.call('HDEL', k.results, id)
   redis.call('HDEL', k.done, id)

@@ -3,6 +3,7 @@
 --- @include record
 --- @include counts
 --- @include repair
+--- @include ended
 --
 -- Edge member of the edges sorted set (every score 0, so ZRANGEBYLEX ranges work):
 --   hex3(#parent) .. parent .. flag .. kind .. child
@@ -109,12 +110,10 @@ local function root_through(parent, parent_state)
   return parent
 end
 
-local function block_task(id, t, root, parent, now)
-  count_move(t.state, 'blocked')
-  t.state = 'blocked'
-  t.updated = now
-  save_task(id, t)
-  redis.call('ZADD', k.finished, itoa(now), id)
+-- End task id (t: its record) blocked, root and parent its cause (lib/ended.lua's
+-- end_task), and give it a propagation job when dependents wait on it.
+local function block_task(c, id, t, root, parent, now)
+  end_task(c, id, t, 'blocked', now)
   redis.call('HSET', k.blocked, id, id_prefix(root) .. parent)
   redis.call('ZADD', k.blockedby, '0', id_prefix(root) .. id)
   if has_waiting_edges(id) then needs_propagation(id) end

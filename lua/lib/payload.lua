@@ -62,38 +62,41 @@ end
 -- the value at pos being at depth `depth` (the payload itself: 1; 1 when left out).
 -- Readers (msgpack decoders, the CLI, the dashboard) recurse per level: past that depth
 -- they fail or cannot render what a script stored.
--- Every value it reads counts against walk_left: past it, nil, 'many' (a check's cost is
--- per value, so the values of a payload and of a call are capped: MAX_PAYLOAD_VALUES);
--- payload_fine and payload_problem set it, other walks (recur.lua) are bounded by bytes.
-local walk_left = 9007199254740991
--- skip's stack, one for every call (a table per call cost more than reading a small value).
-local open_left = {}
+-- w is the state of one walk over a payload (new_walk): w.left, the values it may still
+-- read, and in its array part skip's stack (one table per walk: a table per skip cost
+-- more than reading a small value). Every value read counts against w.left: past it,
+-- nil, 'many' (a check's cost is per value, so the values of a payload and of a call are
+-- capped: MAX_PAYLOAD_VALUES); other walks (recur.lua) are bounded by bytes.
+local function new_walk(most)
+  return { left = most }
+end
+
 -- Whether p[first..last] is valid UTF-8. Each character outside ASCII counts against
--- walk_left as a value does (lib/record.lua's valid_utf8; false once past it, walk_left
--- then below 0): an ASCII run takes one search, whatever its length.
-local function text_fine(p, first, last)
-  local wide, why = valid_utf8(p, first, last, walk_left)
+-- w.left as a value does (lib/record.lua's valid_utf8; false once past it, w.left then
+-- below 0): an ASCII run takes one search, whatever its length.
+local function text_fine(w, p, first, last)
+  local wide, why = valid_utf8(p, first, last, w.left)
   if not wide then
-    if why == 'many' then walk_left = -1 end
+    if why == 'many' then w.left = -1 end
     return false
   end
-  walk_left = walk_left - wide
+  w.left = w.left - wide
   return true
 end
 
-local function skip(p, pos, depth)
+local function skip(w, p, pos, depth)
   -- left[level]: the values still to read in each open array or map (level 1: the value
   -- at pos itself); a value read at level L is at depth base + L.
   local base = (depth or 1) - 1
-  local left, level = open_left, 1
+  local left, level = w, 1
   left[1] = 1
   while level > 0 do
     if left[level] == 0 then
       level = level - 1
     else
       left[level] = left[level] - 1
-      walk_left = walk_left - 1
-      if walk_left < 0 then return nil, 'many' end
+      w.left = w.left - 1
+      if w.left < 0 then return nil, 'many' end
       local kind, n, at = head(p, pos)
       if not kind then return nil end
       if kind == 'map' or kind == 'array' then
@@ -109,8 +112,8 @@ local function skip(p, pos, depth)
         if kind == 'str' then
           -- An ASCII string (the most common) takes one search.
           local wide = string.find(p, '[\128-\255]', at)
-          if wide and wide < at + n and not text_fine(p, wide, at + n - 1) then
-            return nil, walk_left < 0 and 'many' or nil
+          if wide and wide < at + n and not text_fine(w, p, wide, at + n - 1) then
+            return nil, w.left < 0 and 'many' or nil
           end
         end
         pos = at + n
@@ -154,15 +157,15 @@ end
 -- payload_problem finds nothing; else false and, when known, why ('many' past `most`,
 -- 'deep'). Anything but true goes to payload_problem's slower walk, which names it.
 local function payload_fine(p, most)
-  walk_left = most - 1
-  if walk_left < 0 then return false, 'many' end
+  local w = new_walk(most - 1)
+  if w.left < 0 then return false, 'many' end
   local kind, n, pos = head(p, 1)
   if kind ~= 'map' then return false end
   local fn = false
   for _ = 1, n do
     local key_kind, key_len, key_at = head(p, pos)
     if not key_kind then return false end
-    local value_at, why = skip(p, pos, 2)
+    local value_at, why = skip(w, p, pos, 2)
     if not value_at then return false, why end
     local vkind, vn, vat = head(p, value_at)
     if not vkind then return false end
@@ -179,28 +182,28 @@ local function payload_fine(p, most)
     elseif key == 'kwargs' and not is_nil then
       if vkind ~= 'map' then return false end
       -- The map itself, then each key and value once.
-      walk_left = walk_left - 1
-      if walk_left < 0 then return false, 'many' end
+      w.left = w.left - 1
+      if w.left < 0 then return false, 'many' end
       after = vat
       for _ = 1, vn do
         -- The key read here: a string, nothing to open.
         local kkind, kn, kat = head(p, after)
-        walk_left = walk_left - 1
+        w.left = w.left - 1
         if kkind ~= 'str' or kat + kn - 1 > #p then return false end
-        if walk_left < 0 or not text_fine(p, kat, kat + kn - 1) then
-          return false, walk_left < 0 and 'many' or nil
+        if w.left < 0 or not text_fine(w, p, kat, kat + kn - 1) then
+          return false, w.left < 0 and 'many' or nil
         end
-        after, why = skip(p, kat + kn, 3)
+        after, why = skip(w, p, kat + kn, 3)
         if not after then return false, why end
       end
     end
     if not after then
-      after, why = skip(p, value_at, 2)
+      after, why = skip(w, p, value_at, 2)
       if not after then return false, why end
     end
     pos = after
   end
-  if fn and pos == #p + 1 then return true, most - walk_left end
+  if fn and pos == #p + 1 then return true, most - w.left end
   return false
 end
 
@@ -215,8 +218,7 @@ local function payload_problem(p, limit, most)
   if fine then return nil, got end
   local after, why = nil, got
   if why ~= 'many' and why ~= 'deep' then
-    walk_left = cap
-    after, why = skip(p, 1)
+    after, why = skip(new_walk(cap), p, 1)
   end
   if why == 'many' then
     if cap < MAX_PAYLOAD_VALUES then return nil, cap + 1 end
@@ -227,14 +229,14 @@ local function payload_problem(p, limit, most)
   end
   if after ~= #p + 1 then return 'must be one valid msgpack value' end
   -- A valid value of at most cap values: the walks below end.
-  walk_left = math.huge
+  local w = new_walk(math.huge)
   local kind, n, pos = head(p, 1)
   if kind ~= 'map' then return 'must be a msgpack map' end
   local fn = nil
   for _ = 1, n do
     local key_kind, key_len, key_at = head(p, pos)
     local key = key_kind == 'str' and string.sub(p, key_at, key_at + key_len - 1)
-    local value_at = skip(p, pos)
+    local value_at = skip(w, p, pos)
     local vkind, vn, vat = head(p, value_at)
     local is_nil = string.byte(p, value_at) == 192
     if key == 'fn' then
@@ -249,10 +251,10 @@ local function payload_problem(p, limit, most)
       local at = vat
       for _ = 1, vn do
         if head(p, at) ~= 'str' then return 'field kwargs must be a map with string keys' end
-        at = skip(p, skip(p, at))
+        at = skip(w, p, skip(w, p, at))
       end
     end
-    pos = skip(p, value_at)
+    pos = skip(w, p, value_at)
   end
   if not fn then return 'field fn must be a non-empty string' end
   return nil

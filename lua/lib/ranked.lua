@@ -24,17 +24,22 @@ local function aging_of(order, aging_ms)
   return aging
 end
 
--- aging_of the namespace's meta fields, read once per call; with them the meta field
--- fair (lib/fair.lua), so that a namespace's settings cost one read per call.
-local cached_aging, cached_fair
-on_each_call(function() cached_aging, cached_fair = false, nil end)
-local function order_aging()
-  if cached_aging == false then
-    local fields = meta_fields('order', 'aging_ms', 'fair')
-    cached_aging = aging_of(fields[1], fields[2])
-    if cached_fair == nil then cached_fair = fields[3] == '1' end
+-- The order and fairness settings of the namespace, read once per call into c: c.aging
+-- (aging_of the meta fields order and aging_ms: nil in the default order) and c.fair
+-- (whether the meta field fair is '1', lib/fair.lua). A script that changes a setting
+-- sets the field of c too (lib/fair.lua's fair_turn_on).
+local function read_settings(c)
+  if c.fair == nil then
+    local fields = meta_fields(c, 'order', 'aging_ms', 'fair')
+    c.aging = aging_of(fields[1], fields[2])
+    c.fair = fields[3] == '1'
   end
-  return cached_aging
+end
+
+-- aging_of the namespace's meta fields (read_settings).
+local function order_aging(c)
+  read_settings(c)
+  return c.aging
 end
 
 -- The priority a queue member carries; 0 for a member whose head is junk.

@@ -23,8 +23,9 @@
 -- terminal task, <state letter> .. 14 hex digits of (2^53 - 1 - updated ms) .. <task id>,
 -- so that ZRANGEBYLEX over one letter lists that state newest first. Ready tasks are
 -- listed from the queue and running ones from the leases: they have no member.
--- read_task remembers the member of each record as the script first found it, and
+-- read_task notes in the record table the member of the record as read (t.indexed), and
 -- save_task moves it when the state or the time changes, so no transition can forget it.
+-- A record a script builds for an id that has one keeps the member of the one it read.
 --
 -- Queue member: 8 hex digits of (2147483647 - priority), 14 hex digits of the
 -- version (the namespace sequence at submission), then the task id. The score
@@ -91,16 +92,6 @@ local function id_problem(id)
   if #id > MAX_ID_BYTES then return 'must be at most ' .. MAX_ID_BYTES .. ' bytes in UTF-8' end
   if not valid_utf8(id) then return 'must be valid UTF-8' end
   return nil
-end
-
--- n of a report call (complete, fail, heartbeat, release): at most MAX_REPORTS_PER_CALL.
-local function reports_arg(value)
-  local n = to_int(value, 'n')
-  if n < 0 or n > MAX_REPORTS_PER_CALL then
-    error({ err = 'BADARG n must be in [0, ' .. MAX_REPORTS_PER_CALL
-      .. '] reports per call (MAX_REPORTS_PER_CALL)' })
-  end
-  return n
 end
 
 local function check_id(id, field)
@@ -200,14 +191,6 @@ local INDEXED = { p = true, s = true, f = true, c = true, b = true }
 local RECORD_INTS = { 'version', 'attempt', 'max_attempts', 'backoff_ms', 'run_at', 'priority',
                       'cancel', 'remaining', 'optional' }
 
--- id -> the index member of its record as this script first read it (false: none).
-local indexed = {}
--- id -> the state of its record as this script first read it.
-local first_state = {}
-on_each_call(function()
-  if next(indexed) or next(first_state) then indexed, first_state = {}, {} end
-end)
-
 local function index_member(t, id)
   local code = STATE_CODE[t.state]
   if not INDEXED[code] then return false end
@@ -217,13 +200,12 @@ local function index_member(t, id)
 end
 
 -- The end of read_task, for a record whose numbers are in range: the worker's text,
--- the time of the last transition, and what the script first found.
+-- the time of the last transition, and its index member.
 local function finish_read(id, t, delta)
   local w = t.worker
   if w ~= '' and not valid_utf8(w) then return nil, 'worker is not valid UTF-8' end
   t.updated = t.run_at + delta
-  if indexed[id] == nil then indexed[id] = index_member(t, id) end
-  if first_state[id] == nil then first_state[id] = t.state end
+  t.indexed = index_member(t, id)
   return t
 end
 
@@ -302,41 +284,22 @@ local function encode_task(t)
   return packed
 end
 
--- Set by lib/ended.lua in every script that can end a task, and called with each
--- record saved in a terminal state: clients waiting for an outcome hear of it whichever
--- script ended the task.
-local on_terminal_save = nil
--- Set by lib/fair.lua: called once for a task read as running that a script saves in
--- another state or forgets (its fairness key's slot comes back), and for a task forgotten.
-local on_running_left = nil
-local on_forget = nil
-
-local function left_running(id, state)
-  if on_running_left and first_state[id] == 'running' and state ~= 'running' then
-    first_state[id] = state or false
-    on_running_left(id)
-  end
-end
-
+-- Write record t of id, and move its member of the per-state index (t.indexed: the
+-- member it had when read, false for none) when the state or the time changed.
 local function save_task(id, t)
   redis.call('HSET', k.tasks, id, encode_task(t))
-  local old, member = indexed[id] or false, index_member(t, id)
+  local old, member = t.indexed or false, index_member(t, id)
   if old ~= member then
     if old then redis.call('ZREM', k.states, old) end
     if member then redis.call('ZADD', k.states, '0', member) end
-    indexed[id] = member
+    t.indexed = member
   end
-  if on_terminal_save and TERMINAL[t.state] then on_terminal_save(id, t.state) end
-  left_running(id, t.state)
 end
 
--- Remove the record of id (read before in this script) and its index member.
-local function forget_task(id)
+-- Remove the record of id (t: as read, nil when it cannot be read) and its index member.
+local function forget_task(id, t)
   redis.call('HDEL', k.tasks, id)
-  if indexed[id] then redis.call('ZREM', k.states, indexed[id]) end
-  indexed[id] = false
-  left_running(id, nil)
-  if on_forget then on_forget(id) end
+  if t and t.indexed then redis.call('ZREM', k.states, t.indexed) end
 end
 
 -- Send one command with many trailing arguments (field/value or score/member pairs),

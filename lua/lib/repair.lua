@@ -1,11 +1,12 @@
--- lib/repair.lua: junk in the meta counters, mended before a script body runs.
+-- lib/repair.lua: junk in the meta counters, mended before a script does anything else.
 --
 --- @include run
 --
 -- The meta fields scripts add to with HINCRBY. Redis refuses HINCRBY on a field that
 -- is not a 64-bit integer, and a script stops there with its earlier writes kept: a
--- junk value (written by hand or by a broken client) is repaired before the body runs,
--- the junk kept as corrupt:<field> for an operator to see. A negative count is junk as
+-- junk value (written by hand or by a broken client) is repaired by repair_meta, which
+-- every script that adds to them calls first, before it checks its arguments; the junk
+-- is kept as corrupt:<field> for an operator to see. A negative count is junk as
 -- well; lib/counts.lua keeps a count it lowers at 0 or above.
 local COUNTED = { 'seq', 'pseq', 'count:pending', 'count:ready', 'count:running',
                   'count:succeeded', 'count:failed', 'count:cancelled', 'count:blocked' }
@@ -15,18 +16,16 @@ local function is_int64_text(text)
   return text == '0' or (#text <= 18 and string.match(text, '^%-?[1-9]%d*$') ~= nil)
 end
 
--- Read with the counters, for meta_fields (lib/run.lua): one HMGET per call.
+-- Read with the counters, kept in c.meta for meta_fields (lib/run.lua): one HMGET per call.
 local START_FIELDS = { 'seq', 'pseq', 'count:pending', 'count:ready', 'count:running',
                        'count:succeeded', 'count:failed', 'count:cancelled', 'count:blocked',
                        'order', 'aging_ms', 'fair', 'max_running' }
 
--- Filled in place on every call: its fields never change, so no call builds a table.
-local meta_read = {}
-
-local function repair_meta()
+local function repair_meta(c)
   local values = redis.call('HMGET', k.meta, unpack(START_FIELDS))
-  for i = 1, #START_FIELDS do meta_read[START_FIELDS[i]] = values[i] end
-  meta_start = meta_read
+  local meta_start = {}
+  for i = 1, #START_FIELDS do meta_start[START_FIELDS[i]] = values[i] end
+  c.meta = meta_start
   for _, field in ipairs(COUNTED) do
     local value = meta_start[field]
     -- A count below 0 is junk too (no state holds fewer than no tasks).
@@ -46,5 +45,3 @@ local function repair_meta()
     end
   end
 end
-
-before_body(repair_meta)

@@ -39,9 +39,9 @@ end
 -- it, or nil to take the next from the namespace sequence. The new version is ready,
 -- pending or blocked (then its dependents are queued for propagation). Returns the
 -- version and the state.
-local function write_version(id, old, p, deps, now, state_of, version)
+local function write_version(c, id, old, p, deps, now, state_of, version)
   if old then
-    count_move(old.state, nil)
+    count_move(c, old.state, nil)
     if TERMINAL[old.state] then redis.call('ZREM', k.finished, id) end
     clear_version(id)
   end
@@ -66,6 +66,7 @@ local function write_version(id, old, p, deps, now, state_of, version)
     state = 'pending', version = version, attempt = 0, max_attempts = p.max_attempts,
     backoff_ms = p.backoff, run_at = p.run_at, priority = p.priority, cancel = 0,
     updated = now, remaining = remaining, optional = optional, worker = '',
+    indexed = old and old.indexed,
   }
   -- p.inline: the new version's payload when it goes into the record, false when the
   -- caller put it in the payloads hash; nil (a retry) keeps the old version's.
@@ -75,16 +76,16 @@ local function write_version(id, old, p, deps, now, state_of, version)
     t.payload = task_payload(old)
   end
   if cause then
-    count_move(nil, 'pending')
-    block_task(id, t, cause.root, cause.parent, now)
+    count_move(c, nil, 'pending')
+    block_task(c, id, t, cause.root, cause.parent, now)
   elseif remaining + optional > 0 then
-    count_move(nil, 'pending')
+    count_move(c, nil, 'pending')
     save_task(id, t)
   else
     t.state = 'ready'
-    count_move(nil, 'ready')
+    count_move(c, nil, 'ready')
     save_task(id, t)
-    enqueue(t, id)
+    enqueue(c, t, id)
   end
   -- The edges and the stored list (encode_deps, edge_member) share each id's prefix.
   local edges, listed = {}, {}
@@ -103,8 +104,21 @@ local function write_version(id, old, p, deps, now, state_of, version)
   return version, t.state
 end
 
+-- Save pending task id (t: its record, changed by the caller): ready, and queued, once it
+-- awaits no dependency (remaining and optional both 0).
+local function save_pending(c, id, t)
+  if t.remaining <= 0 and t.optional <= 0 then
+    count_move(c, 'pending', 'ready')
+    t.state = 'ready'
+    save_task(id, t)
+    enqueue(c, t, id)
+  else
+    save_task(id, t)
+  end
+end
+
 -- Settle the edges of one 'p' job: at most want edges. Returns (cost, done).
-local function settle_edges(p, want, now)
+local function settle_edges(c, p, want, now)
   local pt = load_task(p)
   -- A record can only vanish by retention, which leaves propagating ids alone.
   local p_state = pt and pt.state
@@ -113,29 +127,22 @@ local function settle_edges(p, want, now)
                            'LIMIT', 0, want)
   for _, m in ipairs(edges) do
     local kind = string.sub(m, #prefix + 1, #prefix + 1)
-    local c = string.sub(m, #prefix + 2)
+    local child = string.sub(m, #prefix + 2)
     redis.call('ZREM', k.edges, m)
-    redis.call('ZADD', k.edges, '0', edge_member(p, 's', kind, c))
-    local ct = load_task(c)
+    redis.call('ZADD', k.edges, '0', edge_member(p, 's', kind, child))
+    local ct = load_task(child)
     if p_state and ct and ct.state == 'pending' then
       if kind == 'o' then
         ct.optional = ct.optional - 1
       elseif p_state == 'succeeded' then
         ct.remaining = ct.remaining - 1
       else
-        block_task(c, ct, root_through(p, p_state), p, now)
+        block_task(c, child, ct, root_through(p, p_state), p, now)
         ct = nil
       end
       if ct then
         ct.updated = now
-        if ct.remaining <= 0 and ct.optional <= 0 then
-          count_move('pending', 'ready')
-          ct.state = 'ready'
-          save_task(c, ct)
-          enqueue(ct, c)
-        else
-          save_task(c, ct)
-        end
+        save_pending(c, child, ct)
       end
     end
   end
@@ -169,7 +176,7 @@ end
 -- the order they are written in does not matter, except that of tasks that would
 -- wait on each other in a cycle the last one written stays blocked (closes_cycle)
 -- and blocks the others again. Returns (cost, done).
-local function cascade_retry(retried, want, now)
+local function cascade_retry(c, retried, want, now)
   local field = 'cascade:' .. retried
   local threshold, rest = string.match(redis.call('HGET', k.meta, field) or '0|000', '^(%d+)|(.*)$')
   threshold = tonumber(threshold)
@@ -217,17 +224,17 @@ local function cascade_retry(retried, want, now)
   local members = redis.call('ZRANGEBYLEX', k.blockedby, lo, '(' .. prefix .. '\255', 'LIMIT', 0, want)
   local cost = #members
   for _, m in ipairs(members) do
-    local c = string.sub(m, #prefix + 1)
-    local ct = load_task(c)
-    local deps = in_cascade(c, ct) and decode_deps(redis.call('HGET', k.deps, c))
-    if deps and closes_cycle(c, deps, state_of) then
+    local child = string.sub(m, #prefix + 1)
+    local ct = load_task(child)
+    local deps = in_cascade(child, ct) and decode_deps(redis.call('HGET', k.deps, child))
+    if deps and closes_cycle(child, deps, state_of) then
       -- Reviving c would leave tasks waiting on each other for ever: it stays blocked,
       -- and its job blocks again the tasks of the cascade that wait on it.
-      needs_propagation(c)
+      needs_propagation(child)
     elseif deps then
       local params = { run_at = ct.run_at, priority = ct.priority,
                        max_attempts = ct.max_attempts, backoff = ct.backoff_ms }
-      write_version(c, ct, params, deps, now, state_of)
+      write_version(c, child, ct, params, deps, now, state_of)
     end
   end
   local done = #members < want
@@ -242,7 +249,7 @@ end
 
 -- Run the propagating jobs, oldest first, within budget (edges settled plus tasks
 -- visited). Returns the budget used.
-local function propagate(budget, now)
+local function propagate(c, budget, now)
   local used = 0
   while used < budget do
     local head = redis.call('ZRANGE', k.propagating, '0', '0')
@@ -251,9 +258,9 @@ local function propagate(budget, now)
     local want = budget - used
     local cost, done
     if string.sub(job, 1, 1) == 'r' then
-      cost, done = cascade_retry(string.sub(job, 2), want, now)
+      cost, done = cascade_retry(c, string.sub(job, 2), want, now)
     else
-      cost, done = settle_edges(string.sub(job, 2), want, now)
+      cost, done = settle_edges(c, string.sub(job, 2), want, now)
     end
     -- Visiting a job costs like one edge, so a long line of small jobs cannot
     -- stretch one call either.
@@ -265,12 +272,21 @@ end
 
 -- Tasks that just became terminal: queue their dependents' propagation and settle a
 -- budget of it now. Returns the number of propagating jobs left (0: all settled).
-local function settle_after_terminal(ids, now, budget)
+local function settle_after_terminal(c, ids, now, budget)
   -- A task no dependent waits for has nothing to tell: no job (as in block_task).
   for _, id in ipairs(ids) do
     if has_waiting_edges(id) then needs_propagation(id) end
   end
   if redis.call('ZCARD', k.propagating) == 0 then return 0 end
-  propagate(budget, now)
+  propagate(c, budget, now)
   return redis.call('ZCARD', k.propagating)
+end
+
+-- What a script that changes tasks does last, once its work is done: write the counters
+-- its moves changed (lib/counts.lua), wake one idle worker per claimable entry it added
+-- (lib/queue.lua), and tell the clients waiting for a task it ended (lib/ended.lua).
+local function end_call(c)
+  write_counts(c)
+  wake_for_enqueued(c)
+  tell_waiters(c)
 end

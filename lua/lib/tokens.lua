@@ -1,4 +1,4 @@
--- lib/tokens.lua: fencing of reports by their token (id, version, attempt).
+-- lib/tokens.lua: a report that does not apply, told apart as duplicate or stale.
 --
 --- @include history
 --
@@ -25,11 +25,9 @@ local function token_applied(id, version, attempt)
   return false
 end
 
--- Classify a report's token against the current record t (nil: no record).
-local function token_outcome(t, id, version, attempt)
-  if t and t.state == 'running' and t.version == version and t.attempt == attempt then
-    return 'applied'
-  end
+-- The outcome of a report whose token is not the task's current running attempt
+-- (lib/reports.lua): 'duplicate' when it was applied before, else 'stale'.
+local function unapplied_outcome(id, version, attempt)
   if token_applied(id, version, attempt) then return 'duplicate' end
   return 'stale'
 end
