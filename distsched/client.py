@@ -1,6 +1,6 @@
 """The synchronous ``Scheduler``: it sends what :mod:`distsched.core` builds.
 
-Each public method drives one :class:`~distsched.core.Ops` operation over a
+Each public method drives one :class:`~distsched.ops.namespace.Ops` operation over a
 redis-py client; the asyncio :class:`~distsched.aio.AsyncScheduler` drives the
 same operations, so the two have the same methods with the same meaning.
 """

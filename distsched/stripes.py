@@ -13,7 +13,7 @@ scripts: every script runs unchanged on the stripe it is given. What this module
   per-stripe shares that move toward the stripes with due work;
 - reads and housekeeping over every stripe, summed or merged.
 
-:class:`StripedOps` has the methods of :class:`~distsched.core.Ops` that the schedulers
+:class:`StripedOps` has the methods of :class:`~distsched.ops.namespace.Ops` that the schedulers
 call; with one stripe each of them is the plain operation of the namespace, plus one
 ``HGET`` (the stripe count) on a scheduler's first call.
 """
@@ -34,12 +34,10 @@ from distsched.core import (
     Call,
     Chores,
     Claim,
-    ClaimShortcuts,
     Explanation,
     KeyInfo,
     MinuteCount,
     Op,
-    Ops,
     OrderSetting,
     Outcome,
     Overview,
@@ -55,6 +53,8 @@ from distsched.core import (
 )
 from distsched.errors import ConflictError, InvalidArgument, Unavailable
 from distsched.keys import MAX_STRIPES, Keys, stripe_of
+from distsched.ops.base import Shortcuts
+from distsched.ops.namespace import Ops
 from distsched.schedules import Schedule
 
 T = TypeVar("T")
@@ -119,7 +119,7 @@ def _task_id_of(item: Any) -> Any:
     return getattr(item, "task_id", None)
 
 
-class StripedOps(ClaimShortcuts):
+class StripedOps(Shortcuts):
     """The operations of one namespace over its stripes (pure, no I/O).
 
     ``stripes``: the count this scheduler expects (None: the stored one, 1 if none).

@@ -91,6 +91,7 @@ LAYERS: list[set[str]] = [
         "distsched.schedules",
         "distsched.core",
         "distsched.stripes",
+        "distsched.ops",
     },
     {
         "distsched",
@@ -141,7 +142,7 @@ def _modules() -> dict[str, Path]:
 
 
 # Packages whose modules all share the package's layer.
-LAYERED_PACKAGES = ("distsched.worker",)
+LAYERED_PACKAGES = ("distsched.worker", "distsched.ops")
 
 
 def _layer(module: str) -> int:

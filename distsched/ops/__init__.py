@@ -1,0 +1,1 @@
+"""The operations of a namespace, as pure generators (no I/O), floor by floor."""
