@@ -90,7 +90,6 @@ LAYERS: list[set[str]] = [
         "distsched.library",
         "distsched.schedules",
         "distsched.core",
-        "distsched.stripes",
         "distsched.ops",
     },
     {

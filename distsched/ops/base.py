@@ -34,6 +34,13 @@ from distsched.core import (
 )
 from distsched.errors import BusyError, InvalidArgument, ScriptError, Unavailable
 from distsched.keys import Keys
+from distsched.ops import routing as route
+
+
+def once(call: Call) -> Op[tuple[int, list[Any]]]:
+    """Send one script call as it is: (ids still propagating, its own values). The call
+    names its stripe's keys, so this is the same on any stripe."""
+    return split_reply(call.script, (yield call))
 
 
 class Shortcuts:
@@ -81,6 +88,7 @@ class Base(Shortcuts):
 
     # -------------------------------------------------------------- plumbing
 
+    @route.first
     def run(self, call: Call) -> Op[list[Any]]:
         """Run one script; settle the dependents it left; return its own values.
 
@@ -98,6 +106,7 @@ class Base(Shortcuts):
                 yield from self.settle(PROPAGATE_BUDGET)
             return values
 
+    @route.first
     def read(self, *commands: tuple[Any, ...], atomic: bool = True) -> Op[list[Any]]:
         """Send read-only commands together; again after a pause while Redis is
         briefly unavailable (a failover, a slot migration)."""
@@ -115,10 +124,7 @@ class Base(Shortcuts):
         reply = yield request
         return reply
 
-    def once(self, call: Call) -> Op[tuple[int, list[Any]]]:
-        """Send one script call as it is: (ids still propagating, its own values)."""
-        return split_reply(call.script, (yield call))
-
+    @route.every(merge=route.total)
     def settle(self, budget: int) -> Op[int]:
         if not _is_int(budget) or budget < 1:
             raise InvalidArgument("budget", "must be an int >= 1")
@@ -130,6 +136,7 @@ class Base(Shortcuts):
             if left == 0:
                 return total
 
+    @route.first
     def uses_sharded_pubsub(self) -> Op[bool]:
         """Whether wake-ups travel on sharded channels: the server has SPUBLISH (Redis 7)."""
         try:
@@ -146,6 +153,7 @@ class Base(Shortcuts):
         major = version.split(".", 1)[0]
         return not major.isdigit() or int(major) >= 7
 
+    @route.first
     def noop(self) -> Op[None]:
         """An operation that sends nothing (lets a shell run its pending set-up)."""
         return

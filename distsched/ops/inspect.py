@@ -84,6 +84,8 @@ from distsched.core import (
     validate_wait_timeout,
 )
 from distsched.errors import InvalidArgument, NotFoundError, ScriptError, Timeout
+from distsched.ops import merges
+from distsched.ops import routing as route
 from distsched.ops.base import Base
 
 
@@ -92,6 +94,7 @@ class Inspect(Base):
 
     # -------------------------------------------------------------- clock
 
+    @route.first
     def server_time(self) -> Op[float]:
         # A plain TIME goes to whichever node the client picks; the one clock that
         # decides due-ness and leases is that of the master holding the namespace's
@@ -100,12 +103,14 @@ class Inspect(Base):
         seconds, micros = reply
         return float(seconds) + float(micros) / 1e6
 
+    @route.first
     def now_ms(self) -> Op[int]:
         """The server's clock (of the namespace's node), in epoch ms."""
         return round((yield from self.server_time()) * 1000)
 
     # -------------------------------------------------------------- one task
 
+    @route.by_id("task_id")
     def status(self, task_id: str) -> Op[TaskInfo]:
         validate_task_id(task_id)
         k = self.keys
@@ -130,6 +135,7 @@ class Inspect(Base):
             decode_dependents(task_id, edges), blocked_by, history,
         )  # fmt: skip
 
+    @route.by_id("task_id")
     def wait(self, task_id: str, timeout: float | None, handle: Any) -> Op[TaskInfo]:
         """The task's ``TaskInfo`` once it is terminal; ``Timeout`` after ``timeout``
         seconds (server clock); ``NotFoundError`` for an unknown id.
@@ -167,11 +173,13 @@ class Inspect(Base):
                 if info.state.terminal:
                     return info
 
+    @route.by_id("task_id")
     def result(self, task_id: str, timeout: float | None, handle: Any) -> Op[Any]:
         """``wait``, then the result of a succeeded task or the error of any other end."""
         info = yield from self.wait(task_id, timeout, handle)
         return task_result(info)
 
+    @route.by_id("task_id")
     def explain(self, task_id: str) -> Op[Explanation]:
         validate_task_id(task_id)
         k = self.keys
@@ -439,6 +447,7 @@ class Inspect(Base):
 
     # -------------------------------------------------------------- counts
 
+    @route.striped
     def stats(self) -> Op[Stats]:
         k = self.keys
         meta, entries, leases, ranked, fair_entries = yield from self.read(
@@ -471,6 +480,7 @@ class Inspect(Base):
             ]
         return data
 
+    @route.striped
     def overview(self, soon_s: float, scan: int) -> Op[Overview]:
         soon = _finite(soon_s)
         if soon is None or soon < 0:
@@ -529,6 +539,7 @@ class Inspect(Base):
             oldest_ready_age_by_priority=by_priority,
         )
 
+    @route.every(merge=merges.minutes)
     def throughput(self, minutes: object = 60) -> Op[list[MinuteCount]]:
         if not _is_int(minutes) or not 1 <= minutes <= MINUTES_KEEP:  # type: ignore[operator]
             raise InvalidArgument("minutes", f"must be an int in [1, {MINUTES_KEEP}]")
@@ -547,6 +558,7 @@ class Inspect(Base):
             for i in range(count)
         ]
 
+    @route.every(merge=merges.by_deadline)
     def leases(self) -> Op[list[tuple[str, float]]]:
         (rows,) = yield from self.read(("ZRANGE", self.keys.leases, 0, -1, "WITHSCORES"))
         return [
@@ -559,6 +571,7 @@ class Inspect(Base):
 
     # -------------------------------------------------------------- listings
 
+    @route.striped
     def scan_tasks(self, cursor: int, count: int) -> Op[tuple[int, list[TaskRow]]]:
         if not _is_int(cursor) or cursor < 0:
             raise InvalidArgument("cursor", "must be an int >= 0")
@@ -578,6 +591,7 @@ class Inspect(Base):
             rows.append(row)
         return int(next_cursor), rows
 
+    @route.striped
     def tasks(
         self, state: object, fn: object = None, limit: object = 50, cursor: object = None
     ) -> Op[TaskPage]:
@@ -712,6 +726,7 @@ class Inspect(Base):
             entries.append(_Entry(task_id, member, score, text))
         return entries, exhausted
 
+    @route.every(merge=route.any_of)
     def exists(self) -> Op[bool]:
         # One key per command: while a cluster moves the namespace's slot, a command
         # naming several keys is refused (TRYAGAIN) until the move ends, one naming a
@@ -721,19 +736,23 @@ class Inspect(Base):
 
     # -------------------------------------------------------------- settings and fairness keys
 
+    @route.first
     def payload_limit(self) -> Op[int]:
         (raw,) = yield from self.read(("HGET", self.keys.meta, "payload_max"))
         return decode_payload_limit(raw)
 
+    @route.first
     def order(self) -> Op[OrderSetting]:
         (fields,) = yield from self.read(("HMGET", self.keys.meta, "order", "aging_ms"))
         return decode_order(fields[0], fields[1])
 
+    @route.every(merge=merges.key_infos)
     def key_info(self, key: str) -> Op[KeyInfo]:
         key = validate_fair_key(key, allow_default=True)
         replies = yield from self.read(*_key_reads(self.keys, key))
         return _decode_key_info(key, replies)
 
+    @route.striped
     def fair_keys(self, limit: int = 100) -> Op[list[KeyInfo]]:
         if not _is_int(limit) or limit < 1:
             raise InvalidArgument("limit", "must be an int >= 1")
@@ -765,6 +784,7 @@ class Inspect(Base):
 
     # -------------------------------------------------------------- workers
 
+    @route.first
     def workers(self) -> Op[list[WorkerInfo]]:
         """The registered workers, by id, without those past their drop time."""
         entries = yield from self._read_workers()

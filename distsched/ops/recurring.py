@@ -26,6 +26,7 @@ from distsched.core import (
     recur_remove_call,
 )
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError, ScriptError
+from distsched.ops import routing as route
 from distsched.ops.inspect import Inspect
 from distsched.schedules import (
     MAX_BACKFILL_SLOTS,
@@ -63,6 +64,7 @@ class Recurring(Inspect):
         yield from self.run(recur_put_call(self.keys, d, uuid.uuid4().hex, next_ms))
         return (yield from self.get_schedule(d.name))
 
+    @route.unstriped
     def add_schedule(self, name: str, fn: str, options: Mapping[str, Any]) -> Op[Schedule]:
         validate_name(name)
         now = yield from self.now_ms()
@@ -71,10 +73,12 @@ class Recurring(Inspect):
         next_ms = None if d.paused else d.timetable().after(now)
         return (yield from self._put_schedule(d, next_ms))
 
+    @route.first
     def get_schedule(self, name: str) -> Op[Schedule]:
         d, state, score = yield from self._load_schedule(validate_name(name))
         return d.info(score, state)
 
+    @route.first
     def schedules(self) -> Op[list[Schedule]]:
         k = self.keys
         defs, states, fires = yield from self.read(
@@ -94,14 +98,17 @@ class Recurring(Inspect):
             out.append(d.info(next_of.get(name), FiringState.decode(state_of.get(name))))
         return sorted(out, key=lambda sc: sc.name)
 
+    @route.first
     def remove_schedule(self, name: str) -> Op[bool]:
         (existed,) = yield from self.run(recur_remove_call(self.keys, name))
         return int(existed) == 1
 
+    @route.first
     def pause_schedule(self, name: str) -> Op[Schedule]:
         d, _, _ = yield from self._load_schedule(validate_name(name))
         return (yield from self._put_schedule(d.replace(paused=True), None))
 
+    @route.unstriped
     def resume_schedule(self, name: str) -> Op[Schedule]:
         """Fire again from the next slot after now (slots while paused are not caught up)."""
         d, _, _ = yield from self._load_schedule(validate_name(name))
@@ -111,6 +118,7 @@ class Recurring(Inspect):
 
     # -------------------------------------------------------------- firing
 
+    @route.unstriped
     def trigger(self, name: str) -> Op[str | None]:
         validate_name(name)
         for _ in range(FIRE_TRIES):
@@ -122,6 +130,7 @@ class Recurring(Inspect):
                 return fired.last_task
         raise ConflictError(f"schedule {name!r} kept changing while it was triggered")
 
+    @route.unstriped
     def backfill(self, name: str, start: object, end: object, limit: int) -> Op[int]:
         validate_name(name)
         if not _is_int(limit) or not 1 <= limit <= MAX_BACKFILL_SLOTS:
@@ -158,6 +167,7 @@ class Recurring(Inspect):
                 return created
         raise ConflictError(f"schedule {name!r} kept changing while it was backfilled")
 
+    @route.first
     def next_fires(self, name: str, n: int) -> Op[list[float]]:
         if not _is_int(n) or not 1 <= n <= MAX_BACKFILL_SLOTS:
             raise InvalidArgument("n", f"must be an int in [1, {MAX_BACKFILL_SLOTS}]")
@@ -175,6 +185,7 @@ class Recurring(Inspect):
             first = table.after(first)
         return out
 
+    @route.first
     def fire_due(self, limit: int = FIRE_HEADS) -> Op[int]:
         """Fire the due slots of at most ``limit`` schedules; the tasks created."""
         k = self.keys

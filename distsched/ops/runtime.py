@@ -62,7 +62,34 @@ from distsched.core import (
     validate_worker_id,
 )
 from distsched.errors import ConflictError, InvalidArgument, LeaseLostError
+from distsched.ops import merges
+from distsched.ops import routing as route
 from distsched.ops.inspect import Inspect
+
+# A batch of reports is checked whole, on stripe 0, before any part of it is sent to its
+# stripe: a bad item refuses all of it, as in an unstriped namespace.
+
+
+def _check_heartbeats(ops: Inspect, claims: Sequence[Claim]) -> None:
+    heartbeat_call(ops.keys, claims, ops.lease_ms)
+
+
+def _check_completions(
+    ops: Inspect, reports: Sequence[tuple[Claim, object]], encoded: bool = False
+) -> None:
+    complete_call(ops.keys, reports, encoded=encoded)
+
+
+def _check_failures(ops: Inspect, reports: Sequence[tuple[Claim, object]]) -> None:
+    fail_call(ops.keys, reports)
+
+
+def _check_releases(ops: Inspect, claims: Sequence[Claim], delay: float) -> None:
+    release_call(ops.keys, claims, delay)
+
+
+def _check_forget(ops: Inspect, task_ids: Sequence[str]) -> None:
+    forget_call(ops.keys, task_ids)
 
 
 class Runtime(Inspect):
@@ -70,6 +97,7 @@ class Runtime(Inspect):
 
     # -------------------------------------------------------------- producers
 
+    @route.striped
     def admit_many(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted]]:
         batches = schedule_batches(specs)
         if len(batches) > 1:
@@ -146,19 +174,23 @@ class Runtime(Inspect):
                 # was replaced meanwhile: it never runs, and the rest has nothing to add.
                 return
 
+    @route.by_id("task_id")
     def cancel(self, task_id: str) -> Op[State]:
         (state,) = yield from self.run(cancel_call(self.keys, task_id))
         return State(_text(state))
 
+    @route.by_id("task_id")
     def retry(self, task_id: str, cascade: bool) -> Op[int]:
         (version,) = yield from self.run(retry_call(self.keys, task_id, cascade))
         return int(version)
 
+    @route.striped
     def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool) -> Op[None]:
         yield from self.run(add_deps_call(self.keys, task_id, deps, allow_unknown))
 
     # -------------------------------------------------------------- workers
 
+    @route.striped
     def claim(
         self, n: int, worker_id: str, listening: bool = False, request_id: str | None = None
     ) -> Op[tuple[list[Claim], Wait | None]]:
@@ -171,6 +203,7 @@ class Runtime(Inspect):
         reply = yield from self.run(call)
         return decode_claim_reply(reply)
 
+    @route.by_ids("claims", route.in_order, route.task_id_of, _check_heartbeats)
     def heartbeat_many(self, claims: Sequence[Claim]) -> Op[list[bool | None]]:
         call = heartbeat_call(self.keys, claims, self.lease_ms)  # validates even when empty
         if not claims:
@@ -182,6 +215,7 @@ class Runtime(Inspect):
             return out
         return [None if int(v) == 0 else int(v) == 2 for v in (yield from self.run(call))]
 
+    @route.by_id("claim", route.task_id_of)
     def heartbeat(self, claim: Claim) -> Op[bool]:
         (status,) = yield from self.heartbeat_many([claim])
         if status is None:
@@ -193,6 +227,7 @@ class Runtime(Inspect):
             return []
         return decode_outcomes((yield from self.run(call)))
 
+    @route.by_ids("reports", route.in_order, route.report_task_id, _check_completions)
     def complete_many(
         self, reports: Sequence[tuple[Claim, object]], encoded: bool = False
     ) -> Op[list[Outcome]]:
@@ -204,6 +239,7 @@ class Runtime(Inspect):
             return out
         return (yield from self.report(call, len(reports)))
 
+    @route.by_ids("reports", route.in_order, route.report_task_id, _check_failures)
     def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> Op[list[Outcome]]:
         call = fail_call(self.keys, reports)
         if len(reports) > REPORTS_PER_CALL:
@@ -213,10 +249,12 @@ class Runtime(Inspect):
             return out
         return (yield from self.report(call, len(reports)))
 
+    @route.by_id("claim", route.task_id_of)
     def confirm_cancel(self, claim: Claim) -> Op[Outcome]:
         (outcome,) = yield from self.run(confirm_cancel_call(self.keys, claim))
         return Outcome(_text(outcome))
 
+    @route.every(merge=route.total)
     def hand_back_lost_claim(self, worker_id: str, request_id: str) -> Op[int]:
         validate_worker_id(worker_id)
         if not isinstance(request_id, str) or not request_id:
@@ -237,6 +275,7 @@ class Runtime(Inspect):
         yield _one(("HDEL", self.keys.claims, worker_id))
         return released
 
+    @route.by_ids("claims", route.total_of_parts, route.task_id_of, _check_releases)
     def release(self, claims: Sequence[Claim], delay: float) -> Op[int]:
         call = release_call(self.keys, claims, delay)
         if not claims:
@@ -250,12 +289,14 @@ class Runtime(Inspect):
 
     # -------------------------------------------------------------- worker presence
 
+    @route.every(merge=route.last_of)
     def idle(self, worker_id: str) -> Op[None]:
         """Count ``worker_id`` as an idle worker listening on its channel, for IDLE_MS."""
         channel = self.keys.worker_channel(validate_worker_id(worker_id))
         now = yield from self.server_time()
         yield _one(("ZADD", self.keys.idle, int(now * 1000) + IDLE_MS, channel))
 
+    @route.every(merge=route.any_of)
     def leave(self, worker_id: str) -> Op[bool]:
         channel = self.keys.worker_channel(validate_worker_id(worker_id))
         (woken,) = yield from self.run(
@@ -263,6 +304,7 @@ class Runtime(Inspect):
         )
         return int(woken) == 1
 
+    @route.first
     def register_worker(self, info: WorkerInfo) -> Op[WorkerInfo]:
         """Write ``info`` into the worker registry, heartbeat stamped with the server's
         time now (and ``started`` too when it is 0): one HSET."""
@@ -272,11 +314,13 @@ class Runtime(Inspect):
         yield _one(("HSET", self.keys.workers, info.worker_id, encode_worker(stamped)))
         return stamped
 
+    @route.first
     def unregister_worker(self, worker_id: str) -> Op[bool]:
         """Remove a stopping worker from the registry; True if it was there."""
         (removed,) = yield _one(("HDEL", self.keys.workers, validate_worker_id(worker_id)))
         return int(removed) == 1
 
+    @route.striped
     def prune_workers(self) -> Op[int]:
         """Drop the registry entries whose last heartbeat is older than their
         ``drop_after_s`` (on the server clock), and unreadable ones; return how many."""
@@ -299,33 +343,40 @@ class Runtime(Inspect):
 
     # -------------------------------------------------------------- housekeeping
 
+    @route.every(merge=route.total)
     def reap(self, limit: int) -> Op[int]:
         return int((yield from self.run(reap_call(self.keys, limit=limit)))[0])
 
+    @route.by_id("task_id")
     def expire_lease(self, task_id: str) -> Op[int]:
         return int((yield from self.run(reap_call(self.keys, task_id=task_id)))[0])
 
+    @route.every(merge=route.total)
     def expire(self, limit: int) -> Op[int]:
         """End queued tasks whose deadline passed (at most ``limit`` deadline entries);
         return how many expired."""
         return int((yield from self.run(expire_call(self.keys, limit)))[0])
 
+    @route.every(merge=route.total)
     def purge(self, limit: int) -> Op[int]:
         if not _is_int(limit) or limit < 1:
             raise InvalidArgument("limit", "must be an int >= 1")
         return int((yield from self.run(purge_call(self.keys, limit)))[0])
 
+    @route.by_ids("task_ids", route.total_of_parts, check=_check_forget)
     def purge_tasks(self, task_ids: Sequence[str]) -> Op[int]:
         call = forget_call(self.keys, task_ids)
         if not task_ids:
             return 0
         return int((yield from self.run(call))[0])
 
+    @route.every(merge=route.total)
     def compact(self, budget: int) -> Op[int]:
         if not _is_int(budget) or budget < 1:
             raise InvalidArgument("budget", "must be an int >= 1")
         return int((yield from self.run(compact_call(self.keys, budget)))[0])
 
+    @route.every(merge=merges.chores)
     def housekeeping(self, purge_calls: int) -> Op[Chores]:
         if not _is_int(purge_calls) or purge_calls < 0:
             raise InvalidArgument("purge_calls", "must be an int >= 0")
@@ -386,5 +437,6 @@ class Runtime(Inspect):
         )
         return int(removed)
 
+    @route.striped
     def clear(self) -> Op[None]:
         yield _one(("DEL", *self.keys.all_keys()))

@@ -20,6 +20,8 @@ from distsched.core import (
     validate_payload_limit,
 )
 from distsched.errors import InvalidArgument
+from distsched.ops import merges
+from distsched.ops import routing as route
 from distsched.ops.inspect import Inspect
 
 
@@ -28,6 +30,7 @@ class Settings(Inspect):
 
     # -------------------------------------------------------------- settings
 
+    @route.striped
     def set_max_running(self, max_running: int | None) -> Op[None]:
         limit = validate_max_running(max_running)
         if limit is None:
@@ -39,6 +42,7 @@ class Settings(Inspect):
             sharded = yield from self.uses_sharded_pubsub()
             yield _one(("SPUBLISH" if sharded else "PUBLISH", self.keys.wake, "capacity"))
 
+    @route.every(merge=route.first_of)
     def set_payload_limit(self, limit: int | None) -> Op[int]:
         chosen = validate_payload_limit(limit)
         if chosen is None:
@@ -47,11 +51,13 @@ class Settings(Inspect):
             yield _one(("HSET", self.keys.meta, "payload_max", chosen))
         return (yield from self.payload_limit())
 
+    @route.every(merge=route.last_of)
     def set_order(self, order: object, aging: object) -> Op[OrderSetting]:
         chosen, aging_ms = validate_order(order, aging)
         yield from self.run(order_call(self.keys, chosen, aging_ms))
         return OrderSetting(chosen, aging_ms / 1000.0)
 
+    @route.every(merge=route.last_of)
     def set_retention(self, retention_s: float) -> Op[None]:
         if retention_s is None:
             # purge_call takes None as "keep the stored retention": refuse it here.
@@ -60,6 +66,7 @@ class Settings(Inspect):
 
     # -------------------------------------------------------------- fairness keys
 
+    @route.every(merge=merges.key_infos)
     def set_key(
         self,
         key: str,
@@ -76,6 +83,7 @@ class Settings(Inspect):
         yield from self.run(fairness_call(self.keys, "key", key, chosen, weight, limit))
         return (yield from self.key_info(key))
 
+    @route.every(merge=route.last_of)
     def set_default_key_cap(self, cap: int | None) -> Op[None]:
         chosen = _validate_cap(cap)
         yield from self.run(fairness_call(self.keys, "default", "", chosen, 1))

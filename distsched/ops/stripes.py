@@ -11,18 +11,16 @@ scripts: every script runs unchanged on the stripe it is given. What this module
   ``{tag}`` as Redis Cluster hashes keys), so a call naming an id goes to one stripe;
 - claims across stripes (round robin), and ``max_running`` kept across stripes by
   per-stripe shares that move toward the stripes with due work;
-- reads and housekeeping over every stripe, summed or merged.
+- reads that merge what every stripe holds (stats, overview, fairness keys, listings).
 
-:class:`StripedOps` has the methods of :class:`~distsched.ops.namespace.Ops` that the schedulers
-call; with one stripe each of them is the plain operation of the namespace, plus one
-``HGET`` (the stripe count) on a scheduler's first call.
+Every other operation of :class:`~distsched.ops.namespace.Ops` declares its route (one
+stripe, stripe 0, every stripe: :mod:`distsched.ops.routing`) and goes through
+:meth:`StripedOps.call`. With one stripe each operation is the plain operation of the
+namespace, plus one ``HGET`` (the stripe count) on a scheduler's first call.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as _dt
-import heapq
 import random
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -31,31 +29,24 @@ from typing import Any, TypeVar
 from distsched import core
 from distsched.core import (
     Admitted,
-    Call,
-    Chores,
     Claim,
-    Explanation,
     KeyInfo,
-    MinuteCount,
     Op,
-    OrderSetting,
-    Outcome,
     Overview,
-    State,
     Stats,
-    TaskInfo,
     TaskPage,
     TaskRow,
     TaskSpec,
     Wait,
     WaitReason,
-    WorkerInfo,
 )
 from distsched.errors import ConflictError, InvalidArgument, Unavailable
 from distsched.keys import MAX_STRIPES, Keys, stripe_of
+from distsched.ops import base, merges
+from distsched.ops import routing as route
 from distsched.ops.base import Shortcuts
 from distsched.ops.namespace import Ops
-from distsched.schedules import Schedule
+from distsched.ops.routing import Router
 
 T = TypeVar("T")
 
@@ -115,11 +106,7 @@ def combine_waits(waits: Sequence[Wait]) -> Wait | None:
     return Wait(WaitReason.EMPTY, soonest)
 
 
-def _task_id_of(item: Any) -> Any:
-    return getattr(item, "task_id", None)
-
-
-class StripedOps(Shortcuts):
+class StripedOps(Router[Ops], Shortcuts):
     """The operations of one namespace over its stripes (pure, no I/O).
 
     ``stripes``: the count this scheduler expects (None: the stored one, 1 if none).
@@ -147,6 +134,9 @@ class StripedOps(Shortcuts):
         self._rebalanced_at = 0.0
         # Whether the last move left a share owed to a stripe with due work.
         self._owed = False
+
+    # distsched.tools.bench sends raw script calls as ``scheduler._ops.once(call)``.
+    once = staticmethod(base.once)
 
     def _ops_of(self, stripe: int) -> Ops:
         return Ops(
@@ -212,14 +202,6 @@ class StripedOps(Shortcuts):
         if limit is not None:
             yield from self.set_max_running(limit)
 
-    def for_id(self, task_id: object) -> Op[Ops]:
-        """The operations of the stripe of ``task_id``."""
-        stripes = yield from self.resolve()
-        if len(stripes) == 1 or not isinstance(task_id, str):
-            # A bad id is refused by the operation itself.
-            return stripes[0]
-        return stripes[stripe_of(task_id, len(stripes))]
-
     def stripe_keys(self) -> Op[list[Keys]]:
         """The keys of every stripe, stripe 0 first."""
         return [ops.keys for ops in (yield from self.resolve())]
@@ -231,30 +213,8 @@ class StripedOps(Shortcuts):
         stripes = yield from self.resolve()
         groups: dict[int, list[int]] = {}
         for i, item in enumerate(items):
-            tid = task_id(item)
-            s = stripe_of(tid, len(stripes)) if isinstance(tid, str) else 0
-            groups.setdefault(s, []).append(i)
+            groups.setdefault(route.stripe_for(task_id(item), len(stripes)), []).append(i)
         return dict(sorted(groups.items()))
-
-    # -------------------------------------------------------------- plumbing
-
-    def run(self, call: Call) -> Op[list[Any]]:
-        return (yield from self.base.run(call))
-
-    def read(self, *commands: tuple[Any, ...], atomic: bool = True) -> Op[list[Any]]:
-        return (yield from self.base.read(*commands, atomic=atomic))
-
-    def once(self, call: Call) -> Op[tuple[int, list[Any]]]:
-        return (yield from self.base.once(call))
-
-    def noop(self) -> Op[None]:
-        yield from self.resolve()
-
-    def settle(self, budget: int) -> Op[int]:
-        total = 0
-        for ops in (yield from self.resolve()):
-            total += yield from ops.settle(budget)
-        return total
 
     # -------------------------------------------------------------- producers
 
@@ -283,7 +243,7 @@ class StripedOps(Shortcuts):
         if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
             raise InvalidArgument("specs", "must be a sequence of TaskSpec")
         self._check_deps(specs, len(stripes))
-        groups = yield from self._groups(specs, _task_id_of)
+        groups = yield from self._groups(specs, route.task_id_of)
         if one_stripe and len(groups) > 1:
             (a, first), (b, second) = list(groups.items())[:2]
             raise InvalidArgument("specs", (
@@ -313,29 +273,14 @@ class StripedOps(Shortcuts):
                 result[i] = one
         return [a for a in result if a is not None]
 
-    def schedule_many(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
-        return [a.version for a in (yield from self.admit_many(specs))]
-
     def submit_graph(self, specs: Sequence[TaskSpec]) -> Op[list[int]]:
         return [a.version for a in (yield from self.admit_many(specs, one_stripe=True))]
-
-    def schedule(self, task_id: str, options: Mapping[str, Any]) -> Op[int]:
-        return (yield from self.schedule_many([core.task_spec(task_id, options)]))[0]
-
-    def admit(self, task_id: str, options: Mapping[str, Any]) -> Op[Admitted]:
-        return (yield from self.admit_many([core.task_spec(task_id, options)]))[0]
-
-    def cancel(self, task_id: str) -> Op[State]:
-        return (yield from (yield from self.for_id(task_id)).cancel(task_id))
-
-    def retry(self, task_id: str, cascade: bool) -> Op[int]:
-        return (yield from (yield from self.for_id(task_id)).retry(task_id, cascade))
 
     def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool) -> Op[None]:
         stripes = yield from self.resolve()
         if len(stripes) > 1 and isinstance(task_id, str):
             self._check_deps([TaskSpec(task_id, deps=deps)], len(stripes))
-        ops = yield from self.for_id(task_id)
+        ops = stripes[route.stripe_for(task_id, len(stripes))]
         yield from ops.add_deps(task_id, deps, allow_unknown)
 
     # -------------------------------------------------------------- workers
@@ -385,82 +330,6 @@ class StripedOps(Shortcuts):
                 return claims, Wait(WaitReason.CAPACITY, delay)
         return claims, combine_waits(waits)
 
-    def heartbeat_many(self, claims: Sequence[Claim]) -> Op[list[bool | None]]:
-        stripes = yield from self.resolve()
-        if len(stripes) == 1:
-            return (yield from stripes[0].heartbeat_many(claims))
-        core.heartbeat_call(self.keys, claims, self.lease_ms)  # checks every claim first
-        out: list[bool | None] = [None] * len(claims)
-        for s, at in (yield from self._groups(claims, _task_id_of)).items():
-            got = yield from stripes[s].heartbeat_many([claims[i] for i in at])
-            for i, v in zip(at, got, strict=True):
-                out[i] = v
-        return out
-
-    def heartbeat(self, claim: Claim) -> Op[bool]:
-        return (yield from (yield from self.for_id(_task_id_of(claim))).heartbeat(claim))
-
-    def _reports(
-        self,
-        reports: Sequence[tuple[Claim, object]],
-        send: Callable[[Ops, list[tuple[Claim, object]]], Op[list[Outcome]]],
-        check: Callable[[Sequence[tuple[Claim, object]]], object],
-    ) -> Op[list[Outcome]]:
-        stripes = yield from self.resolve()
-        if len(stripes) == 1:
-            return (yield from send(stripes[0], list(reports)))
-        check(reports)
-        out: list[Outcome | None] = [None] * len(reports)
-        groups = yield from self._groups(reports, lambda r: _task_id_of(r[0]) if r else None)
-        for s, at in groups.items():
-            got = yield from send(stripes[s], [reports[i] for i in at])
-            for i, v in zip(at, got, strict=True):
-                out[i] = v
-        return [o for o in out if o is not None]
-
-    def complete_many(
-        self, reports: Sequence[tuple[Claim, object]], encoded: bool = False
-    ) -> Op[list[Outcome]]:
-        return (yield from self._reports(
-            reports,
-            lambda ops, part: ops.complete_many(part, encoded=encoded),
-            lambda r: core.complete_call(self.keys, r, encoded=encoded),
-        ))  # fmt: skip
-
-    def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> Op[list[Outcome]]:
-        return (yield from self._reports(
-            reports, lambda ops, part: ops.fail_many(part), lambda r: core.fail_call(self.keys, r)
-        ))  # fmt: skip
-
-    def confirm_cancel(self, claim: Claim) -> Op[Outcome]:
-        return (yield from (yield from self.for_id(_task_id_of(claim))).confirm_cancel(claim))
-
-    def hand_back_lost_claim(self, worker_id: str, request_id: str) -> Op[int]:
-        total = 0
-        for ops in (yield from self.resolve()):
-            total += yield from ops.hand_back_lost_claim(worker_id, request_id)
-        return total
-
-    def release(self, claims: Sequence[Claim], delay: float) -> Op[int]:
-        stripes = yield from self.resolve()
-        if len(stripes) == 1:
-            return (yield from stripes[0].release(claims, delay))
-        core.release_call(self.keys, claims, delay)  # checks every claim first
-        total = 0
-        for s, at in (yield from self._groups(claims, _task_id_of)).items():
-            total += yield from stripes[s].release([claims[i] for i in at], delay)
-        return total
-
-    def idle(self, worker_id: str) -> Op[None]:
-        for ops in (yield from self.resolve()):
-            yield from ops.idle(worker_id)
-
-    def leave(self, worker_id: str) -> Op[bool]:
-        woken = False
-        for ops in (yield from self.resolve()):
-            woken = (yield from ops.leave(worker_id)) or woken
-        return woken
-
     def wake_channels(self, worker_id: str | None) -> Op[list[str]]:
         """The channels a worker listens on: every stripe's wake channel, and its own
         channel on every stripe (scripts wake idle workers per stripe)."""
@@ -474,12 +343,6 @@ class StripedOps(Shortcuts):
     def ended_channels(self) -> list[str]:
         """Every stripe's ``ended`` channel (after the first call)."""
         return [ops.keys.ended for ops in self.known()]
-
-    def register_worker(self, info: WorkerInfo) -> Op[WorkerInfo]:
-        return (yield from self.base.register_worker(info))
-
-    def unregister_worker(self, worker_id: str) -> Op[bool]:
-        return (yield from self.base.unregister_worker(worker_id))
 
     def prune_workers(self) -> Op[int]:
         stripes = yield from self.resolve()
@@ -495,68 +358,7 @@ class StripedOps(Shortcuts):
             )
         return removed
 
-    def workers(self) -> Op[list[WorkerInfo]]:
-        return (yield from self.base.workers())
-
-    def uses_sharded_pubsub(self) -> Op[bool]:
-        return (yield from self.base.uses_sharded_pubsub())
-
-    # -------------------------------------------------------------- housekeeping
-
-    def _sum(self, each: Callable[[Ops], Op[int]]) -> Op[int]:
-        total = 0
-        for ops in (yield from self.resolve()):
-            total += yield from each(ops)
-        return total
-
-    def reap(self, limit: int) -> Op[int]:
-        return (yield from self._sum(lambda ops: ops.reap(limit)))
-
-    def expire(self, limit: int) -> Op[int]:
-        return (yield from self._sum(lambda ops: ops.expire(limit)))
-
-    def expire_lease(self, task_id: str) -> Op[int]:
-        return (yield from (yield from self.for_id(task_id)).expire_lease(task_id))
-
-    def purge(self, limit: int) -> Op[int]:
-        return (yield from self._sum(lambda ops: ops.purge(limit)))
-
-    def purge_tasks(self, task_ids: Sequence[str]) -> Op[int]:
-        stripes = yield from self.resolve()
-        if len(stripes) == 1:
-            return (yield from stripes[0].purge_tasks(task_ids))
-        core.forget_call(self.keys, task_ids)  # checks every id first
-        total = 0
-        for s, at in (yield from self._groups(task_ids, lambda t: t)).items():
-            total += yield from stripes[s].purge_tasks([task_ids[i] for i in at])
-        return total
-
-    def set_retention(self, retention_s: float) -> Op[None]:
-        for ops in (yield from self.resolve()):
-            yield from ops.set_retention(retention_s)
-
-    def compact(self, budget: int) -> Op[int]:
-        return (yield from self._sum(lambda ops: ops.compact(budget)))
-
-    def housekeeping(self, purge_calls: int) -> Op[Chores]:
-        total = Chores(reaped=0, expired=0, compacted=0, purged=0, trimmed=0)
-        for ops in (yield from self.resolve()):
-            chores = yield from ops.housekeeping(purge_calls)
-            for name, value in chores.items():
-                total[name] += value  # type: ignore[literal-required]
-        return total
-
     # -------------------------------------------------------------- max_running
-
-    def payload_limit(self) -> Op[int]:
-        return (yield from (yield from self.resolve())[0].payload_limit())
-
-    def set_payload_limit(self, limit: int | None) -> Op[int]:
-        core.validate_payload_limit(limit)
-        # Each stripe's scripts read their own stripe's meta.
-        for ops in (yield from self.resolve()):
-            yield from ops.set_payload_limit(limit)
-        return (yield from self.payload_limit())
 
     def set_max_running(self, max_running: int | None) -> Op[None]:
         limit = core.validate_max_running(max_running)
@@ -700,57 +502,17 @@ class StripedOps(Shortcuts):
         finally:
             yield from self._unlock(token)
 
-    def order(self) -> Op[OrderSetting]:
-        return (yield from self.base.order())
-
-    def set_order(self, order: object, aging: object) -> Op[OrderSetting]:
-        setting: OrderSetting | None = None
-        for ops in (yield from self.resolve()):
-            setting = yield from ops.set_order(order, aging)
-        assert setting is not None
-        return setting
-
     # -------------------------------------------------------------- fairness keys
-
-    def set_key(
-        self, key: str, cap: int | None, weight: int, rate: int | None, per: float
-    ) -> Op[KeyInfo]:
-        infos = []
-        for ops in (yield from self.resolve()):
-            infos.append((yield from ops.set_key(key, cap, weight, rate, per)))
-        return _merge_key_infos(infos)
-
-    def set_default_key_cap(self, cap: int | None) -> Op[None]:
-        for ops in (yield from self.resolve()):
-            yield from ops.set_default_key_cap(cap)
-
-    def key_info(self, key: str) -> Op[KeyInfo]:
-        infos = []
-        for ops in (yield from self.resolve()):
-            infos.append((yield from ops.key_info(key)))
-        return _merge_key_infos(infos)
 
     def fair_keys(self, limit: int = 100) -> Op[list[KeyInfo]]:
         by_key: dict[str, list[KeyInfo]] = {}
         for ops in (yield from self.resolve()):
             for info in (yield from ops.fair_keys(limit)):
                 by_key.setdefault(info.key, []).append(info)
-        merged = [_merge_key_infos(infos) for infos in by_key.values()]
+        merged = [merges.key_infos(infos) for infos in by_key.values()]
         return sorted(merged, key=lambda i: (-i.running, -i.queued, i.key))[:limit]
 
     # -------------------------------------------------------------- inspection
-
-    def status(self, task_id: str) -> Op[TaskInfo]:
-        return (yield from (yield from self.for_id(task_id)).status(task_id))
-
-    def wait(self, task_id: str, timeout: float | None, handle: Any) -> Op[TaskInfo]:
-        return (yield from (yield from self.for_id(task_id)).wait(task_id, timeout, handle))
-
-    def result(self, task_id: str, timeout: float | None, handle: Any) -> Op[Any]:
-        return (yield from (yield from self.for_id(task_id)).result(task_id, timeout, handle))
-
-    def explain(self, task_id: str) -> Op[Explanation]:
-        return (yield from (yield from self.for_id(task_id)).explain(task_id))
 
     def stats(self) -> Op[Stats]:
         stripes = yield from self.resolve()
@@ -788,15 +550,6 @@ class StripedOps(Shortcuts):
             oldest_ready_age_by_priority=by_priority,
         )
 
-    def leases(self) -> Op[list[tuple[str, float]]]:
-        lists = []
-        for ops in (yield from self.resolve()):
-            lists.append((yield from ops.leases()))
-        return list(heapq.merge(*lists, key=lambda item: item[1]))
-
-    def server_time(self) -> Op[float]:
-        return (yield from self.base.server_time())
-
     def tasks(
         self, state: object, fn: object = None, limit: object = 50, cursor: object = None
     ) -> Op[TaskPage]:
@@ -822,24 +575,6 @@ class StripedOps(Shortcuts):
             page = yield from stripes[s].tasks(state, fn, want - len(items), None)
             items.extend(page.items)
 
-    def throughput(self, minutes: object = 60) -> Op[list[MinuteCount]]:
-        stripes = yield from self.resolve()
-        merged = yield from stripes[0].throughput(minutes)
-        for ops in stripes[1:]:
-            part = yield from ops.throughput(minutes)
-            by_minute = {m.minute: m for m in part}
-            merged = [
-                dataclasses.replace(
-                    m,
-                    succeeded=m.succeeded + by_minute[m.minute].succeeded,
-                    failed=m.failed + by_minute[m.minute].failed,
-                )
-                if m.minute in by_minute
-                else m
-                for m in merged
-            ]
-        return merged
-
     def scan_tasks(self, cursor: int, count: int) -> Op[tuple[int, list[TaskRow]]]:
         """With stripes, the cursor is ``stripe + stripes * that stripe's cursor``."""
         stripes = yield from self.resolve()
@@ -854,61 +589,11 @@ class StripedOps(Shortcuts):
             return s + n * following, rows
         return (s + 1 if s + 1 < n else 0), rows
 
-    def exists(self) -> Op[bool]:
-        for ops in (yield from self.resolve()):
-            if (yield from ops.exists()):
-                return True
-        return False
-
     def clear(self) -> Op[None]:
         for ops in (yield from self.resolve()):
             yield from ops.clear()
         # The stripe count went with stripe 0's meta: read (or stored) again next call.
         self._stripes = None
-
-    # -------------------------------------------------------------- schedules
-
-    def _schedules_here(self) -> Op[Ops]:
-        stripes = yield from self.resolve()
-        if len(stripes) > 1:
-            raise ConflictError(
-                f"namespace {self.keys.namespace!r} is striped ({len(stripes)} stripes): "
-                "recurring schedules need an unstriped namespace (use another namespace "
-                "for them)"
-            )
-        return stripes[0]
-
-    def add_schedule(self, name: str, fn: str, options: Mapping[str, Any]) -> Op[Schedule]:
-        return (yield from (yield from self._schedules_here()).add_schedule(name, fn, options))
-
-    def get_schedule(self, name: str) -> Op[Schedule]:
-        return (yield from (yield from self.resolve())[0].get_schedule(name))
-
-    def schedules(self) -> Op[list[Schedule]]:
-        return (yield from (yield from self.resolve())[0].schedules())
-
-    def remove_schedule(self, name: str) -> Op[bool]:
-        return (yield from (yield from self.resolve())[0].remove_schedule(name))
-
-    def pause_schedule(self, name: str) -> Op[Schedule]:
-        return (yield from (yield from self.resolve())[0].pause_schedule(name))
-
-    def resume_schedule(self, name: str) -> Op[Schedule]:
-        return (yield from (yield from self._schedules_here()).resume_schedule(name))
-
-    def trigger(self, name: str) -> Op[str | None]:
-        return (yield from (yield from self._schedules_here()).trigger(name))
-
-    def backfill(
-        self, name: str, start: float | _dt.datetime, end: float | _dt.datetime, limit: int
-    ) -> Op[int]:
-        return (yield from (yield from self._schedules_here()).backfill(name, start, end, limit))
-
-    def next_fires(self, name: str, n: int) -> Op[list[float]]:
-        return (yield from (yield from self.resolve())[0].next_fires(name, n))
-
-    def fire_due(self, limit: int = core.FIRE_HEADS) -> Op[int]:
-        return (yield from (yield from self.resolve())[0].fire_due(limit))
 
 
 def cross_stripe_message(task_id: str, own: int, dep: str, theirs: int) -> str:
@@ -929,18 +614,6 @@ def parse_stripe_cursor(cursor: object, stripes: int) -> tuple[int, str | None]:
     if not sep or not head.isdigit() or not int(head) < stripes:
         raise InvalidArgument("cursor", "is not a cursor of this listing")
     return int(head), (inner or None)
-
-
-def _merge_key_infos(infos: Sequence[KeyInfo]) -> KeyInfo:
-    """One key's settings (stripe 0's) with its running and queued tasks of every stripe."""
-    first = infos[0]
-    heads = [i.head_due_at for i in infos if i.head_due_at is not None]
-    return dataclasses.replace(
-        first,
-        running=sum(i.running for i in infos),
-        queued=sum(i.queued for i in infos),
-        head_due_at=min(heads) if heads else None,
-    )
 
 
 def _merge_stats(parts: Sequence[Stats], max_running: int | None) -> Stats:
