@@ -8,9 +8,7 @@ client; every method has the name, parameters and meaning of its
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
-import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -72,7 +70,7 @@ class AsyncScheduler(BaseScheduler):
         self._owns_client = False
         self._scripts = Registry(client)
         self._setup: core.Op[None] | None = None
-        self._waits = AsyncWaitHub(client, self._ops.ended_channels, self.uses_sharded_pubsub)
+        self._waits = AsyncWaitHub(client, self._ops.ended_channels, self._sharded_pubsub)
         if limit is not None:
             self._setup = self._ops.set_max_running(limit)
 
@@ -105,6 +103,9 @@ class AsyncScheduler(BaseScheduler):
         await self.close()
 
     # ------------------------------------------------------------------ I/O
+
+    async def _sharded_pubsub(self) -> bool:
+        return await self._drive(self._ops.call(Ops.uses_sharded_pubsub))
 
     async def _drive(self, op: core.Op[T], gate: asyncio.Semaphore | None = None) -> T:
         self._check_open()
@@ -281,10 +282,6 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.claim`."""
         return await self._drive(self._ops.claim(n, worker_id, listening, request_id))
 
-    async def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
-        """See :meth:`Scheduler.hand_back_lost_claim`."""
-        return await self._drive(self._ops.call(Ops.hand_back_lost_claim, worker_id, request_id))
-
     async def ready(self, n: int, worker_id: str) -> list[Claim]:
         """See :meth:`Scheduler.ready`."""
         return await self._drive(self._ops.ready(n, worker_id))
@@ -309,10 +306,6 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.complete_many`."""
         return await self._drive(self._ops.call(Ops.complete_many, reports))
 
-    async def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
-        """See :meth:`Scheduler.complete_encoded`."""
-        return await self._drive(self._ops.call(Ops.complete_many, reports, encoded=True))
-
     async def fail(self, claim: Claim, error: object) -> Outcome:
         """See :meth:`Scheduler.fail`."""
         return (await self._drive(self._ops.call(Ops.fail_many, [(claim, error)])))[0]
@@ -329,33 +322,6 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.release`."""
         return await self._drive(self._ops.call(Ops.release, claims, delay))
 
-    async def wait_for_wake(self, timeout: float | None) -> bool:
-        """See :meth:`Scheduler.wait_for_wake`."""
-        self._check_open()
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        waiter = "wait:" + uuid.uuid4().hex
-        channels = await self.wake_channels(waiter)
-        sharded = await self.uses_sharded_pubsub()
-        pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)
-        try:
-            await (pubsub.ssubscribe if sharded else pubsub.subscribe)(*channels)
-            while True:
-                left = core.IDLE_RECHECK_S if deadline is None else deadline - loop.time()
-                if left <= 0:
-                    return False
-                await self._drive(self._ops.call(Ops.idle, waiter))
-                if await pubsub.get_message(timeout=min(left, core.IDLE_RECHECK_S)) is not None:
-                    return True
-        finally:
-            with contextlib.suppress(RedisError):
-                await self.leave(waiter)
-            await pubsub.aclose()
-
-    async def wake_channels(self, worker_id: str | None = None) -> list[str]:
-        """See :meth:`Scheduler.wake_channels`."""
-        return await self._drive(self._ops.wake_channels(worker_id))
-
     async def stripe_keys(self) -> list[Keys]:
         """See :meth:`Scheduler.stripe_keys`."""
         return await self._drive(self._ops.stripe_keys())
@@ -367,22 +333,6 @@ class AsyncScheduler(BaseScheduler):
     async def workers(self) -> list[core.WorkerInfo]:
         """See :meth:`Scheduler.workers`."""
         return await self._drive(self._ops.call(Ops.workers))
-
-    async def register_worker(self, info: core.WorkerInfo) -> core.WorkerInfo:
-        """See :meth:`Scheduler.register_worker`."""
-        return await self._drive(self._ops.call(Ops.register_worker, info))
-
-    async def unregister_worker(self, worker_id: str) -> bool:
-        """See :meth:`Scheduler.unregister_worker`."""
-        return await self._drive(self._ops.call(Ops.unregister_worker, worker_id))
-
-    async def prune_workers(self) -> int:
-        """See :meth:`Scheduler.prune_workers`."""
-        return await self._drive(self._ops.prune_workers())
-
-    async def uses_sharded_pubsub(self) -> bool:
-        """See :meth:`Scheduler.uses_sharded_pubsub`."""
-        return await self._drive(self._ops.call(Ops.uses_sharded_pubsub))
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -7,11 +7,9 @@ same operations, so the two have the same methods with the same meaning.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -44,7 +42,7 @@ from distsched.ops.namespace import Ops
 from distsched.ops.stripes import StripedOps
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
-from distsched.subscription import WaitHub, message_within
+from distsched.subscription import WaitHub
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -120,7 +118,7 @@ class Scheduler(BaseScheduler):
         self._owns_client = False
         self._scripts = Registry(client)
         self._lock = threading.Lock()
-        self._waits = WaitHub(client, self._ops.ended_channels, self.uses_sharded_pubsub)
+        self._waits = WaitHub(client, self._ops.ended_channels, self._sharded_pubsub)
         if stripes is not None:
             # A count that does not match the stored one is refused here, at once.
             self._drive(self._ops.call(Ops.noop))
@@ -164,6 +162,9 @@ class Scheduler(BaseScheduler):
         self.close()
 
     # ------------------------------------------------------------------ I/O
+
+    def _sharded_pubsub(self) -> bool:
+        return self._drive(self._ops.call(Ops.uses_sharded_pubsub))
 
     def _drive(self, op: core.Op[T]) -> T:
         self._check_open()
@@ -395,14 +396,10 @@ class Scheduler(BaseScheduler):
 
         With ``request_id`` the tokens claimed are kept (until this worker's next claim):
         if the call fails in a way where it may have run (a lost connection, a timeout),
-        :meth:`hand_back_lost_claim` with the same id puts them back.
+        :meth:`~distsched.worker.link.WorkerLink.hand_back_lost_claim` with the same id puts
+        them back.
         """
         return self._drive(self._ops.claim(n, worker_id, listening, request_id))
-
-    def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
-        """Hand back, without spending an attempt, what the claim call ``request_id`` of
-        ``worker_id`` claimed when its reply never arrived; returns how many."""
-        return self._drive(self._ops.call(Ops.hand_back_lost_claim, worker_id, request_id))
 
     def ready(self, n: int, worker_id: str) -> list[Claim]:
         """Claim up to ``n`` due tasks (fewer when capacity is short), in queue order."""
@@ -431,10 +428,6 @@ class Scheduler(BaseScheduler):
         """Report many successes in one round trip."""
         return self._drive(self._ops.call(Ops.complete_many, reports))
 
-    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
-        """``complete_many`` with results already msgpack-encoded (b"" for none)."""
-        return self._drive(self._ops.call(Ops.complete_many, reports, encoded=True))
-
     def fail(self, claim: Claim, error: object) -> Outcome:
         """Report that ``claim``'s function raised: retried after backoff while attempts remain."""
         return self._drive(self._ops.call(Ops.fail_many, [(claim, error)]))[0]
@@ -455,45 +448,10 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.call(Ops.release, claims, delay))
 
-    def wait_for_wake(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds (None: no limit) for a wake-up message.
-
-        The caller counts as an idle worker for the call (on a channel of its own), so a
-        task that becomes due, or capacity that frees, wakes it. Subscribes only for the
-        call, so a message published before it is not seen: use it after a claim that
-        returned ``Wait``, with ``Wait.delay`` as timeout.
-        """
-        self._check_open()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        waiter = "wait:" + uuid.uuid4().hex
-        channels = self.wake_channels(waiter)
-        sharded = self.uses_sharded_pubsub()
-        pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        try:
-            (pubsub.ssubscribe if sharded else pubsub.subscribe)(*channels)
-            get = pubsub.get_message
-            if sharded and isinstance(self.client, RedisCluster):
-                get = pubsub.get_sharded_message
-            while True:
-                left = core.IDLE_RECHECK_S if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                # Registered (again) for no longer than the entry lives.
-                self._drive(self._ops.call(Ops.idle, waiter))
-                if message_within(pubsub, get, min(left, core.IDLE_RECHECK_S)) is not None:
-                    return True
-        finally:
-            with contextlib.suppress(RedisError):
-                self.leave(waiter)
-            pubsub.close()
-
-    def wake_channels(self, worker_id: str | None = None) -> list[str]:
-        """The channels that wake a worker: every stripe's wake channel, and with
-        ``worker_id`` that worker's own channel on every stripe."""
-        return self._drive(self._ops.wake_channels(worker_id))
-
     def stripe_keys(self) -> list[Keys]:
         """The keys of each stripe of the namespace, stripe 0 (the namespace's own) first."""
+        # Kept while the CLI and the tools still call it here; WorkerLink.stripe_keys
+        # is the worker's.
         return self._drive(self._ops.stripe_keys())
 
     def leave(self, worker_id: str) -> bool:
@@ -511,23 +469,6 @@ class Scheduler(BaseScheduler):
         it missed a few, and entries silent for ``WorkerInfo.drop_after_s`` are gone.
         """
         return self._drive(self._ops.call(Ops.workers))
-
-    def register_worker(self, info: core.WorkerInfo) -> core.WorkerInfo:
-        """Write a worker's registry entry, stamped with the server's time (workers
-        call this at start and on every heartbeat); returns the entry written."""
-        return self._drive(self._ops.call(Ops.register_worker, info))
-
-    def unregister_worker(self, worker_id: str) -> bool:
-        """Remove a worker's registry entry (a clean stop); True if it was there."""
-        return self._drive(self._ops.call(Ops.unregister_worker, worker_id))
-
-    def prune_workers(self) -> int:
-        """Drop the registry entries of workers silent past their drop time."""
-        return self._drive(self._ops.prune_workers())
-
-    def uses_sharded_pubsub(self) -> bool:
-        """Whether wake-ups travel on sharded channels (``SSUBSCRIBE``; Redis >= 7)."""
-        return self._drive(self._ops.call(Ops.uses_sharded_pubsub))
 
     # ------------------------------------------------------------------ housekeeping
 

@@ -15,6 +15,7 @@ from distsched import Scheduler, State, TaskSpec, core
 from distsched.core import EXPLAIN_LIMIT, SERVED_LIVE_S, BlockedBy, DepState, Reason
 from distsched.errors import InvalidArgument, NotFoundError
 from distsched.ops.namespace import Ops
+from distsched.worker.link import WorkerLink
 from distsched.worker.served import ServedFunctions
 from tests.conftest import RedisServer
 from tests.test_cli import assert_one_line_error, invoke
@@ -22,7 +23,7 @@ from tests.test_cli import assert_one_line_error, invoke
 
 def announce(scheduler: Scheduler, *functions: str) -> None:
     """A live worker's announcement of ``functions``, as workers make it."""
-    ServedFunctions(scheduler, functions, 0.0).announce()
+    ServedFunctions(WorkerLink(scheduler), functions, 0.0).announce()
 
 
 def claim_one(api: Scheduler, worker_id: str = "w-1") -> core.Claim:
