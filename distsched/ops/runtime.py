@@ -222,7 +222,7 @@ class Runtime(Inspect):
             raise LeaseLostError(f"lease of {claim.task_id!r} attempt {claim.attempt} was lost")
         return status
 
-    def report(self, call: Call, count: int) -> Op[list[Outcome]]:
+    def _report(self, call: Call, count: int) -> Op[list[Outcome]]:
         if count == 0:
             return []
         return decode_outcomes((yield from self.run(call)))
@@ -237,7 +237,7 @@ class Runtime(Inspect):
             for part in _parts(reports):
                 out += yield from self.complete_many(part, encoded)
             return out
-        return (yield from self.report(call, len(reports)))
+        return (yield from self._report(call, len(reports)))
 
     @route.by_ids("reports", route.in_order, route.report_task_id, _check_failures)
     def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> Op[list[Outcome]]:
@@ -247,7 +247,7 @@ class Runtime(Inspect):
             for part in _parts(reports):
                 out += yield from self.fail_many(part)
             return out
-        return (yield from self.report(call, len(reports)))
+        return (yield from self._report(call, len(reports)))
 
     @route.by_id("claim", route.task_id_of)
     def confirm_cancel(self, claim: Claim) -> Op[Outcome]:
@@ -389,12 +389,12 @@ class Runtime(Inspect):
             purged += removed
             if removed < PURGE_BATCH:
                 break
-        trimmed = yield from self.trim_minutes()
+        trimmed = yield from self._trim_minutes()
         return Chores(
             reaped=reaped, expired=expired, compacted=compacted, purged=purged, trimmed=trimmed
         )
 
-    def trim_minutes(self) -> Op[int]:
+    def _trim_minutes(self) -> Op[int]:
         """Delete per-minute counters older than ``MINUTES_KEEP + MINUTES_MARGIN`` minutes,
         at most ``MINUTES_TRIM_STEP`` minutes per call; return the fields deleted.
 
