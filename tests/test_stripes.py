@@ -531,7 +531,7 @@ def test_the_dashboard_shows_a_striped_namespace(redis_client: redis.Redis, name
 def test_shares_of_max_running_move_to_the_stripes_with_due_work_and_never_sum_above_it(
     redis_client: redis.Redis, namespace: str
 ) -> None:
-    from distsched.ops.stripes import REBALANCE_EVERY_S
+    from distsched.ops.shares import REBALANCE_EVERY_S
 
     with Scheduler(redis_client, namespace=namespace, stripes=3, max_running=6) as s:
         metas = [k.meta for k in WorkerLink(s).stripe_keys()]

@@ -10,7 +10,8 @@ scripts: every script runs unchanged on the stripe it is given. What this module
 - the routing of a task id to its stripe (:func:`~distsched.keys.stripe_of`, the id's
   ``{tag}`` as Redis Cluster hashes keys), so a call naming an id goes to one stripe;
 - claims across stripes (round robin), and ``max_running`` kept across stripes by
-  per-stripe shares that move toward the stripes with due work;
+  per-stripe shares that move toward the stripes with due work
+  (:mod:`distsched.ops.shares`);
 - reads that merge what every stripe holds (stats, overview, fairness keys, listings).
 
 Every other operation of :class:`~distsched.ops.namespace.Ops` declares its route (one
@@ -22,7 +23,6 @@ namespace, plus one ``HGET`` (the stripe count) on a scheduler's first call.
 from __future__ import annotations
 
 import random
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -47,20 +47,17 @@ from distsched.ops import routing as route
 from distsched.ops.base import Shortcuts
 from distsched.ops.namespace import Ops
 from distsched.ops.routing import Router
+from distsched.ops.shares import (
+    REBALANCE_EVERY_S,
+    STRIPES_MAX_FIELD,
+    ShareMover,
+    int_or_none,
+)
 
 T = TypeVar("T")
 
-# Fields of stripe 0's meta hash: the stripe count, and the namespace-wide max_running of
-# a striped namespace (each stripe's own ``max_running`` is then its share of it).
+# The field of stripe 0's meta hash that holds the stripe count.
 STRIPES_FIELD = "stripes"
-STRIPES_MAX_FIELD = "stripes_max"
-# How long the share mover holds its lock (ms): far more than its few commands take.
-STRIPE_LOCK_MS = 2000
-# A scheduler asks to move shares toward a stripe at capacity at most this often (s).
-REBALANCE_EVERY_S = 0.2
-# Tries (with a pause between) to take the lock to set max_running.
-LOCK_TRIES = 40
-LOCK_PAUSE_S = 0.05
 
 
 def validate_stripes(stripes: object) -> int | None:
@@ -70,25 +67,6 @@ def validate_stripes(stripes: object) -> int | None:
     if not isinstance(stripes, int) or isinstance(stripes, bool) or not 1 <= stripes <= MAX_STRIPES:
         raise InvalidArgument("stripes", f"must be an int in [1, {MAX_STRIPES}] or None")
     return stripes
-
-
-def _int_or_none(raw: Any) -> int | None:
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        return None
-
-
-def even_shares(total: int, count: int, first: Sequence[int] = ()) -> list[int]:
-    """``total`` split over ``count`` parts as evenly as possible; the parts named in
-    ``first`` (in that order), then the others by index, get the remainder."""
-    shares = [total // count] * count
-    order = list(dict.fromkeys([*first, *range(count)]))
-    for i in order[: total % count]:
-        shares[i] += 1
-    return shares
 
 
 def combine_waits(waits: Sequence[Wait]) -> Wait | None:
@@ -106,7 +84,7 @@ def combine_waits(waits: Sequence[Wait]) -> Wait | None:
     return Wait(WaitReason.EMPTY, soonest)
 
 
-class StripedOps(Router[Ops], Shortcuts):
+class StripedOps(Router[Ops], ShareMover, Shortcuts):
     """The operations of one namespace over its stripes (pure, no I/O).
 
     ``stripes``: the count this scheduler expects (None: the stored one, 1 if none).
@@ -162,7 +140,7 @@ class StripedOps(Router[Ops], Shortcuts):
             return self._stripes
         k = self.keys
         (stored_raw,) = yield from self.base.read(("HGET", k.meta, STRIPES_FIELD), atomic=False)
-        stored = _int_or_none(stored_raw)
+        stored = int_or_none(stored_raw)
         if stored is not None and not 1 <= stored <= MAX_STRIPES:
             stored = None
         have = stored or 1
@@ -190,7 +168,7 @@ class StripedOps(Router[Ops], Shortcuts):
         (limit_raw, total_raw) = yield from self.base.read(
             ("HGET", meta, "max_running"), ("HGET", meta, STRIPES_MAX_FIELD)
         )
-        limit = _int_or_none(total_raw) if have > 1 else _int_or_none(limit_raw)
+        limit = int_or_none(total_raw) if have > 1 else int_or_none(limit_raw)
         if want == 1:
             yield core._one(("HDEL", meta, STRIPES_FIELD, STRIPES_MAX_FIELD))
         else:
@@ -358,150 +336,6 @@ class StripedOps(Router[Ops], Shortcuts):
             )
         return removed
 
-    # -------------------------------------------------------------- max_running
-
-    def set_max_running(self, max_running: int | None) -> Op[None]:
-        limit = core.validate_max_running(max_running)
-        stripes = yield from self.resolve()
-        if len(stripes) == 1:
-            return (yield from stripes[0].set_max_running(limit))
-        token = yield from self._lock(wait=True)
-        try:
-            meta = self.keys.meta
-            if limit is None:
-                yield core._one(("HDEL", meta, STRIPES_MAX_FIELD))
-                for ops in stripes:
-                    yield core._one(("HDEL", ops.keys.meta, "max_running"))
-                    yield from self._wake(ops)
-                return None
-            yield core._one(("HSET", meta, STRIPES_MAX_FIELD, limit))
-            yield from self._move_shares(stripes, limit, even_shares(limit, len(stripes)))
-        finally:
-            yield from self._unlock(token)
-        return None
-
-    def _lock(self, wait: bool) -> Op[str | None]:
-        """Take the share mover's lock (a key with a deadline); None when it is held."""
-        token = uuid.uuid4().hex
-        for _ in range(LOCK_TRIES if wait else 1):
-            (taken,) = yield core._one(
-                ("SET", self.keys.stripelock, token, "NX", "PX", STRIPE_LOCK_MS)
-            )
-            if taken:
-                return token
-            if wait:
-                yield core.Sleep(LOCK_PAUSE_S)
-        if wait:
-            raise ConflictError("max_running is being changed by another caller; try again")
-        return None
-
-    def _unlock(self, token: str | None) -> Op[None]:
-        if token is None:
-            return
-        (held,) = yield core._one(("GET", self.keys.stripelock))
-        if held is not None and core._text(held) == token:
-            yield core._one(("DEL", self.keys.stripelock))
-
-    def _wake(self, ops: Ops) -> Op[None]:
-        sharded = yield from self.base.uses_sharded_pubsub()
-        yield core._one(("SPUBLISH" if sharded else "PUBLISH", ops.keys.wake, "capacity"))
-
-    def _shares(self, stripes: Sequence[Ops]) -> Op[tuple[list[int], list[int]]]:
-        """Each stripe's share (its max_running) and running count."""
-        replies = yield core.Commands(
-            tuple(("HMGET", ops.keys.meta, "max_running", "count:running") for ops in stripes),
-            atomic=False,
-        )
-        caps = [_int_or_none(r[0]) or 0 for r in replies]
-        running = [_int_or_none(r[1]) or 0 for r in replies]
-        return caps, running
-
-    def _move_shares(
-        self, stripes: Sequence[Ops], limit: int, targets: Sequence[int]
-    ) -> Op[tuple[bool, bool]]:
-        """Move the shares toward ``targets`` without the running tasks of all stripes
-        ever exceeding ``limit``; the lock is held. Returns (a share grew, a share is
-        still below its target).
-
-        Shares are lowered first. A stripe's running count only grows up to its share,
-        so once the lowering is written, ``max(share, running)`` read afterwards bounds
-        what each stripe can ever run; a share is raised only by the room left under
-        ``limit`` after those bounds.
-        """
-        caps, _ = yield from self._shares(stripes)
-        for s, ops in enumerate(stripes):
-            if targets[s] < caps[s]:
-                yield core._one(("HSET", ops.keys.meta, "max_running", targets[s]))
-        caps, running = yield from self._shares(stripes)
-        room = limit - sum(max(c, r) for c, r in zip(caps, running, strict=True))
-        grew = False
-        for s, ops in enumerate(stripes):
-            more = min(targets[s] - caps[s], room)
-            if more > 0:
-                room -= more
-                yield core._one(("HSET", ops.keys.meta, "max_running", caps[s] + more))
-                yield from self._wake(ops)
-                grew = True
-                caps[s] += more
-        owed = any(caps[s] < targets[s] for s in range(len(stripes)))
-        return grew, owed
-
-    def _rebalance_toward(self, full: Sequence[int]) -> Op[tuple[bool, bool]]:
-        """Move shares of max_running toward the stripes with due work (``full``: those
-        a claim found at their share). At most every ``REBALANCE_EVERY_S`` per scheduler;
-        returns (a share grew, a share is still owed to a stripe)."""
-        stripes = self.known()
-        (total_raw,) = yield from self.base.read(("HGET", self.keys.meta, STRIPES_MAX_FIELD))
-        limit = _int_or_none(total_raw)
-        if limit is None:
-            return False, False
-        now = yield from self.base.server_time()
-        if now - self._rebalanced_at < REBALANCE_EVERY_S:
-            return False, self._owed
-        self._rebalanced_at = now
-        token = yield from self._lock(wait=False)
-        if token is None:
-            # Another scheduler moves shares now; this one looks again soon.
-            return False, True
-        try:
-            now_ms = int(now * 1000)
-            heads = yield core.Commands(
-                tuple(
-                    cmd
-                    for ops in stripes
-                    for cmd in (
-                        ("ZRANGE", ops.keys.queue, 0, 0, "WITHSCORES"),
-                        ("ZCARD", ops.keys.ranked),
-                        ("ZCARD", ops.keys.fairready),
-                    )
-                ),
-                atomic=False,
-            )
-            wanting = list(full)
-            for s in range(len(stripes)):
-                queue_head, ranked, fair_ready = heads[3 * s : 3 * s + 3]
-                pairs = core._pairs(queue_head)
-                due = bool(pairs) and float(pairs[0][1]) <= now_ms
-                if (due or int(ranked) or int(fair_ready)) and s not in wanting:
-                    wanting.append(s)
-            caps, running = yield from self._shares(stripes)
-            # A stripe without due work keeps what runs there; the rest of max_running
-            # is split evenly between the stripes with due work.
-            targets = [0] * len(stripes)
-            for s in range(len(stripes)):
-                if s not in wanting:
-                    targets[s] = min(caps[s], running[s])
-            # By stripe, so that the same demand always gives the same shares.
-            wanting.sort()
-            rest = max(0, limit - sum(targets))
-            split = even_shares(rest, len(wanting))
-            for i, s in enumerate(wanting):
-                targets[s] = split[i]
-            grew, self._owed = yield from self._move_shares(stripes, limit, targets)
-            return grew, self._owed
-        finally:
-            yield from self._unlock(token)
-
     # -------------------------------------------------------------- fairness keys
 
     def fair_keys(self, limit: int = 100) -> Op[list[KeyInfo]]:
@@ -522,7 +356,7 @@ class StripedOps(Router[Ops], Shortcuts):
         for ops in stripes:
             parts.append((yield from ops.stats()))
         (total_raw,) = yield from self.base.read(("HGET", self.keys.meta, STRIPES_MAX_FIELD))
-        return _merge_stats(parts, _int_or_none(total_raw))
+        return _merge_stats(parts, int_or_none(total_raw))
 
     def overview(self, soon_s: float, scan: int) -> Op[Overview]:
         stripes = yield from self.resolve()
@@ -532,7 +366,7 @@ class StripedOps(Router[Ops], Shortcuts):
         for ops in stripes:
             parts.append((yield from ops.overview(soon_s, scan)))
         (total_raw,) = yield from self.base.read(("HGET", self.keys.meta, STRIPES_MAX_FIELD))
-        data = _merge_stats(list(parts), _int_or_none(total_raw))
+        data = _merge_stats(list(parts), int_or_none(total_raw))
         ages = [p["oldest_ready_age"] for p in parts if p["oldest_ready_age"] is not None]
         by_priority: dict[str, float] = {}
         for p in parts:
