@@ -18,6 +18,7 @@ applies the routes; nothing else needs to know them.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 from collections.abc import Callable, Sequence
@@ -71,7 +72,7 @@ def _declare(route: Route) -> Callable[[F], F]:
             names = list(inspect.signature(fn).parameters)[1:]
             if route.param not in names:
                 raise TypeError(f"{fn.__qualname__} has no argument {route.param!r}")
-            declared = Route(**{**route.__dict__, "position": names.index(route.param)})
+            declared = dataclasses.replace(route, position=names.index(route.param))
         else:
             declared = route
         setattr(fn, ROUTE_ATTRIBUTE, declared)
