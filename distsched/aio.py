@@ -8,9 +8,7 @@ client; every method has the name, parameters and meaning of its
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
-import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,6 +36,7 @@ from distsched.core import (
     Wait,
 )
 from distsched.keys import Keys
+from distsched.ops.namespace import Ops
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
 from distsched.subscription import AsyncWaitHub
@@ -71,7 +70,7 @@ class AsyncScheduler(BaseScheduler):
         self._owns_client = False
         self._scripts = Registry(client)
         self._setup: core.Op[None] | None = None
-        self._waits = AsyncWaitHub(client, self._ops.ended_channels, self.uses_sharded_pubsub)
+        self._waits = AsyncWaitHub(client, self._ops.ended_channels, self._sharded_pubsub)
         if limit is not None:
             self._setup = self._ops.set_max_running(limit)
 
@@ -92,7 +91,7 @@ class AsyncScheduler(BaseScheduler):
         return scheduler
 
     async def __aenter__(self) -> AsyncScheduler:
-        await self._drive(self._ops.noop())
+        await self._drive(self._ops.call(Ops.noop))
         return self
 
     async def __aexit__(
@@ -104,6 +103,9 @@ class AsyncScheduler(BaseScheduler):
         await self.close()
 
     # ------------------------------------------------------------------ I/O
+
+    async def _sharded_pubsub(self) -> bool:
+        return await self._drive(self._ops.call(Ops.uses_sharded_pubsub))
 
     async def _drive(self, op: core.Op[T], gate: asyncio.Semaphore | None = None) -> T:
         self._check_open()
@@ -169,11 +171,11 @@ class AsyncScheduler(BaseScheduler):
 
     async def cancel(self, task_id: str) -> State:
         """See :meth:`Scheduler.cancel`."""
-        return await self._drive(self._ops.cancel(task_id))
+        return await self._drive(self._ops.call(Ops.cancel, task_id))
 
     async def retry(self, task_id: str, cascade: bool = True) -> int:
         """See :meth:`Scheduler.retry`."""
-        return await self._drive(self._ops.retry(task_id, cascade))
+        return await self._drive(self._ops.call(Ops.retry, task_id, cascade))
 
     async def add_deps(
         self, task_id: str, deps: Sequence[str], allow_unknown: bool = False
@@ -183,7 +185,7 @@ class AsyncScheduler(BaseScheduler):
 
     async def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
         """See :meth:`Scheduler.settle`."""
-        return await self._drive(self._ops.settle(budget))
+        return await self._drive(self._ops.call(Ops.settle, budget))
 
     # ------------------------------------------------------------------ schedules
 
@@ -198,31 +200,31 @@ class AsyncScheduler(BaseScheduler):
         Replacing a schedule keeps its counters and last run. Returns the schedule.
         Cron needs the ``cron`` extra (``MissingExtraError`` otherwise).
         """
-        return await self._drive(self._ops.add_schedule(name, fn, options))
+        return await self._drive(self._ops.call(Ops.add_schedule, name, fn, options))
 
     async def get_schedule(self, name: str) -> Schedule:
         """See :meth:`Scheduler.get_schedule`."""
-        return await self._drive(self._ops.get_schedule(name))
+        return await self._drive(self._ops.call(Ops.get_schedule, name))
 
     async def schedules(self) -> list[Schedule]:
         """See :meth:`Scheduler.schedules`."""
-        return await self._drive(self._ops.schedules())
+        return await self._drive(self._ops.call(Ops.schedules))
 
     async def remove_schedule(self, name: str) -> bool:
         """See :meth:`Scheduler.remove_schedule`."""
-        return await self._drive(self._ops.remove_schedule(name))
+        return await self._drive(self._ops.call(Ops.remove_schedule, name))
 
     async def pause_schedule(self, name: str) -> Schedule:
         """See :meth:`Scheduler.pause_schedule`."""
-        return await self._drive(self._ops.pause_schedule(name))
+        return await self._drive(self._ops.call(Ops.pause_schedule, name))
 
     async def resume_schedule(self, name: str) -> Schedule:
         """See :meth:`Scheduler.resume_schedule`."""
-        return await self._drive(self._ops.resume_schedule(name))
+        return await self._drive(self._ops.call(Ops.resume_schedule, name))
 
     async def trigger(self, name: str) -> str | None:
         """See :meth:`Scheduler.trigger`."""
-        return await self._drive(self._ops.trigger(name))
+        return await self._drive(self._ops.call(Ops.trigger, name))
 
     async def backfill(
         self,
@@ -232,15 +234,15 @@ class AsyncScheduler(BaseScheduler):
         limit: int = MAX_BACKFILL_SLOTS,
     ) -> int:
         """See :meth:`Scheduler.backfill`."""
-        return await self._drive(self._ops.backfill(name, start, end, limit))
+        return await self._drive(self._ops.call(Ops.backfill, name, start, end, limit))
 
     async def next_fires(self, name: str, n: int = 5) -> list[float]:
         """See :meth:`Scheduler.next_fires`."""
-        return await self._drive(self._ops.next_fires(name, n))
+        return await self._drive(self._ops.call(Ops.next_fires, name, n))
 
     async def fire_due(self, limit: int = core.FIRE_HEADS) -> int:
         """See :meth:`Scheduler.fire_due`."""
-        return await self._drive(self._ops.fire_due(limit))
+        return await self._drive(self._ops.call(Ops.fire_due, limit))
 
     async def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
         """See :meth:`Scheduler.wait` (one subscription per scheduler, a task of the loop
@@ -250,18 +252,22 @@ class AsyncScheduler(BaseScheduler):
         # Checked before the shared subscription is started for nothing.
         core.validate_task_id(task_id)
         core.validate_wait_timeout(timeout)
-        await self._drive(self._ops.noop())  # the stripes, whose channels it subscribes to
+        await self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         async with self._waits.watch(task_id) as waiter:
-            return await self._drive(self._ops.wait(task_id, timeout, waiter), self._waits.gate)
+            return await self._drive(
+                self._ops.call(Ops.wait, task_id, timeout, waiter), self._waits.gate
+            )
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """See :meth:`Scheduler.result`."""
         # Checked before the shared subscription is started for nothing.
         core.validate_task_id(task_id)
         core.validate_wait_timeout(timeout)
-        await self._drive(self._ops.noop())  # the stripes, whose channels it subscribes to
+        await self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         async with self._waits.watch(task_id) as waiter:
-            return await self._drive(self._ops.result(task_id, timeout, waiter), self._waits.gate)
+            return await self._drive(
+                self._ops.call(Ops.result, task_id, timeout, waiter), self._waits.gate
+            )
 
     # ------------------------------------------------------------------ workers
 
@@ -276,10 +282,6 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.claim`."""
         return await self._drive(self._ops.claim(n, worker_id, listening, request_id))
 
-    async def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
-        """See :meth:`Scheduler.hand_back_lost_claim`."""
-        return await self._drive(self._ops.hand_back_lost_claim(worker_id, request_id))
-
     async def ready(self, n: int, worker_id: str) -> list[Claim]:
         """See :meth:`Scheduler.ready`."""
         return await self._drive(self._ops.ready(n, worker_id))
@@ -290,66 +292,35 @@ class AsyncScheduler(BaseScheduler):
 
     async def heartbeat(self, claim: Claim) -> bool:
         """See :meth:`Scheduler.heartbeat`."""
-        return await self._drive(self._ops.heartbeat(claim))
+        return await self._drive(self._ops.call(Ops.heartbeat, claim))
 
     async def heartbeat_many(self, claims: Sequence[Claim]) -> list[bool | None]:
         """See :meth:`Scheduler.heartbeat_many`."""
-        return await self._drive(self._ops.heartbeat_many(claims))
+        return await self._drive(self._ops.call(Ops.heartbeat_many, claims))
 
     async def complete(self, claim: Claim, result: object = None) -> Outcome:
         """See :meth:`Scheduler.complete`."""
-        return (await self._drive(self._ops.complete_many([(claim, result)])))[0]
+        return (await self._drive(self._ops.call(Ops.complete_many, [(claim, result)])))[0]
 
     async def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """See :meth:`Scheduler.complete_many`."""
-        return await self._drive(self._ops.complete_many(reports))
-
-    async def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
-        """See :meth:`Scheduler.complete_encoded`."""
-        return await self._drive(self._ops.complete_many(reports, encoded=True))
+        return await self._drive(self._ops.call(Ops.complete_many, reports))
 
     async def fail(self, claim: Claim, error: object) -> Outcome:
         """See :meth:`Scheduler.fail`."""
-        return (await self._drive(self._ops.fail_many([(claim, error)])))[0]
+        return (await self._drive(self._ops.call(Ops.fail_many, [(claim, error)])))[0]
 
     async def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """See :meth:`Scheduler.fail_many`."""
-        return await self._drive(self._ops.fail_many(reports))
+        return await self._drive(self._ops.call(Ops.fail_many, reports))
 
     async def confirm_cancel(self, claim: Claim) -> Outcome:
         """See :meth:`Scheduler.confirm_cancel`."""
-        return await self._drive(self._ops.confirm_cancel(claim))
+        return await self._drive(self._ops.call(Ops.confirm_cancel, claim))
 
     async def release(self, claims: Sequence[Claim], *, delay: float = 0.0) -> int:
         """See :meth:`Scheduler.release`."""
-        return await self._drive(self._ops.release(claims, delay))
-
-    async def wait_for_wake(self, timeout: float | None) -> bool:
-        """See :meth:`Scheduler.wait_for_wake`."""
-        self._check_open()
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        waiter = "wait:" + uuid.uuid4().hex
-        channels = await self.wake_channels(waiter)
-        sharded = await self.uses_sharded_pubsub()
-        pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)
-        try:
-            await (pubsub.ssubscribe if sharded else pubsub.subscribe)(*channels)
-            while True:
-                left = core.IDLE_RECHECK_S if deadline is None else deadline - loop.time()
-                if left <= 0:
-                    return False
-                await self._drive(self._ops.idle(waiter))
-                if await pubsub.get_message(timeout=min(left, core.IDLE_RECHECK_S)) is not None:
-                    return True
-        finally:
-            with contextlib.suppress(RedisError):
-                await self.leave(waiter)
-            await pubsub.aclose()
-
-    async def wake_channels(self, worker_id: str | None = None) -> list[str]:
-        """See :meth:`Scheduler.wake_channels`."""
-        return await self._drive(self._ops.wake_channels(worker_id))
+        return await self._drive(self._ops.call(Ops.release, claims, delay))
 
     async def stripe_keys(self) -> list[Keys]:
         """See :meth:`Scheduler.stripe_keys`."""
@@ -357,69 +328,53 @@ class AsyncScheduler(BaseScheduler):
 
     async def leave(self, worker_id: str) -> bool:
         """See :meth:`Scheduler.leave`."""
-        return await self._drive(self._ops.leave(worker_id))
+        return await self._drive(self._ops.call(Ops.leave, worker_id))
 
     async def workers(self) -> list[core.WorkerInfo]:
         """See :meth:`Scheduler.workers`."""
-        return await self._drive(self._ops.workers())
-
-    async def register_worker(self, info: core.WorkerInfo) -> core.WorkerInfo:
-        """See :meth:`Scheduler.register_worker`."""
-        return await self._drive(self._ops.register_worker(info))
-
-    async def unregister_worker(self, worker_id: str) -> bool:
-        """See :meth:`Scheduler.unregister_worker`."""
-        return await self._drive(self._ops.unregister_worker(worker_id))
-
-    async def prune_workers(self) -> int:
-        """See :meth:`Scheduler.prune_workers`."""
-        return await self._drive(self._ops.prune_workers())
-
-    async def uses_sharded_pubsub(self) -> bool:
-        """See :meth:`Scheduler.uses_sharded_pubsub`."""
-        return await self._drive(self._ops.uses_sharded_pubsub())
+        return await self._drive(self._ops.call(Ops.workers))
 
     # ------------------------------------------------------------------ housekeeping
 
     async def reap(self, limit: int = core.REAP_BATCH) -> int:
         """See :meth:`Scheduler.reap`."""
-        return await self._drive(self._ops.reap(limit))
+        return await self._drive(self._ops.call(Ops.reap, limit))
 
     async def expire(self, limit: int = core.EXPIRE_BATCH) -> int:
         """See :meth:`Scheduler.expire`."""
-        return await self._drive(self._ops.expire(limit))
+        return await self._drive(self._ops.call(Ops.expire, limit))
 
     async def expire_lease(self, task_id: str) -> int:
         """See :meth:`Scheduler.expire_lease`."""
-        return await self._drive(self._ops.expire_lease(task_id))
+        return await self._drive(self._ops.call(Ops.expire_lease, task_id))
 
     async def purge(self, limit: int = core.PURGE_BATCH) -> int:
         """See :meth:`Scheduler.purge`."""
-        return await self._drive(self._ops.purge(limit))
+        return await self._drive(self._ops.call(Ops.purge, limit))
 
     async def purge_tasks(self, task_ids: Sequence[str]) -> int:
         """See :meth:`Scheduler.purge_tasks`."""
-        return await self._drive(self._ops.purge_tasks(task_ids))
+        return await self._drive(self._ops.call(Ops.purge_tasks, task_ids))
 
     async def set_retention(self, retention_s: float) -> None:
         """See :meth:`Scheduler.set_retention`."""
-        return await self._drive(self._ops.set_retention(retention_s))
+        return await self._drive(self._ops.call(Ops.set_retention, retention_s))
 
     async def compact(self, budget: int = limits.MAX_COMPACT_BUDGET) -> int:
         """See :meth:`Scheduler.compact`."""
-        return await self._drive(self._ops.compact(budget))
+        return await self._drive(self._ops.call(Ops.compact, budget))
 
     async def housekeeping(self, purge_calls: int = 20) -> Chores:
         """See :meth:`Scheduler.housekeeping`."""
-        return await self._drive(self._ops.housekeeping(purge_calls))
+        return await self._drive(self._ops.call(Ops.housekeeping, purge_calls))
 
     async def payload_limit(self) -> int:
         """See :meth:`Scheduler.payload_limit`."""
-        return await self._drive(self._ops.payload_limit())
+        return await self._drive(self._ops.call(Ops.payload_limit))
 
     async def set_payload_limit(self, limit: int | None) -> int:
         """See :meth:`Scheduler.set_payload_limit`."""
-        return await self._drive(self._ops.set_payload_limit(limit))
+        return await self._drive(self._ops.call(Ops.set_payload_limit, limit))
 
     async def set_max_running(self, max_running: int | None) -> None:
         """See :meth:`Scheduler.set_max_running`."""
@@ -429,11 +384,11 @@ class AsyncScheduler(BaseScheduler):
         self, order: Order | str = Order.PRIORITY, aging: float = 60.0
     ) -> OrderSetting:
         """See :meth:`Scheduler.set_order`."""
-        return await self._drive(self._ops.set_order(order, aging))
+        return await self._drive(self._ops.call(Ops.set_order, order, aging))
 
     async def order(self) -> OrderSetting:
         """See :meth:`Scheduler.order`."""
-        return await self._drive(self._ops.order())
+        return await self._drive(self._ops.call(Ops.order))
 
     async def set_key(
         self,
@@ -444,15 +399,15 @@ class AsyncScheduler(BaseScheduler):
         per: float = 1.0,
     ) -> KeyInfo:
         """See :meth:`Scheduler.set_key`."""
-        return await self._drive(self._ops.set_key(key, cap, weight, rate, per))
+        return await self._drive(self._ops.call(Ops.set_key, key, cap, weight, rate, per))
 
     async def set_default_key_cap(self, cap: int | None) -> None:
         """See :meth:`Scheduler.set_default_key_cap`."""
-        return await self._drive(self._ops.set_default_key_cap(cap))
+        return await self._drive(self._ops.call(Ops.set_default_key_cap, cap))
 
     async def key_info(self, key: str) -> KeyInfo:
         """See :meth:`Scheduler.key_info`."""
-        return await self._drive(self._ops.key_info(key))
+        return await self._drive(self._ops.call(Ops.key_info, key))
 
     async def fair_keys(self, limit: int = 100) -> list[KeyInfo]:
         """See :meth:`Scheduler.fair_keys`."""
@@ -462,7 +417,7 @@ class AsyncScheduler(BaseScheduler):
 
     async def status(self, task_id: str) -> TaskInfo:
         """See :meth:`Scheduler.status`."""
-        return await self._drive(self._ops.status(task_id))
+        return await self._drive(self._ops.call(Ops.status, task_id))
 
     async def stats(self) -> Stats:
         """See :meth:`Scheduler.stats`."""
@@ -474,15 +429,15 @@ class AsyncScheduler(BaseScheduler):
 
     async def explain(self, task_id: str) -> Explanation:
         """See :meth:`Scheduler.explain`."""
-        return await self._drive(self._ops.explain(task_id))
+        return await self._drive(self._ops.call(Ops.explain, task_id))
 
     async def leases(self) -> list[tuple[str, float]]:
         """See :meth:`Scheduler.leases`."""
-        return await self._drive(self._ops.leases())
+        return await self._drive(self._ops.call(Ops.leases))
 
     async def server_time(self) -> float:
         """See :meth:`Scheduler.server_time`."""
-        return await self._drive(self._ops.server_time())
+        return await self._drive(self._ops.call(Ops.server_time))
 
     async def tasks(
         self,
@@ -497,7 +452,7 @@ class AsyncScheduler(BaseScheduler):
 
     async def throughput(self, minutes: int = 60) -> list[core.MinuteCount]:
         """See :meth:`Scheduler.throughput`."""
-        return await self._drive(self._ops.throughput(minutes))
+        return await self._drive(self._ops.call(Ops.throughput, minutes))
 
     async def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
         """See :meth:`Scheduler.scan_tasks`."""
@@ -505,7 +460,7 @@ class AsyncScheduler(BaseScheduler):
 
     async def exists(self) -> bool:
         """See :meth:`Scheduler.exists`."""
-        return await self._drive(self._ops.exists())
+        return await self._drive(self._ops.call(Ops.exists))
 
     async def clear(self) -> None:
         """See :meth:`Scheduler.clear`."""

@@ -1,17 +1,15 @@
 """The synchronous ``Scheduler``: it sends what :mod:`distsched.core` builds.
 
-Each public method drives one :class:`~distsched.core.Ops` operation over a
+Each public method drives one :class:`~distsched.ops.namespace.Ops` operation over a
 redis-py client; the asyncio :class:`~distsched.aio.AsyncScheduler` drives the
 same operations, so the two have the same methods with the same meaning.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,10 +38,11 @@ from distsched.core import (
 )
 from distsched.errors import ClosedError, InvalidArgument
 from distsched.keys import Keys
+from distsched.ops.namespace import Ops
+from distsched.ops.stripes import StripedOps
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
-from distsched.stripes import StripedOps
-from distsched.subscription import WaitHub, message_within
+from distsched.subscription import WaitHub
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -119,10 +118,10 @@ class Scheduler(BaseScheduler):
         self._owns_client = False
         self._scripts = Registry(client)
         self._lock = threading.Lock()
-        self._waits = WaitHub(client, self._ops.ended_channels, self.uses_sharded_pubsub)
+        self._waits = WaitHub(client, self._ops.ended_channels, self._sharded_pubsub)
         if stripes is not None:
             # A count that does not match the stored one is refused here, at once.
-            self._drive(self._ops.noop())
+            self._drive(self._ops.call(Ops.noop))
         if limit is not None:
             self.set_max_running(limit)
 
@@ -163,6 +162,9 @@ class Scheduler(BaseScheduler):
         self.close()
 
     # ------------------------------------------------------------------ I/O
+
+    def _sharded_pubsub(self) -> bool:
+        return self._drive(self._ops.call(Ops.uses_sharded_pubsub))
 
     def _drive(self, op: core.Op[T]) -> T:
         self._check_open()
@@ -259,14 +261,14 @@ class Scheduler(BaseScheduler):
         A pending or ready task is cancelled and never runs; a running one gets a
         cancellation request its function can act on; a terminal one is left as it is.
         """
-        return self._drive(self._ops.cancel(task_id))
+        return self._drive(self._ops.call(Ops.cancel, task_id))
 
     def retry(self, task_id: str, cascade: bool = True) -> int:
         """A new version of a failed, cancelled or blocked task; returns its version.
 
         With ``cascade`` the tasks it blocked get new versions too and wait again.
         """
-        return self._drive(self._ops.retry(task_id, cascade))
+        return self._drive(self._ops.call(Ops.retry, task_id, cascade))
 
     def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool = False) -> None:
         """Add required dependencies to a pending task (``ConflictError`` otherwise)."""
@@ -279,7 +281,7 @@ class Scheduler(BaseScheduler):
         blocked for long however large the graph. Returns the edges settled.
         Every operation already does this for what it changed.
         """
-        return self._drive(self._ops.settle(budget))
+        return self._drive(self._ops.call(Ops.settle, budget))
 
     # ------------------------------------------------------------------ schedules
 
@@ -292,33 +294,33 @@ class Scheduler(BaseScheduler):
         Replacing a schedule keeps its counters and last run. Returns the schedule.
         Cron needs the ``cron`` extra (``MissingExtraError`` otherwise).
         """
-        return self._drive(self._ops.add_schedule(name, fn, options))
+        return self._drive(self._ops.call(Ops.add_schedule, name, fn, options))
 
     def get_schedule(self, name: str) -> Schedule:
         """The schedule ``name`` (``NotFoundError`` if none)."""
-        return self._drive(self._ops.get_schedule(name))
+        return self._drive(self._ops.call(Ops.get_schedule, name))
 
     def schedules(self) -> list[Schedule]:
         """Every schedule of the namespace, by name."""
-        return self._drive(self._ops.schedules())
+        return self._drive(self._ops.call(Ops.schedules))
 
     def remove_schedule(self, name: str) -> bool:
         """Remove a schedule (its tasks stay); True if it existed."""
-        return self._drive(self._ops.remove_schedule(name))
+        return self._drive(self._ops.call(Ops.remove_schedule, name))
 
     def pause_schedule(self, name: str) -> Schedule:
         """Stop firing ``name`` until :meth:`resume_schedule`."""
-        return self._drive(self._ops.pause_schedule(name))
+        return self._drive(self._ops.call(Ops.pause_schedule, name))
 
     def resume_schedule(self, name: str) -> Schedule:
         """Fire ``name`` again from its next slot after now; slots while paused are not
         caught up."""
-        return self._drive(self._ops.resume_schedule(name))
+        return self._drive(self._ops.call(Ops.resume_schedule, name))
 
     def trigger(self, name: str) -> str | None:
         """Run schedule ``name`` now, through its overlap policy: the id of the task
         created, or None when the policy skipped it."""
-        return self._drive(self._ops.trigger(name))
+        return self._drive(self._ops.call(Ops.trigger, name))
 
     def backfill(
         self,
@@ -330,18 +332,18 @@ class Scheduler(BaseScheduler):
         """Create the tasks of the slots of ``name`` within ``[start, end]`` (a past range;
         at most ``limit`` slots, from the earliest): the number created. A slot whose
         task exists already (fired, or backfilled before) creates nothing."""
-        return self._drive(self._ops.backfill(name, start, end, limit))
+        return self._drive(self._ops.call(Ops.backfill, name, start, end, limit))
 
     def next_fires(self, name: str, n: int = 5) -> list[float]:
         """The next ``n`` fire times of ``name`` (epoch seconds); for a paused schedule,
         those it would have if resumed now; none once it has ended."""
-        return self._drive(self._ops.next_fires(name, n))
+        return self._drive(self._ops.call(Ops.next_fires, name, n))
 
     def fire_due(self, limit: int = core.FIRE_HEADS) -> int:
         """Create the tasks of the due slots of at most ``limit`` schedules: the number
         created. Workers call it when a claim says a slot is due; racing callers are
         safe (each slot fires once)."""
-        return self._drive(self._ops.fire_due(limit))
+        return self._drive(self._ops.call(Ops.fire_due, limit))
 
     def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
         """Block until ``task_id`` has ended (succeeded, failed, cancelled or blocked);
@@ -356,9 +358,9 @@ class Scheduler(BaseScheduler):
         # Checked before the shared subscription is started for nothing.
         core.validate_task_id(task_id)
         core.validate_wait_timeout(timeout)
-        self._drive(self._ops.noop())  # the stripes, whose channels it subscribes to
+        self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         with self._waits.watch(task_id) as waiter:
-            return self._drive(self._ops.wait(task_id, timeout, waiter))
+            return self._drive(self._ops.call(Ops.wait, task_id, timeout, waiter))
 
     def result(self, task_id: str, timeout: float | None = None) -> Any:
         """``wait``, then the task's result: its stored result when it succeeded.
@@ -370,9 +372,9 @@ class Scheduler(BaseScheduler):
         # Checked before the shared subscription is started for nothing.
         core.validate_task_id(task_id)
         core.validate_wait_timeout(timeout)
-        self._drive(self._ops.noop())  # the stripes, whose channels it subscribes to
+        self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         with self._waits.watch(task_id) as waiter:
-            return self._drive(self._ops.result(task_id, timeout, waiter))
+            return self._drive(self._ops.call(Ops.result, task_id, timeout, waiter))
 
     # ------------------------------------------------------------------ workers
 
@@ -394,14 +396,10 @@ class Scheduler(BaseScheduler):
 
         With ``request_id`` the tokens claimed are kept (until this worker's next claim):
         if the call fails in a way where it may have run (a lost connection, a timeout),
-        :meth:`hand_back_lost_claim` with the same id puts them back.
+        :meth:`~distsched.worker.link.WorkerLink.hand_back_lost_claim` with the same id puts
+        them back.
         """
         return self._drive(self._ops.claim(n, worker_id, listening, request_id))
-
-    def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
-        """Hand back, without spending an attempt, what the claim call ``request_id`` of
-        ``worker_id`` claimed when its reply never arrived; returns how many."""
-        return self._drive(self._ops.hand_back_lost_claim(worker_id, request_id))
 
     def ready(self, n: int, worker_id: str) -> list[Claim]:
         """Claim up to ``n`` due tasks (fewer when capacity is short), in queue order."""
@@ -416,35 +414,31 @@ class Scheduler(BaseScheduler):
 
         Raises ``LeaseLostError`` when the token is no longer current.
         """
-        return self._drive(self._ops.heartbeat(claim))
+        return self._drive(self._ops.call(Ops.heartbeat, claim))
 
     def heartbeat_many(self, claims: Sequence[Claim]) -> list[bool | None]:
         """Extend many leases in one call: True/False (cancel requested) or None (lost)."""
-        return self._drive(self._ops.heartbeat_many(claims))
+        return self._drive(self._ops.call(Ops.heartbeat_many, claims))
 
     def complete(self, claim: Claim, result: object = None) -> Outcome:
         """Report success of ``claim`` (fenced by its token)."""
-        return self._drive(self._ops.complete_many([(claim, result)]))[0]
+        return self._drive(self._ops.call(Ops.complete_many, [(claim, result)]))[0]
 
     def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """Report many successes in one round trip."""
-        return self._drive(self._ops.complete_many(reports))
-
-    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
-        """``complete_many`` with results already msgpack-encoded (b"" for none)."""
-        return self._drive(self._ops.complete_many(reports, encoded=True))
+        return self._drive(self._ops.call(Ops.complete_many, reports))
 
     def fail(self, claim: Claim, error: object) -> Outcome:
         """Report that ``claim``'s function raised: retried after backoff while attempts remain."""
-        return self._drive(self._ops.fail_many([(claim, error)]))[0]
+        return self._drive(self._ops.call(Ops.fail_many, [(claim, error)]))[0]
 
     def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """Report many failures in one round trip."""
-        return self._drive(self._ops.fail_many(reports))
+        return self._drive(self._ops.call(Ops.fail_many, reports))
 
     def confirm_cancel(self, claim: Claim) -> Outcome:
         """The function stopped on a cancellation request: the task ends cancelled."""
-        return self._drive(self._ops.confirm_cancel(claim))
+        return self._drive(self._ops.call(Ops.confirm_cancel, claim))
 
     def release(self, claims: Sequence[Claim], *, delay: float = 0.0) -> int:
         """Hand back claims whose function never started; no attempt is spent.
@@ -452,47 +446,12 @@ class Scheduler(BaseScheduler):
         With ``delay`` (seconds) the tasks become due again no sooner than that
         from now; their ``run_at`` is kept. Returns how many were handed back.
         """
-        return self._drive(self._ops.release(claims, delay))
-
-    def wait_for_wake(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds (None: no limit) for a wake-up message.
-
-        The caller counts as an idle worker for the call (on a channel of its own), so a
-        task that becomes due, or capacity that frees, wakes it. Subscribes only for the
-        call, so a message published before it is not seen: use it after a claim that
-        returned ``Wait``, with ``Wait.delay`` as timeout.
-        """
-        self._check_open()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        waiter = "wait:" + uuid.uuid4().hex
-        channels = self.wake_channels(waiter)
-        sharded = self.uses_sharded_pubsub()
-        pubsub: Any = self.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        try:
-            (pubsub.ssubscribe if sharded else pubsub.subscribe)(*channels)
-            get = pubsub.get_message
-            if sharded and isinstance(self.client, RedisCluster):
-                get = pubsub.get_sharded_message
-            while True:
-                left = core.IDLE_RECHECK_S if deadline is None else deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                # Registered (again) for no longer than the entry lives.
-                self._drive(self._ops.idle(waiter))
-                if message_within(pubsub, get, min(left, core.IDLE_RECHECK_S)) is not None:
-                    return True
-        finally:
-            with contextlib.suppress(RedisError):
-                self.leave(waiter)
-            pubsub.close()
-
-    def wake_channels(self, worker_id: str | None = None) -> list[str]:
-        """The channels that wake a worker: every stripe's wake channel, and with
-        ``worker_id`` that worker's own channel on every stripe."""
-        return self._drive(self._ops.wake_channels(worker_id))
+        return self._drive(self._ops.call(Ops.release, claims, delay))
 
     def stripe_keys(self) -> list[Keys]:
         """The keys of each stripe of the namespace, stripe 0 (the namespace's own) first."""
+        # Kept while the CLI and the tools still call it here; WorkerLink.stripe_keys
+        # is the worker's.
         return self._drive(self._ops.stripe_keys())
 
     def leave(self, worker_id: str) -> bool:
@@ -501,7 +460,7 @@ class Scheduler(BaseScheduler):
         When it was the one idle worker waiting for a queue head not due yet, another
         idle worker is woken to take that over (returns True then).
         """
-        return self._drive(self._ops.leave(worker_id))
+        return self._drive(self._ops.call(Ops.leave, worker_id))
 
     def workers(self) -> list[core.WorkerInfo]:
         """The workers of the namespace as they last registered themselves, by id.
@@ -509,43 +468,26 @@ class Scheduler(BaseScheduler):
         Each worker rewrites its entry on every heartbeat; ``alive`` turns False when
         it missed a few, and entries silent for ``WorkerInfo.drop_after_s`` are gone.
         """
-        return self._drive(self._ops.workers())
-
-    def register_worker(self, info: core.WorkerInfo) -> core.WorkerInfo:
-        """Write a worker's registry entry, stamped with the server's time (workers
-        call this at start and on every heartbeat); returns the entry written."""
-        return self._drive(self._ops.register_worker(info))
-
-    def unregister_worker(self, worker_id: str) -> bool:
-        """Remove a worker's registry entry (a clean stop); True if it was there."""
-        return self._drive(self._ops.unregister_worker(worker_id))
-
-    def prune_workers(self) -> int:
-        """Drop the registry entries of workers silent past their drop time."""
-        return self._drive(self._ops.prune_workers())
-
-    def uses_sharded_pubsub(self) -> bool:
-        """Whether wake-ups travel on sharded channels (``SSUBSCRIBE``; Redis >= 7)."""
-        return self._drive(self._ops.uses_sharded_pubsub())
+        return self._drive(self._ops.call(Ops.workers))
 
     # ------------------------------------------------------------------ housekeeping
 
     def reap(self, limit: int = core.REAP_BATCH) -> int:
         """Handle expired leases now; return how many."""
-        return self._drive(self._ops.reap(limit))
+        return self._drive(self._ops.call(Ops.reap, limit))
 
     def expire(self, limit: int = core.EXPIRE_BATCH) -> int:
         """End queued tasks whose deadline passed now (as the housekeeping does); return
         how many expired."""
-        return self._drive(self._ops.expire(limit))
+        return self._drive(self._ops.call(Ops.expire, limit))
 
     def expire_lease(self, task_id: str) -> int:
         """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""
-        return self._drive(self._ops.expire_lease(task_id))
+        return self._drive(self._ops.call(Ops.expire_lease, task_id))
 
     def purge(self, limit: int = core.PURGE_BATCH) -> int:
         """Remove up to ``limit`` terminal tasks older than the retention; return how many."""
-        return self._drive(self._ops.purge(limit))
+        return self._drive(self._ops.call(Ops.purge, limit))
 
     def purge_tasks(self, task_ids: Sequence[str]) -> int:
         """Remove these terminal tasks now, whatever the retention, with everything they
@@ -555,15 +497,15 @@ class Scheduler(BaseScheduler):
         dependents that it ended, is left as it is; an unknown id is skipped. Dependents
         keep their own records (a later dependency on a removed id is unknown).
         """
-        return self._drive(self._ops.purge_tasks(task_ids))
+        return self._drive(self._ops.call(Ops.purge_tasks, task_ids))
 
     def set_retention(self, retention_s: float) -> None:
         """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
-        return self._drive(self._ops.set_retention(retention_s))
+        return self._drive(self._ops.call(Ops.set_retention, retention_s))
 
     def compact(self, budget: int = limits.MAX_COMPACT_BUDGET) -> int:
         """Drop stale queue entries if they pile up (one bounded step); return how many."""
-        return self._drive(self._ops.compact(budget))
+        return self._drive(self._ops.call(Ops.compact, budget))
 
     def housekeeping(self, purge_calls: int = 20) -> Chores:
         """The periodic chores every worker runs: reap leases, expire tasks past their
@@ -575,12 +517,12 @@ class Scheduler(BaseScheduler):
         leases were reaped, tasks expired, stale queue entries dropped, terminal tasks purged and
         counter fields deleted.
         """
-        return self._drive(self._ops.housekeeping(purge_calls))
+        return self._drive(self._ops.call(Ops.housekeeping, purge_calls))
 
     def payload_limit(self) -> int:
         """The namespace's payload limit in bytes: the largest encoded payload the scripts
         accept (``set_payload_limit``; the default 1 MiB while none is set)."""
-        return self._drive(self._ops.payload_limit())
+        return self._drive(self._ops.call(Ops.payload_limit))
 
     def set_payload_limit(self, limit: int | None) -> int:
         """Set the namespace's payload limit to ``limit`` bytes, at most
@@ -592,7 +534,7 @@ class Scheduler(BaseScheduler):
         producer can raise it for itself. A scheduler's own ``max_payload_bytes`` is only
         a check before sending, which can lower the limit for its calls but never raise it.
         """
-        return self._drive(self._ops.set_payload_limit(limit))
+        return self._drive(self._ops.call(Ops.set_payload_limit, limit))
 
     def set_max_running(self, max_running: int | None) -> None:
         """Set the fleet-wide bound on running tasks (None removes it). Last writer wins."""
@@ -616,11 +558,11 @@ class Scheduler(BaseScheduler):
         tasks' entries). Inside each fairness key claims follow this order; across keys
         they take turns (README, "Tenants and fairness"). Last writer wins.
         """
-        return self._drive(self._ops.set_order(order, aging))
+        return self._drive(self._ops.call(Ops.set_order, order, aging))
 
     def order(self) -> OrderSetting:
         """The namespace's claim order and aging (``set_order``)."""
-        return self._drive(self._ops.order())
+        return self._drive(self._ops.call(Ops.order))
 
     def set_key(
         self,
@@ -641,15 +583,15 @@ class Scheduler(BaseScheduler):
         its rate is skipped until its next token. Turns the namespace fair if it was not.
         Takes effect at the next claim.
         """
-        return self._drive(self._ops.set_key(key, cap, weight, rate, per))
+        return self._drive(self._ops.call(Ops.set_key, key, cap, weight, rate, per))
 
     def set_default_key_cap(self, cap: int | None) -> None:
         """Set the cap of every fairness key that has none of its own (None: no cap)."""
-        return self._drive(self._ops.set_default_key_cap(cap))
+        return self._drive(self._ops.call(Ops.set_default_key_cap, cap))
 
     def key_info(self, key: str) -> KeyInfo:
         """The settings, running and queued counts of fairness key ``key``."""
-        return self._drive(self._ops.key_info(key))
+        return self._drive(self._ops.call(Ops.key_info, key))
 
     def fair_keys(self, limit: int = 100) -> list[KeyInfo]:
         """Up to ``limit`` fairness keys with work or settings, most running first."""
@@ -659,7 +601,7 @@ class Scheduler(BaseScheduler):
 
     def status(self, task_id: str) -> TaskInfo:
         """A snapshot of one task; ``NotFoundError`` for an unknown id."""
-        return self._drive(self._ops.status(task_id))
+        return self._drive(self._ops.call(Ops.status, task_id))
 
     def stats(self) -> Stats:
         """Counts per state, queue entries vs live ones, leases, capacity, retention."""
@@ -677,15 +619,15 @@ class Scheduler(BaseScheduler):
 
         Bounded reads whatever the namespace's size; ``NotFoundError`` for an unknown id.
         """
-        return self._drive(self._ops.explain(task_id))
+        return self._drive(self._ops.call(Ops.explain, task_id))
 
     def leases(self) -> list[tuple[str, float]]:
         """Running task ids with their lease deadlines (epoch seconds, server clock)."""
-        return self._drive(self._ops.leases())
+        return self._drive(self._ops.call(Ops.leases))
 
     def server_time(self) -> float:
         """The Redis server's clock, epoch seconds (the clock that decides due-ness)."""
-        return self._drive(self._ops.server_time())
+        return self._drive(self._ops.call(Ops.server_time))
 
     def tasks(
         self,
@@ -715,7 +657,7 @@ class Scheduler(BaseScheduler):
         minutes (1 to 1440), oldest first, up to the current minute (server clock), with
         zeros where nothing ended. A failed attempt counts even if the task was retried;
         a lost lease counts as failed."""
-        return self._drive(self._ops.throughput(minutes))
+        return self._drive(self._ops.call(Ops.throughput, minutes))
 
     def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
         """One step of a scan over every task's record: ``(next cursor, rows)``.
@@ -727,7 +669,7 @@ class Scheduler(BaseScheduler):
 
     def exists(self) -> bool:
         """True when the namespace has any data in this Redis."""
-        return self._drive(self._ops.exists())
+        return self._drive(self._ops.call(Ops.exists))
 
     def clear(self) -> None:
         """Delete every task and setting of the namespace (irreversible)."""

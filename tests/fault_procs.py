@@ -35,6 +35,7 @@ from typing import Any
 import redis
 
 from distsched import Claim, Outcome, Scheduler, Worker, current_task
+from distsched.worker.link import WorkerLink
 
 
 def runs_key(namespace: str) -> str:
@@ -59,22 +60,23 @@ def rows(client: redis.Redis, key: str) -> list[list[Any]]:
     return [json.loads(raw) for raw in raws]
 
 
+def log_reports(
+    s: Scheduler, kind: str, claims: Sequence[Claim], outcomes: Sequence[Outcome]
+) -> None:
+    pid = os.getpid()
+    for claim, outcome in zip(claims, outcomes, strict=True):
+        row = [claim.task_id, claim.version, claim.attempt, kind, outcome.value, pid]
+        s.client.rpush(reports_key(s.namespace), json.dumps(row))
+
+
 class ReportingScheduler(Scheduler):
     """A scheduler that logs every report the worker makes together with its answer."""
 
     def _log(self, kind: str, claims: Sequence[Claim], outcomes: Sequence[Outcome]) -> None:
-        pid = os.getpid()
-        for claim, outcome in zip(claims, outcomes, strict=True):
-            row = [claim.task_id, claim.version, claim.attempt, kind, outcome.value, pid]
-            self.client.rpush(reports_key(self.namespace), json.dumps(row))
+        log_reports(self, kind, claims, outcomes)
 
     def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         outcomes = super().complete_many(reports)
-        self._log("complete", [claim for claim, _ in reports], outcomes)
-        return outcomes
-
-    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
-        outcomes = super().complete_encoded(reports)
         self._log("complete", [claim for claim, _ in reports], outcomes)
         return outcomes
 
@@ -87,6 +89,19 @@ class ReportingScheduler(Scheduler):
         outcome = super().confirm_cancel(claim)
         self._log("confirm_cancel", [claim], [outcome])
         return outcome
+
+
+class ReportingLink(WorkerLink):
+    """Logs the completions the worker sends pre-encoded, with their answers."""
+
+    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
+        outcomes = super().complete_encoded(reports)
+        log_reports(self.scheduler, "complete", [claim for claim, _ in reports], outcomes)
+        return outcomes
+
+
+class ReportingWorker(Worker):
+    link_class = ReportingLink
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             client.rpush(seen_key(ns), json.dumps([ctx.lease_lost, ctx.cancel_requested, pid]))
         return f"attempt {ctx.attempt}"
 
-    worker = Worker(
+    worker = ReportingWorker(
         s, {"record": record, "watch": watch}, concurrency=args.concurrency, grace=args.grace
     )
     print("started", flush=True)

@@ -88,22 +88,6 @@ def test_sync_scheduler_sees_what_the_async_one_wrote(
         sync.close()
 
 
-def test_async_wait_for_wake_returns_when_a_task_is_scheduled(
-    redis_server: RedisServer, namespace: str
-) -> None:
-    async def story() -> bool:
-        s = AsyncScheduler.from_url(redis_server.url, namespace=namespace)
-        try:
-            waiter = asyncio.create_task(s.wait_for_wake(10.0))
-            await asyncio.sleep(0.2)
-            await s.schedule("now", fn="f")
-            return await asyncio.wait_for(waiter, 5.0)
-        finally:
-            await s.close()
-
-    assert run(story()) is True
-
-
 def test_async_status_names_the_root_cause_and_path_of_a_blocked_task(
     redis_server: RedisServer, namespace: str
 ) -> None:

@@ -26,6 +26,7 @@ from distsched.cli.worker import load_app
 from distsched.core import Order, OrderSetting
 from distsched.text import parse_duration
 from distsched.tools.embedded import EmbeddedRedisUnavailable, embedded_redis
+from distsched.worker.link import WorkerLink
 from tests.conftest import (
     CLI_COMMAND,
     RedisServer,
@@ -569,7 +570,7 @@ def test_embedded_fakeredis_runs_every_script_and_delivers_wake_ups() -> None:
         try:
             # An idle worker listening on its own channel is woken by the new task.
             channel = s.keys.worker_channel("w")
-            if s.uses_sharded_pubsub():
+            if WorkerLink(s).uses_sharded_pubsub():
                 pubsub.ssubscribe(channel)
             else:
                 pubsub.subscribe(channel)

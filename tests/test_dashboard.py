@@ -26,6 +26,7 @@ from starlette.routing import Mount  # noqa: E402
 from starlette.testclient import TestClient  # noqa: E402
 
 from distsched.dashboard import create_app  # noqa: E402
+from distsched.worker.link import WorkerLink  # noqa: E402
 
 TOKEN = "correct horse battery staple, and a staple more"
 HOSTILE_ID = "<script>alert(1)</script>"
@@ -75,7 +76,7 @@ def register(s: Scheduler, worker_id: str) -> None:
     info = WorkerInfo(
         worker_id, "host-1", 4242, "0.1.0", 4, ("step", HOSTILE_FN), 0.0, 0.0, 1, counts, 1.0, 5.0
     )
-    s.register_worker(info)
+    WorkerLink(s).register_worker(info)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from distsched.errors import (
     NotFoundError,
     UnknownDependencyError,
 )
+from distsched.ops.base import once
 from tests.conftest import RedisServer, namespace_keys, python_command, subprocess_env
 
 
@@ -899,7 +900,7 @@ def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
     _fan_out(s)
     [claim] = s.ready(10, WORKER)
     # The script alone, as an interrupted caller would leave it: one budget settled.
-    left, [outcome] = s._drive(s._ops.once(core.fail_call(s.keys, [(claim, "boom")])))
+    left, [outcome] = s._drive(once(core.fail_call(s.keys, [(claim, "boom")])))
     assert outcome == b"applied"
     assert int(left) >= 1
 
@@ -911,7 +912,7 @@ def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
     done = blocked()
     assert 0 < done < FAN
     for _ in range(3):
-        left, [used] = s._drive(s._ops.once(core.propagate_call(s.keys, 10)))
+        left, [used] = s._drive(once(core.propagate_call(s.keys, 10)))
         assert 1 <= int(used) <= 10
         assert int(left) >= 1
         now = blocked()
@@ -919,9 +920,9 @@ def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
         done = now
     # Still telling its dependents: a new version is refused by the script itself ...
     with pytest.raises(BusyError):
-        s._drive(s._ops.once(core.schedule_call(s.keys, [spec("root")], s.max_payload_bytes)))
+        s._drive(once(core.schedule_call(s.keys, [spec("root")], s.max_payload_bytes)))
     with pytest.raises(BusyError):
-        s._drive(s._ops.once(core.retry_call(s.keys, "root", True)))
+        s._drive(once(core.retry_call(s.keys, "root", True)))
     assert s.status("root").state is State.FAILED
     assert blocked() == done
     # ... while the client settles first, then writes it.

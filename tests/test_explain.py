@@ -14,6 +14,8 @@ import redis
 from distsched import Scheduler, State, TaskSpec, core
 from distsched.core import EXPLAIN_LIMIT, SERVED_LIVE_S, BlockedBy, DepState, Reason
 from distsched.errors import InvalidArgument, NotFoundError
+from distsched.ops.namespace import Ops
+from distsched.worker.link import WorkerLink
 from distsched.worker.served import ServedFunctions
 from tests.conftest import RedisServer
 from tests.test_cli import assert_one_line_error, invoke
@@ -21,7 +23,7 @@ from tests.test_cli import assert_one_line_error, invoke
 
 def announce(scheduler: Scheduler, *functions: str) -> None:
     """A live worker's announcement of ``functions``, as workers make it."""
-    ServedFunctions(scheduler, functions, 0.0).announce()
+    ServedFunctions(WorkerLink(scheduler), functions, 0.0).announce()
 
 
 def claim_one(api: Scheduler, worker_id: str = "w-1") -> core.Claim:
@@ -272,7 +274,7 @@ def test_explain_sends_a_bounded_number_of_point_reads_whatever_the_namespace_ho
     scheduler.submit("sink", fn="f", deps=[s.task_id for s in many])
     scheduler.schedule("queued", fn="f")
     for task_id in ("sink", "queued", "dep-1999"):
-        _, commands = recorded(scheduler, scheduler._ops.explain(task_id))
+        _, commands = recorded(scheduler, scheduler._ops.call(Ops.explain, task_id))
         assert {c[0] for c in commands} <= BOUNDED, commands
         assert len(commands) <= 12
         # One HMGET of the shown dependencies at most: its key and EXPLAIN_LIMIT ids.
@@ -286,7 +288,7 @@ def test_the_path_of_a_blocked_task_is_read_for_at_most_fifty_hops(
     scheduler.schedule(chain[0], fn="f")
     scheduler.submit_graph([TaskSpec(c, "f", deps=[p]) for p, c in itertools.pairwise(chain)])
     scheduler.fail(claim_one(scheduler), "boom")
-    exp, commands = recorded(scheduler, scheduler._ops.explain(chain[-1]))
+    exp, commands = recorded(scheduler, scheduler._ops.call(Ops.explain, chain[-1]))
     assert exp.reasons == (Reason.BLOCKED,)
     assert exp.blocked_by is not None and exp.blocked_by.root == chain[0]
     assert exp.blocked_by.path[-1] == chain[-1]

@@ -26,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from distsched import Claim, Scheduler, TaskSpec
 from distsched.errors import InvalidArgument
+from distsched.ops.namespace import Ops
 from tests.conftest import RedisServer, python_command, require_extra, subprocess_env
 
 KEYS = ["", "a", "b", "bb"]
@@ -881,7 +882,9 @@ def test_stale_keyed_entries_are_compacted_and_do_not_grow_without_bound(
     # 10 * (live - 1) of them; compaction walks once they are at least COMPACT_MINIMUM
     # and the majority, so they stay below that bound plus a round or two.
     assert max(sizes) <= live + core.COMPACT_MINIMUM + 2 * live
-    while scheduler._drive(scheduler._ops.run(core.compact_call(scheduler.keys, 10_000, 0)))[0]:
+    while scheduler._drive(
+        scheduler._ops.call(Ops.run, core.compact_call(scheduler.keys, 10_000, 0))
+    )[0]:
         pass
     assert redis_client.zcard(scheduler.keys.fairq) == live - 1
     claims, _ = scheduler.claim(live, "w")
@@ -900,7 +903,9 @@ def test_compaction_removes_every_stale_keyed_entry_once_they_are_the_majority(
     assert redis_client.zcard(scheduler.keys.fairq) == 51
     removed = 0
     for _ in range(20):
-        removed += scheduler._drive(scheduler._ops.run(core.compact_call(scheduler.keys, 7, 0)))[0]
+        removed += scheduler._drive(
+            scheduler._ops.call(Ops.run, core.compact_call(scheduler.keys, 7, 0))
+        )[0]
     assert removed == 50
     assert redis_client.zcard(scheduler.keys.fairq) == 1
     claims, _ = scheduler.claim(5, "w")

@@ -36,6 +36,7 @@ from distsched.text import (
     redact_text,
     show,
 )
+from distsched.worker.link import WorkerLink
 from distsched.worker.logs import redis_location
 from tests.conftest import RedisServer, free_port, put_payload, running
 
@@ -299,7 +300,7 @@ def hostile(
     claim = next(c for c in claims if c.task_id == failed)
     scheduler.fail(claim, f"Traceback:\n  {HOSTILE}\nValueError: {HOSTILE}")
     scheduler.add_schedule("every" + HOSTILE, fn="fn" + HOSTILE, interval=3600)
-    scheduler.register_worker(
+    WorkerLink(scheduler).register_worker(
         WorkerInfo(
             "w" + HOSTILE, "host" + HOSTILE, 1, "1.0" + HOSTILE, 1, ("fn" + HOSTILE,), 0.0, 0.0,
             1, {"claimed" + HOSTILE: 1}, 1.0, 5.0,

@@ -16,6 +16,7 @@ import pytest
 import redis
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, current_task
+from distsched.worker.link import WorkerLink
 from distsched.worker.logs import LOG_QUEUE_MAX, NonBlockingHandler
 from tests.conftest import CLI_COMMAND, REPO_ROOT, RedisServer, running, subprocess_env
 
@@ -182,15 +183,24 @@ class FailingReports(Scheduler):
 
     down = threading.Event()
 
-    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
-        if self.down.is_set():
-            raise redis.ConnectionError("reports cut off")
-        return super().complete_encoded(reports)
-
     def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         if self.down.is_set():
             raise redis.ConnectionError("reports cut off")
         return super().fail_many(reports)
+
+
+class FailingCompletions(WorkerLink):
+    """Completions fail with the other reports of a ``FailingReports`` scheduler."""
+
+    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
+        s = self.scheduler
+        if isinstance(s, FailingReports) and s.down.is_set():
+            raise redis.ConnectionError("reports cut off")
+        return super().complete_encoded(reports)
+
+
+class FailingReportsWorker(Worker):
+    link_class = FailingCompletions
 
 
 def test_report_calls_that_keep_failing_while_claims_succeed_hold_no_more_than_the_bound(
@@ -208,7 +218,9 @@ def test_report_calls_that_keep_failing_while_claims_succeed_hold_no_more_than_t
             runs[current_task().task_id] += 1
         return work(i)
 
-    worker = Worker(s, {"work": counted}, concurrency=concurrency, max_unsent=max_unsent)
+    worker = FailingReportsWorker(
+        s, {"work": counted}, concurrency=concurrency, max_unsent=max_unsent
+    )
     try:
         with running(worker), Load(redis_server.url, namespace) as load:
             peak_leases = 0

@@ -30,6 +30,7 @@ from distsched.metrics import (
     PrometheusMetrics,
     serve_metrics,
 )
+from distsched.worker.link import WorkerLink
 from tests.conftest import (
     CLI_COMMAND,
     RedisServer,
@@ -227,7 +228,7 @@ def test_a_worker_exports_its_outcomes_latencies_and_the_namespace_gauges(
     assert metrics[sample("distsched_claim_latency_seconds_bucket", le="2.5")] == claims
 
 
-class ReplyLostScheduler(Scheduler):
+class ReplyLostLink(WorkerLink):
     """The first completion is applied by Redis but its reply never arrives, as when a
     connection drops mid-call: the worker sends it again and hears 'duplicate'."""
 
@@ -241,15 +242,19 @@ class ReplyLostScheduler(Scheduler):
         return outcomes
 
 
+class ReplyLostWorker(Worker):
+    link_class = ReplyLostLink
+
+
 def test_a_report_repeated_after_a_lost_reply_counts_as_duplicate(
     redis_client: redis.Redis,
     namespace: str,
     registry: CollectorRegistry,
     endpoint: MetricsServer,
 ) -> None:
-    s = ReplyLostScheduler(redis_client, namespace=namespace, lease_s=LEASE_S)
+    s = Scheduler(redis_client, namespace=namespace, lease_s=LEASE_S)
     s.schedule("once", fn="ok")
-    worker = Worker(s, FUNCTIONS, concurrency=2, metrics=PrometheusMetrics(registry))
+    worker = ReplyLostWorker(s, FUNCTIONS, concurrency=2, metrics=PrometheusMetrics(registry))
     thread = run_in_thread(worker)
     try:
         scraped_until(

@@ -95,7 +95,6 @@ LAYERS: list[set[str]] = [
         "distsched.wire",
         "distsched.ops",
         "distsched.core",
-        "distsched.stripes",
     },
     {
         "distsched",

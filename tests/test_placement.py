@@ -15,6 +15,7 @@ import redis
 from distsched import Outcome, Scheduler, State, TaskSpec, core, views
 from distsched.core import PLACE_PART, Reason
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
+from distsched.ops.namespace import Ops
 
 WORKER = "w"
 # Two full parts and a short one after the first call.
@@ -204,7 +205,7 @@ def test_a_hold_option_other_than_1_is_refused_naming_it_and_nothing_is_written(
     call = core.schedule_call(scheduler.keys, [TaskSpec("t", "f")], 1 << 20)
     call.args[3] = f"{call.args[3]} hold={hold}"
     with pytest.raises(InvalidArgument, match="hold"):
-        scheduler._drive(scheduler._ops.run(call))
+        scheduler._drive(scheduler._ops.call(Ops.run, call))
     with pytest.raises(NotFoundError):
         scheduler.status("t")
 
@@ -217,7 +218,7 @@ def test_a_part_naming_another_version_than_the_held_one_is_refused(
     held = scheduler.status("sink").version
     stale = core.add_deps_call(scheduler.keys, "sink", ids[-1:], False, (held - 1, True))
     with pytest.raises(ConflictError, match="another version"):
-        scheduler._drive(scheduler._ops.run(stale))
+        scheduler._drive(scheduler._ops.call(Ops.run, stale))
     assert scheduler.status("sink").placing
 
 

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from typing import ClassVar
 
 import pytest
 import redis
@@ -13,6 +14,7 @@ import redis
 from distsched import Claim, Outcome, Scheduler, State, Worker
 from distsched.errors import ScriptError
 from distsched.keys import Keys
+from distsched.worker.link import WorkerLink
 from tests.cluster_fixtures import wait_until
 from tests.conftest import RedisServer, running
 
@@ -57,10 +59,10 @@ def test_an_outcome_redis_refuses_is_sent_again_until_applied_not_dropped(
         admin.close()
 
 
-class RefusingScheduler(Scheduler):
+class RefusingLink(WorkerLink):
     """Refuses every completion batch that holds a task named in ``refused``."""
 
-    refused: set[str]
+    refused: ClassVar[set[str]] = set()
 
     def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
         bad = [c.task_id for c, _ in reports if c.task_id in self.refused]
@@ -69,15 +71,19 @@ class RefusingScheduler(Scheduler):
         return super().complete_encoded(reports)
 
 
+class RefusingWorker(Worker):
+    link_class = RefusingLink
+
+
 def test_one_refused_report_does_not_hold_back_the_others_and_is_applied_once_accepted(
     redis_server: RedisServer, namespace: str
 ) -> None:
-    s = RefusingScheduler(redis.Redis.from_url(redis_server.url), namespace=namespace, lease_s=10.0)
-    s.refused = {"bad"}
+    s = Scheduler(redis.Redis.from_url(redis_server.url), namespace=namespace, lease_s=10.0)
+    RefusingLink.refused = {"bad"}
     ids = ["bad", *(f"good{i}" for i in range(6))]
     for task_id in ids:
         s.schedule(task_id, fn="f")
-    worker = Worker(s, {"f": lambda: None}, concurrency=len(ids))
+    worker = RefusingWorker(s, {"f": lambda: None}, concurrency=len(ids))
     try:
         with running(worker):
             wait_until(
@@ -85,11 +91,12 @@ def test_one_refused_report_does_not_hold_back_the_others_and_is_applied_once_ac
                 "the other completions",
             )  # fmt: skip
             assert s.status("bad").state is State.RUNNING
-            s.refused = set()
+            RefusingLink.refused = set()
             wait_until(lambda: s.status("bad").state is State.SUCCEEDED, 60, "the refused one")
         assert worker.counts["succeeded"] == len(ids)
         assert all(s.status(i).attempt == 1 for i in ids)
     finally:
+        RefusingLink.refused = set()
         s.close()
 
 

@@ -20,6 +20,7 @@ import redis
 
 from distsched import Scheduler, State, TaskSpec, Worker, core
 from distsched.core import Claim
+from distsched.ops.base import once
 from tests.conftest import RedisServer, namespace_keys
 
 # Hashes holding one field per task id.
@@ -225,9 +226,7 @@ def test_a_task_still_settling_its_dependents_is_kept_until_they_are_settled(
     claim = claim_one(scheduler, "root")
     # The raw transition, without the client's automatic settling: the completion
     # settles one budget of dependents and leaves the rest queued for propagation.
-    left, _ = scheduler._drive(
-        scheduler._ops.once(core.complete_call(scheduler.keys, [(claim, None)]))
-    )
+    left, _ = scheduler._drive(once(core.complete_call(scheduler.keys, [(claim, None)])))
     assert int(left) > 0
     assert scheduler.client.zscore(scheduler.keys.propagating, "proot") is not None
 

@@ -30,6 +30,7 @@ from distsched import (
 )
 from distsched.errors import InvalidArgument, ScriptError
 from distsched.keys import KEY_NAMES, Keys
+from distsched.ops.base import once
 from distsched.scripts import SCRIPT_NAMES, Registry, lua_dir, source
 from tests.conftest import RedisServer
 
@@ -810,7 +811,7 @@ def test_a_user_limited_to_the_namespace_prefix_can_run_everything(
 
 def raw(s: Scheduler, call: core.Call) -> tuple[int, list[Any]]:
     """One script call as it is, without settling what it leaves: (jobs left, values)."""
-    return s._drive(s._ops.once(call))
+    return s._drive(once(call))
 
 
 class RecordingScheduler(Scheduler):

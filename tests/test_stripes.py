@@ -21,6 +21,7 @@ from redis.crc import key_slot
 from distsched import Outcome, Scheduler, State, TaskSpec, Worker
 from distsched.errors import ConflictError, InvalidArgument
 from distsched.keys import Keys, stripe_of
+from distsched.worker.link import WorkerLink
 from tests.cluster_fixtures import LocalCluster, wait_until
 from tests.conftest import RedisServer, python_command, running, subprocess_env
 from tests.worker_procs import live_key
@@ -104,7 +105,7 @@ def test_a_striped_namespace_puts_each_stripe_in_its_own_slot_and_each_task_on_i
     try:
         ids = [f"job:{i}" for i in range(60)]
         s.schedule_many([TaskSpec(i, "f") for i in ids])
-        stripe_keys = s.stripe_keys()
+        stripe_keys = WorkerLink(s).stripe_keys()
         assert [k.stripe for k in stripe_keys] == [0, 1, 2]
         slots = []
         for keys in stripe_keys:
@@ -139,13 +140,13 @@ def test_the_stripe_count_is_stored_and_a_different_count_is_refused_while_tasks
         Scheduler(redis_client, namespace=namespace, stripes=1)
     # Opened without a count, a scheduler (a worker's, the CLI's) reads the stored one.
     with Scheduler(redis_client, namespace=namespace) as again:
-        assert len(again.stripe_keys()) == 3
+        assert len(WorkerLink(again).stripe_keys()) == 3
         assert again.status("t7").state is State.READY
         assert again.stats()["counts"]["ready"] == 10
         again.clear()
     # Empty, the namespace takes a new count.
     with Scheduler(redis_client, namespace=namespace, stripes=2) as fresh:
-        assert len(fresh.stripe_keys()) == 2
+        assert len(WorkerLink(fresh).stripe_keys()) == 2
         fresh.clear()
 
 
@@ -154,7 +155,7 @@ def test_an_unstriped_namespace_is_a_one_stripe_namespace_and_stores_nothing(
 ) -> None:
     with Scheduler(redis_client, namespace=namespace) as s:
         s.schedule("a", fn="f")
-        assert s.stripe_keys() == [Keys(namespace)]
+        assert WorkerLink(s).stripe_keys() == [Keys(namespace)]
         assert redis_client.hget(s.keys.meta, "stripes") is None
     # Tasks already there: going striped would move ids, so it is refused.
     with pytest.raises(ConflictError, match="has 1 stripe"):
@@ -184,7 +185,9 @@ def test_a_dependency_across_stripes_is_refused_naming_both_ids_and_writes_nothi
             s.submit_graph([TaskSpec(a + "x", "f"), TaskSpec(c, "f"), TaskSpec(a, "f")])
         assert s.stats()["counts"] == before
         for task_id in (b, c, a + "x"):
-            assert not redis_client.hexists(s.stripe_keys()[stripe_of(task_id, 3)].tasks, task_id)
+            assert not redis_client.hexists(
+                WorkerLink(s).stripe_keys()[stripe_of(task_id, 3)].tasks, task_id
+            )
 
 
 def test_a_graph_whose_ids_share_a_tag_runs_end_to_end_on_one_stripe(
@@ -287,7 +290,9 @@ def test_max_running_holds_across_stripes_under_racing_worker_processes(
     limit, total = 5, 60
     s = Scheduler(redis_client, namespace=namespace, lease_s=5.0, stripes=3, max_running=limit)
     try:
-        shares = [int(redis_client.hget(k.meta, "max_running") or 0) for k in s.stripe_keys()]
+        shares = [
+            int(redis_client.hget(k.meta, "max_running") or 0) for k in WorkerLink(s).stripe_keys()
+        ]
         assert sum(shares) == limit and s.stats()["max_running"] == limit
         # Uneven on purpose: most work on stripe 2, so shares must move there.
         ids = ids_on(2, 3, 40) + ids_on(0, 3, 10) + ids_on(1, 3, 10)
@@ -295,7 +300,7 @@ def test_max_running_holds_across_stripes_under_racing_worker_processes(
         procs = [
             spawn("worker", redis_server.url, namespace, "--concurrency", "4") for _ in range(3)
         ]
-        metas = [k.meta for k in s.stripe_keys()]
+        metas = [k.meta for k in WorkerLink(s).stripe_keys()]
         try:
             samples: list[int] = []
 
@@ -526,10 +531,10 @@ def test_the_dashboard_shows_a_striped_namespace(redis_client: redis.Redis, name
 def test_shares_of_max_running_move_to_the_stripes_with_due_work_and_never_sum_above_it(
     redis_client: redis.Redis, namespace: str
 ) -> None:
-    from distsched.stripes import REBALANCE_EVERY_S
+    from distsched.ops.shares import REBALANCE_EVERY_S
 
     with Scheduler(redis_client, namespace=namespace, stripes=3, max_running=6) as s:
-        metas = [k.meta for k in s.stripe_keys()]
+        metas = [k.meta for k in WorkerLink(s).stripe_keys()]
 
         def shares() -> list[int]:
             return [int(redis_client.hget(m, "max_running") or 0) for m in metas]

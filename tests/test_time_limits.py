@@ -21,6 +21,7 @@ import pytest
 
 from distsched import Scheduler, State, TaskSpec, Worker, core, current_task
 from distsched.errors import InvalidArgument, NotFoundError, ScriptError
+from distsched.ops.base import once
 from tests.conftest import RedisServer, put_payload, running, stored_payload
 from tests.test_cli import assert_one_line_error, invoke
 from tests.test_worker import wait_state, wait_until
@@ -313,7 +314,7 @@ def raw_schedule(s: Scheduler, task_id: str, payload: bytes) -> Any:
     call = core.schedule_call(s.keys, [TaskSpec(task_id, "f")], 1 << 20)
     args = list(call.args)
     args[4] = payload
-    return s._drive(s._ops.once(core.Call(call.script, call.keys, args)))
+    return s._drive(once(core.Call(call.script, call.keys, args)))
 
 
 @pytest.mark.parametrize(

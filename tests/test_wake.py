@@ -25,6 +25,7 @@ from redis.retry import Retry
 
 from distsched import Scheduler, State, TaskInfo, Wait, Worker, current_task
 from distsched.core import IDLE_RECHECK_S, WaitReason
+from distsched.worker.link import WorkerLink
 from tests.conftest import RedisServer, python_command, running, subprocess_env
 from tests.test_cluster import cluster  # noqa: F401  (the fixture)
 
@@ -357,12 +358,12 @@ def test_what_a_claim_whose_reply_was_lost_claimed_goes_back_without_spending_an
             s.claim(2, "w", request_id="lost")
         # The script ran once the server was resumed.
         wait_until(lambda: s.status("a").state is State.RUNNING, 5, "the held claim to run")
-        assert s.hand_back_lost_claim("w", "other") == 0
-        assert s.hand_back_lost_claim("w", "lost") == 2
+        assert WorkerLink(s).hand_back_lost_claim("w", "other") == 0
+        assert WorkerLink(s).hand_back_lost_claim("w", "lost") == 2
         for task_id in ("a", "b"):
             info = s.status(task_id)
             assert (info.state, info.attempt) == (State.READY, 0)
-        assert s.hand_back_lost_claim("w", "lost") == 0
+        assert WorkerLink(s).hand_back_lost_claim("w", "lost") == 0
     finally:
         s.close()
         admin.close()
@@ -530,3 +531,17 @@ def test_a_worker_whose_claims_are_refused_stays_up_and_claims_once_allowed(
     finally:
         s.close()
         producer.close()
+
+
+def test_wait_for_wake_returns_when_a_task_is_scheduled(redis_server: RedisServer) -> None:
+    s = Scheduler(redis_server.client(), namespace=new_namespace(), lease_s=30.0)
+    woken: list[bool] = []
+    try:
+        waiter = threading.Thread(target=lambda: woken.append(WorkerLink(s).wait_for_wake(10.0)))
+        waiter.start()
+        time.sleep(0.2)
+        s.schedule("now", fn="f")
+        waiter.join(5.0)
+        assert woken == [True]
+    finally:
+        s.close()

@@ -19,6 +19,7 @@ import redis
 import distsched
 from distsched import Scheduler, Worker
 from distsched.core import WORKER_ALIVE_BEATS, WORKER_DROP_LEASES, Call, Commands, Request
+from distsched.worker.link import WorkerLink
 from tests.conftest import CLI_COMMAND, CliProcess, RedisServer, running
 from tests.test_cli import invoke
 from tests.test_worker import wait_state, wait_until
@@ -156,7 +157,7 @@ def test_workers_hides_an_entry_past_its_drop_time_before_housekeeping_removes_i
     entry = distsched.core.WorkerInfo(
         "ghost", "h", 1, "0", 1, ("f",), 0.0, 0.0, 0, {}, heartbeat_s=0.1, lease_s=0.3
     )
-    written = s.register_worker(entry)
+    written = WorkerLink(s).register_worker(entry)
     assert [w.worker_id for w in s.workers()] == ["ghost"]
     # Back-date the heartbeat past 3 leases, as if the worker was killed long ago.
     old = distsched.core.WorkerInfo(
@@ -168,7 +169,7 @@ def test_workers_hides_an_entry_past_its_drop_time_before_housekeeping_removes_i
     s.client.hset(s.keys.claims, mapping={"ghost": b"r1\n", "alive": b"r2\n"})
     assert s.workers() == []
     assert s.client.hexists(s.keys.workers, "ghost")
-    assert s.prune_workers() == 1
+    assert WorkerLink(s).prune_workers() == 1
     assert not s.client.exists(s.keys.workers)
     assert s.client.hkeys(s.keys.claims) == [b"alive"]
 
@@ -180,7 +181,9 @@ def test_an_unreadable_registry_entry_is_skipped_and_pruned(
         "w1", "h", 7, "1.0", 4, ("a", "b"), 0.0, 0.0, 1, {"claimed": 2}, heartbeat_s=1.0,
         lease_s=3.0,
     )  # fmt: skip
-    api.register_worker(entry)
+    # The registry's writes are the bundled worker's, through the sync scheduler.
+    link = WorkerLink(Scheduler(redis_client, namespace=api.namespace))
+    link.register_worker(entry)
     redis_client.hset(api.keys.workers, "junk", b"\xc1 not msgpack")
     redis_client.hset(api.keys.workers, "partial", msgpack.packb({"host": "h"}))
     (only,) = api.workers()
@@ -188,10 +191,10 @@ def test_an_unreadable_registry_entry_is_skipped_and_pruned(
         "w1", 7, ("a", "b"), {"claimed": 2},
     )  # fmt: skip
     assert only.alive and only.started == only.last_heartbeat
-    assert api.prune_workers() == 2
+    assert link.prune_workers() == 2
     assert set(redis_client.hkeys(api.keys.workers)) == {b"w1"}
-    assert api.unregister_worker("w1") is True
-    assert api.unregister_worker("w1") is False
+    assert link.unregister_worker("w1") is True
+    assert link.unregister_worker("w1") is False
     assert not redis_client.exists(api.keys.workers)
 
 

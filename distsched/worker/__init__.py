@@ -57,6 +57,7 @@ from distsched.worker.execution import (
 )
 from distsched.worker.heartbeat import Heartbeat, Registration
 from distsched.worker.jobs import Job, Phase, Slots
+from distsched.worker.link import WorkerLink
 from distsched.worker.listener import Listener
 from distsched.worker.logs import redis_location
 from distsched.worker.reports import Reporter, ReportKind, outcome_of
@@ -169,6 +170,9 @@ class Worker:
 
     # The executor of ``def`` functions (a subclass may stand in, e.g. in tests).
     thread_pool_class: type[ThreadPool] = ThreadPool
+    # What the worker asks of the namespace beyond the public API (a subclass may stand
+    # in, e.g. in tests that make those calls fail).
+    link_class: type[WorkerLink] = WorkerLink
 
     def __init__(
         self,
@@ -246,10 +250,11 @@ class Worker:
         self._stop_grace: float | None = None
         self._wake = threading.Event()
         self._slots = Slots(concurrency, max_unsent)
-        self._served = ServedFunctions(scheduler, self.functions, self.unserved_timeout)
-        self._reporter = Reporter(scheduler, self._slots, self.metrics, self._served)
+        link = self.link_class(scheduler)
+        self._served = ServedFunctions(link, self.functions, self.unserved_timeout)
+        self._reporter = Reporter(link, self._slots, self.metrics, self._served)
         self._registration = Registration(
-            scheduler, self.worker_id, self.functions, concurrency, self.heartbeat_s, self._slots
+            link, self.worker_id, self.functions, concurrency, self.heartbeat_s, self._slots
         )
         self._heartbeat = Heartbeat(
             scheduler, self._slots, self.metrics, self._served, self.heartbeat_s,
@@ -267,10 +272,10 @@ class Worker:
         has_async = any(inspect.iscoroutinefunction(f) for f in self.functions.values())
         self._loop = LoopPool(runner) if has_async else None
         self._listener = Listener(
-            scheduler, self._slots, self._wake, self._heartbeat.now, self.worker_id
+            link, self._slots, self._wake, self._heartbeat.now, self.worker_id
         )
         self._consumer = Consumer(
-            scheduler, self.worker_id, self.functions, self._slots, self._reporter,
+            link, self.worker_id, self.functions, self._slots, self._reporter,
             self._threads, self._loop, self.metrics, self._stopping, self._wake,
         )  # fmt: skip
         self._signals = SignalHandlers(

@@ -11,13 +11,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from distsched.client import Scheduler
 from distsched.core import IDLE_RECHECK_S, Claim, WaitReason
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import TRANSIENT, backoff
 from distsched.worker.execution import LoopPool, ThreadPool
 from distsched.worker.jobs import Phase, Slots
+from distsched.worker.link import WorkerLink
 from distsched.worker.reports import Reporter, ReportKind
 
 log = logging.getLogger("distsched.worker")
@@ -51,7 +51,7 @@ class Consumer:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        link: WorkerLink,
         worker_id: str,
         functions: Mapping[str, Callable[..., Any]],
         slots: Slots,
@@ -62,7 +62,8 @@ class Consumer:
         stopping: threading.Event,
         wake: threading.Event,
     ) -> None:
-        self.scheduler = scheduler
+        self.link = link
+        self.scheduler = link.scheduler
         self.worker_id = worker_id
         self.functions = functions
         self.slots = slots
@@ -188,7 +189,7 @@ class Consumer:
         try:
             if self.lost is not None:
                 # Stopping before a lost claim reply was recovered: hand its tasks back.
-                self.scheduler.hand_back_lost_claim(self.worker_id, self.lost)
+                self.link.hand_back_lost_claim(self.worker_id, self.lost)
                 self.lost = None
             # If it was the one idle worker waiting for the next entry, that passes on.
             self.scheduler.leave(self.worker_id)

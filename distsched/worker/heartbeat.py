@@ -18,6 +18,7 @@ from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import backoff
 from distsched.worker.jobs import Slots
+from distsched.worker.link import WorkerLink
 from distsched.worker.logs import TaskOutcome, task_fields, tasks_log
 from distsched.worker.reports import PASSING
 from distsched.worker.served import ServedFunctions
@@ -45,14 +46,15 @@ class Registration:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        link: WorkerLink,
         worker_id: str,
         functions: Collection[str],
         concurrency: int,
         heartbeat_s: float,
         slots: Slots,
     ) -> None:
-        self.scheduler = scheduler
+        self.link = link
+        scheduler = link.scheduler
         self.slots = slots
         self.prune_every = scheduler.lease_s
         self._entry = WorkerInfo(
@@ -88,7 +90,7 @@ class Registration:
         with self._lock:
             if self._closed:
                 return
-            written = self.scheduler.register_worker(entry)
+            written = self.link.register_worker(entry)
         if not e.started:
             # The first write fixes the start time (server clock) for good.
             self._entry = written
@@ -98,7 +100,7 @@ class Registration:
         if time.monotonic() < self._next_prune:
             return
         self._next_prune = time.monotonic() + self.prune_every
-        dropped = self.scheduler.prune_workers()
+        dropped = self.link.prune_workers()
         if dropped:
             log.info("dropped %d silent worker(s) from the worker registry", dropped)
 
@@ -106,7 +108,7 @@ class Registration:
         """Remove the entry for good (a clean stop); later writes do nothing."""
         with self._lock:
             self._closed = True
-            self.scheduler.unregister_worker(self._entry.worker_id)
+            self.link.unregister_worker(self._entry.worker_id)
 
 
 class Heartbeat:

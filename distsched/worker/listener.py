@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 
-from distsched.client import Scheduler
 from distsched.context import StopReason
 from distsched.subscription import Subscriber
 from distsched.worker.jobs import Slots
+from distsched.worker.link import WorkerLink
 
 
 class Listener:
@@ -25,20 +25,20 @@ class Listener:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        link: WorkerLink,
         slots: Slots,
         wake: threading.Event,
         heartbeat_now: threading.Event,
         worker_id: str | None = None,
     ) -> None:
-        self.scheduler = scheduler
+        self.link = link
         self.slots = slots
         self.wake = wake
         self.heartbeat_now = heartbeat_now
         self._subscriber = Subscriber(
-            scheduler.client,
-            lambda: scheduler.wake_channels(worker_id),
-            scheduler.uses_sharded_pubsub,
+            link.scheduler.client,
+            lambda: link.wake_channels(worker_id),
+            link.uses_sharded_pubsub,
             self.on_message,
             self.on_subscribed,
             name="distsched-listener",

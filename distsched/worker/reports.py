@@ -13,13 +13,13 @@ from typing import Any, NamedTuple
 from redis.exceptions import RedisClusterException
 
 from distsched import core
-from distsched.client import Scheduler
 from distsched.context import TaskContext
 from distsched.core import Outcome, State
 from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument, LeaseLost
 from distsched.metrics import WorkerMetrics
 from distsched.worker.common import RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
 from distsched.worker.jobs import Job, Slots
+from distsched.worker.link import WorkerLink
 from distsched.worker.logs import TaskOutcome, error_line, task_fields, tasks_log
 from distsched.worker.served import UNSERVED_RECHECK_S, GiveUp, HandBack, ServedFunctions
 
@@ -139,12 +139,13 @@ class Reporter:
 
     def __init__(
         self,
-        scheduler: Scheduler,
+        link: WorkerLink,
         slots: Slots,
         metrics: WorkerMetrics,
         served: ServedFunctions,
     ) -> None:
-        self.scheduler = scheduler
+        self.link = link
+        self.scheduler = link.scheduler
         self.slots = slots
         self.metrics = metrics
         self.served = served
@@ -357,7 +358,7 @@ class Reporter:
     def _call(self, kind: ReportKind, reports: list[Report]) -> list[Outcome]:
         s = self.scheduler
         if kind is ReportKind.COMPLETE:
-            return s.complete_encoded([(r.job.claim, r.value) for r in reports])  # type: ignore[misc]
+            return self.link.complete_encoded([(r.job.claim, r.value) for r in reports])  # type: ignore[misc]
         if kind is ReportKind.FAIL:
             return s.fail_many([(r.job.claim, r.value) for r in reports])
         if kind is ReportKind.CONFIRM_CANCEL:

@@ -13,8 +13,8 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from distsched.client import Scheduler
 from distsched.core import SERVED_ANNOUNCE_S, SERVED_LIVE_S, Claim
+from distsched.worker.link import WorkerLink
 
 log = logging.getLogger("distsched.worker")
 
@@ -53,9 +53,10 @@ class ServedFunctions:
     """
 
     def __init__(
-        self, scheduler: Scheduler, functions: Collection[str], unserved_timeout: float
+        self, link: WorkerLink, functions: Collection[str], unserved_timeout: float
     ) -> None:
-        self.scheduler = scheduler
+        self.link = link
+        self.scheduler = link.scheduler
         self.functions = sorted(functions)
         self.timeout = unserved_timeout
         self.refresh_s = ANNOUNCE_S
@@ -77,7 +78,7 @@ class ServedFunctions:
             return
         now_ms = int(self.scheduler.server_time() * 1000)
         # On every stripe: explain() reads it next to the task, in the task's slot.
-        for keys in self.scheduler.stripe_keys():
+        for keys in self.link.stripe_keys():
             self.scheduler.client.hset(keys.served, mapping=dict.fromkeys(self.functions, now_ms))
         self._next_refresh = time.monotonic() + self.refresh_s
 

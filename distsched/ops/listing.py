@@ -1,0 +1,195 @@
+"""Listings of a namespace's tasks, page by page, without scanning the namespace.
+
+``tasks`` lists one state: pending and terminal tasks from the per-state index (the
+``states`` sorted set, newest first), ready tasks from the queue (due order), running
+tasks from the leases (lease deadline order). ``scan_tasks`` walks every record.
+"""
+
+from __future__ import annotations
+
+from distsched.core import (
+    _INDEX_CODE,
+    RANKED_MARK,
+    TASKS_BUDGET_FACTOR,
+    TASKS_FILTER_CHUNK,
+    TASKS_LIMIT_MAX,
+    Op,
+    State,
+    TaskInfo,
+    TaskPage,
+    TaskRow,
+    _bytes,
+    _cursor_bytes,
+    _cursor_text,
+    _Entry,
+    _is_int,
+    _listed_info,
+    _mapping,
+    _one,
+    _pairs,
+    _parse_list_cursor,
+    decode_record,
+    list_state,
+)
+from distsched.errors import InvalidArgument, ScriptError
+from distsched.ops import routing as route
+from distsched.ops.base import Base
+
+
+class Listing(Base):
+    """Pages of tasks by state, and a scan over every task record."""
+
+    @route.striped
+    def scan_tasks(self, cursor: int, count: int) -> Op[tuple[int, list[TaskRow]]]:
+        if not _is_int(cursor) or cursor < 0:
+            raise InvalidArgument("cursor", "must be an int >= 0")
+        if not _is_int(count) or count < 1:
+            raise InvalidArgument("count", "must be an int >= 1")
+        (reply,) = yield _one(("HSCAN", self.keys.tasks, cursor, "COUNT", count))
+        next_cursor, fields = reply
+        rows = []
+        for raw_id, raw in _mapping(fields).items():
+            try:
+                record = decode_record(raw)
+            except ScriptError:  # a corrupt record has no row; status() names it
+                continue
+            updated_at = record.updated_ms / 1000.0
+            task_id = raw_id.decode("utf-8", "replace") if isinstance(raw_id, bytes) else raw_id
+            row = TaskRow(task_id, record.state, record.version, record.attempt, updated_at)
+            rows.append(row)
+        return int(next_cursor), rows
+
+    @route.striped
+    def tasks(
+        self, state: object, fn: object = None, limit: object = 50, cursor: object = None
+    ) -> Op[TaskPage]:
+        st = list_state(state)
+        if fn is not None and (not isinstance(fn, str) or not fn):
+            raise InvalidArgument("fn", "must be a non-empty str or None")
+        if not _is_int(limit) or not 1 <= limit <= TASKS_LIMIT_MAX:  # type: ignore[operator]
+            raise InvalidArgument("limit", f"must be an int in [1, {TASKS_LIMIT_MAX}]")
+        want_items = int(limit)  # type: ignore[call-overload]
+        if cursor is not None:
+            if not isinstance(cursor, str):
+                raise InvalidArgument("cursor", "must be a str or None")
+            _parse_list_cursor(st, cursor)
+        k = self.keys
+        budget = want_items * TASKS_BUDGET_FACTOR
+        examined = 0
+        items: list[TaskInfo] = []
+        position: str | None = cursor
+        while len(items) < want_items and examined < budget:
+            chunk = want_items - len(items)
+            if fn is not None:
+                chunk = max(chunk, TASKS_FILTER_CHUNK)
+            chunk = min(chunk, budget - examined)
+            entries, exhausted = yield from self._list_entries(st, position, chunk)
+            examined += max(len(entries), 1)
+            if entries:
+                ids = [e.task_id for e in entries]
+                reads = [("HMGET", key, *ids) for key in (k.tasks, k.payloads, k.results)]
+                reads += [("HMGET", k.deps, *ids), ("HMGET", k.history, *ids)]
+                records, payloads, results, deps, history = yield from self.read(*reads)
+            stopped = False
+            for i, entry in enumerate(entries):
+                position = entry.cursor
+                info = _listed_info(st, entry, records[i], payloads[i], results[i], deps[i],
+                                    history[i], fn)  # fmt: skip
+                if info is not None:
+                    items.append(info)
+                    if len(items) >= want_items:
+                        stopped = i < len(entries) - 1 or not exhausted
+                        break
+            if len(items) >= want_items:
+                if not stopped:
+                    position = None
+                break
+            if exhausted:
+                position = None
+                break
+        return TaskPage(tuple(items), position)
+
+    def _list_entries(
+        self, state: State, position: str | None, want: int
+    ) -> Op[tuple[list[_Entry], bool]]:
+        """The next ``want`` entries of a state's listing after ``position``, and whether
+        the listing ends within them (one more is read to tell)."""
+        k = self.keys
+        if state in _INDEX_CODE:
+            code = _INDEX_CODE[state].encode()
+            low = b"(" + _cursor_bytes(position) if position else b"[" + code
+            high = b"(" + bytes([code[0] + 1])
+            (members,) = yield from self.read(
+                ("ZRANGEBYLEX", k.states, low, high, "LIMIT", 0, want + 1), atomic=False
+            )
+            entries = [
+                _Entry(_bytes(m)[15:].decode("utf-8", "replace"), _bytes(m), None,
+                       _cursor_text(_bytes(m)))
+                for m in members[:want]
+            ]  # fmt: skip
+            return entries, len(members) <= want
+        if state is State.READY:
+            # The ready set of the priority order first (claim order; empty in the default
+            # order), then the queue; a cursor into the ready set starts with RANKED_MARK.
+            in_ranked = not position or position.startswith(RANKED_MARK)
+            if in_ranked:
+                after_ranked = position[len(RANKED_MARK) :] if position else None
+                entries, done = yield from self._list_sorted(
+                    k.ranked, state, after_ranked, want, RANKED_MARK
+                )
+                if not done:
+                    return entries, False
+                if len(entries) >= want:
+                    # The queue may hold more: the next page goes on from there.
+                    return entries, False
+                rest, done = yield from self._list_sorted(
+                    k.queue, state, None, want - len(entries), ""
+                )
+                return entries + rest, done
+            return (yield from self._list_sorted(k.queue, state, position, want, ""))
+        return (yield from self._list_sorted(k.leases, state, position, want, ""))
+
+    def _list_sorted(
+        self, key: str, state: State, position: str | None, want: int, mark: str
+    ) -> Op[tuple[list[_Entry], bool]]:
+        """``_list_entries`` of one sorted set (queue, ready set or leases); cursors get
+        ``mark`` in front."""
+        start, after = 0, None
+        if position:
+            after = _parse_list_cursor(state, position)
+            score, member = after
+            rank, now_score, below = yield from self.read(
+                ("ZRANK", key, member),
+                ("ZSCORE", key, member),
+                ("ZCOUNT", key, "-inf", f"({score}"),
+            )
+            if rank is not None and now_score is not None and int(float(now_score)) == score:
+                start, after = int(rank) + 1, None
+            else:
+                # The cursor's entry left (claimed, ended): go on from where it stood.
+                start = int(below)
+        read = want
+        while True:
+            (rows,) = yield from self.read(
+                ("ZRANGE", key, start, start + read, "WITHSCORES"), atomic=False
+            )
+            pairs = [(_bytes(m), int(float(sc))) for m, sc in _pairs(rows)]
+            exhausted = len(pairs) <= read
+            pairs = pairs[:read]
+            if after is not None:
+                # Entries of the cursor's score that sorted before it are still there:
+                # pass them, reading twice as many each time.
+                before = sum((sc, m) <= after for m, sc in pairs)
+                if before == len(pairs) and not exhausted:
+                    start, read = start + len(pairs), read * 2
+                    continue
+                kept = [(m, sc) for m, sc in pairs if (sc, m) > after]
+                exhausted = exhausted and len(kept) <= want
+                pairs = kept[:want]
+            break
+        entries = []
+        for member, score in pairs:
+            task_id = (member[22:] if state is State.READY else member).decode("utf-8", "replace")
+            text = f"{mark}{score}:{_cursor_text(member)}"
+            entries.append(_Entry(task_id, member, score, text))
+        return entries, exhausted

@@ -1,0 +1,442 @@
+"""The runtime path of a task: admission, claims, reports, leases, housekeeping, workers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from distsched import limits
+from distsched.core import (
+    EXPIRE_BATCH,
+    IDLE_MS,
+    MINUTES_KEEP,
+    MINUTES_MARGIN,
+    MINUTES_SCAN,
+    MINUTES_TRIM_STEP,
+    PLACE_PART,
+    PURGE_BATCH,
+    REAP_BATCH,
+    REPORTS_PER_CALL,
+    SERVER_TIME_LUA,
+    Admitted,
+    Call,
+    Chores,
+    Claim,
+    Commands,
+    Op,
+    Outcome,
+    State,
+    TaskSpec,
+    Wait,
+    WorkerInfo,
+    _count_or_none,
+    _is_int,
+    _minute_of,
+    _one,
+    _parts,
+    _text,
+    add_deps_call,
+    cancel_call,
+    claim_call,
+    compact_call,
+    complete_call,
+    confirm_cancel_call,
+    decode_claim_reply,
+    decode_kept_claim,
+    decode_outcomes,
+    decode_schedule_reply,
+    encode_worker,
+    expire_call,
+    fail_call,
+    forget_call,
+    heartbeat_call,
+    payload_weights,
+    placed_in_parts,
+    purge_call,
+    reap_call,
+    release_call,
+    retry_call,
+    schedule_batches,
+    schedule_call,
+    schedule_values,
+    validate_worker_id,
+)
+from distsched.errors import ConflictError, InvalidArgument, LeaseLostError
+from distsched.ops import merges
+from distsched.ops import routing as route
+from distsched.ops.inspect import Inspect
+
+# A batch of reports is checked whole, on stripe 0, before any part of it is sent to its
+# stripe: a bad item refuses all of it, as in an unstriped namespace.
+
+
+def _check_heartbeats(ops: Inspect, claims: Sequence[Claim]) -> None:
+    heartbeat_call(ops.keys, claims, ops.lease_ms)
+
+
+def _check_completions(
+    ops: Inspect, reports: Sequence[tuple[Claim, object]], encoded: bool = False
+) -> None:
+    complete_call(ops.keys, reports, encoded=encoded)
+
+
+def _check_failures(ops: Inspect, reports: Sequence[tuple[Claim, object]]) -> None:
+    fail_call(ops.keys, reports)
+
+
+def _check_releases(ops: Inspect, claims: Sequence[Claim], delay: float) -> None:
+    release_call(ops.keys, claims, delay)
+
+
+def _check_forget(ops: Inspect, task_ids: Sequence[str]) -> None:
+    forget_call(ops.keys, task_ids)
+
+
+class Runtime(Inspect):
+    """What producers and workers do to tasks, and the chores that keep a namespace tidy."""
+
+    # -------------------------------------------------------------- producers
+
+    @route.striped
+    def admit_many(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted]]:
+        batches = schedule_batches(specs)
+        if len(batches) > 1:
+            return (yield from self._admit_in_batches(specs, batches))
+        # Read here, where the operation starts: in the caller's thread or asyncio task.
+        trace = self.trace_context() if self.trace_context is not None else None
+        wide = placed_in_parts(specs)
+        if not wide:
+            call = schedule_call(self.keys, specs, self.max_payload_bytes, trace)
+            if not specs:
+                return []
+            batches = schedule_batches(specs, payload_weights(call))
+            if len(batches) > 1:
+                return (yield from self._admit_in_batches(specs, batches))
+            values = yield from self.run(call)
+            return decode_schedule_reply(specs, values)
+        # A task with more required dependencies than one part goes into the batch's one
+        # call held, with its first part; each further part is a call of its own, the last
+        # lifting the hold. No call makes it claimable before the last part, so claims see
+        # the batch as if it had been scheduled in one call. Everything is checked first.
+        firsts, rests = list(specs), {}
+        for i in wide:
+            spec = specs[i]
+            schedule_values(spec, self.max_payload_bytes, trace)
+            first_size = max(0, PLACE_PART - len(spec.optional_deps))
+            firsts[i] = replace(spec, deps=list(spec.deps)[:first_size])
+            rests[i] = list(spec.deps)[first_size:]
+        call = schedule_call(self.keys, firsts, self.max_payload_bytes, trace, held=wide)
+        batches = schedule_batches(specs, payload_weights(call))
+        if len(batches) > 1:
+            return (yield from self._admit_in_batches(specs, batches))
+        admitted = decode_schedule_reply(firsts, (yield from self.run(call)))
+        for i in wide:
+            if admitted[i].created:
+                yield from self._place_rest(specs[i], admitted[i].version, rests[i])
+        return admitted
+
+    def _admit_in_batches(
+        self, specs: Sequence[TaskSpec], batches: list[list[int]]
+    ) -> Op[list[Admitted]]:
+        """A batch larger than one call's caps, in calls of ``batches`` (dependencies
+        first): each call is atomic, the whole is not. Everything is checked first."""
+        trace = self.trace_context() if self.trace_context is not None else None
+        seen: set[str] = set()
+        for spec in specs:
+            if isinstance(spec, TaskSpec) and isinstance(spec.task_id, str):
+                if spec.task_id in seen:
+                    raise InvalidArgument("task_id", f"{spec.task_id!r} appears twice in one batch")
+                seen.add(spec.task_id)
+        for at in batches:
+            schedule_call(self.keys, [specs[i] for i in at], self.max_payload_bytes, trace)
+        result: list[Admitted | None] = [None] * len(specs)
+        for at in batches:
+            admitted = yield from self.admit_many([specs[i] for i in at])
+            for i, one in zip(at, admitted, strict=True):
+                result[i] = one
+        return [a for a in result if a is not None]
+
+    def _place_rest(self, spec: TaskSpec, version: int, rest: list[str]) -> Op[None]:
+        """Add ``rest`` to the held ``version`` in parts; the last lifts the hold."""
+        for start in range(0, len(rest), PLACE_PART):
+            last = start + PLACE_PART >= len(rest)
+            part = add_deps_call(
+                self.keys,
+                spec.task_id,
+                rest[start : start + PLACE_PART],
+                spec.allow_unknown,
+                (version, last),
+            )
+            try:
+                yield from self.run(part)
+            except ConflictError:
+                # The version ended (a dependency had failed, or it was cancelled) or
+                # was replaced meanwhile: it never runs, and the rest has nothing to add.
+                return
+
+    @route.by_id("task_id")
+    def cancel(self, task_id: str) -> Op[State]:
+        (state,) = yield from self.run(cancel_call(self.keys, task_id))
+        return State(_text(state))
+
+    @route.by_id("task_id")
+    def retry(self, task_id: str, cascade: bool) -> Op[int]:
+        (version,) = yield from self.run(retry_call(self.keys, task_id, cascade))
+        return int(version)
+
+    @route.striped
+    def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool) -> Op[None]:
+        yield from self.run(add_deps_call(self.keys, task_id, deps, allow_unknown))
+
+    # -------------------------------------------------------------- workers
+
+    @route.striped
+    def claim(
+        self, n: int, worker_id: str, listening: bool = False, request_id: str | None = None
+    ) -> Op[tuple[list[Claim], Wait | None]]:
+        if not isinstance(listening, bool):
+            raise InvalidArgument("listening", "must be a bool")
+        if _is_int(n) and n > limits.MAX_CLAIM:
+            # Up to n: one call hands out at most MAX_CLAIM, the rest is for the next.
+            n = limits.MAX_CLAIM
+        call = claim_call(self.keys, worker_id, n, self.lease_ms, listening, request_id)
+        reply = yield from self.run(call)
+        return decode_claim_reply(reply)
+
+    @route.by_ids("claims", route.in_order, route.task_id_of, _check_heartbeats)
+    def heartbeat_many(self, claims: Sequence[Claim]) -> Op[list[bool | None]]:
+        call = heartbeat_call(self.keys, claims, self.lease_ms)  # validates even when empty
+        if not claims:
+            return []
+        if len(claims) > REPORTS_PER_CALL:
+            out: list[bool | None] = []
+            for part in _parts(claims):
+                out += yield from self.heartbeat_many(part)
+            return out
+        return [None if int(v) == 0 else int(v) == 2 for v in (yield from self.run(call))]
+
+    @route.by_id("claim", route.task_id_of)
+    def heartbeat(self, claim: Claim) -> Op[bool]:
+        (status,) = yield from self.heartbeat_many([claim])
+        if status is None:
+            raise LeaseLostError(f"lease of {claim.task_id!r} attempt {claim.attempt} was lost")
+        return status
+
+    def _report(self, call: Call, count: int) -> Op[list[Outcome]]:
+        if count == 0:
+            return []
+        return decode_outcomes((yield from self.run(call)))
+
+    @route.by_ids("reports", route.in_order, route.report_task_id, _check_completions)
+    def complete_many(
+        self, reports: Sequence[tuple[Claim, object]], encoded: bool = False
+    ) -> Op[list[Outcome]]:
+        call = complete_call(self.keys, reports, encoded=encoded)
+        if len(reports) > REPORTS_PER_CALL:
+            out: list[Outcome] = []
+            for part in _parts(reports):
+                out += yield from self.complete_many(part, encoded)
+            return out
+        return (yield from self._report(call, len(reports)))
+
+    @route.by_ids("reports", route.in_order, route.report_task_id, _check_failures)
+    def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> Op[list[Outcome]]:
+        call = fail_call(self.keys, reports)
+        if len(reports) > REPORTS_PER_CALL:
+            out: list[Outcome] = []
+            for part in _parts(reports):
+                out += yield from self.fail_many(part)
+            return out
+        return (yield from self._report(call, len(reports)))
+
+    @route.by_id("claim", route.task_id_of)
+    def confirm_cancel(self, claim: Claim) -> Op[Outcome]:
+        (outcome,) = yield from self.run(confirm_cancel_call(self.keys, claim))
+        return Outcome(_text(outcome))
+
+    @route.every(merge=route.total)
+    def hand_back_lost_claim(self, worker_id: str, request_id: str) -> Op[int]:
+        validate_worker_id(worker_id)
+        if not isinstance(request_id, str) or not request_id:
+            raise InvalidArgument("request_id", "must be a non-empty str")
+        (raw,) = yield from self.read(("HGET", self.keys.claims, worker_id))
+        if raw is None:
+            return 0
+        kept_request, tokens = decode_kept_claim(raw)
+        if kept_request != request_id:
+            # That call claimed nothing, or never ran: nothing of it is held.
+            return 0
+        claims = [
+            Claim(task_id, version, attempt, fn="", args=(), kwargs={}, priority=0, run_at=0.0)
+            for task_id, version, attempt in tokens
+        ]
+        # The tokens fence it: a task reaped and claimed again since is not touched.
+        released = yield from self.release(claims, 0.0)
+        yield _one(("HDEL", self.keys.claims, worker_id))
+        return released
+
+    @route.by_ids("claims", route.total_of_parts, route.task_id_of, _check_releases)
+    def release(self, claims: Sequence[Claim], delay: float) -> Op[int]:
+        call = release_call(self.keys, claims, delay)
+        if not claims:
+            return 0
+        if len(claims) > REPORTS_PER_CALL:
+            released = 0
+            for part in _parts(claims):
+                released += yield from self.release(part, delay)
+            return released
+        return sum(int(v) for v in (yield from self.run(call)))
+
+    # -------------------------------------------------------------- worker presence
+
+    @route.every(merge=route.last_of)
+    def idle(self, worker_id: str) -> Op[None]:
+        """Count ``worker_id`` as an idle worker listening on its channel, for IDLE_MS."""
+        channel = self.keys.worker_channel(validate_worker_id(worker_id))
+        now = yield from self.server_time()
+        yield _one(("ZADD", self.keys.idle, int(now * 1000) + IDLE_MS, channel))
+
+    @route.every(merge=route.any_of)
+    def leave(self, worker_id: str) -> Op[bool]:
+        channel = self.keys.worker_channel(validate_worker_id(worker_id))
+        (woken,) = yield from self.run(
+            Call("leave", self.keys.for_script("leave"), [channel, worker_id])
+        )
+        return int(woken) == 1
+
+    @route.first
+    def register_worker(self, info: WorkerInfo) -> Op[WorkerInfo]:
+        """Write ``info`` into the worker registry, heartbeat stamped with the server's
+        time now (and ``started`` too when it is 0): one HSET."""
+        validate_worker_id(info.worker_id)
+        now = yield from self.server_time()
+        stamped = info.stamped(now)
+        yield _one(("HSET", self.keys.workers, info.worker_id, encode_worker(stamped)))
+        return stamped
+
+    @route.first
+    def unregister_worker(self, worker_id: str) -> Op[bool]:
+        """Remove a stopping worker from the registry; True if it was there."""
+        (removed,) = yield _one(("HDEL", self.keys.workers, validate_worker_id(worker_id)))
+        return int(removed) == 1
+
+    @route.striped
+    def prune_workers(self) -> Op[int]:
+        """Drop the registry entries whose last heartbeat is older than their
+        ``drop_after_s`` (on the server clock), and unreadable ones; return how many."""
+        gone = yield from self._read_workers()
+        dead = [
+            worker_id
+            for worker_id, info in gone
+            if info is None or info.seen_ago > info.drop_after_s
+        ]
+        if not dead:
+            return 0
+        # A worker that wrote again since the read loses its entry until its next round:
+        # it is rewritten every heartbeat, and only entries long silent are picked.
+        # The last claim a dead worker kept (lib/kept.lua) goes with it: nobody will
+        # send that claim again.
+        removed, _ = yield Commands(
+            (("HDEL", self.keys.workers, *dead), ("HDEL", self.keys.claims, *dead)), atomic=False
+        )
+        return int(removed)
+
+    # -------------------------------------------------------------- housekeeping
+
+    @route.every(merge=route.total)
+    def reap(self, limit: int) -> Op[int]:
+        return int((yield from self.run(reap_call(self.keys, limit=limit)))[0])
+
+    @route.by_id("task_id")
+    def expire_lease(self, task_id: str) -> Op[int]:
+        return int((yield from self.run(reap_call(self.keys, task_id=task_id)))[0])
+
+    @route.every(merge=route.total)
+    def expire(self, limit: int) -> Op[int]:
+        """End queued tasks whose deadline passed (at most ``limit`` deadline entries);
+        return how many expired."""
+        return int((yield from self.run(expire_call(self.keys, limit)))[0])
+
+    @route.every(merge=route.total)
+    def purge(self, limit: int) -> Op[int]:
+        if not _is_int(limit) or limit < 1:
+            raise InvalidArgument("limit", "must be an int >= 1")
+        return int((yield from self.run(purge_call(self.keys, limit)))[0])
+
+    @route.by_ids("task_ids", route.total_of_parts, check=_check_forget)
+    def purge_tasks(self, task_ids: Sequence[str]) -> Op[int]:
+        call = forget_call(self.keys, task_ids)
+        if not task_ids:
+            return 0
+        return int((yield from self.run(call))[0])
+
+    @route.every(merge=route.total)
+    def compact(self, budget: int) -> Op[int]:
+        if not _is_int(budget) or budget < 1:
+            raise InvalidArgument("budget", "must be an int >= 1")
+        return int((yield from self.run(compact_call(self.keys, budget)))[0])
+
+    @route.every(merge=merges.chores)
+    def housekeeping(self, purge_calls: int) -> Op[Chores]:
+        if not _is_int(purge_calls) or purge_calls < 0:
+            raise InvalidArgument("purge_calls", "must be an int >= 0")
+        reaped = yield from self.reap(REAP_BATCH)
+        expired = yield from self.expire(EXPIRE_BATCH)
+        compacted = yield from self.compact(limits.MAX_COMPACT_BUDGET)
+        purged = 0
+        for _ in range(purge_calls):
+            removed = yield from self.purge(PURGE_BATCH)
+            purged += removed
+            if removed < PURGE_BATCH:
+                break
+        trimmed = yield from self._trim_minutes()
+        return Chores(
+            reaped=reaped, expired=expired, compacted=compacted, purged=purged, trimmed=trimmed
+        )
+
+    def _trim_minutes(self) -> Op[int]:
+        """Delete per-minute counters older than ``MINUTES_KEEP + MINUTES_MARGIN`` minutes,
+        at most ``MINUTES_TRIM_STEP`` minutes per call; return the fields deleted.
+
+        The meta field ``minutes_from`` is the first minute not deleted yet, so each call
+        deletes forward from there by name, without reading the hash.
+        """
+        k = self.keys
+        clock, stored, size = yield from self.read(
+            ("EVAL", SERVER_TIME_LUA, 1, k.meta),
+            ("HGET", k.meta, "minutes_from"),
+            ("HLEN", k.minutes),
+            atomic=False,
+        )
+        current = (int(clock[0]) * 1000 + int(clock[1]) // 1000) // 60_000
+        cutoff = current - MINUTES_KEEP - MINUTES_MARGIN
+        start = _count_or_none(stored)
+        if start is not None and start > current:
+            # A first minute after the present one (junk, a clock set back) would stop the
+            # trimming for good: start again as if none were stored.
+            start = None
+        if start is None and int(size) > MINUTES_SCAN:
+            # Never trimmed and large (written by an older version's clients meanwhile?):
+            # start a week back rather than read it all.
+            start = cutoff - 7 * MINUTES_KEEP
+        elif start is None and int(size) > 0:
+            # Never trimmed: start at the oldest minute there is (a hash this small).
+            (names,) = yield from self.read(("HKEYS", k.minutes))
+            found = [m for m in map(_minute_of, names) if m is not None]
+            start = min(found, default=cutoff)
+        if start is None or int(size) == 0:
+            start = cutoff if start is None else max(start, cutoff)  # nothing to delete
+        if start >= cutoff:
+            if _count_or_none(stored) != start:
+                yield _one(("HSET", k.meta, "minutes_from", start))
+            return 0
+        stop = min(cutoff, start + MINUTES_TRIM_STEP)
+        fields = [f"{m}:{kind}" for m in range(start, stop) for kind in "sf"]
+        removed, _ = yield Commands(
+            (("HDEL", k.minutes, *fields), ("HSET", k.meta, "minutes_from", stop)), atomic=True
+        )
+        return int(removed)
+
+    @route.striped
+    def clear(self) -> Op[None]:
+        yield _one(("DEL", *self.keys.all_keys()))
