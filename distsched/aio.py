@@ -35,7 +35,6 @@ from distsched.core import (
     TaskSpec,
     Wait,
 )
-from distsched.keys import Keys
 from distsched.ops.namespace import Ops
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
@@ -321,10 +320,6 @@ class AsyncScheduler(BaseScheduler):
     async def release(self, claims: Sequence[Claim], *, delay: float = 0.0) -> int:
         """See :meth:`Scheduler.release`."""
         return await self._drive(self._ops.call(Ops.release, claims, delay))
-
-    async def stripe_keys(self) -> list[Keys]:
-        """See :meth:`Scheduler.stripe_keys`."""
-        return await self._drive(self._ops.stripe_keys())
 
     async def leave(self, worker_id: str) -> bool:
         """See :meth:`Scheduler.leave`."""

@@ -448,12 +448,6 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.call(Ops.release, claims, delay))
 
-    def stripe_keys(self) -> list[Keys]:
-        """The keys of each stripe of the namespace, stripe 0 (the namespace's own) first."""
-        # Kept while the CLI and the tools still call it here; WorkerLink.stripe_keys
-        # is the worker's.
-        return self._drive(self._ops.stripe_keys())
-
     def leave(self, worker_id: str) -> bool:
         """A listening worker that stops: it is no longer idle, and its kept claim goes.
 

@@ -276,5 +276,3 @@ from distsched.wire.replies import translate_error as translate_error
 # each reply through ``send`` (a refused script call arrives as a thrown error).
 # The sync and asyncio shells only drive these generators over their connections,
 # so the logic of an operation is written once, whatever the I/O model.
-
-

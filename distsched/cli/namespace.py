@@ -19,6 +19,7 @@ from distsched.core import PRIORITY_LABELS, Order, OrderSetting
 from distsched.errors import InvalidArgument
 from distsched.keys import MAX_STRIPES
 from distsched.text import duration, iso, parse_duration, redact, table
+from distsched.worker.link import WorkerLink
 
 
 def _by_priority(ages: Mapping[str, float]) -> list[tuple[str, float]]:
@@ -231,7 +232,7 @@ def stripes(ctx: click.Context, count: int | None) -> None:
         changed.close()
     rows = [["stripe", "keys", "slot", "node"]]
     client = scheduler.client
-    for keys in scheduler.stripe_keys():
+    for keys in WorkerLink(scheduler).stripe_keys():
         slot = key_slot(keys.meta.encode())
         node = "-"
         if isinstance(client, RedisCluster):

@@ -42,7 +42,7 @@ from distsched.core import (
 )
 from distsched.errors import ConflictError, InvalidArgument, Unavailable
 from distsched.keys import MAX_STRIPES, Keys, stripe_of
-from distsched.ops import base, merges
+from distsched.ops import merges
 from distsched.ops import routing as route
 from distsched.ops.base import Shortcuts
 from distsched.ops.namespace import Ops
@@ -112,9 +112,6 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         self._rebalanced_at = 0.0
         # Whether the last move left a share owed to a stripe with due work.
         self._owed = False
-
-    # distsched.tools.bench sends raw script calls as ``scheduler._ops.once(call)``.
-    once = staticmethod(base.once)
 
     def _ops_of(self, stripe: int) -> Ops:
         return Ops(

@@ -33,6 +33,7 @@ from distsched.keys import Keys, stripe_of
 from distsched.text import table
 from distsched.tools.bench import NOOP, WorkerProcesses, check_exactly_once
 from distsched.tools.fleet import FleetConfig, LocalFleet
+from distsched.worker.link import WorkerLink
 
 Echo = Callable[[str], None]
 
@@ -181,7 +182,7 @@ def measure(
             reports = procs.stop()
         finally:
             procs.close()
-        placement = sorted({client.keyslot(k.meta) for k in s.stripe_keys()})  # type: ignore[no-untyped-call]
+        placement = sorted({client.keyslot(k.meta) for k in WorkerLink(s).stripe_keys()})  # type: ignore[no-untyped-call]
         s.clear()
     runs = [run for report in reports for run in report.runs]
     problems = check_exactly_once(ids, runs)

@@ -12,6 +12,7 @@ import redis
 from distsched import core
 from distsched.client import Scheduler
 from distsched.core import TaskSpec
+from distsched.ops.base import once
 from distsched.tools.bench.harness import Bench
 from distsched.tools.bench.procs import NOOP
 from distsched.tools.bench.slowlog import command_name
@@ -171,12 +172,12 @@ def _settle_many(bench: Bench, mode: str) -> dict[str, Any]:
         times = []
         with bench.server_time() as server:
             t0 = time.perf_counter()
-            s._drive(s._ops.once(call))
+            s._drive(once(call))
             times.append(time.perf_counter() - t0)
             left = 1
             while left:
                 t0 = time.perf_counter()
-                left, _ = s._drive(s._ops.once(core.propagate_call(s.keys)))
+                left, _ = s._drive(once(core.propagate_call(s.keys)))
                 times.append(time.perf_counter() - t0)
         slowlog_max = _slowlog_max_ms(bench, mark)
         counts = s.stats()["counts"]
