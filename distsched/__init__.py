@@ -21,7 +21,7 @@ _require_redis_py(_redis.__version__)
 
 from distsched.client import Scheduler  # noqa: E402
 from distsched.context import TaskContext, current_task  # noqa: E402
-from distsched.core import Admitted, Claim, Outcome, State, TaskInfo, TaskSpec, Wait  # noqa: E402
+from distsched.model import Admitted, Claim, Outcome, State, TaskInfo, TaskSpec, Wait  # noqa: E402
 from distsched.schedules import Catchup, Overlap, Schedule  # noqa: E402
 from distsched.version import __version__  # noqa: E402
 from distsched.worker import Worker  # noqa: E402

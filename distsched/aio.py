@@ -1,6 +1,6 @@
 """The asyncio ``AsyncScheduler``: the same operations as ``Scheduler``, awaited.
 
-It drives the operations of :mod:`distsched.core` over a ``redis.asyncio``
+It drives the operations of :mod:`distsched.ops` over a ``redis.asyncio``
 client; every method has the name, parameters and meaning of its
 :class:`~distsched.client.Scheduler` twin.
 """
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis.asyncio as aredis
 from redis.exceptions import RedisClusterException, RedisError
 
-from distsched import core, limits
+from distsched import limits, model, validate
 from distsched.client import BaseScheduler, client_from_url
-from distsched.core import (
+from distsched.model import (
     Chores,
     Claim,
     Explanation,
@@ -35,10 +35,12 @@ from distsched.core import (
     TaskSpec,
     Wait,
 )
+from distsched.ops import protocol
 from distsched.ops.namespace import Ops
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
 from distsched.subscription import AsyncWaitHub
+from distsched.wire import calls
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -60,15 +62,15 @@ class AsyncScheduler(BaseScheduler):
         namespace: str = "default",
         lease_s: float = 30.0,
         max_running: int | None = None,
-        max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
     ) -> None:
         super().__init__(namespace, lease_s, max_payload_bytes, stripes)
-        limit = core.validate_max_running(max_running)
+        limit = validate.validate_max_running(max_running)
         self.client = client
         self._owns_client = False
         self._scripts = Registry(client)
-        self._setup: core.Op[None] | None = None
+        self._setup: protocol.Op[None] | None = None
         self._waits = AsyncWaitHub(client, self._ops.ended_channels, self._sharded_pubsub)
         if limit is not None:
             self._setup = self._ops.set_max_running(limit)
@@ -80,7 +82,7 @@ class AsyncScheduler(BaseScheduler):
         namespace: str = "default",
         lease_s: float = 30.0,
         max_running: int | None = None,
-        max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
     ) -> AsyncScheduler:
         """See :meth:`Scheduler.from_url`."""
@@ -106,33 +108,33 @@ class AsyncScheduler(BaseScheduler):
     async def _sharded_pubsub(self) -> bool:
         return await self._drive(self._ops.call(Ops.uses_sharded_pubsub))
 
-    async def _drive(self, op: core.Op[T], gate: asyncio.Semaphore | None = None) -> T:
+    async def _drive(self, op: protocol.Op[T], gate: asyncio.Semaphore | None = None) -> T:
         self._check_open()
         if self._setup is not None:
             setup, self._setup = self._setup, None
             await self._drive(setup)
-        step = core.advance(op, None)
-        while not isinstance(step, core.Done):
-            step = core.advance(op, await self._send(step, gate))
+        step = protocol.advance(op, None)
+        while not isinstance(step, protocol.Done):
+            step = protocol.advance(op, await self._send(step, gate))
         return step.value
 
-    async def _send(self, request: core.Request, gate: asyncio.Semaphore | None = None) -> Any:
+    async def _send(self, request: protocol.Request, gate: asyncio.Semaphore | None = None) -> Any:
         try:
-            if gate is None or isinstance(request, core.Listen):
+            if gate is None or isinstance(request, protocol.Listen):
                 return await self._request(request)
             async with gate:
                 return await self._request(request)
         except (RedisError, RedisClusterException) as exc:
-            return core.failure(exc)
+            return protocol.failure(exc)
 
-    async def _request(self, request: core.Request) -> Any:
-        if isinstance(request, core.Sleep):
+    async def _request(self, request: protocol.Request) -> Any:
+        if isinstance(request, protocol.Sleep):
             return await asyncio.sleep(request.seconds)
-        if isinstance(request, core.Listen):
+        if isinstance(request, protocol.Listen):
             fired = await request.handle.wait(request.seconds)
             self._check_open()
             return fired
-        if isinstance(request, core.Call):
+        if isinstance(request, calls.Call):
             return await self._scripts[request.script](keys=request.keys, args=request.args)
         # redis-py's asyncio cluster client is left unable to load scripts after a
         # transaction: its reads go without MULTI (each command is still one slot's).
@@ -144,11 +146,11 @@ class AsyncScheduler(BaseScheduler):
 
     # ------------------------------------------------------------------ producers
 
-    async def schedule(self, task_id: str, **options: Unpack[core.TaskOptions]) -> int:
+    async def schedule(self, task_id: str, **options: Unpack[model.TaskOptions]) -> int:
         """See :meth:`Scheduler.schedule`."""
         return await self._drive(self._ops.schedule(task_id, options))
 
-    async def submit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> int:
+    async def submit(self, task_id: str, **options: Unpack[model.TaskOptions]) -> int:
         """See :meth:`Scheduler.submit`."""
         return await self._drive(self._ops.schedule(task_id, options))
 
@@ -160,11 +162,11 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.submit_graph`."""
         return await self._drive(self._ops.submit_graph(specs))
 
-    async def admit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> core.Admitted:
+    async def admit(self, task_id: str, **options: Unpack[model.TaskOptions]) -> model.Admitted:
         """See :meth:`Scheduler.admit`."""
         return await self._drive(self._ops.admit(task_id, options))
 
-    async def admit_many(self, specs: Sequence[TaskSpec]) -> list[core.Admitted]:
+    async def admit_many(self, specs: Sequence[TaskSpec]) -> list[model.Admitted]:
         """See :meth:`Scheduler.admit_many`."""
         return await self._drive(self._ops.admit_many(specs))
 
@@ -182,7 +184,7 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.add_deps`."""
         return await self._drive(self._ops.add_deps(task_id, deps, allow_unknown))
 
-    async def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+    async def settle(self, budget: int = calls.PROPAGATE_BUDGET) -> int:
         """See :meth:`Scheduler.settle`."""
         return await self._drive(self._ops.call(Ops.settle, budget))
 
@@ -239,7 +241,7 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.next_fires`."""
         return await self._drive(self._ops.call(Ops.next_fires, name, n))
 
-    async def fire_due(self, limit: int = core.FIRE_HEADS) -> int:
+    async def fire_due(self, limit: int = calls.FIRE_HEADS) -> int:
         """See :meth:`Scheduler.fire_due`."""
         return await self._drive(self._ops.call(Ops.fire_due, limit))
 
@@ -249,8 +251,8 @@ class AsyncScheduler(BaseScheduler):
         scheduler talk to Redis at once, so that thousands gathered stay within
         redis.asyncio's connection pool."""
         # Checked before the shared subscription is started for nothing.
-        core.validate_task_id(task_id)
-        core.validate_wait_timeout(timeout)
+        validate.validate_task_id(task_id)
+        validate.validate_wait_timeout(timeout)
         await self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         async with self._waits.watch(task_id) as waiter:
             return await self._drive(
@@ -260,8 +262,8 @@ class AsyncScheduler(BaseScheduler):
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         """See :meth:`Scheduler.result`."""
         # Checked before the shared subscription is started for nothing.
-        core.validate_task_id(task_id)
-        core.validate_wait_timeout(timeout)
+        validate.validate_task_id(task_id)
+        validate.validate_wait_timeout(timeout)
         await self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         async with self._waits.watch(task_id) as waiter:
             return await self._drive(
@@ -325,17 +327,17 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.leave`."""
         return await self._drive(self._ops.call(Ops.leave, worker_id))
 
-    async def workers(self) -> list[core.WorkerInfo]:
+    async def workers(self) -> list[model.WorkerInfo]:
         """See :meth:`Scheduler.workers`."""
         return await self._drive(self._ops.call(Ops.workers))
 
     # ------------------------------------------------------------------ housekeeping
 
-    async def reap(self, limit: int = core.REAP_BATCH) -> int:
+    async def reap(self, limit: int = calls.REAP_BATCH) -> int:
         """See :meth:`Scheduler.reap`."""
         return await self._drive(self._ops.call(Ops.reap, limit))
 
-    async def expire(self, limit: int = core.EXPIRE_BATCH) -> int:
+    async def expire(self, limit: int = calls.EXPIRE_BATCH) -> int:
         """See :meth:`Scheduler.expire`."""
         return await self._drive(self._ops.call(Ops.expire, limit))
 
@@ -343,7 +345,7 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.expire_lease`."""
         return await self._drive(self._ops.call(Ops.expire_lease, task_id))
 
-    async def purge(self, limit: int = core.PURGE_BATCH) -> int:
+    async def purge(self, limit: int = calls.PURGE_BATCH) -> int:
         """See :meth:`Scheduler.purge`."""
         return await self._drive(self._ops.call(Ops.purge, limit))
 
@@ -445,7 +447,7 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.tasks`."""
         return await self._drive(self._ops.tasks(state, fn, limit, cursor))
 
-    async def throughput(self, minutes: int = 60) -> list[core.MinuteCount]:
+    async def throughput(self, minutes: int = 60) -> list[model.MinuteCount]:
         """See :meth:`Scheduler.throughput`."""
         return await self._drive(self._ops.call(Ops.throughput, minutes))
 

@@ -1,4 +1,4 @@
-"""The synchronous ``Scheduler``: it sends what :mod:`distsched.core` builds.
+"""The synchronous ``Scheduler``: it sends what :mod:`distsched.ops` builds.
 
 Each public method drives one :class:`~distsched.ops.namespace.Ops` operation over a
 redis-py client; the asyncio :class:`~distsched.aio.AsyncScheduler` drives the
@@ -18,8 +18,10 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from distsched import core, limits, otel
-from distsched.core import (
+from distsched import limits, model, otel, validate
+from distsched.errors import ClosedError, InvalidArgument
+from distsched.keys import Keys
+from distsched.model import (
     Chores,
     Claim,
     Explanation,
@@ -36,13 +38,13 @@ from distsched.core import (
     TaskSpec,
     Wait,
 )
-from distsched.errors import ClosedError, InvalidArgument
-from distsched.keys import Keys
+from distsched.ops import protocol
 from distsched.ops.namespace import Ops
 from distsched.ops.stripes import StripedOps
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
 from distsched.subscription import WaitHub
+from distsched.wire import calls
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -57,14 +59,14 @@ class BaseScheduler:
         self,
         namespace: str = "default",
         lease_s: float = 30.0,
-        max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
     ) -> None:
         self.keys = Keys(namespace)
         self.namespace = namespace
-        self.lease_ms = core.validate_lease(lease_s)
+        self.lease_ms = validate.validate_lease(lease_s)
         self.lease_s = float(lease_s)
-        self.max_payload_bytes = core.validate_max_payload_bytes(max_payload_bytes)
+        self.max_payload_bytes = validate.validate_max_payload_bytes(max_payload_bytes)
         # The producer's active span travels with its tasks (distsched.otel).
         self._ops = StripedOps(
             self.keys,
@@ -83,8 +85,8 @@ class BaseScheduler:
 def client_from_url(url: str, single: Any, cluster: Any) -> Any:
     """A redis-py client for ``url`` (validated): ``single(url)``, or ``cluster(seed)`` for
     a ``redis+cluster://`` / ``rediss+cluster://`` URL (sync or asyncio factories)."""
-    url = core.validate_url(url)
-    seed = core.cluster_seed(url)
+    url = validate.validate_url(url)
+    seed = validate.cluster_seed(url)
     try:
         return single(url) if seed is None else cluster(seed)
     except ValueError as exc:
@@ -109,11 +111,11 @@ class Scheduler(BaseScheduler):
         namespace: str = "default",
         lease_s: float = 30.0,
         max_running: int | None = None,
-        max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
     ) -> None:
         super().__init__(namespace, lease_s, max_payload_bytes, stripes)
-        limit = core.validate_max_running(max_running)
+        limit = validate.validate_max_running(max_running)
         self.client = client
         self._owns_client = False
         self._scripts = Registry(client)
@@ -132,7 +134,7 @@ class Scheduler(BaseScheduler):
         namespace: str = "default",
         lease_s: float = 30.0,
         max_running: int | None = None,
-        max_payload_bytes: int = core.DEFAULT_MAX_PAYLOAD_BYTES,
+        max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
     ) -> Scheduler:
         """Connect to a URL; closing the scheduler closes the connection.
@@ -166,27 +168,27 @@ class Scheduler(BaseScheduler):
     def _sharded_pubsub(self) -> bool:
         return self._drive(self._ops.call(Ops.uses_sharded_pubsub))
 
-    def _drive(self, op: core.Op[T]) -> T:
+    def _drive(self, op: protocol.Op[T]) -> T:
         self._check_open()
-        step = core.advance(op, None)
-        while not isinstance(step, core.Done):
-            step = core.advance(op, self._send(step))
+        step = protocol.advance(op, None)
+        while not isinstance(step, protocol.Done):
+            step = protocol.advance(op, self._send(step))
         return step.value
 
-    def _send(self, request: core.Request) -> Any:
+    def _send(self, request: protocol.Request) -> Any:
         try:
             return self._request(request)
         except (RedisError, RedisClusterException) as exc:
-            return core.failure(exc)
+            return protocol.failure(exc)
 
-    def _request(self, request: core.Request) -> Any:
-        if isinstance(request, core.Sleep):
+    def _request(self, request: protocol.Request) -> Any:
+        if isinstance(request, protocol.Sleep):
             return time.sleep(request.seconds)
-        if isinstance(request, core.Listen):
+        if isinstance(request, protocol.Listen):
             fired = request.handle.wait(request.seconds)
             self._check_open()
             return fired
-        if isinstance(request, core.Call):
+        if isinstance(request, calls.Call):
             return self._scripts[request.script](keys=request.keys, args=request.args)
         pipe = self.client.pipeline(transaction=request.atomic)
         for command in request.commands:
@@ -195,10 +197,10 @@ class Scheduler(BaseScheduler):
 
     # ------------------------------------------------------------------ producers
 
-    def schedule(self, task_id: str, **options: Unpack[core.TaskOptions]) -> int:
+    def schedule(self, task_id: str, **options: Unpack[model.TaskOptions]) -> int:
         """Schedule ``fn(*args, **kwargs)`` as a new version of ``task_id``; return the version.
 
-        The options are those of :class:`~distsched.core.TaskSpec` (``fn``, ``args``,
+        The options are those of :class:`~distsched.model.TaskSpec` (``fn``, ``args``,
         ``kwargs``, ``run_at`` or ``delay``, ``priority``, ``deps``, ``optional_deps``,
         ``max_attempts``, ``backoff``, ``allow_unknown``, ``dedupe``, ``dedupe_window``,
         ``debounce``, ``deadline``, ``ttl``, ``key``, ``timeout``), given as keywords.
@@ -215,7 +217,7 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.schedule(task_id, options))
 
-    def submit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> int:
+    def submit(self, task_id: str, **options: Unpack[model.TaskOptions]) -> int:
         """``schedule`` read dependencies-first: run ``fn`` once ``deps`` have succeeded.
 
         Raises ``UnknownDependencyError`` for a dependency that does not exist
@@ -242,7 +244,7 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.submit_graph(specs))
 
-    def admit(self, task_id: str, **options: Unpack[core.TaskOptions]) -> core.Admitted:
+    def admit(self, task_id: str, **options: Unpack[model.TaskOptions]) -> model.Admitted:
         """``schedule``, telling whether a new version was written.
 
         With ``dedupe`` (or ``dedupe_window``) an existing version may be kept: the
@@ -251,7 +253,7 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.admit(task_id, options))
 
-    def admit_many(self, specs: Sequence[TaskSpec]) -> list[core.Admitted]:
+    def admit_many(self, specs: Sequence[TaskSpec]) -> list[model.Admitted]:
         """``schedule_many``, telling for each task whether a new version was written."""
         return self._drive(self._ops.admit_many(specs))
 
@@ -274,7 +276,7 @@ class Scheduler(BaseScheduler):
         """Add required dependencies to a pending task (``ConflictError`` otherwise)."""
         return self._drive(self._ops.add_deps(task_id, deps, allow_unknown))
 
-    def settle(self, budget: int = core.PROPAGATE_BUDGET) -> int:
+    def settle(self, budget: int = calls.PROPAGATE_BUDGET) -> int:
         """Tell waiting dependents about every task that ended, in bounded script calls.
 
         Each call settles at most ``budget`` dependency edges, so Redis is never
@@ -339,7 +341,7 @@ class Scheduler(BaseScheduler):
         those it would have if resumed now; none once it has ended."""
         return self._drive(self._ops.call(Ops.next_fires, name, n))
 
-    def fire_due(self, limit: int = core.FIRE_HEADS) -> int:
+    def fire_due(self, limit: int = calls.FIRE_HEADS) -> int:
         """Create the tasks of the due slots of at most ``limit`` schedules: the number
         created. Workers call it when a claim says a slot is due; racing callers are
         safe (each slot fires once)."""
@@ -356,8 +358,8 @@ class Scheduler(BaseScheduler):
         waited for is waited for in its new version.
         """
         # Checked before the shared subscription is started for nothing.
-        core.validate_task_id(task_id)
-        core.validate_wait_timeout(timeout)
+        validate.validate_task_id(task_id)
+        validate.validate_wait_timeout(timeout)
         self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         with self._waits.watch(task_id) as waiter:
             return self._drive(self._ops.call(Ops.wait, task_id, timeout, waiter))
@@ -370,8 +372,8 @@ class Scheduler(BaseScheduler):
         ``Timeout``/``NotFoundError`` as ``wait`` does.
         """
         # Checked before the shared subscription is started for nothing.
-        core.validate_task_id(task_id)
-        core.validate_wait_timeout(timeout)
+        validate.validate_task_id(task_id)
+        validate.validate_wait_timeout(timeout)
         self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         with self._waits.watch(task_id) as waiter:
             return self._drive(self._ops.call(Ops.result, task_id, timeout, waiter))
@@ -392,7 +394,7 @@ class Scheduler(BaseScheduler):
         a claim that gets fewer than ``n`` registers it as idle, and it is sent ``ready``
         there when it has work. Only one idle caller gets the delay hint for a head not due
         yet (the others get ``delay=None``); each should claim again within
-        ``core.IDLE_RECHECK_S`` seconds.
+        ``wire.calls.IDLE_RECHECK_S`` seconds.
 
         With ``request_id`` the tokens claimed are kept (until this worker's next claim):
         if the call fails in a way where it may have run (a lost connection, a timeout),
@@ -456,7 +458,7 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.call(Ops.leave, worker_id))
 
-    def workers(self) -> list[core.WorkerInfo]:
+    def workers(self) -> list[model.WorkerInfo]:
         """The workers of the namespace as they last registered themselves, by id.
 
         Each worker rewrites its entry on every heartbeat; ``alive`` turns False when
@@ -466,11 +468,11 @@ class Scheduler(BaseScheduler):
 
     # ------------------------------------------------------------------ housekeeping
 
-    def reap(self, limit: int = core.REAP_BATCH) -> int:
+    def reap(self, limit: int = calls.REAP_BATCH) -> int:
         """Handle expired leases now; return how many."""
         return self._drive(self._ops.call(Ops.reap, limit))
 
-    def expire(self, limit: int = core.EXPIRE_BATCH) -> int:
+    def expire(self, limit: int = calls.EXPIRE_BATCH) -> int:
         """End queued tasks whose deadline passed now (as the housekeeping does); return
         how many expired."""
         return self._drive(self._ops.call(Ops.expire, limit))
@@ -479,7 +481,7 @@ class Scheduler(BaseScheduler):
         """Expire ``task_id``'s lease at once, as if its holder had vanished (operators)."""
         return self._drive(self._ops.call(Ops.expire_lease, task_id))
 
-    def purge(self, limit: int = core.PURGE_BATCH) -> int:
+    def purge(self, limit: int = calls.PURGE_BATCH) -> int:
         """Remove up to ``limit`` terminal tasks older than the retention; return how many."""
         return self._drive(self._ops.call(Ops.purge, limit))
 
@@ -646,7 +648,7 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.tasks(state, fn, limit, cursor))
 
-    def throughput(self, minutes: int = 60) -> list[core.MinuteCount]:
+    def throughput(self, minutes: int = 60) -> list[model.MinuteCount]:
         """Attempts that succeeded and failed per minute over the last ``minutes``
         minutes (1 to 1440), oldest first, up to the current minute (server clock), with
         zeros where nothing ended. A failed attempt counts even if the task was retried;

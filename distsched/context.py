@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from distsched.errors import Cancelled, LeaseLost
 
 if TYPE_CHECKING:
-    from distsched.core import Claim
+    from distsched.model import Claim
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
     "distsched_task", default=None

@@ -17,9 +17,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from distsched.core import PRIORITY_LABELS, Claim, Outcome, State, priority_bucket
 from distsched.errors import DistschedError
 from distsched.hooks import WorkerHooks
+from distsched.model import PRIORITY_LABELS, Claim, Outcome, State, priority_bucket
 
 INSTALL_HINT = "pip install 'distsched[metrics]'"
 
@@ -175,7 +175,7 @@ class PrometheusMetrics(WorkerMetrics):
             registry=registry,
         )
         # Per priority, so that starvation shows: a label per bucket of priorities
-        # (core.priority_bucket: 0 to 9 each, then <0, 10-99, 100-999, >=1000).
+        # (model.priority_bucket: 0 to 9 each, then <0, 10-99, 100-999, >=1000).
         self.ready_wait = prom.Histogram(
             "distsched_task_ready_wait_seconds",
             "From a task's run_at (server clock) to its function starting, per priority "

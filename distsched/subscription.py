@@ -26,8 +26,8 @@ from redis.asyncio.cluster import ClusterPubSub as AsyncClusterPubSub
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterPubSub, RedisCluster
 
-from distsched import core
 from distsched.errors import ClosedError
+from distsched.wire import replies
 
 log = logging.getLogger("distsched.subscription")
 
@@ -302,7 +302,7 @@ class _Registry:
                 del self.waiting[task_id]
 
     def on_message(self, data: bytes) -> None:
-        task_id = core.decode_ended(data)
+        task_id = replies.decode_ended(data)
         for waiter in list(self.waiting.get(task_id, ())) if task_id is not None else ():
             waiter.notify()
 

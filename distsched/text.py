@@ -20,9 +20,9 @@ from typing import Any, Protocol
 
 import msgpack
 
-from distsched.core import CUT_MARK
 from distsched.errors import InvalidArgument
 from distsched.limits import MAX_PAYLOAD_DEPTH
+from distsched.wire.payload import CUT_MARK
 
 # datetime cannot represent later instants; an epoch beyond it is most likely
 # milliseconds given where seconds were expected.

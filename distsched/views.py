@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distsched.client import Scheduler
-from distsched.core import State, TaskInfo, TaskRow
 from distsched.errors import NotFoundError
+from distsched.model import State, TaskInfo, TaskRow
 from distsched.text import CUT_CHARS, error_summary, escape, show
 
 DEFAULT_LIMIT = 200

@@ -35,9 +35,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from distsched import Scheduler, Worker, core
+from distsched import Scheduler, Worker
 from distsched.aio import AsyncScheduler
 from distsched.keys import Keys
+from distsched.wire import records
 
 T = TypeVar("T")
 
@@ -343,14 +344,14 @@ INLINE_PAYLOAD_MAX = 512
 
 def _record_head(raw: bytes) -> bytes:
     """A stored record without the payload it holds."""
-    payload = core.decode_record(raw).payload
+    payload = records.decode_record(raw).payload
     return raw[: len(raw) - len(payload)] if payload else raw
 
 
 def stored_payload(client: AnyRedis, keys: Keys, task_id: str) -> bytes | None:
     """A task's payload where the scripts keep it: in its record, else the payloads hash."""
     raw = cast(bytes | None, client.hget(keys.tasks, task_id))
-    if raw is not None and (payload := core.decode_record(raw).payload) is not None:
+    if raw is not None and (payload := records.decode_record(raw).payload) is not None:
         return payload
     return cast(bytes | None, client.hget(keys.payloads, task_id))
 

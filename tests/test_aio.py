@@ -12,7 +12,6 @@ import pytest
 
 from distsched import Outcome, Scheduler, State, TaskSpec, Wait
 from distsched.aio import AsyncScheduler
-from distsched.core import TaskOptions, WaitReason
 from distsched.errors import (
     ClosedError,
     ConflictError,
@@ -20,6 +19,7 @@ from distsched.errors import (
     LeaseLostError,
     NotFoundError,
 )
+from distsched.model import TaskOptions, WaitReason
 from tests.conftest import RedisServer, public_methods
 
 T = TypeVar("T")

@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 from distsched import Outcome, Scheduler, State
 from distsched.cli import cli
 from distsched.cli.worker import load_app
-from distsched.core import Order, OrderSetting
+from distsched.model import Order, OrderSetting
 from distsched.text import parse_duration
 from distsched.tools.embedded import EmbeddedRedisUnavailable, embedded_redis
 from distsched.worker.link import WorkerLink

@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from distsched import Claim, Scheduler, State, views
-from distsched.core import TaskRow
 from distsched.errors import InvalidArgument
+from distsched.model import TaskRow
 from tests.conftest import RedisServer, namespace_keys
 from tests.test_cli import assert_one_line_error, invoke
 

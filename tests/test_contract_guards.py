@@ -24,8 +24,8 @@ from redis.exceptions import NoPermissionError
 from distsched import Claim, Scheduler, State, TaskInfo, TaskSpec, Wait, Worker, current_task
 from distsched.aio import AsyncScheduler
 from distsched.cli import cli
-from distsched.core import WaitReason
 from distsched.errors import CycleError
+from distsched.model import WaitReason
 from tests.conftest import RedisServer, namespace_keys, running
 
 W = "guard-worker"

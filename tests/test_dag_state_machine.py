@@ -36,7 +36,6 @@ from hypothesis.stateful import (
 )
 
 from distsched import Claim, Outcome, Scheduler, State
-from distsched.core import BlockedBy
 from distsched.errors import (
     ConflictError,
     CycleError,
@@ -44,6 +43,7 @@ from distsched.errors import (
     NotFoundError,
     UnknownDependencyError,
 )
+from distsched.model import BlockedBy
 from tests.conftest import RedisServer
 from tests.test_listing import listing_matches
 

@@ -14,8 +14,8 @@ import redis
 from markupsafe import escape
 
 from distsched import Scheduler, TaskSpec
-from distsched.core import State, WorkerInfo
 from distsched.errors import InvalidArgument
+from distsched.model import State, WorkerInfo
 from tests.conftest import CLI_COMMAND, RedisServer, free_port, require_extra, subprocess_env
 
 require_extra("starlette")

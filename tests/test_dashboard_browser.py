@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from distsched import Scheduler, TaskSpec
-from distsched.core import State
+from distsched.model import State
 from tests.conftest import (
     CLI_COMMAND,
     IN_CI,

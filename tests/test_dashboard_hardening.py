@@ -19,8 +19,8 @@ import msgpack
 import pytest
 
 from distsched import Scheduler
-from distsched.core import id_prefix
 from distsched.errors import InvalidArgument
+from distsched.wire.records import id_prefix
 from tests.conftest import (
     CLI_COMMAND,
     CliProcess,

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from distsched import Claim, Scheduler, State, TaskSpec
-from distsched.core import Reason
 from distsched.errors import InvalidArgument
+from distsched.model import Reason
 from tests.conftest import namespace_keys
 from tests.test_cli import invoke as cli_invoke
 

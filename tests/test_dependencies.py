@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait, core
-from distsched.core import BlockedBy, WaitReason
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
 from distsched.errors import (
     BusyError,
     ConflictError,
@@ -24,7 +23,9 @@ from distsched.errors import (
     NotFoundError,
     UnknownDependencyError,
 )
+from distsched.model import BlockedBy, WaitReason
 from distsched.ops.base import once
+from distsched.wire import calls
 from tests.conftest import RedisServer, namespace_keys, python_command, subprocess_env
 
 
@@ -900,7 +901,7 @@ def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
     _fan_out(s)
     [claim] = s.ready(10, WORKER)
     # The script alone, as an interrupted caller would leave it: one budget settled.
-    left, [outcome] = s._drive(once(core.fail_call(s.keys, [(claim, "boom")])))
+    left, [outcome] = s._drive(once(calls.fail_call(s.keys, [(claim, "boom")])))
     assert outcome == b"applied"
     assert int(left) >= 1
 
@@ -912,7 +913,7 @@ def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
     done = blocked()
     assert 0 < done < FAN
     for _ in range(3):
-        left, [used] = s._drive(once(core.propagate_call(s.keys, 10)))
+        left, [used] = s._drive(once(calls.propagate_call(s.keys, 10)))
         assert 1 <= int(used) <= 10
         assert int(left) >= 1
         now = blocked()
@@ -920,9 +921,9 @@ def test_failing_a_task_with_20000_dependents_blocks_them_in_bounded_chunks(
         done = now
     # Still telling its dependents: a new version is refused by the script itself ...
     with pytest.raises(BusyError):
-        s._drive(once(core.schedule_call(s.keys, [spec("root")], s.max_payload_bytes)))
+        s._drive(once(calls.schedule_call(s.keys, [spec("root")], s.max_payload_bytes)))
     with pytest.raises(BusyError):
-        s._drive(once(core.retry_call(s.keys, "root", True)))
+        s._drive(once(calls.retry_call(s.keys, "root", True)))
     assert s.status("root").state is State.FAILED
     assert blocked() == done
     # ... while the client settles first, then writes it.

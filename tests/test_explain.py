@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 import redis
 
-from distsched import Scheduler, State, TaskSpec, core
-from distsched.core import EXPLAIN_LIMIT, SERVED_LIVE_S, BlockedBy, DepState, Reason
+from distsched import Scheduler, State, TaskSpec, model
 from distsched.errors import InvalidArgument, NotFoundError
+from distsched.model import BlockedBy, DepState, Reason
+from distsched.ops import protocol
+from distsched.ops.explain import EXPLAIN_LIMIT, SERVED_LIVE_S
 from distsched.ops.namespace import Ops
 from distsched.worker.link import WorkerLink
 from distsched.worker.served import ServedFunctions
@@ -26,7 +28,7 @@ def announce(scheduler: Scheduler, *functions: str) -> None:
     ServedFunctions(WorkerLink(scheduler), functions, 0.0).announce()
 
 
-def claim_one(api: Scheduler, worker_id: str = "w-1") -> core.Claim:
+def claim_one(api: Scheduler, worker_id: str = "w-1") -> model.Claim:
     claims, _ = api.claim(1, worker_id)
     assert len(claims) == 1
     return claims[0]
@@ -251,14 +253,14 @@ def test_an_unknown_id_is_not_found_and_a_bad_id_names_the_field(api: Scheduler)
 # --------------------------------------------------------------------------- bounded reads
 
 
-def recorded(scheduler: Scheduler, op: core.Op[Any]) -> tuple[Any, list[tuple[Any, ...]]]:
+def recorded(scheduler: Scheduler, op: protocol.Op[Any]) -> tuple[Any, list[tuple[Any, ...]]]:
     """Drive ``op`` over the scheduler's connection; also return every command it sent."""
     commands: list[tuple[Any, ...]] = []
-    step = core.advance(op, None)
-    while not isinstance(step, core.Done):
-        assert isinstance(step, core.Commands), step  # reads only, no script
+    step = protocol.advance(op, None)
+    while not isinstance(step, protocol.Done):
+        assert isinstance(step, protocol.Commands), step  # reads only, no script
         commands.extend(step.commands)
-        step = core.advance(op, scheduler._send(step))
+        step = protocol.advance(op, scheduler._send(step))
     return step.value, commands
 
 

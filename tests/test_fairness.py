@@ -670,7 +670,7 @@ def test_the_cli_schedules_keyed_tasks_and_sets_shows_and_lists_keys(
 def test_explain_names_the_key_cap_or_rate_window_a_due_task_waits_for(
     scheduler: Scheduler, order: str
 ) -> None:
-    from distsched.core import Reason
+    from distsched.model import Reason
 
     scheduler.set_order(order, aging=1.0)
 
@@ -809,7 +809,7 @@ def test_a_corrupt_record_of_a_keyed_task_is_handed_out_to_fail_within_its_key(
 def test_explain_finds_a_keyed_task_handed_back_with_a_delay(
     scheduler: Scheduler, order: str
 ) -> None:
-    from distsched.core import Reason
+    from distsched.model import Reason
 
     scheduler.set_order(order, aging=1.0)
 
@@ -822,7 +822,7 @@ def test_explain_finds_a_keyed_task_handed_back_with_a_delay(
 
 
 def test_explain_places_a_keyed_task_in_its_keys_priority_order(scheduler: Scheduler) -> None:
-    from distsched.core import Reason
+    from distsched.model import Reason
 
     scheduler.set_order("priority", aging=1.0)
     scheduler.schedule_many(
@@ -865,7 +865,7 @@ def test_stale_keyed_entries_are_compacted_and_do_not_grow_without_bound(
     """A keyed task replaced while queued leaves its old entry in fairq, behind its key's
     live head, where no claim reaches it: housekeeping's compaction removes them, so
     round after round of replacements keeps fairq bounded."""
-    from distsched import core
+    from distsched.wire import calls
 
     scheduler.set_order(order, aging=1.0)
     live = 300
@@ -881,9 +881,9 @@ def test_stale_keyed_entries_are_compacted_and_do_not_grow_without_bound(
     # Each round adds live - 1 stale entries: without compaction 10 rounds would leave
     # 10 * (live - 1) of them; compaction walks once they are at least COMPACT_MINIMUM
     # and the majority, so they stay below that bound plus a round or two.
-    assert max(sizes) <= live + core.COMPACT_MINIMUM + 2 * live
+    assert max(sizes) <= live + calls.COMPACT_MINIMUM + 2 * live
     while scheduler._drive(
-        scheduler._ops.call(Ops.run, core.compact_call(scheduler.keys, 10_000, 0))
+        scheduler._ops.call(Ops.run, calls.compact_call(scheduler.keys, 10_000, 0))
     )[0]:
         pass
     assert redis_client.zcard(scheduler.keys.fairq) == live - 1
@@ -894,7 +894,7 @@ def test_stale_keyed_entries_are_compacted_and_do_not_grow_without_bound(
 def test_compaction_removes_every_stale_keyed_entry_once_they_are_the_majority(
     redis_client: redis.Redis, scheduler: Scheduler
 ) -> None:
-    from distsched import core
+    from distsched.wire import calls
 
     scheduler.schedule_many([TaskSpec(f"c{i}", "f", key="k") for i in range(50)])
     scheduler.schedule_many([TaskSpec("live", "f", key="k")])
@@ -904,7 +904,7 @@ def test_compaction_removes_every_stale_keyed_entry_once_they_are_the_majority(
     removed = 0
     for _ in range(20):
         removed += scheduler._drive(
-            scheduler._ops.call(Ops.run, core.compact_call(scheduler.keys, 7, 0))
+            scheduler._ops.call(Ops.run, calls.compact_call(scheduler.keys, 7, 0))
         )[0]
     assert removed == 50
     assert redis_client.zcard(scheduler.keys.fairq) == 1
@@ -925,8 +925,8 @@ def test_per_key_ready_waits_are_a_histogram_of_at_most_the_top_keys_and_other(
     scheduler: Scheduler,
 ) -> None:
     prometheus_client = require_extra("prometheus_client")
-    from distsched.core import STATS_TOP_KEYS
     from distsched.metrics import OTHER_KEYS_LABEL, PrometheusMetrics
+    from distsched.model import STATS_TOP_KEYS
 
     # 30 keys, key i with i + 1 queued tasks; stats shows STATS_TOP_KEYS of them.
     scheduler.schedule_many(
@@ -971,7 +971,7 @@ def test_a_key_with_more_due_tasks_than_one_claim_ranks_is_served_in_exact_rank_
 ) -> None:
     """More due tasks than a claim call ranks (1,000): the calls rank them in steps and
     serve the key only once all are ranked, so its highest priority still goes first."""
-    from distsched.core import WaitReason
+    from distsched.model import WaitReason
 
     scheduler.set_key("t")
     total = 1500
@@ -1012,7 +1012,7 @@ def test_a_ranked_keyed_entry_is_the_member_python_builds_for_explain(
 ) -> None:
     """Negative ranks and ranks beyond 2^53 included: the scripts and the Python side
     encode a key's ranked entry alike, so explain finds it."""
-    from distsched.core import fair_ranked_member, queue_member
+    from distsched.wire.records import fair_ranked_member, queue_member
 
     scheduler.set_order("priority", aging=aging_s)
     version = scheduler.schedule("x", fn="f", key="t", run_at=1000.0, priority=priority)
@@ -1023,7 +1023,7 @@ def test_a_ranked_keyed_entry_is_the_member_python_builds_for_explain(
 
 
 def test_ranked_keyed_entries_sort_as_their_ranks_across_the_sign() -> None:
-    from distsched.core import fair_ranked_member
+    from distsched.wire.records import fair_ranked_member
 
     ranks = [-(2**61), -(2**53) - 2, -5000, -1, 0, 1, 5000, 2**53 + 2, 2**61]
     # Due 0 and priority -rank at one ms of aging: the rank is the given one.

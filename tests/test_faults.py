@@ -26,7 +26,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from distsched import Claim, Scheduler, State, TaskSpec, Worker
-from distsched.core import Call, Request
+from distsched.ops.protocol import Request
+from distsched.wire.calls import Call
 from tests.conftest import RedisServer, namespace_keys, python_command, running, subprocess_env
 from tests.fault_procs import ends_key, reports_key, rows, runs_key, seen_key
 

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
-from distsched.core import WaitReason
 from distsched.errors import LeaseLostError
+from distsched.model import WaitReason
 from tests.conftest import RedisServer, namespace_keys
 
 

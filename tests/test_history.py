@@ -15,14 +15,15 @@ from typing import Any, cast
 import pytest
 import redis
 
-from distsched import Scheduler, State, core
-from distsched.core import AttemptInfo
+from distsched import Scheduler, State, model
 from distsched.errors import InvalidArgument
+from distsched.model import AttemptInfo
+from distsched.wire import calls, records
 from tests.conftest import RedisServer
 from tests.test_cli import invoke
 
 
-def only(api: Scheduler, worker: str = "w1") -> core.Claim:
+def only(api: Scheduler, worker: str = "w1") -> model.Claim:
     (claim,) = api.ready(1, worker)
     return claim
 
@@ -101,7 +102,7 @@ def test_history_keeps_the_last_ten_attempts_across_versions(api: Scheduler) -> 
         api.schedule("t", fn="f")
         api.fail(only(api), f"Boom: {version}")
     attempts = api.status("t").attempts
-    assert len(attempts) == core.HISTORY_KEEP == 10
+    assert len(attempts) == records.HISTORY_KEEP == 10
     assert [a.error for a in attempts] == [f"Boom: {i}" for i in range(2, 12)]
     versions = [a.version for a in attempts]
     assert versions == sorted(versions) and len(set(versions)) == 10
@@ -179,12 +180,12 @@ def test_housekeeping_trims_counters_older_than_a_day_in_bounded_steps(
     scheduler: Scheduler, redis_client: redis.Redis
 ) -> None:
     now_minute = int(scheduler.server_time() * 1000) // 60_000
-    keep_from = now_minute - core.MINUTES_KEEP - core.MINUTES_MARGIN
+    keep_from = now_minute - calls.MINUTES_KEEP - calls.MINUTES_MARGIN
     old = {f"{m}:s": 1 for m in range(keep_from - 500, keep_from)}
     recent = {f"{m}:f": 2 for m in range(now_minute - 1439, now_minute + 1)}
     redis_client.hset(scheduler.keys.minutes, mapping=cast(Any, {**old, **recent}))
     first = scheduler.housekeeping()["trimmed"]
-    assert 0 < first <= core.MINUTES_TRIM_STEP
+    assert 0 < first <= calls.MINUTES_TRIM_STEP
     for _ in range(10):
         scheduler.housekeeping()
     left = {k.decode() for k in cast(list[bytes], redis_client.hkeys(scheduler.keys.minutes))}

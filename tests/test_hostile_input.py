@@ -21,7 +21,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, core, limits
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, limits, validate
 from distsched.errors import (
     CycleError,
     InvalidArgument,
@@ -29,6 +29,7 @@ from distsched.errors import (
     UnknownDependencyError,
 )
 from distsched.scripts import source
+from distsched.wire.calls import schedule_call
 from tests.conftest import namespace_keys, put_payload
 
 PAYLOAD_LIMIT = 256
@@ -192,7 +193,7 @@ BAD_DEPS = st.one_of(
     st.lists(BAD_ID, min_size=1, max_size=2),
     st.tuples(VALID_ID, BAD_ID),
     VALID_ID.map(lambda d: [d, d]),
-    st.just([f"d{i:05d}" for i in range(core.MAX_DEPS + 1)]),
+    st.just([f"d{i:05d}" for i in range(validate.MAX_DEPS + 1)]),
 )
 BAD_BOOL = st.one_of(st.integers(), st.none(), st.text(max_size=3), st.floats())
 
@@ -497,7 +498,7 @@ BROKEN_PAYLOADS = st.one_of(
 def foreign_schedule(client: redis.Redis, s: Scheduler, task_id: str, payload: bytes) -> None:
     """Enqueue a task whose stored payload is then overwritten by hand (the schedule
     script itself refuses a payload a worker cannot decode)."""
-    call = core.schedule_call(s.keys, [TaskSpec(task_id, "f", priority=1)], s.max_payload_bytes)
+    call = schedule_call(s.keys, [TaskSpec(task_id, "f", priority=1)], s.max_payload_bytes)
     client.register_script(source("schedule"))(keys=call.keys, args=call.args)
     put_payload(client, s.keys, task_id, payload)
 
@@ -568,7 +569,7 @@ def test_every_accepted_delay_gives_an_exact_run_at_from_the_server_clock(
     s.schedule("t", fn="f", delay=delay)
     after = math.ceil(s.server_time() * 1000)
     ms = round(s.status("t").run_at * 1000)
-    assert abs(ms) <= core.MAX_MS
+    assert abs(ms) <= validate.MAX_MS
     offset = math.floor(delay * 1000 + 0.5)
     # run_at is float seconds: at these magnitudes its milliseconds are exact to one.
     assert before + offset - 1 <= ms <= after + offset + 1

@@ -23,10 +23,10 @@ import pytest
 import redis
 from click.testing import CliRunner, Result
 
-from distsched import Scheduler, State, Worker, core, views
+from distsched import Scheduler, State, Worker, views
 from distsched.cli import cli
-from distsched.core import CUT_MARK, WorkerInfo, cut_deep
 from distsched.keys import Keys
+from distsched.model import WorkerInfo
 from distsched.text import (
     cut,
     escape,
@@ -35,6 +35,17 @@ from distsched.text import (
     redact,
     redact_text,
     show,
+)
+from distsched.wire import records
+from distsched.wire.payload import (
+    CUT_MARK,
+    READ_DEPTH,
+    cut_deep,
+    cut_packed,
+    decode_payload,
+    decode_payload_trace,
+    decode_value,
+    unpack_error,
 )
 from distsched.worker.link import WorkerLink
 from distsched.worker.logs import redis_location
@@ -156,8 +167,8 @@ def test_a_payload_nested_900_deep_is_shown_cut_with_an_ellipsis(
     put_payload(redis_client, scheduler.keys, "deep", packed_nested(900))
     info = scheduler.status("deep")
     assert info.fn == "f"
-    repr(info)  # no RecursionError: the API cuts at core.READ_DEPTH
-    assert str(info.args).count("[") <= core.READ_DEPTH + 1
+    repr(info)  # no RecursionError: the API cuts at wire.payload.READ_DEPTH
+    assert str(info.args).count("[") <= READ_DEPTH + 1
     assert CUT_MARK in str(info.args)
     out = run(redis_server, scheduler.namespace, "status", "deep").stdout
     assert "args:" in out
@@ -195,17 +206,15 @@ def test_a_result_nested_2000_deep_reads_as_a_cut_value(
 def test_the_byte_level_cut_keeps_everything_within_the_depth() -> None:
     value = {"fn": "f", "args": [1, "x", [2.5, None, {"k": [True]}]], "b": b"\x00" * 300}
     raw = cast(bytes, msgpack.packb(value, use_bin_type=True))
-    assert core.cut_packed(raw, 64) == raw
-    assert msgpack.unpackb(core.cut_packed(raw, 2)) == {
+    assert cut_packed(raw, 64) == raw
+    assert msgpack.unpackb(cut_packed(raw, 2)) == {
         "fn": "f",
         "args": [1, "x", CUT_MARK],
         "b": b"\x00" * 300,
     }
-    assert core.cut_packed(packed_nested(5000), 3) == msgpack.packb(
-        {"fn": "f", "args": [[CUT_MARK]]}
-    )
+    assert cut_packed(packed_nested(5000), 3) == msgpack.packb({"fn": "f", "args": [[CUT_MARK]]})
     with pytest.raises(ValueError):
-        core.cut_packed(packed_nested(5000)[:-1], 3)
+        cut_packed(packed_nested(5000)[:-1], 3)
 
 
 def test_cut_deep_returns_a_shallow_value_itself_and_cuts_a_deep_one() -> None:
@@ -250,8 +259,8 @@ def test_a_worker_fails_a_payload_nested_2000_deep_saying_why(
 
 def test_an_undecodable_payload_names_the_exception_even_when_its_message_is_empty() -> None:
     with pytest.raises(ValueError, match="StackError"):
-        core.decode_payload(packed_nested(2000))
-    assert core.unpack_error(ValueError()) == "ValueError"
+        decode_payload(packed_nested(2000))
+    assert unpack_error(ValueError()) == "ValueError"
 
 
 # --------------------------------------------------------------------------- escapes
@@ -373,7 +382,7 @@ def huge(scheduler: Scheduler, redis_client: redis.Redis) -> dict[str, str]:
     rewrite_record(redis_client, keys, "held", state="x", worker="W" * BIG_WORKER_BYTES)
     redis_client.zadd(keys.leases, {"held": 9_999_999_999_999})
     scheduler.schedule("root", fn="f")
-    prefix = core.id_prefix("root") + b"0r"
+    prefix = records.id_prefix("root") + b"0r"
     for start in range(0, DEPENDENTS, 10_000):
         members = {prefix + b"child-%06d" % i: 0 for i in range(start, start + 10_000)}
         redis_client.zadd(keys.edges, members)
@@ -532,12 +541,12 @@ def test_jsonable_cuts_any_nesting_with_an_ellipsis_without_a_recursion_error() 
 
 
 def test_a_reader_cuts_exactly_what_nests_past_its_depth() -> None:
-    depth = core.READ_DEPTH
+    depth = READ_DEPTH
     # The payload's map is the first level, its args array the second.
-    _, whole, _, _ = core.decode_payload_trace(packed_nested(depth - 1), depth)
+    _, whole, _, _ = decode_payload_trace(packed_nested(depth - 1), depth)
     assert CUT_MARK not in str(whole) and str(whole).count("[") == depth - 2  # args: a tuple
-    _, cut_args, _, _ = core.decode_payload_trace(packed_nested(depth), depth)
+    _, cut_args, _, _ = decode_payload_trace(packed_nested(depth), depth)
     assert CUT_MARK in str(cut_args)
-    value = core.decode_value(cast(bytes, msgpack.packb(nested(depth + 1))), depth)
+    value = decode_value(cast(bytes, msgpack.packb(nested(depth + 1))), depth)
     assert str(value).count("[") == depth and CUT_MARK in str(value)
-    assert core.decode_value(cast(bytes, msgpack.packb(nested(depth))), depth) == nested(depth)
+    assert decode_value(cast(bytes, msgpack.packb(nested(depth))), depth) == nested(depth)

@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from distsched import Scheduler, State, TaskInfo, TaskSpec
-from distsched.core import Claim
 from distsched.errors import InvalidArgument
+from distsched.model import Claim
 
 
 def ids(page_items: tuple[object, ...]) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from distsched import Scheduler, State, TaskInfo, Worker, current_task
-from distsched.core import ERROR_MAX_BYTES, error_text
+from distsched.wire.payload import ERROR_MAX_BYTES, error_text
 from distsched.worker.logs import TASK_FIELDS
 from tests.conftest import CLI_COMMAND, CliProcess, RedisServer, running
 

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 import msgpack
 import pytest
 
-from distsched import Scheduler, State, Worker, core, scripts
+from distsched import Scheduler, State, Worker, scripts, validate
 from distsched.keys import KEY_NAMES, MAX_NAMESPACE_BYTES, Keys
 from tests.conftest import IN_CI, RedisServer, running, stored_payload
 
@@ -254,19 +254,19 @@ def test_the_document_lists_every_wake_up_message_the_scripts_publish() -> None:
 def test_the_documented_limits_are_the_limits_the_python_client_enforces() -> None:
     limits = doc_section("## Limits")
     rows = {
-        "task id": f"1 to {core.MAX_TASK_ID_BYTES} bytes",
+        "task id": f"1 to {validate.MAX_TASK_ID_BYTES} bytes",
         "namespace": f"1 to {MAX_NAMESPACE_BYTES} bytes",
-        "priority": f"[{core.PRIORITY_MIN}, {core.PRIORITY_MAX}]",
-        "`max_attempts`": f"[1, {core.MAX_ATTEMPTS_LIMIT}]",
-        "backoff": f"[0, {int(core.BACKOFF_MAX_S * 1000)}]",
-        "dependencies": f"at most {core.MAX_DEPS} per task",
-        "payload": f"at most {core.DEFAULT_MAX_PAYLOAD_BYTES} bytes",
+        "priority": f"[{validate.PRIORITY_MIN}, {validate.PRIORITY_MAX}]",
+        "`max_attempts`": f"[1, {validate.MAX_ATTEMPTS_LIMIT}]",
+        "backoff": f"[0, {int(validate.BACKOFF_MAX_S * 1000)}]",
+        "dependencies": f"at most {validate.MAX_DEPS} per task",
+        "payload": f"at most {validate.DEFAULT_MAX_PAYLOAD_BYTES} bytes",
     }
     for row, limit in rows.items():
         [line] = [line for line in limits.splitlines() if line.startswith(f"| {row}")]
         assert limit in line, row
-    assert core.MAX_MS == 2**53 - 1 and "2^53 - 1" in limits
-    assert core.MAX_DELAY_MS == 2**52 and "2^52" in limits
+    assert validate.MAX_MS == 2**53 - 1 and "2^53 - 1" in limits
+    assert validate.MAX_DELAY_MS == 2**52 and "2^52" in limits
 
 
 def resp_command(*args: bytes | str | int) -> bytes:

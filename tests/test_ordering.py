@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from distsched import Claim, Scheduler, State, TaskSpec, Wait
-from distsched.core import WaitReason
+from distsched.model import WaitReason
 from tests.conftest import RedisServer, require_extra
 
 

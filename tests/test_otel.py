@@ -14,10 +14,11 @@ import msgpack
 import pytest
 import redis
 
-from distsched import Scheduler, TaskSpec, Worker, core
+from distsched import Scheduler, TaskSpec, Worker
 from distsched.aio import AsyncScheduler
 from distsched.errors import TaskFailed
 from distsched.otel import TracingHooks, current_trace
+from distsched.wire import payload
 from tests.conftest import CLI_COMMAND, require_extra, running, stored_payload, subprocess_env
 
 require_extra("opentelemetry.sdk")
@@ -107,7 +108,9 @@ def test_without_an_active_span_the_payload_is_unchanged(
 ) -> None:
     scheduler.schedule("a", fn="work", args=[1])
     assert current_trace() is None
-    assert stored_payload(redis_client, scheduler.keys, "a") == core.encode_payload("work", [1], {})
+    assert stored_payload(redis_client, scheduler.keys, "a") == payload.encode_payload(
+        "work", [1], {}
+    )
 
 
 def test_the_worker_span_is_a_child_of_the_producer_span_with_the_run_attributes(
@@ -169,9 +172,9 @@ def test_a_failed_run_records_its_exception_and_an_error_status(
 
 def test_a_trace_field_that_is_not_a_map_of_strings_is_ignored() -> None:
     raw = msgpack.packb({"fn": "f", "trace": {"traceparent": 5}})
-    assert core.decode_payload_trace(raw) == ("f", (), {}, None)
+    assert payload.decode_payload_trace(raw) == ("f", (), {}, None)
     raw = msgpack.packb({"fn": "f", "trace": {"traceparent": "00-ab-cd-01"}})
-    assert core.decode_payload_trace(raw)[3] == {"traceparent": "00-ab-cd-01"}
+    assert payload.decode_payload_trace(raw)[3] == {"traceparent": "00-ab-cd-01"}
 
 
 def test_distsched_worker_otel_traces_runs_to_the_configured_provider(

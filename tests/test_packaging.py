@@ -94,7 +94,6 @@ LAYERS: list[set[str]] = [
         "distsched.validate",
         "distsched.wire",
         "distsched.ops",
-        "distsched.core",
     },
     {
         "distsched",
@@ -156,7 +155,7 @@ def _imports(path: Path, known: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
-            # ``from distsched import core`` imports a module; ``import __version__`` does not.
+            # ``from distsched import keys`` imports a module; ``import __version__`` does not.
             names = [f"{node.module}.{alias.name}" for alias in node.names]
             names = [n if n in known else node.module for n in names]
         else:

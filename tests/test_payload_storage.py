@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import redis
 
-from distsched import Claim, Scheduler, State, TaskSpec, core
+from distsched import Claim, Scheduler, State, TaskSpec
+from distsched.wire import payload, records
 from tests.conftest import INLINE_PAYLOAD_MAX, stored_payload
 
 SMALL = ["s" * 10]
@@ -31,9 +32,9 @@ def test_a_small_payload_is_kept_in_the_record_and_a_large_one_in_the_payloads_h
 ) -> None:
     s = scheduler
     s.schedule_many([TaskSpec("small", "f", args=SMALL), TaskSpec("large", "f", args=LARGE)])
-    small, large = (core.encode_payload("f", args, {}) for args in (SMALL, LARGE))
-    assert core.decode_record(redis_client.hget(s.keys.tasks, "small")).payload == small  # type: ignore[arg-type]
-    assert core.decode_record(redis_client.hget(s.keys.tasks, "large")).payload is None  # type: ignore[arg-type]
+    small, large = (payload.encode_payload("f", args, {}) for args in (SMALL, LARGE))
+    assert records.decode_record(redis_client.hget(s.keys.tasks, "small")).payload == small  # type: ignore[arg-type]
+    assert records.decode_record(redis_client.hget(s.keys.tasks, "large")).payload is None  # type: ignore[arg-type]
     assert not payload_hash_holds(redis_client, s, "small")
     assert redis_client.hget(s.keys.payloads, "large") == large
     assert (s.status("small").args, s.status("large").args) == (tuple(SMALL), tuple(LARGE))
@@ -57,7 +58,7 @@ def test_a_new_version_replaces_the_payload_wherever_each_version_keeps_it(
     assert not payload_hash_holds(redis_client, s, "t")
     assert (s.status("t").fn, s.status("t").args) == ("g", tuple(SMALL))
     s.schedule("t", fn="h", args=LARGE)  # small -> large: the record holds none
-    assert core.decode_record(redis_client.hget(s.keys.tasks, "t")).payload is None  # type: ignore[arg-type]
+    assert records.decode_record(redis_client.hget(s.keys.tasks, "t")).payload is None  # type: ignore[arg-type]
     c = claim(s, "t")
     assert (c.fn, c.args) == ("h", tuple(LARGE))
 

@@ -12,17 +12,19 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from distsched import Outcome, Scheduler, State, TaskSpec, core, views
-from distsched.core import PLACE_PART, Reason
+from distsched import Outcome, Scheduler, State, TaskSpec, model, views
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
+from distsched.model import Reason
+from distsched.ops import protocol
 from distsched.ops.namespace import Ops
+from distsched.wire.calls import PLACE_PART, Call, add_deps_call, schedule_call
 
 WORKER = "w"
 # Two full parts and a short one after the first call.
 WIDE = 3 * PLACE_PART + 7
 
 
-def deps_of(call: core.Call) -> int:
+def deps_of(call: Call) -> int:
     """The dependency ids one schedule or add_deps call names."""
     if call.script == "add_deps":
         return len(call.args) - 3
@@ -36,7 +38,7 @@ def place(
     spec: TaskSpec,
     between: Callable[[int], None] = lambda part: None,
     stop_after: int | None = None,
-) -> tuple[int | None, list[core.Call]]:
+) -> tuple[int | None, list[Call]]:
     """Schedule ``spec`` alone, calling ``between(n)`` after the n-th call that places
     it; ``stop_after`` drops the submission after that call, as a crashed client would."""
     versions, calls = place_batch(s, [spec], between, stop_after)
@@ -48,21 +50,21 @@ def place_batch(
     specs: list[TaskSpec],
     between: Callable[[int], None] = lambda part: None,
     stop_after: int | None = None,
-) -> tuple[list[int], list[core.Call]]:
+) -> tuple[list[int], list[Call]]:
     """``place`` for a batch: the versions (none when stopped) and the calls sent."""
     op = s._ops.admit_many(specs)
-    calls: list[core.Call] = []
-    step = core.advance(op, None)
-    while not isinstance(step, core.Done):
+    calls: list[Call] = []
+    step = protocol.advance(op, None)
+    while not isinstance(step, protocol.Done):
         reply = s._send(step)
-        if isinstance(step, core.Call) and step.script in ("schedule", "add_deps"):
+        if isinstance(step, Call) and step.script in ("schedule", "add_deps"):
             calls.append(step)
             between(len(calls))
             if stop_after == len(calls):
                 op.close()
                 return [], calls
-        step = core.advance(op, reply)
-    admitted: list[core.Admitted] = step.value
+        step = protocol.advance(op, reply)
+    admitted: list[model.Admitted] = step.value
     return [a.version for a in admitted], calls
 
 
@@ -202,7 +204,7 @@ def test_a_batch_writes_every_task_in_one_call_and_places_the_wide_one_after_it(
 def test_a_hold_option_other_than_1_is_refused_naming_it_and_nothing_is_written(
     scheduler: Scheduler, hold: str
 ) -> None:
-    call = core.schedule_call(scheduler.keys, [TaskSpec("t", "f")], 1 << 20)
+    call = schedule_call(scheduler.keys, [TaskSpec("t", "f")], 1 << 20)
     call.args[3] = f"{call.args[3]} hold={hold}"
     with pytest.raises(InvalidArgument, match="hold"):
         scheduler._drive(scheduler._ops.call(Ops.run, call))
@@ -216,7 +218,7 @@ def test_a_part_naming_another_version_than_the_held_one_is_refused(
     ids = ready_deps(scheduler, WIDE)
     place(scheduler, TaskSpec("sink", "f", deps=ids), stop_after=1)
     held = scheduler.status("sink").version
-    stale = core.add_deps_call(scheduler.keys, "sink", ids[-1:], False, (held - 1, True))
+    stale = add_deps_call(scheduler.keys, "sink", ids[-1:], False, (held - 1, True))
     with pytest.raises(ConflictError, match="another version"):
         scheduler._drive(scheduler._ops.call(Ops.run, stale))
     assert scheduler.status("sink").placing

@@ -18,9 +18,11 @@ import msgpack
 import pytest
 import redis
 
-from distsched import Claim, Scheduler, State, TaskSpec, Worker, core, limits
+from distsched import Claim, Scheduler, State, TaskSpec, Worker, limits, model
 from distsched.errors import ScriptError
 from distsched.metrics import WorkerMetrics
+from distsched.wire import records
+from distsched.wire.payload import decode_payload
 from tests.conftest import RedisServer, namespace_keys, put_payload, running
 from tests.fault_procs import rows, runs_key
 from tests.test_faults import reaped, start_worker, stop_worker, wait_until
@@ -158,7 +160,7 @@ def test_nil_args_and_kwargs_from_a_javascript_encoder_run_as_empty(
 ) -> None:
     payload = pack({"fn": "f", "args": None, "kwargs": None})
     producer.call("schedule", BUDGET, 1, "js", spec(), payload)
-    assert core.decode_payload(payload) == ("f", (), {})
+    assert decode_payload(payload) == ("f", (), {})
     seen: list[tuple[Any, ...]] = []
     worker = Worker(s, {"f": lambda *a, **kw: seen.append((a, kw))}, concurrency=1)
     with running(worker):
@@ -226,14 +228,14 @@ def test_a_record_written_as_text_by_an_earlier_version_is_read_and_saved_as_msg
 ) -> None:
     s.schedule("old", fn="f", args=(1,), priority=5, max_attempts=3, backoff=2)
     before = s.status("old")
-    rec = core.decode_record(cast(bytes, redis_client.hget(s.keys.tasks, "old")))
+    rec = records.decode_record(cast(bytes, redis_client.hget(s.keys.tasks, "old")))
     # The same record as earlier versions stored it: its fields joined by "|".
     text = f"r|{rec.version}|0|3|2000|{rec.run_at_ms}|5|0|{rec.updated_ms - rec.run_at_ms}|0|0|"
     redis_client.hset(s.keys.tasks, "old", text)
     # Earlier versions kept every payload in the payloads hash.
     assert rec.payload is not None
     redis_client.hset(s.keys.payloads, "old", rec.payload)
-    assert core.decode_record(text.encode()) == dataclasses.replace(rec, payload=None)
+    assert records.decode_record(text.encode()) == dataclasses.replace(rec, payload=None)
     assert s.status("old") == before
     claims, _ = s.claim(1, "w")
     assert [(c.task_id, c.version, c.attempt, c.priority, c.args) for c in claims] == [
@@ -241,8 +243,8 @@ def test_a_record_written_as_text_by_an_earlier_version_is_read_and_saved_as_msg
     ]
     raw = cast(bytes, redis_client.hget(s.keys.tasks, "old"))
     assert raw[:1] == b"\xa1"  # saved as msgpack
-    assert core.decode_record(raw).state is State.RUNNING
-    assert s.complete(claims[0]) is core.Outcome.APPLIED
+    assert records.decode_record(raw).state is State.RUNNING
+    assert s.complete(claims[0]) is model.Outcome.APPLIED
     assert s.status("old").state is State.SUCCEEDED
 
 
@@ -280,11 +282,11 @@ def test_a_claim_quarantines_a_junk_record_and_claims_the_good_tasks_behind_it(
         *by_id,
         "junk",
     }
-    assert s.fail_many([(junk, junk.payload_error)]) == [core.Outcome.APPLIED]
+    assert s.fail_many([(junk, junk.payload_error)]) == [model.Outcome.APPLIED]
     info = s.status("junk")
     assert info.state is State.FAILED and info.error is not None
     assert "corrupt task record" in info.error
-    assert s.complete_many([(c, None) for c in by_id.values()]) == [core.Outcome.APPLIED] * 3
+    assert s.complete_many([(c, None) for c in by_id.values()]) == [model.Outcome.APPLIED] * 3
 
 
 def test_junk_queue_members_are_dropped_and_the_claim_goes_on(
@@ -300,7 +302,7 @@ def test_junk_queue_members_are_dropped_and_the_claim_goes_on(
     assert redis_client.zcard(s.keys.queue) == 0
     # An id no report could name ends failed where it is.
     raw: Any = redis_client.hget(s.keys.tasks, b"\xff\xfe")
-    assert core.decode_record(raw).state is State.FAILED
+    assert records.decode_record(raw).state is State.FAILED
 
 
 def test_a_junk_meta_counter_strands_no_task(s: Scheduler, redis_client: redis.Redis) -> None:
@@ -360,7 +362,7 @@ def test_a_report_batch_with_a_junk_record_applies_the_others(
     claims.sort(key=lambda c: c.task_id)
     put_junk_record(redis_client, s, "t1", b"junk")
     outcomes = s.complete_many([(c, i) for i, c in enumerate(claims)])
-    assert outcomes == [core.Outcome.APPLIED, core.Outcome.STALE, core.Outcome.APPLIED]
+    assert outcomes == [model.Outcome.APPLIED, model.Outcome.STALE, model.Outcome.APPLIED]
     assert [s.status(t).state for t in ("t0", "t2")] == [State.SUCCEEDED] * 2
 
 
@@ -372,7 +374,7 @@ def test_a_dependent_with_a_junk_record_does_not_stop_its_parent_from_ending(
     s.schedule("sibling", fn="f", deps=["parent"])
     put_junk_record(redis_client, s, "child", b"junk")
     (claim,), _ = s.claim(1, "w")
-    assert s.complete_many([(claim, None)]) == [core.Outcome.APPLIED]
+    assert s.complete_many([(claim, None)]) == [model.Outcome.APPLIED]
     assert s.status("sibling").state is State.READY
 
 
@@ -446,7 +448,7 @@ def test_junk_in_every_field_of_a_namespace_fails_only_its_own_tasks_and_two_wor
     redis_client.hset(k.done, "good-001", b"junk \xff 1.x")
     redis_client.hset(k.deps, "good-child", b"zz\xff")
     redis_client.hset(k.blocked, "good-002", b"zzz")
-    prefix = core.id_prefix
+    prefix = records.id_prefix
     redis_client.zadd(
         k.edges,
         {b"junk": 0, prefix("good-003") + b"wrnobody": 0, prefix("good-004") + b"wr\xff": 0,
@@ -484,7 +486,7 @@ def test_junk_in_every_field_of_a_namespace_fails_only_its_own_tasks_and_two_wor
         assert info.state is State.FAILED and info.error is not None, task_id
         assert "payload decode error" in info.error, (task_id, info.error)
     quarantined: Any = redis_client.hget(k.tasks, b"bad-\xff")
-    assert core.decode_record(quarantined).state is State.FAILED
+    assert records.decode_record(quarantined).state is State.FAILED
     with pytest.raises(ScriptError, match="corrupt task record of 'bad-leased'"):
         s.status("bad-leased")
     assert sum(c["failed"] for c in counts) == len(bad_records) + len(bad_payloads)
@@ -515,7 +517,7 @@ def test_a_junk_cascade_progress_field_ends_that_cascade_and_nothing_else(
     s.schedule("parent", fn="f")
     s.schedule("child", fn="f", deps=["parent"])
     (claim,), _ = s.claim(1, "w")
-    assert s.complete_many([(claim, None)]) == [core.Outcome.APPLIED]
+    assert s.complete_many([(claim, None)]) == [model.Outcome.APPLIED]
     assert s.status("child").state is State.READY
     assert redis_client.zcard(s.keys.propagating) == 0
     assert not redis_client.hexists(s.keys.meta, "cascade:gone")

@@ -27,10 +27,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, core
-from distsched.core import Order, OrderSetting, priority_bucket
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec
 from distsched.errors import ConflictError, InvalidArgument
+from distsched.model import Order, OrderSetting, priority_bucket
 from distsched.ops.namespace import Ops
+from distsched.wire import calls
 from tests.conftest import RedisServer
 
 IDS = ["a", "b", "c", "d"]
@@ -334,7 +335,7 @@ def test_a_change_that_would_rewrite_a_large_ready_set_is_refused(
     s = sync_scheduler
     s.set_order("priority", aging=1.0)
     s.schedule_many([TaskSpec(f"t{i}", "f") for i in range(5)])
-    call = core.order_call(s.keys, Order.DEFAULT, 0, most=4)
+    call = calls.order_call(s.keys, Order.DEFAULT, 0, most=4)
     with pytest.raises(ConflictError, match="5 entries"):
         s._drive(s._ops.call(Ops.run, call))
     assert s.order().order is Order.PRIORITY
@@ -367,7 +368,7 @@ def test_compaction_drops_stale_entries_of_the_ready_set(sync_scheduler: Schedul
     assert (stats["queue_entries"], stats["stale_entries"]) == (600, 400)
     removed = 0
     for _ in range(10):
-        removed += s._drive(s._ops.call(Ops.run, core.compact_call(s.keys, 100, 0)))[0]
+        removed += s._drive(s._ops.call(Ops.run, calls.compact_call(s.keys, 100, 0)))[0]
     assert removed == 400
     stats = s.stats()
     assert (stats["queue_entries"], stats["stale_entries"]) == (200, 0)

@@ -18,9 +18,10 @@ from typing import cast
 import pytest
 import redis
 
-from distsched import Scheduler, State, TaskSpec, Worker, core
-from distsched.core import Claim
+from distsched import Scheduler, State, TaskSpec, Worker
+from distsched.model import Claim
 from distsched.ops.base import once
+from distsched.wire import calls, records
 from tests.conftest import RedisServer, namespace_keys
 
 # Hashes holding one field per task id.
@@ -219,14 +220,14 @@ def test_purging_a_finished_dependency_leaves_its_waiting_dependents_intact(
 def test_a_task_still_settling_its_dependents_is_kept_until_they_are_settled(
     scheduler: Scheduler,
 ) -> None:
-    fanout = core.PROPAGATE_BUDGET + 300
+    fanout = calls.PROPAGATE_BUDGET + 300
     scheduler.submit_graph(
         [TaskSpec("root", "f")] + [TaskSpec(f"d{i}", "f", deps=["root"]) for i in range(fanout)]
     )
     claim = claim_one(scheduler, "root")
     # The raw transition, without the client's automatic settling: the completion
     # settles one budget of dependents and leaves the rest queued for propagation.
-    left, _ = scheduler._drive(once(core.complete_call(scheduler.keys, [(claim, None)])))
+    left, _ = scheduler._drive(once(calls.complete_call(scheduler.keys, [(claim, None)])))
     assert int(left) > 0
     assert scheduler.client.zscore(scheduler.keys.propagating, "proot") is not None
 
@@ -234,7 +235,7 @@ def test_a_task_still_settling_its_dependents_is_kept_until_they_are_settled(
     wait_until(lambda: scheduler.server_time() > scheduler.status("root").updated_at)
     assert purge_all(scheduler) == 0
     assert scheduler.status("root").state is State.SUCCEEDED
-    assert scheduler.stats()["counts"]["pending"] == fanout - core.PROPAGATE_BUDGET
+    assert scheduler.stats()["counts"]["pending"] == fanout - calls.PROPAGATE_BUDGET
 
     scheduler.settle()
     assert purge_all(scheduler) == 1
@@ -261,7 +262,7 @@ def test_retention_belongs_to_the_namespace(
         for s in (scheduler, other):
             s.schedule("x", fn="f", delay=3600)
             s.cancel("x")
-        assert other.stats()["retention_s"] == core.DEFAULT_RETENTION_S
+        assert other.stats()["retention_s"] == calls.DEFAULT_RETENTION_S
         scheduler.set_retention(0)
         wait_until(lambda: scheduler.server_time() > other.status("x").updated_at)
         purge_all(scheduler)
@@ -269,7 +270,7 @@ def test_retention_belongs_to_the_namespace(
         assert other.status("x").state is State.CANCELLED
         assert traces(scheduler, "x") == set()
         assert (scheduler.stats()["retention_s"], other.stats()["retention_s"]) == (
-            0.0, core.DEFAULT_RETENTION_S,
+            0.0, calls.DEFAULT_RETENTION_S,
         )  # fmt: skip
     finally:
         for key in other.keys.all_keys():
@@ -307,7 +308,7 @@ def queue_with_stale_entries(s: Scheduler, tasks: int, cancelled: int, replaced:
 def live_members(s: Scheduler) -> bool:
     """True when every queue entry is the current version of a ready task."""
     for member in cast(list[bytes], s.client.zrange(s.keys.queue, 0, -1)):
-        version, task_id = core.parse_queue_member(member)
+        version, task_id = records.parse_queue_member(member)
         info = s.status(task_id)
         if info.state is not State.READY or info.version != version:
             return False

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from distsched.core import Op
 from distsched.keys import Keys
 from distsched.ops import routing as route
 from distsched.ops.base import Shortcuts
 from distsched.ops.namespace import Ops
+from distsched.ops.protocol import Op
 from distsched.ops.stripes import StripedOps
 
 

@@ -12,8 +12,9 @@ import pytest
 import redis
 
 from distsched import Scheduler, State, TaskInfo, Worker, current_task
-from distsched.core import decode_fired, fire_call
 from distsched.schedules import Definition, FiringState, plan_fire
+from distsched.wire.calls import fire_call
+from distsched.wire.replies import decode_fired
 from tests.conftest import RedisServer, require_extra, running
 
 require_extra("cronsim")

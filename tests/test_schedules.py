@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from distsched import Claim, Overlap, Scheduler, State, TaskSpec, Worker, schedules
-from distsched.core import WaitReason
 from distsched.errors import InvalidArgument, MissingExtraError, NotFoundError
+from distsched.model import WaitReason
 from distsched.schedules import Definition, plan_fire
 from tests.conftest import RedisServer, namespace_keys, require_extra, running
 from tests.fault_procs import rows, runs_key

@@ -17,10 +17,21 @@ import msgpack
 import pytest
 import redis
 
-from distsched import Scheduler, State, TaskSpec, core, limits, scripts
+from distsched import Scheduler, State, TaskSpec, limits, scripts, validate
 from distsched.errors import CycleError, InvalidArgument, PayloadTooLarge
 from distsched.keys import Keys
 from distsched.schedules import Definition
+from distsched.wire import records
+from distsched.wire.calls import (
+    MINUTES_KEEP,
+    MINUTES_MARGIN,
+    PROPAGATE_BUDGET,
+    REPORTS_PER_CALL,
+    fire_call,
+    fire_slots_per_call,
+    schedule_batches,
+)
+from distsched.wire.payload import ERROR_MAX_BYTES, error_text, payload_values
 from tests.conftest import RedisServer, namespace_keys
 from tests.test_cli import invoke
 
@@ -39,10 +50,10 @@ def test_the_lua_caps_are_the_python_caps_name_for_name() -> None:
 
 def test_each_cap_is_written_once_per_language() -> None:
     # The client's own constants are the caps themselves, not copies of their numbers.
-    assert core.MAX_DEPS is limits.MAX_DEPS_PER_TASK
-    assert core.DEFAULT_MAX_PAYLOAD_BYTES is limits.DEFAULT_MAX_PAYLOAD_BYTES
-    assert core.ERROR_MAX_BYTES is limits.MAX_ERROR_BYTES
-    assert core.REPORTS_PER_CALL is limits.MAX_REPORTS_PER_CALL
+    assert validate.MAX_DEPS is limits.MAX_DEPS_PER_TASK
+    assert validate.DEFAULT_MAX_PAYLOAD_BYTES is limits.DEFAULT_MAX_PAYLOAD_BYTES
+    assert ERROR_MAX_BYTES is limits.MAX_ERROR_BYTES
+    assert REPORTS_PER_CALL is limits.MAX_REPORTS_PER_CALL
     for part in ("lib/payload.lua", "add_deps.lua", "schedule.lua"):
         text = (scripts.lua_dir() / part).read_text("utf-8")
         assert not re.search(r"^local (MAX_DEPS|DEFAULT_MAX_PAYLOAD|MAX_ADDED)\b", text, re.M)
@@ -74,7 +85,7 @@ def refused(client: redis.Redis, s: Scheduler, cap: str, name: str, *args: Any) 
 
 def schedule_args(tasks: list[tuple[str, list[str]]], *tail: Any, au: int = 1) -> list[Any]:
     """schedule.lua's ARGV for tasks (id, required deps), each payload {"fn": "f"}."""
-    args: list[Any] = [core.PROPAGATE_BUDGET, len(tasks)]
+    args: list[Any] = [PROPAGATE_BUDGET, len(tasks)]
     for task_id, deps in tasks:
         args += [task_id, SPEC.format(au=au, r=len(deps), o=0), PAYLOAD, *deps]
     return [*args, *tail]
@@ -122,23 +133,23 @@ def test_a_task_takes_at_most_max_deps_per_task_over_every_part(
     part = limits.MAX_EDGES_PER_CALL
     spec = SPEC.format(au=1, r=part - 1, o=0) + " hold=1"
     reply = evalsha(
-        redis_client, s.keys, "schedule", core.PROPAGATE_BUDGET, 1, "a", spec, PAYLOAD,
+        redis_client, s.keys, "schedule", PROPAGATE_BUDGET, 1, "a", spec, PAYLOAD,
         *ids("x", part - 1),
     )  # fmt: skip
     version, have = reply[1], part - 1
     while limits.MAX_DEPS_PER_TASK - have > part:
         evalsha(
-            redis_client, s.keys, "add_deps", core.PROPAGATE_BUDGET, "a", f"1 {version} more",
+            redis_client, s.keys, "add_deps", PROPAGATE_BUDGET, "a", f"1 {version} more",
             *ids(f"p{have}-", part),
         )  # fmt: skip
         have += part
     rest = limits.MAX_DEPS_PER_TASK - have
     refused(
-        redis_client, s, "MAX_DEPS_PER_TASK", "add_deps", core.PROPAGATE_BUDGET, "a",
+        redis_client, s, "MAX_DEPS_PER_TASK", "add_deps", PROPAGATE_BUDGET, "a",
         f"1 {version} last", *ids("y", rest + 1),
     )  # fmt: skip
     evalsha(
-        redis_client, s.keys, "add_deps", core.PROPAGATE_BUDGET, "a", f"1 {version} last",
+        redis_client, s.keys, "add_deps", PROPAGATE_BUDGET, "a", f"1 {version} last",
         *ids("y", rest),
     )  # fmt: skip
     info = s.status("a")
@@ -150,11 +161,11 @@ def test_an_add_deps_part_takes_at_most_max_edges_per_call(
 ) -> None:
     s.schedule("a", fn="f", deps=["x"], allow_unknown=True)
     refused(
-        redis_client, s, "MAX_EDGES_PER_CALL", "add_deps", core.PROPAGATE_BUDGET, "a", "1",
+        redis_client, s, "MAX_EDGES_PER_CALL", "add_deps", PROPAGATE_BUDGET, "a", "1",
         *ids("y", limits.MAX_EDGES_PER_CALL + 1),
     )  # fmt: skip
     evalsha(
-        redis_client, s.keys, "add_deps", core.PROPAGATE_BUDGET, "a", "1",
+        redis_client, s.keys, "add_deps", PROPAGATE_BUDGET, "a", "1",
         *ids("y", limits.MAX_EDGES_PER_CALL - 1),
     )  # fmt: skip
     assert len(s.status("a").deps) == limits.MAX_EDGES_PER_CALL
@@ -293,10 +304,10 @@ def test_a_report_call_carries_at_most_max_reports_per_call(
     redis_client: redis.Redis, s: Scheduler, name: str
 ) -> None:
     head: list[Any] = {
-        "complete": [core.PROPAGATE_BUDGET],
-        "fail": [core.PROPAGATE_BUDGET, core.BACKOFF_CAP_MS],
+        "complete": [PROPAGATE_BUDGET],
+        "fail": [PROPAGATE_BUDGET, validate.BACKOFF_CAP_MS],
         "heartbeat": [5000],
-        "release": [core.PROPAGATE_BUDGET],
+        "release": [PROPAGATE_BUDGET],
     }[name]
     values = 3 if name in ("heartbeat", "release") else 4
 
@@ -315,7 +326,7 @@ def test_fail_refuses_an_error_text_over_max_error_bytes(
     s.schedule("t", fn="f")
     [claim] = s.ready(1, "w")
     token = ["t", claim.version, claim.attempt]
-    head = [core.PROPAGATE_BUDGET, core.BACKOFF_CAP_MS, 1]
+    head = [PROPAGATE_BUDGET, validate.BACKOFF_CAP_MS, 1]
     refused(
         redis_client,
         s,
@@ -330,7 +341,7 @@ def test_fail_refuses_an_error_text_over_max_error_bytes(
 
 
 def test_the_worker_cuts_error_texts_to_the_scripts_cap() -> None:
-    text = core.error_text(ValueError("e" * (3 * limits.MAX_ERROR_BYTES)))
+    text = error_text(ValueError("e" * (3 * limits.MAX_ERROR_BYTES)))
     assert len(text.encode("utf-8")) <= limits.MAX_ERROR_BYTES
 
 
@@ -353,7 +364,7 @@ def test_a_payload_nested_deeper_than_max_payload_depth_is_refused(
     redis_client: redis.Redis, s: Scheduler
 ) -> None:
     def args(payload: bytes) -> list[Any]:
-        return [core.PROPAGATE_BUDGET, 1, "t", SPEC.format(au=0, r=0, o=0), payload]
+        return [PROPAGATE_BUDGET, 1, "t", SPEC.format(au=0, r=0, o=0), payload]
 
     deep = nested(limits.MAX_PAYLOAD_DEPTH + 1)
     refused(redis_client, s, "MAX_PAYLOAD_DEPTH", "schedule", *args(deep))
@@ -379,7 +390,7 @@ def test_msgpack_ext_values_stay_accepted_in_a_payload(
         redis_client,
         s.keys,
         "schedule",
-        core.PROPAGATE_BUDGET,
+        PROPAGATE_BUDGET,
         1,
         "t",
         SPEC.format(au=0, r=0, o=0),
@@ -402,7 +413,7 @@ def test_the_payload_limit_is_the_namespaces_and_no_argument_raises_it(
     redis_client: redis.Redis, s: Scheduler
 ) -> None:
     def args(payload: bytes, *tail: Any) -> list[Any]:
-        return [core.PROPAGATE_BUDGET, 1, "t", SPEC.format(au=0, r=0, o=0), payload, *tail]
+        return [PROPAGATE_BUDGET, 1, "t", SPEC.format(au=0, r=0, o=0), payload, *tail]
 
     default = limits.DEFAULT_MAX_PAYLOAD_BYTES
     # Nothing stored: the default, whatever the last argument asks.
@@ -429,7 +440,7 @@ def test_a_schedule_call_carries_at_most_max_payload_bytes_per_call(
     over = [(f"t{i}", payload_of(each)) for i in range(4)] + [("t4", payload_of(100))]
 
     def args(tasks: list[tuple[str, bytes]]) -> list[Any]:
-        out: list[Any] = [core.PROPAGATE_BUDGET, len(tasks)]
+        out: list[Any] = [PROPAGATE_BUDGET, len(tasks)]
         for task_id, payload in tasks:
             out += [task_id, SPEC.format(au=0, r=0, o=0), payload]
         return out
@@ -449,10 +460,10 @@ def test_a_payload_of_more_than_max_payload_values_is_refused(
     redis_client: redis.Redis, s: Scheduler
 ) -> None:
     def args(payload: bytes) -> list[Any]:
-        return [core.PROPAGATE_BUDGET, 1, "t", SPEC.format(au=0, r=0, o=0), payload]
+        return [PROPAGATE_BUDGET, 1, "t", SPEC.format(au=0, r=0, o=0), payload]
 
     most = limits.MAX_PAYLOAD_VALUES
-    assert core.payload_values(values_payload(most)) == most
+    assert payload_values(values_payload(most)) == most
     message = refused(
         redis_client, s, "MAX_PAYLOAD_VALUES", "schedule", *args(values_payload(most + 1))
     )
@@ -464,15 +475,15 @@ def test_a_payload_of_more_than_max_payload_values_is_refused(
             redis_client, s, "MAX_PAYLOAD_VALUES", "schedule", *args(values_payload(most + 1, item))
         )
     wide = pack({"fn": "f", "kwargs": {f"k{i}": 0 for i in range((most - 3) // 2 + 1)}})
-    assert core.payload_values(wide) > most
+    assert payload_values(wide) > most
     refused(redis_client, s, "(MAX_PAYLOAD_VALUES)", "schedule", *args(wide))
     cjk = pack({"fn": "f", "args": ["\u4e2d" * (most - 6)]})
-    assert core.payload_values(cjk) == most
+    assert payload_values(cjk) == most
     over = pack({"fn": "f", "args": ["\u4e2d" * (most - 5)]})
     refused(redis_client, s, "(MAX_PAYLOAD_VALUES)", "schedule", *args(over))
     # Characters outside ASCII add up over every string of the payload.
     spread = pack({"fn": "f", "args": ["\u4e2d" * (most // 4)] * 4})
-    assert core.payload_values(spread) > most
+    assert payload_values(spread) > most
     refused(redis_client, s, "(MAX_PAYLOAD_VALUES)", "schedule", *args(spread))
     evalsha(redis_client, s.keys, "schedule", *args(values_payload(most)))
     assert s.status("t").state is State.READY
@@ -491,7 +502,7 @@ def test_a_schedule_call_carries_at_most_max_payload_values_per_call(
     half = values_payload(most // 2)
 
     def args(payloads: list[bytes]) -> list[Any]:
-        out: list[Any] = [core.PROPAGATE_BUDGET, len(payloads)]
+        out: list[Any] = [PROPAGATE_BUDGET, len(payloads)]
         for i, payload in enumerate(payloads):
             out += [f"t{i}", SPEC.format(au=0, r=0, o=0), payload]
         return out
@@ -503,7 +514,7 @@ def test_a_schedule_call_carries_at_most_max_payload_values_per_call(
     evalsha(redis_client, s.keys, "schedule", *args([half, half]))
     assert s.status("t1").state is State.READY
     # The client sends a batch over the cap in calls within it.
-    calls = core.schedule_batches(
+    calls = schedule_batches(
         [TaskSpec(f"b{i}", "f") for i in range(3)], [(len(half), most // 2)] * 3
     )
     assert calls == [[0, 1], [2]]
@@ -523,7 +534,7 @@ def test_a_string_payload_at_the_default_limit_is_accepted(
         redis_client,
         s.keys,
         "schedule",
-        core.PROPAGATE_BUDGET,
+        PROPAGATE_BUDGET,
         1,
         "t",
         SPEC.format(au=0, r=0, o=0),
@@ -570,7 +581,7 @@ def test_a_cycle_check_over_max_cycle_visits_is_refused_saying_how_to_proceed(
     chain = pending_chain(s, limits.MAX_CYCLE_VISITS + 2)
     # c0 gets a dependency on the chain's end: the walk reads every task of the chain.
     message = refused(
-        redis_client, s, "MAX_CYCLE_VISITS", "add_deps", core.PROPAGATE_BUDGET, "c0", "0", chain[-1]
+        redis_client, s, "MAX_CYCLE_VISITS", "add_deps", PROPAGATE_BUDGET, "c0", "0", chain[-1]
     )
     assert message.startswith(
         f"BADARG deps cycle check visited more than {limits.MAX_CYCLE_VISITS}"
@@ -636,7 +647,7 @@ def test_per_minute_counters_are_trimmed_even_after_minutes_from_lies_in_the_fut
     redis_client: redis.Redis, s: Scheduler
 ) -> None:
     now = int(redis_client.time()[0]) // 60
-    old = now - core.MINUTES_KEEP - core.MINUTES_MARGIN - 10
+    old = now - MINUTES_KEEP - MINUTES_MARGIN - 10
     redis_client.hset(s.keys.minutes, mapping={f"{old}:s": 3, f"{now}:s": 1})
     redis_client.hset(s.keys.meta, "minutes_from", now + 10**6)
     assert s.housekeeping()["trimmed"] == 1
@@ -648,7 +659,7 @@ def test_a_task_claim_fails_for_an_id_no_worker_can_name_is_listed_as_ended_and_
     redis_client: redis.Redis, s: Scheduler
 ) -> None:
     s.schedule("t", fn="f")
-    bad = "b" * (core.MAX_TASK_ID_BYTES + 1)
+    bad = "b" * (validate.MAX_TASK_ID_BYTES + 1)
     [member] = cast(list[bytes], redis_client.zrange(s.keys.queue, 0, -1))
     record = cast(bytes, redis_client.hget(s.keys.tasks, "t"))
     # As a producer that skipped the checks would have stored it.
@@ -657,7 +668,7 @@ def test_a_task_claim_fails_for_an_id_no_worker_can_name_is_listed_as_ended_and_
     redis_client.zadd(s.keys.queue, {member[:22] + bad.encode(): 0})
     redis_client.zrem(s.keys.queue, member)
     assert s.ready(1, "w") == []
-    assert core.decode_record(redis_client.hget(s.keys.tasks, bad)).state is State.FAILED  # type: ignore[arg-type]
+    assert records.decode_record(redis_client.hget(s.keys.tasks, bad)).state is State.FAILED  # type: ignore[arg-type]
     assert redis_client.zscore(s.keys.finished, bad) is not None
     members = cast(list[bytes], redis_client.zrange(s.keys.states, 0, -1))
     assert [m[:1] for m in members if m.endswith(bad.encode())] == [b"f"]
@@ -698,9 +709,9 @@ def test_a_fire_call_creates_at_most_max_payload_bytes_per_call_of_payloads(
     d = Definition.decode("x", cast(bytes, redis_client.hget(s.keys.schedules, "x")))
     rev = cast(bytes, redis_client.hget(s.keys.firing, "x")).decode().split("|")[0]
     slot = int(now * 1000) - 5000
-    call = core.fire_call(
+    call = fire_call(
         s.keys, d, rev, "backfill", [(slot, slot), (slot + 1000, slot + 1000)], size * 2
     )
     refused(redis_client, s, "MAX_PAYLOAD_BYTES_PER_CALL", "fire", *call.args)
-    assert core.fire_slots_per_call(d, size * 2) == 1
+    assert fire_slots_per_call(d, size * 2) == 1
     assert s.backfill("x", now - 6, now - 3) == 4

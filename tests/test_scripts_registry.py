@@ -23,15 +23,55 @@ from distsched import (
     TaskSpec,
     Wait,
     Worker,
-    core,
     lua_files,
+    model,
     schedules,
     scripts,
+    validate,
 )
 from distsched.errors import InvalidArgument, ScriptError
 from distsched.keys import KEY_NAMES, Keys
+from distsched.ops import protocol
 from distsched.ops.base import once
 from distsched.scripts import SCRIPT_NAMES, Registry, lua_dir, source
+from distsched.wire.calls import (
+    DEFAULT_RETENTION_S,
+    PROPAGATE_BUDGET,
+    Call,
+    add_deps_call,
+    cancel_call,
+    claim_call,
+    compact_call,
+    complete_call,
+    confirm_cancel_call,
+    expire_call,
+    fail_call,
+    fairness_call,
+    fire_call,
+    forget_call,
+    heartbeat_call,
+    leave_call,
+    order_call,
+    propagate_call,
+    purge_call,
+    reap_call,
+    recur_remove_call,
+    release_call,
+    retry_call,
+    schedule_call,
+)
+from distsched.wire.records import (
+    _STATE_BY_CODE,
+    Record,
+    decode_cause,
+    decode_dependents,
+    decode_deps_list,
+    decode_record,
+    edge_range,
+    id_prefix,
+    parse_queue_member,
+)
+from distsched.wire.replies import decode_id_list, translate_error
 from tests.conftest import RedisServer
 
 LUA = lua_dir()
@@ -104,32 +144,32 @@ def test_every_script_opens_with_purpose_includes_keys_argv_and_reply(name: str)
     assert set(header.keys) <= set(KEY_NAMES)
 
 
-def sample_calls() -> dict[str, core.Call]:
+def sample_calls() -> dict[str, Call]:
     keys = Keys("ns")
     claim = Claim("a", 1, 1, "f", (), {}, 0, 0.0)
     every_second = schedules.definition("s", "f", 0, {"interval": 1.0})
     return {
-        "schedule": core.schedule_call(keys, [TaskSpec("a", "f")], 1000),
-        "cancel": core.cancel_call(keys, "a"),
-        "claim": core.claim_call(keys, "w", 1, 1000),
-        "heartbeat": core.heartbeat_call(keys, [claim], 1000),
-        "complete": core.complete_call(keys, [(claim, None)]),
-        "fail": core.fail_call(keys, [(claim, "x")]),
-        "confirm_cancel": core.confirm_cancel_call(keys, claim),
-        "release": core.release_call(keys, [claim]),
-        "reap": core.reap_call(keys),
-        "propagate": core.propagate_call(keys),
-        "retry": core.retry_call(keys, "a", True),
-        "add_deps": core.add_deps_call(keys, "a", ["b"], False),
-        "purge": core.purge_call(keys),
-        "forget": core.forget_call(keys, ["a"]),
-        "compact": core.compact_call(keys),
-        "leave": core.leave_call(keys, "w"),
-        "recur": core.recur_remove_call(keys, "s"),
-        "fire": core.fire_call(keys, every_second, "rev", "trigger", [("now", "now")], 1000),
-        "order": core.order_call(keys, core.Order.PRIORITY, 1000),
-        "fairness": core.fairness_call(keys, "key", "tenant", 3, 2),
-        "expire": core.expire_call(keys),
+        "schedule": schedule_call(keys, [TaskSpec("a", "f")], 1000),
+        "cancel": cancel_call(keys, "a"),
+        "claim": claim_call(keys, "w", 1, 1000),
+        "heartbeat": heartbeat_call(keys, [claim], 1000),
+        "complete": complete_call(keys, [(claim, None)]),
+        "fail": fail_call(keys, [(claim, "x")]),
+        "confirm_cancel": confirm_cancel_call(keys, claim),
+        "release": release_call(keys, [claim]),
+        "reap": reap_call(keys),
+        "propagate": propagate_call(keys),
+        "retry": retry_call(keys, "a", True),
+        "add_deps": add_deps_call(keys, "a", ["b"], False),
+        "purge": purge_call(keys),
+        "forget": forget_call(keys, ["a"]),
+        "compact": compact_call(keys),
+        "leave": leave_call(keys, "w"),
+        "recur": recur_remove_call(keys, "s"),
+        "fire": fire_call(keys, every_second, "rev", "trigger", [("now", "now")], 1000),
+        "order": order_call(keys, model.Order.PRIORITY, 1000),
+        "fairness": fairness_call(keys, "key", "tenant", 3, 2),
+        "expire": expire_call(keys),
     }
 
 
@@ -601,8 +641,8 @@ def lifecycle(s: Scheduler) -> None:
     assert s.fire_due() == 0
     assert s.remove_schedule("hourly") is True
     # The claim order: priority first, then back to the default.
-    assert s.set_order("priority", aging=1.0).order is core.Order.PRIORITY
-    assert s.set_order("default").order is core.Order.DEFAULT
+    assert s.set_order("priority", aging=1.0).order is model.Order.PRIORITY
+    assert s.set_order("default").order is model.Order.DEFAULT
     # Fairness keys: a cap and weight set (the namespace turns fair).
     assert s.set_key("tenant", cap=2, weight=3).weight == 3
 
@@ -652,7 +692,7 @@ def test_every_script_is_a_function_of_one_library_that_runs_it_like_evalsha(
     }
     # The same call gets the same reply either way (one namespace each, same state).
     for ns, via in (("by-fcall", "fcall"), ("by-evalsha", "evalsha")):
-        call = core.schedule_call(Keys(ns), [TaskSpec("a", "f", priority=3)], 1 << 20)
+        call = schedule_call(Keys(ns), [TaskSpec("a", "f", priority=3)], 1 << 20)
         if via == "fcall":
             name = scripts.function_name("schedule")
             reply = own_client.fcall(name, len(call.keys), *call.keys, *call.args)
@@ -663,7 +703,7 @@ def test_every_script_is_a_function_of_one_library_that_runs_it_like_evalsha(
     # The same record but for the clock: run_at and the time of the last transition.
     records = [
         dataclasses.replace(
-            core.decode_record(cast(bytes, own_client.hget(Keys(ns).tasks, "a"))),
+            decode_record(cast(bytes, own_client.hget(Keys(ns).tasks, "a"))),
             run_at_ms=0,
             updated_ms=0,
         )
@@ -809,7 +849,7 @@ def test_a_user_limited_to_the_namespace_prefix_can_run_everything(
     )
 
 
-def raw(s: Scheduler, call: core.Call) -> tuple[int, list[Any]]:
+def raw(s: Scheduler, call: Call) -> tuple[int, list[Any]]:
     """One script call as it is, without settling what it leaves: (jobs left, values)."""
     return s._drive(once(call))
 
@@ -821,9 +861,9 @@ class RecordingScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.replies: list[tuple[str, Any]] = []
 
-    def _request(self, request: core.Request) -> Any:
+    def _request(self, request: protocol.Request) -> Any:
         reply = super()._request(request)
-        if isinstance(request, core.Call):
+        if isinstance(request, Call):
             self.replies.append((request.script, reply))
         return reply
 
@@ -846,14 +886,14 @@ def test_every_reply_opens_with_the_number_of_propagation_jobs_left(
             [TaskSpec("root", "f")] + [TaskSpec(f"c{i}", "f", deps=["root"]) for i in range(3)]
         )
         [claim] = d.ready(1, "w")
-        call = core.fail_call(d.keys, [(claim, "x")])
-        assert call.args[0] == core.PROPAGATE_BUDGET
+        call = fail_call(d.keys, [(claim, "x")])
+        assert call.args[0] == PROPAGATE_BUDGET
         # A budget of one edge: two of the three dependents are left to settle.
         left, [outcome] = raw(d, dataclasses.replace(call, args=[1, *call.args[1:]]))
         assert (int(left), outcome) == (1, b"applied")
-        left, [used] = raw(d, core.propagate_call(d.keys, 1))
+        left, [used] = raw(d, propagate_call(d.keys, 1))
         assert (int(left), int(used)) == (1, 1)
-        left, [used] = raw(d, core.propagate_call(d.keys, 5))
+        left, [used] = raw(d, propagate_call(d.keys, 5))
         assert (int(left), int(used)) == (0, 1)
         assert d.status("c2").state is State.BLOCKED
     finally:
@@ -872,7 +912,7 @@ def test_a_script_sent_the_wrong_number_of_keys_is_refused_before_it_runs(
     sha = own_client.script_load(source("cancel"))
     expected = rf"^BADARG KEYS expected {len(keys)}: tasks results"
     with pytest.raises(redis.ResponseError, match=expected):
-        own_client.evalsha(sha, len(keys) - 1, *keys[:-1], core.PROPAGATE_BUDGET, "a")
+        own_client.evalsha(sha, len(keys) - 1, *keys[:-1], PROPAGATE_BUDGET, "a")
     assert own_client.keys("*") == []
 
 
@@ -957,7 +997,7 @@ def test_lua_and_python_store_the_same_state_letters(own_client: redis.Redis) ->
     )
     lua = {p.decode().split("=")[0]: p.decode().split("=")[1:] for p in pairs}
     python = {code: [state.value, "t" if state.terminal else "-"] for code, state in
-              core._STATE_BY_CODE.items()}  # fmt: skip
+              _STATE_BY_CODE.items()}  # fmt: skip
     assert lua == python
     assert {state for state, _ in python.values()} == {s.value for s in State}
 
@@ -978,14 +1018,14 @@ def test_a_record_the_lua_side_writes_is_the_record_the_python_side_reads(
         worker,
     )
     assert raw == loaded
-    assert core.decode_record(raw) == core.Record(
+    assert decode_record(raw) == Record(
         state=State.RUNNING,
         version=2**53 - 1,
         attempt=3,
         max_attempts=1_000_000,
         backoff_ms=3_600_000,
         run_at_ms=1_700_000_000_123,
-        priority=core.PRIORITY_MIN,
+        priority=validate.PRIORITY_MIN,
         cancel_requested=True,
         updated_ms=1_700_000_000_100,
         remaining=7,
@@ -998,10 +1038,10 @@ def test_queue_members_built_in_lua_parse_in_python_and_sort_by_priority_then_ve
     own_client: redis.Redis,
 ) -> None:
     cases = [
-        (core.PRIORITY_MAX, 1),
+        (validate.PRIORITY_MAX, 1),
         (0, 2**53 - 1),
         (0, 5),
-        (core.PRIORITY_MIN, 1),
+        (validate.PRIORITY_MIN, 1),
         (-1, 3),
     ]
     args = [str(v) for case in cases for v in case]
@@ -1015,7 +1055,7 @@ def test_queue_members_built_in_lua_parse_in_python_and_sort_by_priority_then_ve
         "return out\n",
         *args,
     )
-    parsed = [core.parse_queue_member(m) for m in members]
+    parsed = [parse_queue_member(m) for m in members]
     assert parsed == [(version, f"id{2 * i + 1}") for i, (_, version) in enumerate(cases)]
     by_bytes = sorted(range(len(cases)), key=lambda i: members[i])
     by_rule = sorted(range(len(cases)), key=lambda i: (-cases[i][0], cases[i][1]))
@@ -1025,8 +1065,8 @@ def test_queue_members_built_in_lua_parse_in_python_and_sort_by_priority_then_ve
 def test_ids_edges_dependency_lists_and_causes_have_one_format_on_both_sides(
     own_client: redis.Redis,
 ) -> None:
-    longest = "\u00e9" * (core.MAX_TASK_ID_BYTES // 2)
-    assert len(longest.encode()) == core.MAX_TASK_ID_BYTES < 16**3  # hex3 holds every length
+    longest = "\u00e9" * (validate.MAX_TASK_ID_BYTES // 2)
+    assert len(longest.encode()) == validate.MAX_TASK_ID_BYTES < 16**3  # hex3 holds every length
     ids = ["a", "b|c", "new\nline", longest]
     prefixes, hexes, deps, edge, cause = lua_eval(
         own_client,
@@ -1040,13 +1080,13 @@ def test_ids_edges_dependency_lists_and_causes_have_one_format_on_both_sides(
         "         edge_member(ARGV[1], 'w', 'r', ARGV[2]), id_prefix(ARGV[3]) .. ARGV[4] }\n",
         *ids,
     )
-    assert prefixes == [core.id_prefix(i) for i in ids]
-    assert core.decode_id_list(hexes.decode()) == ids
-    assert core.decode_deps_list(deps) == [("r", "a"), ("o", "b|c"), ("r", ids[2]), ("o", longest)]
-    low, high = core.edge_range("a")
+    assert prefixes == [id_prefix(i) for i in ids]
+    assert decode_id_list(hexes.decode()) == ids
+    assert decode_deps_list(deps) == [("r", "a"), ("o", "b|c"), ("r", ids[2]), ("o", longest)]
+    low, high = edge_range("a")
     assert low[1:] <= edge < high[1:]
-    assert core.decode_dependents("a", [edge]) == ("b|c",)
-    assert core.decode_cause(cause) == (ids[2], longest)
+    assert decode_dependents("a", [edge]) == ("b|c",)
+    assert decode_cause(cause) == (ids[2], longest)
 
 
 def test_the_limits_checked_in_python_are_the_limits_the_scripts_check(
@@ -1056,21 +1096,21 @@ def test_the_limits_checked_in_python_are_the_limits_the_scripts_check(
     try:
 
         def raw_schedule(priority: int, max_attempts: int) -> Any:
-            call = core.schedule_call(s.keys, [TaskSpec("t", "f")], s.max_payload_bytes)
+            call = schedule_call(s.keys, [TaskSpec("t", "f")], s.max_payload_bytes)
             spec = f"in 0 {priority} {max_attempts} 0 0 0 0"
             return raw(s, dataclasses.replace(call, args=[*call.args[:3], spec, call.args[4]]))
 
-        for priority in (core.PRIORITY_MIN, core.PRIORITY_MAX):
+        for priority in (validate.PRIORITY_MIN, validate.PRIORITY_MAX):
             assert raw_schedule(priority, 1)[0] == 0
-        for priority in (core.PRIORITY_MIN - 1, core.PRIORITY_MAX + 1):
+        for priority in (validate.PRIORITY_MIN - 1, validate.PRIORITY_MAX + 1):
             with pytest.raises(InvalidArgument, match="priority"):
                 raw_schedule(priority, 1)
         with pytest.raises(InvalidArgument, match="max_attempts"):
             raw_schedule(0, 0)
         # The calls send the Python constants the scripts no longer hold.
-        assert core.purge_call(s.keys).args[2] == core.DEFAULT_RETENTION_S * 1000
-        assert core.reap_call(s.keys).args[:2] == [core.PROPAGATE_BUDGET, core.BACKOFF_CAP_MS]
-        assert core.BACKOFF_CAP_MS == core.BACKOFF_MAX_S * 1000
+        assert purge_call(s.keys).args[2] == DEFAULT_RETENTION_S * 1000
+        assert reap_call(s.keys).args[:2] == [PROPAGATE_BUDGET, validate.BACKOFF_CAP_MS]
+        assert validate.BACKOFF_CAP_MS == validate.BACKOFF_MAX_S * 1000
     finally:
         s.close()
     for name in SCRIPT_NAMES:
@@ -1093,9 +1133,9 @@ def test_every_error_code_a_script_raises_is_one_the_client_translates() -> None
         "UNKNOWN": "UNKNOWN 61 62",
     }
     for code, message in samples.items():
-        assert not isinstance(core.translate_error(message), ScriptError), code
+        assert not isinstance(translate_error(message), ScriptError), code
     # A corrupt record is a server-side fault, not an API error.
-    assert isinstance(core.translate_error("CORRUPT task record of a"), ScriptError)
+    assert isinstance(translate_error("CORRUPT task record of a"), ScriptError)
 
 
 def readme_table(heading: str) -> dict[str, list[str]]:

@@ -26,8 +26,8 @@ from hypothesis.stateful import (
 )
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
-from distsched.core import WaitReason
 from distsched.errors import ConflictError, LeaseLostError, NotFoundError
+from distsched.model import WaitReason
 from tests.conftest import RedisServer
 from tests.test_listing import listing_matches
 

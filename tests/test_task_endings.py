@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 import redis
 
-from distsched import Scheduler, TaskSpec, core, scripts
+from distsched import Scheduler, TaskSpec, model, scripts
 from distsched.keys import Keys
+from distsched.ops import protocol
+from distsched.wire import calls, records
 from tests.test_scripts_registry import reachable_code
 
 KEY = "tenant"
@@ -31,8 +33,8 @@ class Recorder(Scheduler):
         super().__init__(*args, **kwargs)
         self.called: list[str] = []
 
-    def _request(self, request: core.Request) -> Any:
-        if isinstance(request, core.Call):
+    def _request(self, request: protocol.Request) -> Any:
+        if isinstance(request, calls.Call):
             self.called.append(request.script)
         return super()._request(request)
 
@@ -50,7 +52,7 @@ class Ending:
     running: bool = False
 
 
-def claim(s: Scheduler, task_id: str) -> core.Claim:
+def claim(s: Scheduler, task_id: str) -> model.Claim:
     [c] = s.ready(1, "w")
     assert c.task_id == task_id
     return c
@@ -94,9 +96,9 @@ def first_trigger(client: Any, keys: Keys) -> str:
 
 
 def endings() -> list[Ending]:
-    n = core.PROPAGATE_BUDGET + 10
+    n = calls.PROPAGATE_BUDGET + 10
     last = f"d{n - 1}"
-    claims: dict[str, core.Claim] = {}
+    claims: dict[str, model.Claim] = {}
 
     def claimed(s: Scheduler, **options: Any) -> None:
         s.schedule_many([keyed("x", **options), keyed("other")])
@@ -303,6 +305,6 @@ def test_an_ending_wakes_its_waiters_gives_the_fairness_slot_back_and_moves_the_
     # The per-state index: one member, the record's.
     raw = redis_client.hget(keys.tasks, task_id)
     assert raw is not None
-    record = core.decode_record(raw, task_id)
-    member = core.state_index_member(record.state, record.updated_ms, task_id)
+    record = records.decode_record(raw, task_id)
+    member = records.state_index_member(record.state, record.updated_ms, task_id)
     assert index_members(redis_client, keys, task_id) == [member]

@@ -19,9 +19,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from distsched import Scheduler, State, TaskSpec, Worker, core, current_task
+from distsched import Scheduler, State, TaskSpec, Worker, current_task
 from distsched.errors import InvalidArgument, NotFoundError, ScriptError
 from distsched.ops.base import once
+from distsched.wire import calls
 from tests.conftest import RedisServer, put_payload, running, stored_payload
 from tests.test_cli import assert_one_line_error, invoke
 from tests.test_worker import wait_state, wait_until
@@ -311,10 +312,10 @@ def test_the_cli_schedules_a_timeout_shows_it_and_refuses_a_bad_one_naming_it(
 
 def raw_schedule(s: Scheduler, task_id: str, payload: bytes) -> Any:
     """The schedule script called with ``payload`` as it is: no client-side check."""
-    call = core.schedule_call(s.keys, [TaskSpec(task_id, "f")], 1 << 20)
+    call = calls.schedule_call(s.keys, [TaskSpec(task_id, "f")], 1 << 20)
     args = list(call.args)
     args[4] = payload
-    return s._drive(once(core.Call(call.script, call.keys, args)))
+    return s._drive(once(calls.Call(call.script, call.keys, args)))
 
 
 @pytest.mark.parametrize(

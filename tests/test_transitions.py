@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait
-from distsched.core import WaitReason
 from distsched.errors import ConflictError, LeaseLostError, NotFoundError
+from distsched.model import WaitReason
 from tests.conftest import namespace_keys
 
 

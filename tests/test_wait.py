@@ -20,7 +20,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from distsched import Scheduler, State, TaskInfo, TaskSpec, core
+from distsched import Scheduler, State, TaskInfo, TaskSpec, model
 from distsched.aio import AsyncScheduler
 from distsched.errors import (
     ClosedError,
@@ -32,10 +32,12 @@ from distsched.errors import (
     TaskFailed,
     Timeout,
 )
+from distsched.ops import protocol
+from distsched.wire.calls import PROPAGATE_BUDGET, REAP_BATCH
 from tests.conftest import RedisServer
 from tests.test_cluster import cluster  # noqa: F401  (the fixture)
 
-# Far below core.WAIT_REFRESH_S: a waiter that wakes within this was told, not re-checking.
+# Far below ops.protocol.WAIT_REFRESH_S: a waiter that wakes within this was told, not re-checking.
 TOLD_WITHIN_S = 15.0
 
 
@@ -80,7 +82,7 @@ def waiting(
     yield call
 
 
-def claim_one(s: Scheduler, task_id: str) -> core.Claim:
+def claim_one(s: Scheduler, task_id: str) -> model.Claim:
     (claim,) = s.ready(1, "w")
     assert claim.task_id == task_id
     return claim
@@ -280,7 +282,7 @@ def test_a_waits_entry_lasts_past_the_timeout_and_housekeeping_drops_it_once_exp
     until = redis_client.zscore(api.keys.waits, "a")
     assert until is not None
     # Registered until the end of the wait plus a margin: never dropped while waited for.
-    assert until >= (before + 0.2) * 1000 + core.WAIT_MARGIN_MS
+    assert until >= (before + 0.2) * 1000 + protocol.WAIT_MARGIN_MS
     sync_scheduler.housekeeping()
     assert redis_client.zscore(api.keys.waits, "a") is not None
     # Once its time has passed (set back here rather than waiting ten seconds)...
@@ -293,7 +295,7 @@ def test_housekeeping_drops_expired_waits_a_bounded_number_per_call(
     sync_scheduler: Scheduler, redis_client: redis.Redis
 ) -> None:
     waits = sync_scheduler.keys.waits
-    redis_client.zadd(waits, {f"gone{i}": i + 1 for i in range(core.REAP_BATCH + 5)})
+    redis_client.zadd(waits, {f"gone{i}": i + 1 for i in range(REAP_BATCH + 5)})
     sync_scheduler.reap()
     assert redis_client.zcard(waits) == 5
     sync_scheduler.reap()
@@ -316,8 +318,8 @@ def end_between(s: Any, ending: Callable[[], object], after: str) -> Callable[[]
         thread.join(10)
         seen["done"] = True
 
-    def step(request: core.Request) -> bool:
-        if not isinstance(request, core.Commands) or seen["done"]:
+    def step(request: protocol.Request) -> bool:
+        if not isinstance(request, protocol.Commands) or seen["done"]:
             return False
         if request.commands[0][0] == "ZADD" and request.commands[0][1] == s.keys.waits:
             seen["register"] = True
@@ -326,7 +328,7 @@ def end_between(s: Any, ending: Callable[[], object], after: str) -> Callable[[]
 
     if asyncio.iscoroutinefunction(inner):
 
-        async def patched_async(request: core.Request) -> Any:
+        async def patched_async(request: protocol.Request) -> Any:
             reply = await inner(request)
             if step(request):
                 run_ending()
@@ -335,7 +337,7 @@ def end_between(s: Any, ending: Callable[[], object], after: str) -> Callable[[]
         s._request = patched_async
     else:
 
-        def patched(request: core.Request) -> Any:
+        def patched(request: protocol.Request) -> Any:
             reply = inner(request)
             if step(request):
                 run_ending()
@@ -564,7 +566,7 @@ def end_by_blocking_a_dependent(s: Scheduler) -> tuple[str, str]:
 
 def end_by_propagate(s: Scheduler) -> tuple[str, str]:
     # More dependents than one call settles: the last ones are blocked by propagate.lua.
-    n = core.PROPAGATE_BUDGET + 10
+    n = PROPAGATE_BUDGET + 10
     specs = [TaskSpec("root", "f")] + [TaskSpec(f"d{i}", "f", deps=["root"]) for i in range(n)]
     s.submit_graph(specs)
     s.cancel("root")
@@ -620,7 +622,7 @@ def test_every_script_that_ends_a_waited_for_task_publishes_its_state_and_id(
     sync_scheduler: Scheduler, redis_client: redis.Redis, ending: Callable[[Scheduler], Any]
 ) -> None:
     keys = sync_scheduler.keys
-    for task_id in ("x", "y", f"d{core.PROPAGATE_BUDGET + 9}"):
+    for task_id in ("x", "y", f"d{PROPAGATE_BUDGET + 9}"):
         redis_client.zadd(keys.waits, {task_id: 2**52})
     pubsub: Any = redis_client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
     pubsub.ssubscribe(keys.ended)

@@ -24,7 +24,8 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from distsched import Scheduler, State, TaskInfo, Wait, Worker, current_task
-from distsched.core import IDLE_RECHECK_S, WaitReason
+from distsched.model import WaitReason
+from distsched.wire.calls import IDLE_RECHECK_S
 from distsched.worker.link import WorkerLink
 from tests.conftest import RedisServer, python_command, running, subprocess_env
 from tests.test_cluster import cluster  # noqa: F401  (the fixture)

@@ -17,8 +17,12 @@ import pytest
 import redis
 
 import distsched
+import distsched.model
+import distsched.wire.records
 from distsched import Scheduler, Worker
-from distsched.core import WORKER_ALIVE_BEATS, WORKER_DROP_LEASES, Call, Commands, Request
+from distsched.model import WORKER_ALIVE_BEATS, WORKER_DROP_LEASES
+from distsched.ops.protocol import Commands, Request
+from distsched.wire.calls import Call
 from distsched.worker.link import WorkerLink
 from tests.conftest import CLI_COMMAND, CliProcess, RedisServer, running
 from tests.test_cli import invoke
@@ -70,7 +74,7 @@ def fleet(
             proc.close()
 
 
-def listed(s: Scheduler) -> dict[str, distsched.core.WorkerInfo]:
+def listed(s: Scheduler) -> dict[str, distsched.model.WorkerInfo]:
     return {info.worker_id: info for info in s.workers()}
 
 
@@ -154,17 +158,17 @@ def test_workers_hides_an_entry_past_its_drop_time_before_housekeeping_removes_i
     slow_lease: Scheduler,
 ) -> None:
     s = slow_lease
-    entry = distsched.core.WorkerInfo(
+    entry = distsched.model.WorkerInfo(
         "ghost", "h", 1, "0", 1, ("f",), 0.0, 0.0, 0, {}, heartbeat_s=0.1, lease_s=0.3
     )
     written = WorkerLink(s).register_worker(entry)
     assert [w.worker_id for w in s.workers()] == ["ghost"]
     # Back-date the heartbeat past 3 leases, as if the worker was killed long ago.
-    old = distsched.core.WorkerInfo(
+    old = distsched.model.WorkerInfo(
         "ghost", "h", 1, "0", 1, ("f",), written.started - 5, written.last_heartbeat - 5, 0,
         {}, heartbeat_s=0.1, lease_s=0.3,
     )  # fmt: skip
-    s.client.hset(s.keys.workers, "ghost", distsched.core.encode_worker(old))
+    s.client.hset(s.keys.workers, "ghost", distsched.wire.records.encode_worker(old))
     # The last claim it kept (for a re-send that will never come) goes with it.
     s.client.hset(s.keys.claims, mapping={"ghost": b"r1\n", "alive": b"r2\n"})
     assert s.workers() == []
@@ -177,7 +181,7 @@ def test_workers_hides_an_entry_past_its_drop_time_before_housekeeping_removes_i
 def test_an_unreadable_registry_entry_is_skipped_and_pruned(
     api: Scheduler, redis_client: redis.Redis
 ) -> None:
-    entry = distsched.core.WorkerInfo(
+    entry = distsched.model.WorkerInfo(
         "w1", "h", 7, "1.0", 4, ("a", "b"), 0.0, 0.0, 1, {"claimed": 2}, heartbeat_s=1.0,
         lease_s=3.0,
     )  # fmt: skip

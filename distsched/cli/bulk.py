@@ -10,8 +10,8 @@ import click
 from distsched import views
 from distsched.cli.common import Duration, connect, info_dict, task_named
 from distsched.client import Scheduler
-from distsched.core import State, TaskInfo
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
+from distsched.model import State, TaskInfo
 from distsched.text import (
     CUT_CHARS,
     error_summary,

@@ -14,9 +14,10 @@ import click
 import redis
 
 from distsched.client import Scheduler
-from distsched.core import CLUSTER_SCHEMES, TaskInfo, cluster_seed
 from distsched.errors import InvalidArgument, NotFoundError
+from distsched.model import TaskInfo
 from distsched.text import jsonable, one_line, parse_duration, parse_when, redact
+from distsched.validate import CLUSTER_SCHEMES, cluster_seed
 
 
 @dataclasses.dataclass

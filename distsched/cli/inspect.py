@@ -9,8 +9,8 @@ import click
 
 from distsched import views
 from distsched.cli.common import Duration, connect, info_dict, settings_of, task_named
-from distsched.core import AttemptInfo, State, TaskInfo
 from distsched.errors import InvalidArgument, Timeout
+from distsched.model import AttemptInfo, State, TaskInfo
 from distsched.text import (
     CUT_CHARS,
     DURATION_HINT,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from distsched.cli.common import Duration, connect
-from distsched.core import KeyInfo
 from distsched.errors import InvalidArgument
+from distsched.model import KeyInfo
 
 
 @click.group()

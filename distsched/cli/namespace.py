@@ -15,9 +15,9 @@ from redis.crc import key_slot
 
 from distsched.cli.common import Duration, connect, require_namespace, settings_of
 from distsched.client import Scheduler
-from distsched.core import PRIORITY_LABELS, Order, OrderSetting
 from distsched.errors import InvalidArgument
 from distsched.keys import MAX_STRIPES
+from distsched.model import PRIORITY_LABELS, Order, OrderSetting
 from distsched.text import duration, iso, parse_duration, redact, table
 from distsched.worker.link import WorkerLink
 

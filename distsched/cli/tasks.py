@@ -16,8 +16,8 @@ from distsched.cli.common import (
     settings_of,
     task_named,
 )
-from distsched.core import Admitted
 from distsched.errors import CycleError, UnknownDependencyError
+from distsched.model import Admitted
 from distsched.text import parse_when
 
 

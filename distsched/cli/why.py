@@ -8,7 +8,7 @@ import click
 
 from distsched import views
 from distsched.cli.common import connect, task_named
-from distsched.core import Explanation, Reason, State
+from distsched.model import Explanation, Reason, State
 from distsched.text import CUT_CHARS, escape, iso, json_line, jsonable, one_line, relative, show
 
 

@@ -16,10 +16,10 @@ import click
 
 from distsched.cli.common import Duration, connect, settings_of
 from distsched.client import Scheduler
-from distsched.core import validate_worker_id
 from distsched.errors import InvalidArgument
 from distsched.hooks import validate_hooks
 from distsched.text import one_line
+from distsched.validate import validate_worker_id
 
 
 def import_object(spec: str, field: str) -> Any:

@@ -28,7 +28,6 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from distsched.client import Scheduler
-from distsched.core import STATS_TOP_KEYS, State
 from distsched.dashboard import chart, graph, reads
 from distsched.dashboard.auth import (
     COOKIE,
@@ -40,6 +39,7 @@ from distsched.dashboard.auth import (
     retry_after,
 )
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
+from distsched.model import STATS_TOP_KEYS, State
 from distsched.text import finite_or_none, iso, jsonable
 
 log = logging.getLogger("distsched.dashboard")

@@ -19,7 +19,7 @@ FAILED = "#dc2626"
 
 
 class Count(Protocol):
-    """One minute of throughput (``core.MinuteCount``)."""
+    """One minute of throughput (``model.MinuteCount``)."""
 
     @property
     def minute(self) -> float: ...

@@ -13,8 +13,8 @@ import itertools
 from collections.abc import Callable
 from html import escape
 
-from distsched.core import State
 from distsched.dashboard.reads import cut, linkable
+from distsched.model import State
 from distsched.views import Edge, Neighbourhood
 
 STATE_COLOURS: dict[str | None, str] = {

@@ -27,8 +27,8 @@ import redis
 
 from distsched import views
 from distsched.client import Scheduler
-from distsched.core import (
-    MAX_TASK_ID_BYTES,
+from distsched.errors import InvalidArgument, NotFoundError
+from distsched.model import (
     Explanation,
     MinuteCount,
     Overview,
@@ -37,8 +37,8 @@ from distsched.core import (
     TaskPage,
     WorkerInfo,
 )
-from distsched.errors import InvalidArgument, NotFoundError
 from distsched.text import error_summary, jsonable, size
+from distsched.validate import MAX_TASK_ID_BYTES
 
 # The throughput charts: the last hour by minute, the last day by DAY_BUCKET minutes.
 DAY_MINUTES = 1440

@@ -1,6 +1,6 @@
 """The floor every operation stands on: script calls, reads, settling dependents.
 
-An operation is a generator (:data:`~distsched.core.Op`): it yields the requests it needs
+An operation is a generator (:data:`~distsched.ops.protocol.Op`): it yields the requests it needs
 (script calls, or plain commands sent together) and receives each reply through ``send``
 (a refused script call arrives as a thrown error). The sync and asyncio shells only drive
 it over their connections, so its logic is written once, whatever the I/O model.
@@ -15,26 +15,15 @@ from typing import Any
 
 from redis import exceptions as redis_exceptions
 
-from distsched.core import (
-    PROPAGATE_BUDGET,
-    READ_RETRY_PAUSES,
-    Admitted,
-    Call,
-    Claim,
-    Commands,
-    Op,
-    Sleep,
-    TaskSpec,
-    Wait,
-    _bytes,
-    _is_int,
-    propagate_call,
-    split_reply,
-    task_spec,
-)
 from distsched.errors import BusyError, InvalidArgument, ScriptError, Unavailable
 from distsched.keys import Keys
+from distsched.model import Admitted, Claim, TaskSpec, Wait
 from distsched.ops import routing as route
+from distsched.ops.protocol import READ_RETRY_PAUSES, Commands, Op, Sleep
+from distsched.validate import _is_int, task_spec
+from distsched.wire.calls import PROPAGATE_BUDGET, Call, propagate_call
+from distsched.wire.payload import _bytes
+from distsched.wire.replies import split_reply
 
 
 def once(call: Call) -> Op[tuple[int, list[Any]]]:

@@ -5,24 +5,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from distsched.core import (
-    EXPIRED_ERROR,
-    EXPLAIN_LIMIT,
-    MINUTES_KEEP,
-    READ_DEPTH,
-    SERVED_LIVE_S,
-    SERVER_TIME_LUA,
+from distsched.errors import InvalidArgument, NotFoundError, ScriptError, Timeout
+from distsched.model import (
     STATS_TOP_KEYS,
-    WAIT_MARGIN_MS,
-    WAIT_REFRESH_S,
     BlockedBy,
     DepState,
     Explanation,
     KeyInfo,
     KeyLoad,
-    Listen,
     MinuteCount,
-    Op,
     Order,
     OrderSetting,
     Overview,
@@ -31,48 +22,53 @@ from distsched.core import (
     Stats,
     TaskInfo,
     WorkerInfo,
-    _bytes,
+    priority_bucket,
+)
+from distsched.ops import merges
+from distsched.ops import routing as route
+from distsched.ops.explain import EXPLAIN_LIMIT, SERVED_LIVE_S
+from distsched.ops.listing import Listing
+from distsched.ops.protocol import WAIT_MARGIN_MS, WAIT_REFRESH_S, Listen, Op
+from distsched.validate import (
+    _finite,
+    _is_int,
+    validate_fair_key,
+    validate_task_id,
+    validate_wait_timeout,
+)
+from distsched.wire.calls import MINUTES_KEEP, SERVER_TIME_LUA, _key_reads, status_reads
+from distsched.wire.payload import READ_DEPTH, _bytes, _text, decode_payload_trace
+from distsched.wire.records import (
+    EXPIRED_ERROR,
     _count_or_none,
-    _decode_key_info,
     _decode_rate,
     _error_first_line,
     _fair_prefix,
     _fairq_entry_due,
-    _finite,
-    _is_int,
-    _key_reads,
-    _mapping,
-    _pairs,
     _state_or_none,
-    _text,
-    blocked_path,
     decode_cause,
     decode_dependents,
     decode_deps_list,
     decode_order,
     decode_payload_limit,
-    decode_payload_trace,
     decode_record,
-    decode_stats,
-    decode_status,
     decode_worker,
     edge_range,
     fair_delayed_member,
     fair_ranked_member,
     member_priority,
     parse_queue_member,
-    priority_bucket,
     queue_member,
-    status_reads,
-    task_result,
-    validate_fair_key,
-    validate_task_id,
-    validate_wait_timeout,
 )
-from distsched.errors import InvalidArgument, NotFoundError, ScriptError, Timeout
-from distsched.ops import merges
-from distsched.ops import routing as route
-from distsched.ops.listing import Listing
+from distsched.wire.replies import (
+    _decode_key_info,
+    _mapping,
+    _pairs,
+    blocked_path,
+    decode_stats,
+    decode_status,
+    task_result,
+)
 
 
 class Inspect(Listing):

@@ -7,33 +7,29 @@ tasks from the leases (lease deadline order). ``scan_tasks`` walks every record.
 
 from __future__ import annotations
 
-from distsched.core import (
-    _INDEX_CODE,
-    RANKED_MARK,
-    TASKS_BUDGET_FACTOR,
-    TASKS_FILTER_CHUNK,
-    TASKS_LIMIT_MAX,
-    Op,
-    State,
-    TaskInfo,
-    TaskPage,
-    TaskRow,
-    _bytes,
-    _cursor_bytes,
-    _cursor_text,
-    _Entry,
-    _is_int,
-    _listed_info,
-    _mapping,
-    _one,
-    _pairs,
-    _parse_list_cursor,
-    decode_record,
-    list_state,
-)
 from distsched.errors import InvalidArgument, ScriptError
+from distsched.model import State, TaskInfo, TaskPage, TaskRow
 from distsched.ops import routing as route
 from distsched.ops.base import Base
+from distsched.ops.protocol import Op, _one
+from distsched.validate import TASKS_LIMIT_MAX, _is_int, list_state
+from distsched.wire.payload import _bytes
+from distsched.wire.records import (
+    _INDEX_CODE,
+    RANKED_MARK,
+    _cursor_bytes,
+    _cursor_text,
+    _parse_list_cursor,
+    decode_record,
+)
+from distsched.wire.replies import (
+    TASKS_BUDGET_FACTOR,
+    TASKS_FILTER_CHUNK,
+    _Entry,
+    _listed_info,
+    _mapping,
+    _pairs,
+)
 
 
 class Listing(Base):

@@ -6,7 +6,7 @@ import dataclasses
 import heapq
 from collections.abc import Sequence
 
-from distsched.core import Chores, KeyInfo, MinuteCount
+from distsched.model import Chores, KeyInfo, MinuteCount
 
 
 def key_infos(infos: Sequence[KeyInfo]) -> KeyInfo:

@@ -6,28 +6,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from distsched.core import (
-    FIRE_HEADS,
-    FIRE_TRIES,
-    PROPAGATE_BUDGET,
-    SERVER_TIME_LUA,
-    Call,
-    Op,
-    _bytes,
-    _is_int,
-    _mapping,
-    _pairs,
-    _text,
-    decode_fired,
-    encode_payload,
-    fire_call,
-    fire_slots_per_call,
-    recur_put_call,
-    recur_remove_call,
-)
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError, ScriptError
 from distsched.ops import routing as route
 from distsched.ops.inspect import Inspect
+from distsched.ops.protocol import Op
 from distsched.schedules import (
     MAX_BACKFILL_SLOTS,
     MAX_FIRE_SLOTS,
@@ -40,6 +22,20 @@ from distsched.schedules import (
     validate_name,
 )
 from distsched.schedules import definition as schedule_definition
+from distsched.validate import _is_int
+from distsched.wire.calls import (
+    FIRE_HEADS,
+    FIRE_TRIES,
+    PROPAGATE_BUDGET,
+    SERVER_TIME_LUA,
+    Call,
+    fire_call,
+    fire_slots_per_call,
+    recur_put_call,
+    recur_remove_call,
+)
+from distsched.wire.payload import _bytes, _text, encode_payload
+from distsched.wire.replies import _mapping, _pairs, decode_fired
 
 
 class Recurring(Inspect):

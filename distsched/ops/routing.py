@@ -25,9 +25,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from distsched.core import Op
 from distsched.errors import ConflictError
 from distsched.keys import Keys, stripe_of
+from distsched.ops.protocol import Op
 
 P = ParamSpec("P")
 R = TypeVar("R")

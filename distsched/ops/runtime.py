@@ -6,7 +6,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from distsched import limits
-from distsched.core import (
+from distsched.errors import ConflictError, InvalidArgument, LeaseLostError
+from distsched.model import Admitted, Chores, Claim, Outcome, State, TaskSpec, Wait, WorkerInfo
+from distsched.ops import merges
+from distsched.ops import routing as route
+from distsched.ops.inspect import Inspect
+from distsched.ops.protocol import Commands, Op, _one
+from distsched.validate import _is_int, validate_worker_id
+from distsched.wire.calls import (
     EXPIRE_BATCH,
     IDLE_MS,
     MINUTES_KEEP,
@@ -18,34 +25,14 @@ from distsched.core import (
     REAP_BATCH,
     REPORTS_PER_CALL,
     SERVER_TIME_LUA,
-    Admitted,
     Call,
-    Chores,
-    Claim,
-    Commands,
-    Op,
-    Outcome,
-    State,
-    TaskSpec,
-    Wait,
-    WorkerInfo,
-    _count_or_none,
-    _is_int,
-    _minute_of,
-    _one,
     _parts,
-    _text,
     add_deps_call,
     cancel_call,
     claim_call,
     compact_call,
     complete_call,
     confirm_cancel_call,
-    decode_claim_reply,
-    decode_kept_claim,
-    decode_outcomes,
-    decode_schedule_reply,
-    encode_worker,
     expire_call,
     fail_call,
     forget_call,
@@ -59,12 +46,10 @@ from distsched.core import (
     schedule_batches,
     schedule_call,
     schedule_values,
-    validate_worker_id,
 )
-from distsched.errors import ConflictError, InvalidArgument, LeaseLostError
-from distsched.ops import merges
-from distsched.ops import routing as route
-from distsched.ops.inspect import Inspect
+from distsched.wire.payload import _text
+from distsched.wire.records import _count_or_none, _minute_of, decode_kept_claim, encode_worker
+from distsched.wire.replies import decode_claim_reply, decode_outcomes, decode_schedule_reply
 
 # A batch of reports is checked whole, on stripe 0, before any part of it is sent to its
 # stripe: a bad item refuses all of it, as in an unstriped namespace.

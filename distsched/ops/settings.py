@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-from distsched.core import (
+from distsched.errors import InvalidArgument
+from distsched.model import KeyInfo, OrderSetting
+from distsched.ops import merges
+from distsched.ops import routing as route
+from distsched.ops.inspect import Inspect
+from distsched.ops.protocol import Op, _one
+from distsched.validate import (
     FAIR_WEIGHT_MAX,
-    KeyInfo,
-    Op,
-    OrderSetting,
     _is_int,
-    _one,
     _validate_cap,
     _validate_rate,
-    fairness_call,
-    order_call,
-    purge_call,
     validate_fair_key,
     validate_max_running,
     validate_order,
     validate_payload_limit,
 )
-from distsched.errors import InvalidArgument
-from distsched.ops import merges
-from distsched.ops import routing as route
-from distsched.ops.inspect import Inspect
+from distsched.wire.calls import fairness_call, order_call, purge_call
 
 
 class Settings(Inspect):

@@ -12,11 +12,14 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from distsched import core
-from distsched.core import Op
+from distsched import validate
 from distsched.errors import ConflictError
 from distsched.keys import Keys
+from distsched.ops import protocol
 from distsched.ops.namespace import Ops
+from distsched.ops.protocol import Op
+from distsched.wire import payload
+from distsched.wire.replies import _pairs
 
 # The field of stripe 0's meta that holds the namespace-wide max_running of a striped
 # namespace (each stripe's own ``max_running`` is then its share of it).
@@ -67,7 +70,7 @@ class ShareMover:
         raise NotImplementedError
 
     def set_max_running(self, max_running: int | None) -> Op[None]:
-        limit = core.validate_max_running(max_running)
+        limit = validate.validate_max_running(max_running)
         stripes = yield from self.resolve()
         if len(stripes) == 1:
             return (yield from stripes[0].set_max_running(limit))
@@ -75,12 +78,12 @@ class ShareMover:
         try:
             meta = self.keys.meta
             if limit is None:
-                yield core._one(("HDEL", meta, STRIPES_MAX_FIELD))
+                yield protocol._one(("HDEL", meta, STRIPES_MAX_FIELD))
                 for ops in stripes:
-                    yield core._one(("HDEL", ops.keys.meta, "max_running"))
+                    yield protocol._one(("HDEL", ops.keys.meta, "max_running"))
                     yield from self._wake(ops)
                 return None
-            yield core._one(("HSET", meta, STRIPES_MAX_FIELD, limit))
+            yield protocol._one(("HSET", meta, STRIPES_MAX_FIELD, limit))
             yield from self._move_shares(stripes, limit, even_shares(limit, len(stripes)))
         finally:
             yield from self._unlock(token)
@@ -90,13 +93,13 @@ class ShareMover:
         """Take the share mover's lock (a key with a deadline); None when it is held."""
         token = uuid.uuid4().hex
         for _ in range(LOCK_TRIES if wait else 1):
-            (taken,) = yield core._one(
+            (taken,) = yield protocol._one(
                 ("SET", self.keys.stripelock, token, "NX", "PX", STRIPE_LOCK_MS)
             )
             if taken:
                 return token
             if wait:
-                yield core.Sleep(LOCK_PAUSE_S)
+                yield protocol.Sleep(LOCK_PAUSE_S)
         if wait:
             raise ConflictError("max_running is being changed by another caller; try again")
         return None
@@ -104,17 +107,17 @@ class ShareMover:
     def _unlock(self, token: str | None) -> Op[None]:
         if token is None:
             return
-        (held,) = yield core._one(("GET", self.keys.stripelock))
-        if held is not None and core._text(held) == token:
-            yield core._one(("DEL", self.keys.stripelock))
+        (held,) = yield protocol._one(("GET", self.keys.stripelock))
+        if held is not None and payload._text(held) == token:
+            yield protocol._one(("DEL", self.keys.stripelock))
 
     def _wake(self, ops: Ops) -> Op[None]:
         sharded = yield from self.base.uses_sharded_pubsub()
-        yield core._one(("SPUBLISH" if sharded else "PUBLISH", ops.keys.wake, "capacity"))
+        yield protocol._one(("SPUBLISH" if sharded else "PUBLISH", ops.keys.wake, "capacity"))
 
     def _shares(self, stripes: Sequence[Ops]) -> Op[tuple[list[int], list[int]]]:
         """Each stripe's share (its max_running) and running count."""
-        replies = yield core.Commands(
+        replies = yield protocol.Commands(
             tuple(("HMGET", ops.keys.meta, "max_running", "count:running") for ops in stripes),
             atomic=False,
         )
@@ -137,7 +140,7 @@ class ShareMover:
         caps, _ = yield from self._shares(stripes)
         for s, ops in enumerate(stripes):
             if targets[s] < caps[s]:
-                yield core._one(("HSET", ops.keys.meta, "max_running", targets[s]))
+                yield protocol._one(("HSET", ops.keys.meta, "max_running", targets[s]))
         caps, running = yield from self._shares(stripes)
         room = limit - sum(max(c, r) for c, r in zip(caps, running, strict=True))
         grew = False
@@ -145,7 +148,7 @@ class ShareMover:
             more = min(targets[s] - caps[s], room)
             if more > 0:
                 room -= more
-                yield core._one(("HSET", ops.keys.meta, "max_running", caps[s] + more))
+                yield protocol._one(("HSET", ops.keys.meta, "max_running", caps[s] + more))
                 yield from self._wake(ops)
                 grew = True
                 caps[s] += more
@@ -171,7 +174,7 @@ class ShareMover:
             return False, True
         try:
             now_ms = int(now * 1000)
-            heads = yield core.Commands(
+            heads = yield protocol.Commands(
                 tuple(
                     cmd
                     for ops in stripes
@@ -186,7 +189,7 @@ class ShareMover:
             wanting = list(full)
             for s in range(len(stripes)):
                 queue_head, ranked, fair_ready = heads[3 * s : 3 * s + 3]
-                pairs = core._pairs(queue_head)
+                pairs = _pairs(queue_head)
                 due = bool(pairs) and float(pairs[0][1]) <= now_ms
                 if (due or int(ranked) or int(fair_ready)) and s not in wanting:
                     wanting.append(s)

@@ -26,12 +26,13 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from distsched import core
-from distsched.core import (
+from distsched import validate
+from distsched.errors import ConflictError, InvalidArgument, Unavailable
+from distsched.keys import MAX_STRIPES, Keys, stripe_of
+from distsched.model import (
     Admitted,
     Claim,
     KeyInfo,
-    Op,
     Overview,
     Stats,
     TaskPage,
@@ -40,12 +41,11 @@ from distsched.core import (
     Wait,
     WaitReason,
 )
-from distsched.errors import ConflictError, InvalidArgument, Unavailable
-from distsched.keys import MAX_STRIPES, Keys, stripe_of
-from distsched.ops import merges
+from distsched.ops import merges, protocol
 from distsched.ops import routing as route
 from distsched.ops.base import Shortcuts
 from distsched.ops.namespace import Ops
+from distsched.ops.protocol import Op
 from distsched.ops.routing import Router
 from distsched.ops.shares import (
     REBALANCE_EVERY_S,
@@ -53,6 +53,8 @@ from distsched.ops.shares import (
     ShareMover,
     int_or_none,
 )
+from distsched.wire import replies
+from distsched.wire.calls import payload_weights, placed_in_parts, schedule_batches, schedule_call
 
 T = TypeVar("T")
 
@@ -167,13 +169,13 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         )
         limit = int_or_none(total_raw) if have > 1 else int_or_none(limit_raw)
         if want == 1:
-            yield core._one(("HDEL", meta, STRIPES_FIELD, STRIPES_MAX_FIELD))
+            yield protocol._one(("HDEL", meta, STRIPES_FIELD, STRIPES_MAX_FIELD))
         else:
-            yield core._one(("HSET", meta, STRIPES_FIELD, want))
+            yield protocol._one(("HSET", meta, STRIPES_FIELD, want))
         self._stripes = tuple(self._ops_of(s) for s in range(want))
         # The namespace-wide max_running moves with the count: whole or in shares.
         for ops in every:
-            yield core._one(("HDEL", ops.keys.meta, "max_running"))
+            yield protocol._one(("HDEL", ops.keys.meta, "max_running"))
         if limit is not None:
             yield from self.set_max_running(limit)
 
@@ -229,21 +231,21 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         trace = self.trace_context() if self.trace_context is not None else None
         # Every group is checked before anything is written.
         calls = {
-            s: core.schedule_call(
-                stripes[s].keys, [specs[i] for i in at], self.max_payload_bytes, trace
-            )
+            s: schedule_call(stripes[s].keys, [specs[i] for i in at], self.max_payload_bytes, trace)
             for s, at in groups.items()
         }
         result: list[Admitted | None] = [None] * len(specs)
         for s, at in groups.items():
             group = [specs[i] for i in at]
-            sizes = core.payload_weights(calls[s])
-            if core.placed_in_parts(group) or len(core.schedule_batches(group, sizes)) > 1:
+            sizes = payload_weights(calls[s])
+            if placed_in_parts(group) or len(schedule_batches(group, sizes)) > 1:
                 # Its stripe places the tasks with many dependencies in parts, and sends
                 # a group over one call's caps in several calls.
                 admitted = yield from stripes[s].admit_many(group)
             else:
-                admitted = core.decode_schedule_reply(group, (yield from stripes[s].run(calls[s])))
+                admitted = replies.decode_schedule_reply(
+                    group, (yield from stripes[s].run(calls[s]))
+                )
             for i, one in zip(at, admitted, strict=True):
                 result[i] = one
         return [a for a in result if a is not None]
@@ -328,7 +330,7 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         removed = yield from self.base.prune_workers()
         if dead:
             # Their kept claims on the other stripes go too.
-            yield core.Commands(
+            yield protocol.Commands(
                 tuple(("HDEL", ops.keys.claims, *dead) for ops in stripes[1:]), atomic=False
             )
         return removed
@@ -412,7 +414,7 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         n = len(stripes)
         if n == 1:
             return (yield from stripes[0].scan_tasks(cursor, count))
-        if not core._is_int(cursor) or cursor < 0:
+        if not validate._is_int(cursor) or cursor < 0:
             raise InvalidArgument("cursor", "must be an int >= 0")
         s, inner = cursor % n, cursor // n
         following, rows = yield from stripes[s].scan_tasks(inner, count)

@@ -23,7 +23,7 @@ import redis
 
 from distsched.client import Scheduler
 from distsched.context import current_task
-from distsched.core import BlockedBy, Claim, Outcome, State, TaskSpec
+from distsched.model import BlockedBy, Claim, Outcome, State, TaskSpec
 from distsched.text import table
 from distsched.views import describe, lookup_many, render_text, walk
 from distsched.worker import Worker

@@ -27,9 +27,9 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from distsched.client import Scheduler
-from distsched.core import State, TaskSpec
 from distsched.errors import DistschedError, InvalidArgument
 from distsched.keys import Keys, stripe_of
+from distsched.model import State, TaskSpec
 from distsched.text import table
 from distsched.tools.bench import NOOP, WorkerProcesses, check_exactly_once
 from distsched.tools.fleet import FleetConfig, LocalFleet

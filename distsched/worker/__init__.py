@@ -40,7 +40,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from distsched import core
+from distsched import validate
 from distsched.client import Scheduler
 from distsched.context import StopReason
 from distsched.errors import ClosedError, InvalidArgument
@@ -92,7 +92,7 @@ def default_max_unsent(concurrency: int) -> int:
 
 def _time_limit(value: object, field: str) -> float | None:
     """A time limit in seconds, as a task carries it (whole ms); None: no limit."""
-    ms = core.timeout_ms(value, field)
+    ms = validate.timeout_ms(value, field)
     return None if ms is None else ms / 1000.0
 
 
@@ -208,7 +208,7 @@ class Worker:
                 "functions", "must map at least one non-empty name (str) to a callable"
             )
         if worker_id is not None:
-            core.validate_worker_id(worker_id)
+            validate.validate_worker_id(worker_id)
         if heartbeat_s is not None:
             heartbeat_s = _seconds(heartbeat_s, "heartbeat_s", positive=True)
         if metrics is not None and not isinstance(metrics, WorkerMetrics):

@@ -11,9 +11,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from distsched.core import IDLE_RECHECK_S, Claim, WaitReason
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
+from distsched.model import Claim, WaitReason
+from distsched.wire.calls import IDLE_RECHECK_S
 from distsched.worker.common import TRANSIENT, backoff
 from distsched.worker.execution import LoopPool, ThreadPool
 from distsched.worker.jobs import Phase, Slots
@@ -194,7 +195,7 @@ class Consumer:
             # If it was the one idle worker waiting for the next entry, that passes on.
             self.scheduler.leave(self.worker_id)
         except Exception as exc:
-            # Its entry expires by itself within core.IDLE_MS.
+            # Its entry expires by itself within wire.calls.IDLE_MS.
             log.warning("could not leave the idle set: %s", exc)
 
     def dispatch_many(self, claims: list[Claim]) -> None:

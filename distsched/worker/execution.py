@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from distsched import core
+from distsched import model
 from distsched.context import StopReason, _reset_current, _set_current
 from distsched.errors import InvalidArgument
 from distsched.hooks import HookChain, RunOutcome
 from distsched.metrics import WorkerMetrics
+from distsched.wire import payload
 from distsched.worker.jobs import Job, Slots
 from distsched.worker.reports import Raised, Reporter, ReportKind, Returned, outcome_of
 
@@ -244,7 +245,7 @@ class Runner:
         self.timeouts = dict(timeouts or {})
         self.default_timeout = default_timeout
 
-    def time_limit(self, claim: core.Claim) -> float | None:
+    def time_limit(self, claim: model.Claim) -> float | None:
         """The limit of a run: the task's own, else its function's, else the default."""
         if claim.timeout is not None:
             return claim.timeout
@@ -347,7 +348,7 @@ class Runner:
             # Encoded here, so that the hooks hear of a result that cannot be stored as
             # the failure it becomes.
             try:
-                value, encoded = core.encode_result(value), True
+                value, encoded = payload.encode_result(value), True
             except InvalidArgument as exc:
                 kind, value, told = ReportKind.FAIL, f"result not storable: {exc}", exc
         if self._hooked:

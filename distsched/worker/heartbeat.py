@@ -13,9 +13,9 @@ from importlib import metadata
 
 from distsched.client import Scheduler
 from distsched.context import StopReason
-from distsched.core import WorkerInfo
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
+from distsched.model import WorkerInfo
 from distsched.worker.common import backoff
 from distsched.worker.jobs import Slots
 from distsched.worker.link import WorkerLink

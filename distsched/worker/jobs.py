@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from distsched.context import StopReason, TaskContext
-from distsched.core import Claim
+from distsched.model import Claim
 
 
 class Phase(enum.Enum):

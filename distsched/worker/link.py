@@ -18,10 +18,11 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from distsched.client import Scheduler
-from distsched.core import IDLE_RECHECK_S, Claim, Outcome, WorkerInfo
 from distsched.keys import Keys
+from distsched.model import Claim, Outcome, WorkerInfo
 from distsched.ops.namespace import Ops
 from distsched.subscription import message_within
+from distsched.wire.calls import IDLE_RECHECK_S
 
 
 class WorkerLink:

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Mapping
 from typing import IO, Any
 
-from distsched.core import Claim
+from distsched.model import Claim
 from distsched.text import redact
 
 __all__ = [

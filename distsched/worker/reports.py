@@ -12,11 +12,11 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import RedisClusterException
 
-from distsched import core
 from distsched.context import TaskContext
-from distsched.core import Outcome, State
 from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument, LeaseLost
 from distsched.metrics import WorkerMetrics
+from distsched.model import Outcome, State
+from distsched.wire import payload
 from distsched.worker.common import RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
 from distsched.worker.jobs import Job, Slots
 from distsched.worker.link import WorkerLink
@@ -170,16 +170,16 @@ class Reporter:
         encoded: bool = False,
     ) -> None:
         """Queue an outcome; the value is encoded here, on the caller's thread, unless
-        ``encoded`` (a result already encoded by ``core.encode_result``).
+        ``encoded`` (a result already encoded by ``wire.payload.encode_result``).
         ``duration`` is how long the function ran (for the log)."""
         error = value if isinstance(value, BaseException) else None
         if kind is ReportKind.COMPLETE and not encoded:
             try:
-                value = core.encode_result(value)
+                value = payload.encode_result(value)
             except InvalidArgument as exc:
                 kind, value = ReportKind.FAIL, f"result not storable: {exc}"
         elif kind is ReportKind.FAIL:
-            value = core.error_text(value)
+            value = payload.error_text(value)
         self._queue.put(Report(job, kind, value, duration, error))
 
     @property

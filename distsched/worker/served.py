@@ -13,7 +13,8 @@ import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from distsched.core import SERVED_ANNOUNCE_S, SERVED_LIVE_S, Claim
+from distsched.model import Claim
+from distsched.ops.explain import SERVED_ANNOUNCE_S, SERVED_LIVE_S
 from distsched.worker.link import WorkerLink
 
 log = logging.getLogger("distsched.worker")

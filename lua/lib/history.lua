@@ -12,7 +12,7 @@
 --
 -- Per-minute counters (minutes hash): field '<floor(ms / 60000)>:s' or ':f', the number
 -- of attempts that succeeded or failed (also one the task retried after) in that minute.
--- Workers' housekeeping deletes fields older than a day (distsched/core.py).
+-- Workers' housekeeping deletes fields older than a day (MINUTES_KEEP, distsched/wire/calls.py).
 
 local HISTORY_KEEP = 10
 local SUMMARY_MAX = 200

@@ -5,7 +5,7 @@
 -- Shared by schedule.lua and fire.lua (which creates the tasks of a schedule's slots),
 -- so that no script stores a task a worker cannot read.
 
--- The ranges the Python client checks (distsched/core.py), so that a producer in any
+-- The ranges the Python client checks (distsched/validate.py), so that a producer in any
 -- language cannot write what a worker cannot read.
 local MAX_MS = 9007199254740991      -- 2^53 - 1: an absolute time
 local MAX_DELAY_MS = 4503599627370496 -- 2^52: the server adds its clock to a delay

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from distsched.client import Scheduler
-from distsched.core import TaskSpec
+from distsched.model import TaskSpec
 from distsched.tools.bench.harness import Bench, ServerTime
 from distsched.tools.bench.procs import NOOP
 

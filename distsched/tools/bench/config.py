@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from distsched import core
 from distsched.errors import InvalidArgument
+from distsched.validate import MAX_DEPS
 
 SECTIONS = (
     "ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake", "dashboard",
@@ -32,7 +32,7 @@ class BenchConfig:
     claim_sizes: tuple[int, ...] = (1_000, 100_000, 1_000_000)
     claims: int = 5_000
     chain: int = 10_000
-    fanout: int = core.MAX_DEPS
+    fanout: int = MAX_DEPS
     dependents: int = 100_000
     memory_tasks: int = 100_000
     wake_tasks: int = 200
@@ -93,9 +93,9 @@ class BenchConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidArgument(name, "must be an int >= 1")
-        if self.fanout > core.MAX_DEPS:
+        if self.fanout > MAX_DEPS:
             # The fan-in task depends on every task of the fan-out.
-            raise InvalidArgument("fanout", f"must be at most {core.MAX_DEPS}")
+            raise InvalidArgument("fanout", f"must be at most {MAX_DEPS}")
         if not (isinstance(self.worst_scale, (int, float)) and 0 < self.worst_scale <= 1):
             raise InvalidArgument("worst_scale", "must be a number in (0, 1]")
         unknown = [name for name in self.only if name not in SECTIONS]

@@ -9,13 +9,15 @@ from typing import Any
 
 import redis
 
-from distsched import core
+from distsched import model
 from distsched.client import Scheduler
-from distsched.core import TaskSpec
+from distsched.model import TaskSpec
+from distsched.ops import protocol
 from distsched.ops.base import once
 from distsched.tools.bench.harness import Bench
 from distsched.tools.bench.procs import NOOP
 from distsched.tools.bench.slowlog import command_name
+from distsched.wire import calls
 
 # Batches for graph submissions and the dependents' fill: big enough to be fast,
 # small enough that no single submission is a long script call.
@@ -132,13 +134,13 @@ def _submit_parts(bench: Bench, s: Scheduler, specs: Sequence[TaskSpec]) -> dict
     times = []
     for start in range(0, len(specs), GRAPH_PART):
         op = s._ops.submit_graph(specs[start : start + GRAPH_PART])
-        step = core.advance(op, None)
-        while not isinstance(step, core.Done):
+        step = protocol.advance(op, None)
+        while not isinstance(step, protocol.Done):
             t0 = time.perf_counter()
             reply = s._send(step)
-            if isinstance(step, core.Call):
+            if isinstance(step, calls.Call):
                 times.append((time.perf_counter() - t0) * 1000.0)
-            step = core.advance(op, reply)
+            step = protocol.advance(op, reply)
     return {"part_max_ms": max(times), "parts": len(times)}
 
 
@@ -160,12 +162,12 @@ def _settle_many(bench: Bench, mode: str) -> dict[str, Any]:
         ids = [f"d{i}" for i in range(cfg.dependents)]
         submit = _submit_graph(bench, s, [TaskSpec(i, NOOP, deps=["root"]) for i in ids])
         claim = s.next("bench")
-        assert isinstance(claim, core.Claim)
+        assert isinstance(claim, model.Claim)
         mark = _slowlog_mark(bench)
         call = (
-            core.complete_call(s.keys, [(claim, None)])
+            calls.complete_call(s.keys, [(claim, None)])
             if mode == "complete"
-            else core.fail_call(s.keys, [(claim, "bench")])
+            else calls.fail_call(s.keys, [(claim, "bench")])
         )
         # Each script call timed alone, as the client sees it: the task's own
         # transition, then the bounded propagation calls until nothing is left.
@@ -177,7 +179,7 @@ def _settle_many(bench: Bench, mode: str) -> dict[str, Any]:
             left = 1
             while left:
                 t0 = time.perf_counter()
-                left, _ = s._drive(once(core.propagate_call(s.keys)))
+                left, _ = s._drive(once(calls.propagate_call(s.keys)))
                 times.append(time.perf_counter() - t0)
         slowlog_max = _slowlog_max_ms(bench, mark)
         counts = s.stats()["counts"]

@@ -8,9 +8,9 @@ import urllib.request
 
 import redis
 
-from distsched import core
+from distsched import model
 from distsched.client import Scheduler
-from distsched.core import TaskSpec
+from distsched.model import TaskSpec
 from distsched.tools.bench.harness import Bench
 from distsched.tools.bench.procs import NOOP, BenchError
 
@@ -103,7 +103,7 @@ def _dashboard_story(bench: Bench, s: Scheduler, size: int) -> None:
     bench.fill(s, "t", size, delay=3600)
     s.submit_graph([TaskSpec("extract", NOOP), TaskSpec("load", NOOP, deps=["extract"])])
     claim = s.next("bench-dashboard")
-    if not isinstance(claim, core.Claim) or claim.task_id != "extract":
+    if not isinstance(claim, model.Claim) or claim.task_id != "extract":
         raise BenchError(f"the dashboard's failed task was not claimed first: {claim}")
     s.fail(claim, "RuntimeError: the bench's failed task")
     for i in range(3):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 
-from distsched import core
+from distsched import model
 from distsched.tools.bench.harness import Bench, us_text
 from distsched.tools.bench.procs import NOOP
+from distsched.wire.payload import encode_payload
 
 
 def run(bench: Bench) -> None:
@@ -18,7 +19,7 @@ def run(bench: Bench) -> None:
         s.schedule("warm-up", fn=NOOP)
         # The floor of one call at a time: a raw LPUSH of the same msgpack payload,
         # from the same client, just before the schedule calls.
-        payload = core.encode_payload(NOOP, [], {})
+        payload = encode_payload(NOOP, [], {})
         raw_key = f"bench:{{{single_ns}}}:raw"
         t0 = time.perf_counter()
         for _ in range(cfg.schedule_calls):
@@ -34,7 +35,7 @@ def run(bench: Bench) -> None:
         single_cpu = bench.cpu_delta(cpu_before, cfg.schedule_calls)
         # Redis time of the smallest transition: one claim's lease extended per call.
         claim = s.next("bench")
-        assert isinstance(claim, core.Claim)
+        assert isinstance(claim, model.Claim)
         with bench.server_time() as heartbeat_server:
             t0 = time.perf_counter()
             for _ in range(cfg.schedule_calls):
@@ -42,7 +43,7 @@ def run(bench: Bench) -> None:
             heartbeats = cfg.schedule_calls / (time.perf_counter() - t0)
         # The reports that end an attempt, one per call: half the tasks succeed, half
         # fail (their only attempt: terminal, with the error stored).
-        claims: list[core.Claim] = []
+        claims: list[model.Claim] = []
         while len(claims) < cfg.schedule_calls:
             got = s.ready(min(100, cfg.schedule_calls - len(claims)), "bench")
             if not got:

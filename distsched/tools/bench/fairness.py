@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from distsched.core import TaskSpec
+from distsched.model import TaskSpec
 from distsched.text import clock_offset
 from distsched.tools.bench.harness import POLL_S, Bench, percentile
 from distsched.tools.bench.procs import SIGNAL, WorkerProcesses, check_exactly_once

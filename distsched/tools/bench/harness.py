@@ -17,9 +17,9 @@ from typing import Any
 
 import redis
 
-from distsched import core, views
+from distsched import model, views
 from distsched.client import Scheduler
-from distsched.core import TaskSpec
+from distsched.model import TaskSpec
 from distsched.tools.bench.config import SECTIONS, BenchConfig
 from distsched.tools.bench.procs import NOOP, WorkerProcesses, check_exactly_once
 
@@ -190,7 +190,7 @@ class Bench:
         not end succeeded on their first attempt."""
         last, problems = 0.0, []
         for row in views.tasks(scheduler):
-            if row.state is not core.State.SUCCEEDED or row.attempt != 1:
+            if row.state is not model.State.SUCCEEDED or row.attempt != 1:
                 problems.append(
                     f"task {row.task_id!r} is {row.state.value} after attempt {row.attempt}"
                 )

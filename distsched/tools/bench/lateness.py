@@ -6,7 +6,7 @@ import random
 import time
 from typing import Any
 
-from distsched.core import TaskSpec
+from distsched.model import TaskSpec
 from distsched.tools.bench.harness import Bench, percentile
 from distsched.tools.bench.procs import NOOP, WorkerProcesses, check_exactly_once
 

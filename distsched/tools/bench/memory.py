@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distsched.client import Scheduler
-from distsched.core import TaskSpec
+from distsched.model import TaskSpec
 from distsched.tools.bench.harness import Bench
 from distsched.tools.bench.procs import NOOP
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from distsched import core, scripts
+from distsched import scripts
+from distsched.wire import calls
 
 # Script calls as SLOWLOG names them (argv[0], upper case).
 _FUNCTION_CALLS = (b"FCALL", b"FCALL_RO")
@@ -55,13 +56,13 @@ def script_of(command: Any, shas: dict[str, str]) -> str | None:
         sha = first.decode("ascii", "replace").lower()
         return shas.get(sha, f"other script {sha[:12]}")
     if name in _EVAL_CALLS:
-        # The one script distsched sends as text: the server clock (core.SERVER_TIME_LUA).
+        # The one script distsched sends as text: the server clock (wire.calls.SERVER_TIME_LUA).
         text = command if isinstance(command, bytes) else b" ".join(_words(command))
         return "server clock (EVAL)" if _SERVER_TIME in text else "other script (EVAL)"
     return None
 
 
-_SERVER_TIME = core.SERVER_TIME_LUA.encode()
+_SERVER_TIME = calls.SERVER_TIME_LUA.encode()
 
 
 def _words(command: Any) -> list[bytes]:

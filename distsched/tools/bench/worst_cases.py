@@ -11,13 +11,35 @@ from typing import Any
 
 import redis
 
-from distsched import core, limits, scripts
+from distsched import limits, scripts, validate
 from distsched.client import Scheduler
-from distsched.core import Call, Claim, TaskSpec
 from distsched.errors import DistschedError
 from distsched.keys import Keys
+from distsched.model import Claim, TaskSpec
 from distsched.schedules import MAX_BACKFILL_SLOTS
 from distsched.tools.bench.slowlog import argv_head, is_script_client, text_of
+from distsched.wire import payload, records, replies
+from distsched.wire.calls import (
+    EXPIRE_BATCH,
+    ORDER_REWRITE_MAX,
+    REAP_BATCH,
+    Call,
+    add_deps_call,
+    claim_call,
+    compact_call,
+    complete_call,
+    confirm_cancel_call,
+    expire_call,
+    fail_call,
+    forget_call,
+    heartbeat_call,
+    leave_call,
+    propagate_call,
+    purge_call,
+    reap_call,
+    release_call,
+    schedule_call,
+)
 
 # SLOWLOG logs the calls measured slower than this. Not 0: Redis logs the commands a
 # script runs too, and logging each of them would add to the call being measured; none
@@ -111,7 +133,7 @@ class Probe:
         per = limits.MAX_TASKS_PER_CALL
         for start in range(0, count, per):
             specs = [TaskSpec(task_id, FN, **spec) for task_id in ids[start : start + per]]
-            self.run(core.schedule_call(self.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
+            self.run(schedule_call(self.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
         return ids
 
     def one_dependent_each(self, ids: Sequence[str]) -> None:
@@ -119,15 +141,15 @@ class Probe:
         per = limits.MAX_TASKS_PER_CALL
         for start in range(0, len(ids), per):
             specs = [TaskSpec(f"{t}-next", FN, deps=[t]) for t in ids[start : start + per]]
-            self.run(core.schedule_call(self.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
+            self.run(schedule_call(self.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
 
     def claim_all(self, count: int, lease_ms: int = LEASE_MS) -> list[Claim]:
         """Claim ``count`` due tasks in calls of at most MAX_CLAIM (not logged)."""
         claims: list[Claim] = []
         while len(claims) < count:
             n = min(limits.MAX_CLAIM, count - len(claims))
-            reply = self.run(core.claim_call(self.keys, WORKER, n, lease_ms))
-            got, _ = core.decode_claim_reply(core.split_reply("claim", reply)[1])
+            reply = self.run(claim_call(self.keys, WORKER, n, lease_ms))
+            got, _ = replies.decode_claim_reply(replies.split_reply("claim", reply)[1])
             if not got:
                 break
             claims += got
@@ -135,7 +157,7 @@ class Probe:
 
     def settle_all(self, what: str, most: int) -> None:
         """Measure propagate calls at MAX_PROPAGATE_BUDGET until nothing is left."""
-        call = core.propagate_call(self.keys, limits.MAX_PROPAGATE_BUDGET)
+        call = propagate_call(self.keys, limits.MAX_PROPAGATE_BUDGET)
         for i in range(most):
             reply = self.measure_call(f"{what}, call {i + 1}", call)
             if reply is None or int(reply[0]) == 0:
@@ -158,7 +180,7 @@ def case_batch(p: Probe) -> None:
         TaskSpec(f"b{i}", FN, deps=[targets[(i * per + j) % tasks] for j in range(per)])
         for i in range(tasks)
     ]
-    call = core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    call = schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
     edges = tasks * per
     p.measure_call(f"{tasks:,} tasks, {edges:,} dependencies on queued tasks", call)
     p.measure_call(f"{tasks:,} tasks replacing pending ones, {edges:,} dependencies", call)
@@ -168,18 +190,18 @@ def case_batch(p: Probe) -> None:
     # may; then payloads of one long string each, as many bytes as a call may.
     most = limits.MAX_PAYLOAD_VALUES
     specs = [TaskSpec("v0", FN, args=[1] * (most - 5), delay=FAR_DELAY_S)]
-    call = core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    call = schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
     p.measure_call(f"1 task, a payload of {most:,} one-byte values", call)
     values = limits.MAX_PAYLOAD_VALUES_PER_CALL // tasks
     size = min(limits.MAX_PAYLOAD_BYTES_PER_CALL // tasks, limits.DEFAULT_MAX_PAYLOAD_BYTES)
     args = text_args(size, values)
     specs = [TaskSpec(f"m{i}", FN, args=args, delay=FAR_DELAY_S) for i in range(tasks)]
-    call = core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    call = schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
     p.measure_call(f"{tasks:,} tasks, payloads of {values:,} values and {size:,} bytes each", call)
     size = limits.DEFAULT_MAX_PAYLOAD_BYTES
     big = max(1, limits.MAX_PAYLOAD_BYTES_PER_CALL // size)
     specs = [TaskSpec(f"p{i}", FN, args=text_args(size, 6), delay=FAR_DELAY_S) for i in range(big)]
-    call = core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    call = schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
     p.measure_call(f"a {size >> 10:,} KiB string payload in each of {big:,} tasks", call)
 
 
@@ -187,7 +209,7 @@ def text_args(size: int, values: int) -> list[Any]:
     """The args of a payload of ``size`` bytes (at most) and ``values`` msgpack values (at
     least 6): one ASCII string filling the bytes, then one-byte integers."""
     ones = [1] * (values - 6)
-    base = len(core.encode_payload(FN, ["x" * 70_000, *ones], None, 1 << 30)) - 70_000
+    base = len(payload.encode_payload(FN, ["x" * 70_000, *ones], None, 1 << 30)) - 70_000
     return ["x" * max(0, size - base), *ones]
 
 
@@ -196,7 +218,7 @@ def case_claim(p: Probe) -> None:
     enough to fill MAX_CLAIM_REPLY_BYTES."""
     count = p.n(limits.MAX_CLAIM)
     p.fill("c", count)
-    call = core.claim_call(p.keys, WORKER, limits.MAX_CLAIM, LEASE_MS)
+    call = claim_call(p.keys, WORKER, limits.MAX_CLAIM, LEASE_MS)
     p.measure_call(f"n={limits.MAX_CLAIM:,}, {count:,} due tasks", call)
     size = limits.DEFAULT_MAX_PAYLOAD_BYTES - PAYLOAD_ROOM
     big = p.n(limits.MAX_CLAIM_REPLY_BYTES // size + 1)
@@ -214,26 +236,26 @@ def case_reports(p: Probe) -> None:
     p.one_dependent_each(ids)
     claims = p.claim_all(count)
     n = len(claims)
-    beat = core.heartbeat_call(p.keys, claims, LEASE_MS)
+    beat = heartbeat_call(p.keys, claims, LEASE_MS)
     p.measure_call(f"{n:,} leases", beat)
-    back = core.release_call(p.keys, claims)
+    back = release_call(p.keys, claims)
     p.measure_call(f"{n:,} leases", back)
     claims = p.claim_all(count)
-    done = core.complete_call(p.keys, [(c, None) for c in claims])
+    done = complete_call(p.keys, [(c, None) for c in claims])
     p.measure_call(f"{len(claims):,} tasks, each releasing a dependent", done)
-    forget = core.forget_call(p.keys, ids[: core.PURGE_TASKS_MAX])
-    p.measure_call(f"{min(count, core.PURGE_TASKS_MAX):,} succeeded tasks", forget)
+    forget = forget_call(p.keys, ids[: validate.PURGE_TASKS_MAX])
+    p.measure_call(f"{min(count, validate.PURGE_TASKS_MAX):,} succeeded tasks", forget)
     ids = p.fill("f", count)
     p.one_dependent_each(ids)
     claims = p.claim_all(count)
     error = "E" * limits.MAX_ERROR_BYTES
-    fail = core.fail_call(p.keys, [(c, error) for c in claims])
+    fail = fail_call(p.keys, [(c, error) for c in claims])
     kib = limits.MAX_ERROR_BYTES // 1024
     p.measure_call(
         f"{len(claims):,} last attempts, {kib} KiB errors, each blocking a dependent", fail
     )
-    purge = core.purge_call(p.keys, core.PURGE_TASKS_MAX, retention_s=0)
-    p.measure_call(f"limit {core.PURGE_TASKS_MAX:,}, {2 * count:,} ended tasks", purge)
+    purge = purge_call(p.keys, validate.PURGE_TASKS_MAX, retention_s=0)
+    p.measure_call(f"limit {validate.PURGE_TASKS_MAX:,}, {2 * count:,} ended tasks", purge)
 
 
 def case_fanout(p: Probe) -> None:
@@ -256,16 +278,16 @@ def case_deps(p: Probe) -> None:
     of MAX_EDGES_PER_CALL, then one of them fails, so the task is blocked and its
     edges unlinked."""
     total = p.n(limits.MAX_DEPS_PER_TASK)
-    part = min(limits.MAX_EDGES_PER_CALL, core.MAX_DEPS)
+    part = min(limits.MAX_EDGES_PER_CALL, validate.MAX_DEPS)
     p.fill("first", 1)
     deps = ["first0", *p.fill("d", total - 1, delay=FAR_DELAY_S)]
     p.fill("t", 1, deps=deps[:1], max_attempts=1)
     for i, start in enumerate(range(1, total, part)):
-        call = core.add_deps_call(p.keys, "t0", deps[start : start + part], False)
+        call = add_deps_call(p.keys, "t0", deps[start : start + part], False)
         held = start + min(part, total - start)
         p.measure_call(f"part {i + 1} of {total:,} dependencies ({held:,} held after it)", call)
     claims = p.claim_all(1)
-    fail = core.fail_call(p.keys, [(c, "E") for c in claims])
+    fail = fail_call(p.keys, [(c, "E") for c in claims])
     p.measure_call(f"the dependency of a task with {total:,} dependencies", fail)
     p.settle_all(f"a blocked task with {total:,} dependencies", total // part + 3)
 
@@ -281,13 +303,13 @@ def case_cycle(p: Probe) -> None:
             TaskSpec(f"c{i}", FN, deps=[f"c{i - 1}" if i else "root0"])
             for i in range(start, min(length, start + per))
         ]
-        p.run(core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
+        p.run(schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
     last = f"c{length - 1}"
-    replace = core.schedule_call(
+    replace = schedule_call(
         p.keys, [TaskSpec("c0", FN, deps=[last])], limits.DEFAULT_MAX_PAYLOAD_BYTES
     )
     p.measure_call(f"a task closing a cycle through {length:,} pending tasks", replace)
-    add = core.add_deps_call(p.keys, "c0", [last], False)
+    add = add_deps_call(p.keys, "c0", [last], False)
     p.measure_call(f"a dependency closing a cycle through {length:,} pending tasks", add)
 
 
@@ -296,10 +318,10 @@ def case_compact(p: Probe) -> None:
     budget = p.n(limits.MAX_COMPACT_BUDGET)
     stale = 2 * budget
     # Entries of tasks whose records are gone: each examined entry is removed.
-    members = [core.queue_member(0, 1, f"gone{i}") for i in range(stale)]
+    members = [records.queue_member(0, 1, f"gone{i}") for i in range(stale)]
     for chunk in chunks(members, 10_000):
         p.client.zadd(p.keys.queue, {m: 0 for m in chunk})
-    call = core.compact_call(p.keys, budget, 0)
+    call = compact_call(p.keys, budget, 0)
     for i in range(2):
         p.measure_call(f"budget {budget:,}, {stale:,} stale queue entries, call {i + 1}", call)
 
@@ -307,7 +329,7 @@ def case_compact(p: Probe) -> None:
 def case_order(p: Probe) -> None:
     """order: a change of order rewriting the ready set at its most; claim in the
     priority order."""
-    count = p.n(core.ORDER_REWRITE_MAX)
+    count = p.n(ORDER_REWRITE_MAX)
     ids = [f"o{i}" for i in range(count)]
     per = limits.MAX_TASKS_PER_CALL
     for start in range(0, count, per):
@@ -315,11 +337,11 @@ def case_order(p: Probe) -> None:
             TaskSpec(task_id, FN, priority=i % 10)
             for i, task_id in enumerate(ids[start : start + per], start)
         ]
-        p.run(core.schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
+        p.run(schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES))
     p.measure(
         "order", f"to priority, {count:,} ready tasks", lambda: p.s.set_order("priority", 60.0)
     )
-    call = core.claim_call(p.keys, WORKER, limits.MAX_CLAIM, LEASE_MS)
+    call = claim_call(p.keys, WORKER, limits.MAX_CLAIM, LEASE_MS)
     p.measure_call(f"n={limits.MAX_CLAIM:,} in priority order, {count:,} ready", call)
     p.measure("order", f"to default, {count:,} ready tasks", lambda: p.s.set_order("default"))
 
@@ -332,21 +354,21 @@ def case_leases(p: Probe) -> None:
     p.fill("xd", dependents, deps=["x0"])
     claims = p.claim_all(1)
     p.s.cancel("x0")
-    confirm = core.confirm_cancel_call(p.keys, claims[0])
+    confirm = confirm_cancel_call(p.keys, claims[0])
     p.measure_call(f"a running task with {dependents:,} dependents", confirm)
     worker = "w" * limits.MAX_WORKER_ID_BYTES
-    leave = core.leave_call(p.keys, worker)
+    leave = leave_call(p.keys, worker)
     p.measure_call(f"a worker id of {limits.MAX_WORKER_ID_BYTES} bytes", leave)
-    count = p.n(core.REAP_BATCH)
+    count = p.n(REAP_BATCH)
     p.fill("l", count, max_attempts=2)
     p.claim_all(count, lease_ms=1)
-    expiring = p.n(core.EXPIRE_BATCH)
+    expiring = p.n(EXPIRE_BATCH)
     p.fill("e", expiring, ttl=0.001)
     time.sleep(0.05)
-    reap = core.reap_call(p.keys)
-    p.measure_call(f"limit {core.REAP_BATCH:,}, {count:,} expired leases", reap)
-    expire = core.expire_call(p.keys)
-    p.measure_call(f"limit {core.EXPIRE_BATCH:,}, {expiring:,} expired deadlines", expire)
+    reap = reap_call(p.keys)
+    p.measure_call(f"limit {REAP_BATCH:,}, {count:,} expired leases", reap)
+    expire = expire_call(p.keys)
+    p.measure_call(f"limit {EXPIRE_BATCH:,}, {expiring:,} expired deadlines", expire)
 
 
 def case_schedules(p: Probe) -> None:
