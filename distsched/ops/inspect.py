@@ -5,19 +5,16 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from distsched.errors import InvalidArgument, NotFoundError, ScriptError, Timeout
+from distsched.errors import InvalidArgument, ScriptError, Timeout
 from distsched.model import (
     STATS_TOP_KEYS,
     BlockedBy,
-    DepState,
     Explanation,
     KeyInfo,
     KeyLoad,
     MinuteCount,
-    Order,
     OrderSetting,
     Overview,
-    Reason,
     State,
     Stats,
     TaskInfo,
@@ -26,7 +23,7 @@ from distsched.model import (
 )
 from distsched.ops import merges
 from distsched.ops import routing as route
-from distsched.ops.explain import EXPLAIN_LIMIT, SERVED_LIVE_S
+from distsched.ops.explain import EXPLAIN_LIMIT, explain_task
 from distsched.ops.listing import Listing
 from distsched.ops.protocol import WAIT_MARGIN_MS, WAIT_REFRESH_S, Listen, Op
 from distsched.validate import (
@@ -37,28 +34,17 @@ from distsched.validate import (
     validate_wait_timeout,
 )
 from distsched.wire.calls import MINUTES_KEEP, SERVER_TIME_LUA, _key_reads, status_reads
-from distsched.wire.payload import READ_DEPTH, _bytes, _text, decode_payload_trace
+from distsched.wire.payload import _bytes, _text
 from distsched.wire.records import (
-    EXPIRED_ERROR,
     _count_or_none,
-    _decode_rate,
-    _error_first_line,
-    _fair_prefix,
-    _fairq_entry_due,
-    _state_or_none,
-    decode_cause,
     decode_dependents,
-    decode_deps_list,
     decode_order,
     decode_payload_limit,
     decode_record,
     decode_worker,
     edge_range,
-    fair_delayed_member,
-    fair_ranked_member,
     member_priority,
     parse_queue_member,
-    queue_member,
 )
 from distsched.wire.replies import (
     _decode_key_info,
@@ -163,251 +149,7 @@ class Inspect(Listing):
 
     @route.by_id("task_id")
     def explain(self, task_id: str) -> Op[Explanation]:
-        validate_task_id(task_id)
-        k = self.keys
-        now = yield from self.server_time()
-        now_ms = int(now * 1000)
-        # Payloads are bounded by max_payload_bytes; results are read only for a failed
-        # task (a succeeded one's result may be large and says nothing here).
-        record_raw, payload, raw_deps, cause, lease, meta = yield from self.read(
-            ("HGET", k.tasks, task_id),
-            ("HGET", k.payloads, task_id),
-            ("HGET", k.deps, task_id),
-            ("HGET", k.blocked, task_id),
-            ("ZSCORE", k.leases, task_id),
-            ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms", "fair"),
-        )
-        if record_raw is None:
-            raise NotFoundError(task_id)
-        order = decode_order(meta[2], meta[3])
-        fair_on = meta[4] is not None and _text(meta[4]) == "1"
-        meta = meta[:2]
-        rec = decode_record(record_raw, task_id)
-        try:
-            fn: str | None = decode_payload_trace(rec.payload or payload, READ_DEPTH)[0]
-        except ValueError:
-            fn = None
-        max_running, running = (_count_or_none(value) for value in meta)
-        deps_list = decode_deps_list(raw_deps)
-        placing = int(bool(deps_list) and deps_list[0][0] == "h")
-        deps_list = deps_list[placing:]
-        shown = deps_list[:EXPLAIN_LIMIT] if rec.state is State.PENDING else []
-        root: str | None = None
-        if rec.state is State.BLOCKED and cause:
-            try:
-                root = decode_cause(cause)[0]
-            except ValueError:  # junk in the cause: the path is unknown
-                root = None
-        member = queue_member(rec.priority, rec.version, task_id)
-        queued = rec.state is State.READY
-        served = fn is not None and rec.state in (State.READY, State.PENDING)
-        reads: list[tuple[Any, ...]] = []
-        if rec.state in (State.FAILED, State.CANCELLED):
-            reads.append(("HGET", k.results, task_id))
-        fair_key: str | None = None
-        if queued and fair_on:
-            (raw_key,) = yield from self.read(("HGET", k.fairkeys, task_id))
-            fair_key = "" if raw_key is None else _text(raw_key)
-        if queued and fair_key:
-            # A keyed task of a fair namespace: its entry in fairq, behind its key's
-            # entries before it (lua/lib/fair.lua), in its key's delayed section or, in
-            # the priority order, its ranked section (lua/lib/ranked.lua).
-            prefix = _fair_prefix(fair_key)
-            aging_ms = round(order.aging_s * 1000)
-            fair_member = fair_delayed_member(fair_key, rec.run_at_ms, member)
-            ranked_member = fair_ranked_member(
-                fair_key, rec.run_at_ms, member, rec.priority, aging_ms
-            )
-            reads += [
-                ("ZSCORE", k.fairq, fair_member),
-                ("ZLEXCOUNT", k.fairq, b"[" + prefix, b"(" + fair_member),
-                ("ZSCORE", k.fairq, ranked_member),
-                ("ZLEXCOUNT", k.fairq, b"[" + prefix, b"(" + ranked_member),
-            ]
-        elif queued:
-            reads += [("ZSCORE", k.queue, member), ("ZRANK", k.queue, member)]
-            reads += [("ZSCORE", k.ranked, member), ("ZRANK", k.ranked, member)]
-        if served:
-            reads.append(("HGET", k.served, fn))
-        if shown:
-            reads.append(("HMGET", k.tasks, *[dep for _, dep in shown]))
-        if root is not None:
-            reads += [("HGET", k.tasks, root), ("HGET", k.results, root)]
-        replies = list((yield from self.read(*reads))) if reads else []
-        error = None
-        expired = False
-        if rec.state is State.FAILED:
-            error = _error_first_line(replies.pop(0))
-        elif rec.state is State.CANCELLED:
-            error = _error_first_line(replies.pop(0))
-            expired = error == EXPIRED_ERROR
-        due_at = ahead = None
-        if queued:
-            score, rank = replies.pop(0), replies.pop(0)
-            ranked_score, ranked_rank = replies.pop(0), replies.pop(0)
-            aging_ms = round(order.aging_s * 1000)
-            if fair_key:
-                prefix = _fair_prefix(fair_key)
-                if ranked_score is not None:
-                    due_at, ahead = rec.run_at_ms / 1000.0, int(ranked_rank)
-                elif (
-                    score is not None and order.order is Order.PRIORITY and rec.run_at_ms <= now_ms
-                ):
-                    # Due, not ranked yet (the next claim that visits the key ranks it):
-                    # behind the key's ranked entries of a lower rank.
-                    mark = fair_ranked_member(fair_key, rec.run_at_ms, b"", rec.priority, aging_ms)
-                    (before,) = yield from self.read(
-                        ("ZLEXCOUNT", k.fairq, b"[" + prefix + b"!", b"(" + mark)
-                    )
-                    due_at, ahead = rec.run_at_ms / 1000.0, int(before)
-                elif score is not None:
-                    due_at, ahead = rec.run_at_ms / 1000.0, int(rank)
-                else:
-                    # Handed back with a delay: its entry's due time is not run_at. It is
-                    # looked for among the key's first EXPLAIN_LIMIT entries.
-                    (head,) = yield from self.read(
-                        (
-                            "ZRANGEBYLEX",
-                            k.fairq,
-                            b"[" + prefix,
-                            b"[" + prefix + b"\xff",
-                            "LIMIT",
-                            0,
-                            EXPLAIN_LIMIT,
-                        )
-                    )
-                    for position, raw_member in enumerate(head):
-                        entry = _bytes(raw_member)
-                        delayed = entry.endswith(member) and len(entry) == len(prefix) + 13 + len(
-                            member
-                        )
-                        ranked = (
-                            entry.startswith(prefix + b"!")
-                            and entry[len(prefix) + 18 : -13] == member
-                        )
-                        due = _fairq_entry_due(prefix, entry)
-                        if (delayed or ranked) and due is not None:
-                            due_at, ahead = due / 1000.0, position
-                            break
-            elif ranked_score is not None:
-                # In the ready set of the priority order: due, behind the entries ranked
-                # before it.
-                due_ms = float(ranked_score) + rec.priority * aging_ms
-                due_at, ahead = due_ms / 1000.0, int(ranked_rank)
-            elif score is not None and order.order is Order.PRIORITY and float(score) <= now_ms:
-                # Due, not moved into the ready set yet (the next claim moves it): behind
-                # the ready-set entries that rank before it.
-                rank_ms = float(score) - rec.priority * aging_ms
-                (before,) = yield from self.read(("ZCOUNT", k.ranked, "-inf", f"({rank_ms}"))
-                due_at, ahead = float(score) / 1000.0, int(before)
-            elif score is not None:
-                due_at, ahead = float(score) / 1000.0, int(rank)
-        served_at = None
-        if served:
-            last = _count_or_none(replies.pop(0))
-            served_at = None if last is None else last / 1000.0
-        deps: list[DepState] = []
-        if shown:
-            for (kind, dep), raw in zip(shown, replies.pop(0), strict=True):
-                deps.append(DepState(dep, _state_or_none(raw, dep), optional=kind == "o"))
-        root_state = _state_or_none(replies.pop(0), root) if root is not None else None
-        if root is not None:
-            root_error = _error_first_line(replies.pop(0))
-            expired = root_state is State.CANCELLED and root_error == EXPIRED_ERROR
-        blocked_by = None
-        if root is not None:
-            blocked_by = yield from self._blocked_path(task_id, cause)
-        lease_deadline = None if lease is None else float(lease) / 1000.0
-        unserved = served and (served_at is None or now - served_at > SERVED_LIVE_S)
-        key_running, key_cap, key_rate, key_per_s, key_next_at = 0, None, None, None, None
-        if fair_key is not None:
-            fields, waiting = yield from self.read(
-                (
-                    "HMGET",
-                    k.fair,
-                    f"run:{fair_key}",
-                    f"cap:{fair_key}",
-                    "cap",
-                    f"rate:{fair_key}",
-                ),
-                ("ZSCORE", k.fairwait, fair_key),
-            )
-            key_running = _count_or_none(fields[0]) or 0
-            key_cap = _count_or_none(fields[1])
-            if key_cap is None:
-                key_cap = _count_or_none(fields[2])
-            key_rate, key_per_s = _decode_rate(fields[3])
-            if key_rate is not None and waiting is not None and float(waiting) > now_ms:
-                key_next_at = float(waiting) / 1000.0
-        reasons: list[Reason] = []
-        if rec.state is State.RUNNING:
-            reasons.append(Reason.RUNNING)
-            if rec.cancel_requested:
-                reasons.append(Reason.CANCEL_REQUESTED)
-            if lease_deadline is not None and lease_deadline * 1000 < now_ms:
-                reasons.append(Reason.LEASE_EXPIRED)
-        elif rec.state.terminal:
-            reasons.append(Reason(rec.state.value))
-            if expired:
-                reasons.append(Reason.EXPIRED)
-        elif rec.state is State.PENDING:
-            if placing:
-                reasons.append(Reason.PLACING)
-            reasons.append(Reason.WAITING_ON_DEPS)
-            if unserved:
-                reasons.append(Reason.UNSERVED)
-        elif due_at is None:
-            reasons.append(Reason.NOT_QUEUED)
-        elif due_at > now:
-            reasons.append(Reason.NOT_DUE)
-            if unserved:
-                reasons.append(Reason.UNSERVED)
-        else:
-            if unserved:
-                reasons.append(Reason.UNSERVED)
-            if max_running is not None and (running or 0) >= max_running:
-                reasons.append(Reason.CAPACITY)
-            if key_cap is not None and key_running >= key_cap:
-                reasons.append(Reason.KEY_CAPPED)
-            if key_next_at is not None:
-                reasons.append(Reason.KEY_RATE)
-            if ahead:
-                reasons.append(Reason.BEHIND)
-            elif not {Reason.CAPACITY, Reason.KEY_CAPPED, Reason.KEY_RATE} & set(reasons):
-                reasons.append(Reason.NEXT)
-        return Explanation(
-            task_id=task_id,
-            state=rec.state,
-            version=rec.version,
-            reasons=tuple(reasons),
-            server_time=now,
-            fn=fn,
-            attempt=rec.attempt,
-            max_attempts=rec.max_attempts,
-            attempts_left=max(0, rec.max_attempts - rec.attempt),
-            worker=rec.worker or None,
-            lease_deadline=lease_deadline,
-            cancel_requested=rec.cancel_requested,
-            due_at=due_at,
-            ahead=ahead,
-            running=running or 0,
-            max_running=max_running,
-            served_at=served_at,
-            remaining=rec.remaining - placing,
-            optional_remaining=rec.optional_remaining,
-            deps=tuple(deps),
-            deps_not_shown=len(deps_list) - len(shown) if rec.state is State.PENDING else 0,
-            blocked_by=blocked_by,
-            root_state=root_state,
-            error=error,
-            fair_key=fair_key,
-            key_running=key_running,
-            key_cap=key_cap,
-            key_rate=key_rate,
-            key_per_s=key_per_s,
-            key_next_at=key_next_at,
-            updated_at=rec.updated_ms / 1000.0,
-        )
+        return (yield from explain_task(self, task_id))
 
     def _blocked_path(self, task_id: str, cause: Any) -> Op[BlockedBy | None]:
         """The path from a blocked task's root cause, one read per hop, at most
