@@ -199,16 +199,27 @@ class Definition:
         try:
             d = msgpack.unpackb(raw, raw=False)
             return cls(
-                name=name, fn=str(d["fn"]), args=tuple(d["args"]), kwargs=dict(d["kwargs"]),
-                priority=int(d["priority"]), max_attempts=int(d["max_attempts"]),
-                backoff_ms=int(d["backoff_ms"]), cron=d["cron"], tz=str(d["tz"]),
-                interval_ms=d["interval_ms"], anchor_ms=int(d["anchor_ms"]),
-                start_ms=d["start_ms"], end_ms=d["end_ms"], jitter_ms=int(d["jitter_ms"]),
-                paused=bool(d["paused"]), overlap=Overlap(d["overlap"]),
-                catchup=Catchup(d["catchup"]), window_ms=int(d["window_ms"]),
+                name=name,
+                fn=str(d["fn"]),
+                args=tuple(d["args"]),
+                kwargs=dict(d["kwargs"]),
+                priority=int(d["priority"]),
+                max_attempts=int(d["max_attempts"]),
+                backoff_ms=int(d["backoff_ms"]),
+                cron=d["cron"],
+                tz=str(d["tz"]),
+                interval_ms=d["interval_ms"],
+                anchor_ms=int(d["anchor_ms"]),
+                start_ms=d["start_ms"],
+                end_ms=d["end_ms"],
+                jitter_ms=int(d["jitter_ms"]),
+                paused=bool(d["paused"]),
+                overlap=Overlap(d["overlap"]),
+                catchup=Catchup(d["catchup"]),
+                window_ms=int(d["window_ms"]),
                 key=None if d.get("key") is None else str(d["key"]),
                 timeout_ms=_stored_timeout(d.get("timeout_ms")),
-            )  # fmt: skip
+            )
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
             raise ValueError(
                 f"schedule {name!r}: stored definition cannot be read: {exc}"
@@ -225,16 +236,31 @@ class Definition:
             return None if ms is None else ms / 1000.0
 
         return Schedule(
-            name=self.name, fn=self.fn, args=self.args, kwargs=self.kwargs,
-            priority=self.priority, max_attempts=self.max_attempts,
-            backoff=self.backoff_ms / 1000.0, cron=self.cron, tz=self.tz,
-            interval=sec(self.interval_ms), start=sec(self.start_ms), end=sec(self.end_ms),
-            jitter=self.jitter_ms / 1000.0, paused=self.paused, overlap=self.overlap,
-            catchup=self.catchup, catchup_window=self.window_ms / 1000.0,
-            next_fire=sec(next_ms), fired=state.fired, skipped=state.skipped,
-            missed=state.missed, last_task=state.last or None, key=self.key,
+            name=self.name,
+            fn=self.fn,
+            args=self.args,
+            kwargs=self.kwargs,
+            priority=self.priority,
+            max_attempts=self.max_attempts,
+            backoff=self.backoff_ms / 1000.0,
+            cron=self.cron,
+            tz=self.tz,
+            interval=sec(self.interval_ms),
+            start=sec(self.start_ms),
+            end=sec(self.end_ms),
+            jitter=self.jitter_ms / 1000.0,
+            paused=self.paused,
+            overlap=self.overlap,
+            catchup=self.catchup,
+            catchup_window=self.window_ms / 1000.0,
+            next_fire=sec(next_ms),
+            fired=state.fired,
+            skipped=state.skipped,
+            missed=state.missed,
+            last_task=state.last or None,
+            key=self.key,
             timeout=sec(self.timeout_ms),
-        )  # fmt: skip
+        )
 
     def jitter_for(self, slot_ms: int) -> int:
         """The slot's jitter (ms): fixed per slot, so every worker computes the same."""
@@ -403,13 +429,27 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
     limit_ms = timeout_ms(options.get("timeout"), "timeout")
     anchor = start_ms if start_ms is not None else now_ms + (interval_ms or 0)
     return Definition(
-        name=name, fn=str(fn), args=tuple(args), kwargs=dict(kwargs or {}), priority=priority,
-        max_attempts=max_attempts, backoff_ms=round(backoff * 1000),
-        cron=cron_expr if interval is None else None, tz=str(tz_name), interval_ms=interval_ms,
-        anchor_ms=anchor, start_ms=start_ms, end_ms=end_ms, jitter_ms=round(jitter * 1000),
-        paused=paused, overlap=overlap, catchup=catchup, window_ms=round(window * 1000),
-        key=key, timeout_ms=limit_ms,
-    )  # fmt: skip
+        name=name,
+        fn=str(fn),
+        args=tuple(args),
+        kwargs=dict(kwargs or {}),
+        priority=priority,
+        max_attempts=max_attempts,
+        backoff_ms=round(backoff * 1000),
+        cron=cron_expr if interval is None else None,
+        tz=str(tz_name),
+        interval_ms=interval_ms,
+        anchor_ms=anchor,
+        start_ms=start_ms,
+        end_ms=end_ms,
+        jitter_ms=round(jitter * 1000),
+        paused=paused,
+        overlap=overlap,
+        catchup=catchup,
+        window_ms=round(window * 1000),
+        key=key,
+        timeout_ms=limit_ms,
+    )
 
 
 # --------------------------------------------------------------------------- slot times

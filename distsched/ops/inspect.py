@@ -99,9 +99,16 @@ class Inspect(Listing):
             except ValueError:  # a cause with junk in it: the path is unknown
                 blocked_by = None
         return decode_status(
-            task_id, record, payload, result, lease, deps,
-            decode_dependents(task_id, edges), blocked_by, history,
-        )  # fmt: skip
+            task_id,
+            record,
+            payload,
+            result,
+            lease,
+            deps,
+            decode_dependents(task_id, edges),
+            blocked_by,
+            history,
+        )
 
     @route.by_id("task_id")
     def wait(self, task_id: str, timeout: float | None, handle: Any) -> Op[TaskInfo]:

@@ -89,8 +89,9 @@ class Listing(Base):
             stopped = False
             for i, entry in enumerate(entries):
                 position = entry.cursor
-                info = _listed_info(st, entry, records[i], payloads[i], results[i], deps[i],
-                                    history[i], fn)  # fmt: skip
+                info = _listed_info(
+                    st, entry, records[i], payloads[i], results[i], deps[i], history[i], fn
+                )
                 if info is not None:
                     items.append(info)
                     if len(items) >= want_items:
@@ -119,10 +120,14 @@ class Listing(Base):
                 ("ZRANGEBYLEX", k.states, low, high, "LIMIT", 0, want + 1), atomic=False
             )
             entries = [
-                _Entry(_bytes(m)[15:].decode("utf-8", "replace"), _bytes(m), None,
-                       _cursor_text(_bytes(m)))
+                _Entry(
+                    _bytes(m)[15:].decode("utf-8", "replace"),
+                    _bytes(m),
+                    None,
+                    _cursor_text(_bytes(m)),
+                )
                 for m in members[:want]
-            ]  # fmt: skip
+            ]
             return entries, len(members) <= want
         if state is State.READY:
             # The ready set of the priority order first (claim order; empty in the default

@@ -257,17 +257,28 @@ class Worker:
             link, self.worker_id, self.functions, concurrency, self.heartbeat_s, self._slots
         )
         self._heartbeat = Heartbeat(
-            scheduler, self._slots, self.metrics, self._served, self.heartbeat_s,
-            observed=metrics is not None, registration=self._registration,
-        )  # fmt: skip
+            scheduler,
+            self._slots,
+            self.metrics,
+            self._served,
+            self.heartbeat_s,
+            observed=metrics is not None,
+            registration=self._registration,
+        )
         self._limits = TimeLimits(
             self._slots, self._reporter, self.metrics, self.timeout_grace, self._overran
         )
         runner = Runner(
-            self.functions, self._slots, self._reporter, self.metrics,
-            lambda: self._heartbeat.clock_offset, HookChain([self.metrics, *self.hooks]),
-            self._limits, self.timeouts, self.timeout,
-        )  # fmt: skip
+            self.functions,
+            self._slots,
+            self._reporter,
+            self.metrics,
+            lambda: self._heartbeat.clock_offset,
+            HookChain([self.metrics, *self.hooks]),
+            self._limits,
+            self.timeouts,
+            self.timeout,
+        )
         self._threads = self.thread_pool_class(runner, concurrency)
         has_async = any(inspect.iscoroutinefunction(f) for f in self.functions.values())
         self._loop = LoopPool(runner) if has_async else None
@@ -275,9 +286,17 @@ class Worker:
             link, self._slots, self._wake, self._heartbeat.now, self.worker_id
         )
         self._consumer = Consumer(
-            link, self.worker_id, self.functions, self._slots, self._reporter,
-            self._threads, self._loop, self.metrics, self._stopping, self._wake,
-        )  # fmt: skip
+            link,
+            self.worker_id,
+            self.functions,
+            self._slots,
+            self._reporter,
+            self._threads,
+            self._loop,
+            self.metrics,
+            self._stopping,
+            self._wake,
+        )
         self._signals = SignalHandlers(
             self.worker_id, self.stop, self._grace_now, lambda: len(self._slots.held())
         )
@@ -303,10 +322,11 @@ class Worker:
                 self._shutdown()
                 counts = {k: v for k, v in self.counts.items() if v}
                 log.info(
-                    "worker %s stopped (%s)", self.worker_id,
+                    "worker %s stopped (%s)",
+                    self.worker_id,
                     ", ".join(f"{k} {v}" for k, v in counts.items()) or "no tasks",
                     extra={"worker_id": self.worker_id, "counts": counts},
-                )  # fmt: skip
+                )
         finally:
             restore()
             self._stopped.set()
@@ -362,9 +382,13 @@ class Worker:
         claim = job.claim
         log.error(
             "task %r (%s) attempt %d: its function ignored its time limit; worker %s stops "
-            "so that its process is replaced", claim.task_id, claim.fn, claim.attempt,
-            self.worker_id, extra={"worker_id": self.worker_id, "task_id": claim.task_id},
-        )  # fmt: skip
+            "so that its process is replaced",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            self.worker_id,
+            extra={"worker_id": self.worker_id, "task_id": claim.task_id},
+        )
         self._ended_by_overrun = True
         self.stop()
 
@@ -378,13 +402,19 @@ class Worker:
         functions = sorted(self.functions)
         log.info(
             "worker %s: namespace %r at %s, concurrency %d, functions: %s",
-            self.worker_id, self.scheduler.namespace, where, self.concurrency,
+            self.worker_id,
+            self.scheduler.namespace,
+            where,
+            self.concurrency,
             ", ".join(functions),
             extra={
-                "worker_id": self.worker_id, "namespace": self.scheduler.namespace,
-                "redis": where, "concurrency": self.concurrency, "functions": functions,
+                "worker_id": self.worker_id,
+                "namespace": self.scheduler.namespace,
+                "redis": where,
+                "concurrency": self.concurrency,
+                "functions": functions,
             },
-        )  # fmt: skip
+        )
         # Announced before the first claim, so that other workers see at once that
         # these functions are served; the heartbeat retries it when Redis is away.
         try:

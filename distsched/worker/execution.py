@@ -198,12 +198,17 @@ class TimeLimits:
         is_async = watch.task is not None
         log.warning(
             "task %r (%s) attempt %d: its function did not stop within %g s of its time "
-            "limit (%g s): the attempt is reported failed; %s", claim.task_id, claim.fn,
-            claim.attempt, self.grace, watch.limit,
-            "the function is cancelled" if is_async else
-            "its slot stays taken until the function returns",
+            "limit (%g s): the attempt is reported failed; %s",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            self.grace,
+            watch.limit,
+            "the function is cancelled"
+            if is_async
+            else "its slot stays taken until the function returns",
             extra={"task_id": claim.task_id, "fn": claim.fn, "attempt": claim.attempt},
-        )  # fmt: skip
+        )
         duration = time.monotonic() - watch.started
         try:
             self.metrics.on_finished(claim, duration)
@@ -316,10 +321,13 @@ class Runner:
         claim = job.claim
         log.warning(
             "task %r (%s) attempt %d: its function returned %.1f s after its time limit; "
-            "its slot is free again", claim.task_id, claim.fn, claim.attempt,
+            "its slot is free again",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
             time.monotonic() - watch.started - watch.limit,
             extra={"task_id": claim.task_id, "fn": claim.fn, "attempt": claim.attempt},
-        )  # fmt: skip
+        )
         if self._hooked:
             self.hooks.after(job.ctx, RunOutcome.FAILED, TimeoutError(job.ctx.timeout_error))
         self.slots.overrun_ended()

@@ -82,9 +82,19 @@ class Registration:
         running = self.slots.running
         e = self._entry
         entry = WorkerInfo(
-            e.worker_id, e.host, e.pid, e.version, e.concurrency, e.functions, e.started,
-            e.last_heartbeat, running, counts, e.heartbeat_s, e.lease_s,
-        )  # fmt: skip
+            e.worker_id,
+            e.host,
+            e.pid,
+            e.version,
+            e.concurrency,
+            e.functions,
+            e.started,
+            e.last_heartbeat,
+            running,
+            counts,
+            e.heartbeat_s,
+            e.lease_s,
+        )
         # Under the lock, so that a round still under way cannot write the entry back
         # after the stop removed it.
         with self._lock:
@@ -205,9 +215,12 @@ class Heartbeat:
                             tasks_log.warning(
                                 "task %r (%s) version %d attempt %d: lease lost; the function "
                                 "is asked to stop and its outcome will not be recorded",
-                                claim.task_id, claim.fn, claim.version, claim.attempt,
+                                claim.task_id,
+                                claim.fn,
+                                claim.version,
+                                claim.attempt,
                                 extra=task_fields(claim, TaskOutcome.LEASE_LOST),
-                            )  # fmt: skip
+                            )
                         job.ctx._signal_stop(StopReason.LEASE_LOST)
                     elif status:
                         job.ctx._signal_stop(StopReason.CANCEL)

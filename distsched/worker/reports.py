@@ -242,10 +242,14 @@ class Reporter:
             tasks_log.error(
                 "the %s of task %r (version %d, attempt %d) was not reported before the "
                 "shutdown ended: its lease will expire and it will run again",
-                report.kind, claim.task_id, claim.version, claim.attempt,
-                extra=task_fields(claim, TaskOutcome.UNREPORTED, report.duration,
-                                  _error_of(report)),
-            )  # fmt: skip
+                report.kind,
+                claim.task_id,
+                claim.version,
+                claim.attempt,
+                extra=task_fields(
+                    claim, TaskOutcome.UNREPORTED, report.duration, _error_of(report)
+                ),
+            )
 
     def _send_all(self, waiting: list[_Waiting], fresh: list[Report]) -> None:
         """Send reports: those sent alone one by one, the rest in batches by kind."""
@@ -283,10 +287,14 @@ class Reporter:
             if isinstance(decision, GiveUp):
                 claim = report.job.claim
                 tasks_log.warning(
-                    "task %r (%s): %s", claim.task_id, claim.fn, decision.reason,
-                    extra=task_fields(claim, TaskOutcome.UNSERVED, None,
-                                      error_line(decision.reason)),
-                )  # fmt: skip
+                    "task %r (%s): %s",
+                    claim.task_id,
+                    claim.fn,
+                    decision.reason,
+                    extra=task_fields(
+                        claim, TaskOutcome.UNSERVED, None, error_line(decision.reason)
+                    ),
+                )
                 self.metrics.on_unserved(claim)
                 resolved.append(Report(report.job, ReportKind.FAIL, decision.reason))
             else:
@@ -340,14 +348,18 @@ class Reporter:
         kind = reports[0].kind
         if transient:
             level = logging.WARNING if failures == 1 else logging.DEBUG
-            log.log(level, "sending %d %s reports failed, trying again: %s", len(reports),
-                    kind, exc)  # fmt: skip
+            log.log(
+                level, "sending %d %s reports failed, trying again: %s", len(reports), kind, exc
+            )
         else:
             log.error(
                 "Redis refused %d %s reports (trying again in %.1f s): %s",
-                len(reports), kind, pause if len(reports) == 1 else RETRY_MIN_S, exc,
+                len(reports),
+                kind,
+                pause if len(reports) == 1 else RETRY_MIN_S,
+                exc,
                 exc_info=exc,
-            )  # fmt: skip
+            )
         if not transient and len(reports) > 1:
             # Each on its own at once: the one that Redis refuses waits alone.
             self._waiting.extend(_Waiting(r, now, failures, alone=True) for r in reports)
@@ -381,8 +393,10 @@ class Reporter:
             stale = outcomes.count(Outcome.STALE)
             tasks_log.warning(
                 "%d of %d %s reports were stale: their leases were lost before",
-                stale, len(reports), kind,
-            )  # fmt: skip
+                stale,
+                len(reports),
+                kind,
+            )
             return
         if (
             kind is ReportKind.COMPLETE
@@ -391,9 +405,10 @@ class Reporter:
         ):
             return  # successes are logged at DEBUG only: nothing to build
         failed = [
-            r for r, o in zip(reports, outcomes, strict=False)
+            r
+            for r, o in zip(reports, outcomes, strict=False)
             if kind is ReportKind.FAIL and o is Outcome.APPLIED
-        ]  # fmt: skip
+        ]
         again = self._will_run_again(failed)
         for report, outcome in zip(reports, outcomes, strict=False):
             claim = report.job.claim
@@ -406,53 +421,75 @@ class Reporter:
                 tasks_log.warning(
                     "task %r (%s) version %d attempt %d: the lease was lost before its %s "
                     "(%s) was reported; another run owns the task, this one is not recorded",
-                    claim.task_id, claim.fn, claim.version, claim.attempt, what, kind,
+                    claim.task_id,
+                    claim.fn,
+                    claim.version,
+                    claim.attempt,
+                    what,
+                    kind,
                     exc_info=exc_info,
                     extra=task_fields(claim, TaskOutcome.LEASE_LOST, report.duration, error),
-                )  # fmt: skip
+                )
             elif outcome is Outcome.DUPLICATE:
                 tasks_log.debug(
                     "task %r (%s) attempt %d: %s already reported",
-                    claim.task_id, claim.fn, claim.attempt, kind,
+                    claim.task_id,
+                    claim.fn,
+                    claim.attempt,
+                    kind,
                     extra=task_fields(claim, TaskOutcome.DUPLICATE, report.duration, error),
-                )  # fmt: skip
+                )
             elif kind is ReportKind.COMPLETE:
                 tasks_log.debug(
                     "task %r (%s) attempt %d succeeded in %.3fs",
-                    claim.task_id, claim.fn, claim.attempt, report.duration or 0.0,
+                    claim.task_id,
+                    claim.fn,
+                    claim.attempt,
+                    report.duration or 0.0,
                     extra=task_fields(claim, TaskOutcome.SUCCEEDED, report.duration),
-                )  # fmt: skip
+                )
             elif kind is ReportKind.FAIL and again.get(id(report), False):
                 tasks_log.warning(
                     "task %r (%s) attempt %d failed and will run again: %s",
-                    claim.task_id, claim.fn, claim.attempt, error,
+                    claim.task_id,
+                    claim.fn,
+                    claim.attempt,
+                    error,
                     exc_info=exc_info,
                     extra=task_fields(claim, TaskOutcome.RETRIED, report.duration, error),
-                )  # fmt: skip
+                )
             elif kind is ReportKind.FAIL:
                 tasks_log.error(
                     "task %r (%s) attempt %d failed: %s",
-                    claim.task_id, claim.fn, claim.attempt, error,
+                    claim.task_id,
+                    claim.fn,
+                    claim.attempt,
+                    error,
                     exc_info=exc_info,
                     extra=task_fields(claim, TaskOutcome.FAILED, report.duration, error),
-                )  # fmt: skip
+                )
             elif kind is ReportKind.CONFIRM_CANCEL:
                 tasks_log.info(
-                    "task %r (%s) attempt %d cancelled", claim.task_id, claim.fn, claim.attempt,
+                    "task %r (%s) attempt %d cancelled",
+                    claim.task_id,
+                    claim.fn,
+                    claim.attempt,
                     extra=task_fields(claim, TaskOutcome.CANCELLED, report.duration),
-                )  # fmt: skip
+                )
             elif kind is ReportKind.RELEASE:
                 tasks_log.info(
                     "task %r (%s) handed back by the shutdown; no attempt spent",
-                    claim.task_id, claim.fn,
+                    claim.task_id,
+                    claim.fn,
                     extra=task_fields(claim, TaskOutcome.RELEASED, report.duration),
-                )  # fmt: skip
+                )
             else:
                 tasks_log.debug(
                     "task %r (%s) handed back: function not served here",
-                    claim.task_id, claim.fn,
+                    claim.task_id,
+                    claim.fn,
                     extra=task_fields(claim, TaskOutcome.HANDED_BACK),
-                )  # fmt: skip
+                )
 
     def _will_run_again(self, failed: list[Report]) -> dict[int, bool]:
         """For applied failures: whether the task is due to run again (by ``id`` of the
@@ -470,8 +507,10 @@ class Reporter:
                 continue
             # Same version and not ended: the retry is queued (or already running).
             again[id(report)] = info.version == claim.version and info.state in (
-                State.READY, State.RUNNING, State.PENDING,
-            )  # fmt: skip
+                State.READY,
+                State.RUNNING,
+                State.PENDING,
+            )
         return again
 
     def _count_all(self, kind: ReportKind, outcomes: list[Outcome]) -> None:
