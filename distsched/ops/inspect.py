@@ -272,9 +272,9 @@ class Inspect(Listing):
 
     @route.every(merge=merges.minutes)
     def throughput(self, minutes: object = 60) -> Op[list[MinuteCount]]:
-        if not _is_int(minutes) or not 1 <= minutes <= MINUTES_KEEP:  # type: ignore[operator]
+        if not _is_int(minutes) or not 1 <= minutes <= MINUTES_KEEP:
             raise InvalidArgument("minutes", f"must be an int in [1, {MINUTES_KEEP}]")
-        count = int(minutes)  # type: ignore[call-overload]
+        count = int(minutes)
         now = yield from self.server_time()
         current = int(now * 1000) // 60_000
         first = current - count + 1

@@ -12,7 +12,7 @@ from distsched.model import State, TaskInfo, TaskPage, TaskRow
 from distsched.ops import routing as route
 from distsched.ops.base import Base
 from distsched.ops.protocol import Op, _one
-from distsched.validate import TASKS_LIMIT_MAX, _is_int, list_state
+from distsched.validate import _is_int, list_state, tasks_limit
 from distsched.wire.payload import _bytes
 from distsched.wire.records import (
     _INDEX_CODE,
@@ -62,9 +62,7 @@ class Listing(Base):
         st = list_state(state)
         if fn is not None and (not isinstance(fn, str) or not fn):
             raise InvalidArgument("fn", "must be a non-empty str or None")
-        if not _is_int(limit) or not 1 <= limit <= TASKS_LIMIT_MAX:  # type: ignore[operator]
-            raise InvalidArgument("limit", f"must be an int in [1, {TASKS_LIMIT_MAX}]")
-        want_items = int(limit)  # type: ignore[call-overload]
+        want_items = tasks_limit(limit)
         if cursor is not None:
             if not isinstance(cursor, str):
                 raise InvalidArgument("cursor", "must be a str or None")

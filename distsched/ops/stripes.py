@@ -399,7 +399,7 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         s, inner = parse_stripe_cursor(cursor, len(stripes))
         # The first stripe's call checks the arguments.
         page = yield from stripes[s].tasks(state, fn, limit, inner)
-        want = int(limit)  # type: ignore[call-overload]
+        want = validate.tasks_limit(limit)
         items = list(page.items)
         while True:
             if page.cursor is not None:

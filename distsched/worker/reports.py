@@ -8,14 +8,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from redis.exceptions import RedisClusterException
 
 from distsched.context import TaskContext
 from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument, LeaseLost
 from distsched.metrics import WorkerMetrics
-from distsched.model import Outcome, State
+from distsched.model import Claim, Outcome, State
 from distsched.wire import payload
 from distsched.worker.common import RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
 from distsched.worker.jobs import Job, Slots
@@ -105,6 +105,13 @@ class Report(NamedTuple):
     # For the log: how long the function ran, and what it raised (with its traceback).
     duration: float | None = None
     error: BaseException | None = None
+
+
+def _encoded_results(reports: list[Report]) -> list[tuple[Claim, bytes]]:
+    # A COMPLETE report's value is bytes: ``Reporter.report`` encodes it with
+    # ``wire.payload.encode_result`` (or turns the report into a FAIL) unless the caller
+    # encoded it already. The cast states that; Report.value is typed for every kind.
+    return [(r.job.claim, cast(bytes, r.value)) for r in reports]
 
 
 @dataclass(eq=False)
@@ -370,7 +377,7 @@ class Reporter:
     def _call(self, kind: ReportKind, reports: list[Report]) -> list[Outcome]:
         s = self.scheduler
         if kind is ReportKind.COMPLETE:
-            return self.link.complete_encoded([(r.job.claim, r.value) for r in reports])  # type: ignore[misc]
+            return self.link.complete_encoded(_encoded_results(reports))
         if kind is ReportKind.FAIL:
             return s.fail_many([(r.job.claim, r.value) for r in reports])
         if kind is ReportKind.CONFIRM_CANCEL:
