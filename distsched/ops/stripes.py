@@ -294,22 +294,28 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
             if len(claims) >= n:
                 return claims, None
         if full:
-            try:
-                grew, owed = yield from self._rebalance_toward(full)
-            except Unavailable:
-                grew, owed = False, True  # moved by a later call
-            if grew:
-                # A stripe got more of max_running: claim again at once.
-                return claims, Wait(WaitReason.CAPACITY, 0.0)
-            if owed:
-                # A share waits for running tasks of other stripes to end, which
-                # wakes nobody here: look again after the next move is allowed.
-                wait = combine_waits(waits)
-                delay = REBALANCE_EVERY_S
-                if wait is not None and wait.delay is not None:
-                    delay = min(delay, wait.delay)
-                return claims, Wait(WaitReason.CAPACITY, delay)
+            return claims, (yield from self._wait_when_full(full, waits))
         return claims, combine_waits(waits)
+
+    def _wait_when_full(self, full: list[int], waits: list[Wait]) -> Op[Wait | None]:
+        """The wait of a claim that found the stripes ``full`` at their share of
+        ``max_running``: shares move toward them first."""
+        try:
+            grew, owed = yield from self._rebalance_toward(full)
+        except Unavailable:
+            grew, owed = False, True  # moved by a later call
+        if grew:
+            # A stripe got more of max_running: claim again at once.
+            return Wait(WaitReason.CAPACITY, 0.0)
+        wait = combine_waits(waits)
+        if not owed:
+            return wait
+        # A share waits for running tasks of other stripes to end, which wakes nobody
+        # here: look again after the next move is allowed.
+        delay = REBALANCE_EVERY_S
+        if wait is not None and wait.delay is not None:
+            delay = min(delay, wait.delay)
+        return Wait(WaitReason.CAPACITY, delay)
 
     def wake_channels(self, worker_id: str | None) -> Op[list[str]]:
         """The channels a worker listens on: every stripe's wake channel, and its own

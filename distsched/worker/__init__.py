@@ -113,6 +113,43 @@ def _seconds(value: object, field: str, *, positive: bool) -> float:
     return float(value)
 
 
+def _pool_bounds(concurrency: object, max_unsent: object) -> int:
+    """Checks the pool size and returns ``max_unsent``, its default when None."""
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+        raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
+    if max_unsent is None:
+        return default_max_unsent(concurrency)
+    if not isinstance(max_unsent, int) or isinstance(max_unsent, bool) or max_unsent < 0:
+        raise InvalidArgument("max_unsent", f"must be an int >= 0 or None, got {max_unsent!r}")
+    return max_unsent
+
+
+def _check_functions(functions: object) -> None:
+    if (
+        not isinstance(functions, Mapping)
+        or not functions
+        or not all(isinstance(k, str) and k and callable(v) for k, v in functions.items())
+    ):
+        # A worker serving nothing would claim every task only to hand it back.
+        raise InvalidArgument(
+            "functions", "must map at least one non-empty name (str) to a callable"
+        )
+
+
+def _function_time_limits(
+    timeouts: object, functions: Mapping[str, object]
+) -> dict[str, float | None]:
+    """The per-function time limits, each a function the worker serves."""
+    if timeouts is None:
+        timeouts = {}
+    if not isinstance(timeouts, Mapping):
+        raise InvalidArgument("timeouts", "must map function names to seconds or None")
+    unknown = sorted(str(name) for name in timeouts if name not in functions)
+    if unknown:
+        raise InvalidArgument("timeouts", f"{unknown[0]!r} is not one of the functions")
+    return {name: _time_limit(value, f"timeouts[{name!r}]") for name, value in timeouts.items()}
+
+
 class Worker:
     """Run registered functions for the tasks of one scheduler's namespace.
 
@@ -192,21 +229,8 @@ class Worker:
         stop_on_overrun: bool = False,
         max_unsent: int | None = None,
     ) -> None:
-        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-            raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
-        if max_unsent is None:
-            max_unsent = default_max_unsent(concurrency)
-        elif not isinstance(max_unsent, int) or isinstance(max_unsent, bool) or max_unsent < 0:
-            raise InvalidArgument("max_unsent", f"must be an int >= 0 or None, got {max_unsent!r}")
-        if (
-            not isinstance(functions, Mapping)
-            or not functions
-            or not all(isinstance(k, str) and k and callable(v) for k, v in functions.items())
-        ):
-            # A worker serving nothing would claim every task only to hand it back.
-            raise InvalidArgument(
-                "functions", "must map at least one non-empty name (str) to a callable"
-            )
+        max_unsent = _pool_bounds(concurrency, max_unsent)
+        _check_functions(functions)
         if worker_id is not None:
             validate.validate_worker_id(worker_id)
         if heartbeat_s is not None:
@@ -228,16 +252,7 @@ class Worker:
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.hooks = validate_hooks(hooks)
         self.timeout = _time_limit(timeout, "timeout")
-        if timeouts is None:
-            timeouts = {}
-        if not isinstance(timeouts, Mapping):
-            raise InvalidArgument("timeouts", "must map function names to seconds or None")
-        unknown = sorted(str(name) for name in timeouts if name not in self.functions)
-        if unknown:
-            raise InvalidArgument("timeouts", f"{unknown[0]!r} is not one of the functions")
-        self.timeouts = {
-            name: _time_limit(value, f"timeouts[{name!r}]") for name, value in timeouts.items()
-        }
+        self.timeouts = _function_time_limits(timeouts, self.functions)
         self.timeout_grace = _seconds(timeout_grace, "timeout_grace", positive=False)
         if not isinstance(stop_on_overrun, bool):
             raise InvalidArgument("stop_on_overrun", "must be a bool")

@@ -107,6 +107,100 @@ class Report(NamedTuple):
     error: BaseException | None = None
 
 
+def _log_unrecorded(kind: ReportKind, report: Report, outcome: Outcome) -> None:
+    """The line of a report Redis did not record: stale (lease lost) or a duplicate."""
+    claim = report.job.claim
+    error = _error_of(report)
+    if outcome is Outcome.DUPLICATE:
+        tasks_log.debug(
+            "task %r (%s) attempt %d: %s already reported",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            kind,
+            extra=task_fields(claim, TaskOutcome.DUPLICATE, report.duration, error),
+        )
+        return
+    # The function only obeyed the signal when it raised LeaseLost: no news in it.
+    exc_info = None if isinstance(report.error, LeaseLost) else report.error
+    what = "result" if kind is ReportKind.COMPLETE else "outcome"
+    tasks_log.warning(
+        "task %r (%s) version %d attempt %d: the lease was lost before its %s "
+        "(%s) was reported; another run owns the task, this one is not recorded",
+        claim.task_id,
+        claim.fn,
+        claim.version,
+        claim.attempt,
+        what,
+        kind,
+        exc_info=exc_info,
+        extra=task_fields(claim, TaskOutcome.LEASE_LOST, report.duration, error),
+    )
+
+
+def _log_failure(report: Report, runs_again: bool) -> None:
+    claim = report.job.claim
+    error = _error_of(report)
+    if runs_again:
+        tasks_log.warning(
+            "task %r (%s) attempt %d failed and will run again: %s",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            error,
+            exc_info=report.error,
+            extra=task_fields(claim, TaskOutcome.RETRIED, report.duration, error),
+        )
+    else:
+        tasks_log.error(
+            "task %r (%s) attempt %d failed: %s",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            error,
+            exc_info=report.error,
+            extra=task_fields(claim, TaskOutcome.FAILED, report.duration, error),
+        )
+
+
+def _log_recorded(kind: ReportKind, report: Report, runs_again: bool) -> None:
+    """The line of a report Redis applied; ``runs_again`` for a failure whose retry is due."""
+    claim = report.job.claim
+    if kind is ReportKind.FAIL:
+        _log_failure(report, runs_again)
+    elif kind is ReportKind.COMPLETE:
+        tasks_log.debug(
+            "task %r (%s) attempt %d succeeded in %.3fs",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            report.duration or 0.0,
+            extra=task_fields(claim, TaskOutcome.SUCCEEDED, report.duration),
+        )
+    elif kind is ReportKind.CONFIRM_CANCEL:
+        tasks_log.info(
+            "task %r (%s) attempt %d cancelled",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            extra=task_fields(claim, TaskOutcome.CANCELLED, report.duration),
+        )
+    elif kind is ReportKind.RELEASE:
+        tasks_log.info(
+            "task %r (%s) handed back by the shutdown; no attempt spent",
+            claim.task_id,
+            claim.fn,
+            extra=task_fields(claim, TaskOutcome.RELEASED, report.duration),
+        )
+    else:
+        tasks_log.debug(
+            "task %r (%s) handed back: function not served here",
+            claim.task_id,
+            claim.fn,
+            extra=task_fields(claim, TaskOutcome.HANDED_BACK),
+        )
+
+
 def _encoded_results(reports: list[Report]) -> list[tuple[Claim, bytes]]:
     # A COMPLETE report's value is bytes: ``Reporter.report`` encodes it with
     # ``wire.payload.encode_result`` (or turns the report into a FAIL) unless the caller
@@ -418,85 +512,10 @@ class Reporter:
         ]
         again = self._will_run_again(failed)
         for report, outcome in zip(reports, outcomes, strict=False):
-            claim = report.job.claim
-            error = _error_of(report)
-            exc_info = report.error
-            if outcome is Outcome.STALE:
-                if isinstance(exc_info, LeaseLost):
-                    exc_info = None  # the function only obeyed the signal: no news in it
-                what = "result" if kind is ReportKind.COMPLETE else "outcome"
-                tasks_log.warning(
-                    "task %r (%s) version %d attempt %d: the lease was lost before its %s "
-                    "(%s) was reported; another run owns the task, this one is not recorded",
-                    claim.task_id,
-                    claim.fn,
-                    claim.version,
-                    claim.attempt,
-                    what,
-                    kind,
-                    exc_info=exc_info,
-                    extra=task_fields(claim, TaskOutcome.LEASE_LOST, report.duration, error),
-                )
-            elif outcome is Outcome.DUPLICATE:
-                tasks_log.debug(
-                    "task %r (%s) attempt %d: %s already reported",
-                    claim.task_id,
-                    claim.fn,
-                    claim.attempt,
-                    kind,
-                    extra=task_fields(claim, TaskOutcome.DUPLICATE, report.duration, error),
-                )
-            elif kind is ReportKind.COMPLETE:
-                tasks_log.debug(
-                    "task %r (%s) attempt %d succeeded in %.3fs",
-                    claim.task_id,
-                    claim.fn,
-                    claim.attempt,
-                    report.duration or 0.0,
-                    extra=task_fields(claim, TaskOutcome.SUCCEEDED, report.duration),
-                )
-            elif kind is ReportKind.FAIL and again.get(id(report), False):
-                tasks_log.warning(
-                    "task %r (%s) attempt %d failed and will run again: %s",
-                    claim.task_id,
-                    claim.fn,
-                    claim.attempt,
-                    error,
-                    exc_info=exc_info,
-                    extra=task_fields(claim, TaskOutcome.RETRIED, report.duration, error),
-                )
-            elif kind is ReportKind.FAIL:
-                tasks_log.error(
-                    "task %r (%s) attempt %d failed: %s",
-                    claim.task_id,
-                    claim.fn,
-                    claim.attempt,
-                    error,
-                    exc_info=exc_info,
-                    extra=task_fields(claim, TaskOutcome.FAILED, report.duration, error),
-                )
-            elif kind is ReportKind.CONFIRM_CANCEL:
-                tasks_log.info(
-                    "task %r (%s) attempt %d cancelled",
-                    claim.task_id,
-                    claim.fn,
-                    claim.attempt,
-                    extra=task_fields(claim, TaskOutcome.CANCELLED, report.duration),
-                )
-            elif kind is ReportKind.RELEASE:
-                tasks_log.info(
-                    "task %r (%s) handed back by the shutdown; no attempt spent",
-                    claim.task_id,
-                    claim.fn,
-                    extra=task_fields(claim, TaskOutcome.RELEASED, report.duration),
-                )
+            if outcome is Outcome.STALE or outcome is Outcome.DUPLICATE:
+                _log_unrecorded(kind, report, outcome)
             else:
-                tasks_log.debug(
-                    "task %r (%s) handed back: function not served here",
-                    claim.task_id,
-                    claim.fn,
-                    extra=task_fields(claim, TaskOutcome.HANDED_BACK),
-                )
+                _log_recorded(kind, report, again.get(id(report), False))
 
     def _will_run_again(self, failed: list[Report]) -> dict[int, bool]:
         """For applied failures: whether the task is due to run again (by ``id`` of the
