@@ -491,10 +491,19 @@ class WorkerInfo:
     def stamped(self, now: float) -> WorkerInfo:
         """This entry as written at server time ``now`` (started then too, if unset)."""
         return WorkerInfo(
-            self.worker_id, self.host, self.pid, self.version, self.concurrency,
-            self.functions, self.started or now, now, self.running, self.counts,
-            self.heartbeat_s, self.lease_s,
-        )  # fmt: skip
+            self.worker_id,
+            self.host,
+            self.pid,
+            self.version,
+            self.concurrency,
+            self.functions,
+            self.started or now,
+            now,
+            self.running,
+            self.counts,
+            self.heartbeat_s,
+            self.lease_s,
+        )
 
     @property
     def drop_after_s(self) -> float:

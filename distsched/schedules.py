@@ -199,16 +199,27 @@ class Definition:
         try:
             d = msgpack.unpackb(raw, raw=False)
             return cls(
-                name=name, fn=str(d["fn"]), args=tuple(d["args"]), kwargs=dict(d["kwargs"]),
-                priority=int(d["priority"]), max_attempts=int(d["max_attempts"]),
-                backoff_ms=int(d["backoff_ms"]), cron=d["cron"], tz=str(d["tz"]),
-                interval_ms=d["interval_ms"], anchor_ms=int(d["anchor_ms"]),
-                start_ms=d["start_ms"], end_ms=d["end_ms"], jitter_ms=int(d["jitter_ms"]),
-                paused=bool(d["paused"]), overlap=Overlap(d["overlap"]),
-                catchup=Catchup(d["catchup"]), window_ms=int(d["window_ms"]),
+                name=name,
+                fn=str(d["fn"]),
+                args=tuple(d["args"]),
+                kwargs=dict(d["kwargs"]),
+                priority=int(d["priority"]),
+                max_attempts=int(d["max_attempts"]),
+                backoff_ms=int(d["backoff_ms"]),
+                cron=d["cron"],
+                tz=str(d["tz"]),
+                interval_ms=d["interval_ms"],
+                anchor_ms=int(d["anchor_ms"]),
+                start_ms=d["start_ms"],
+                end_ms=d["end_ms"],
+                jitter_ms=int(d["jitter_ms"]),
+                paused=bool(d["paused"]),
+                overlap=Overlap(d["overlap"]),
+                catchup=Catchup(d["catchup"]),
+                window_ms=int(d["window_ms"]),
                 key=None if d.get("key") is None else str(d["key"]),
                 timeout_ms=_stored_timeout(d.get("timeout_ms")),
-            )  # fmt: skip
+            )
         except (ValueError, KeyError, TypeError, msgpack.UnpackException) as exc:
             raise ValueError(
                 f"schedule {name!r}: stored definition cannot be read: {exc}"
@@ -225,16 +236,31 @@ class Definition:
             return None if ms is None else ms / 1000.0
 
         return Schedule(
-            name=self.name, fn=self.fn, args=self.args, kwargs=self.kwargs,
-            priority=self.priority, max_attempts=self.max_attempts,
-            backoff=self.backoff_ms / 1000.0, cron=self.cron, tz=self.tz,
-            interval=sec(self.interval_ms), start=sec(self.start_ms), end=sec(self.end_ms),
-            jitter=self.jitter_ms / 1000.0, paused=self.paused, overlap=self.overlap,
-            catchup=self.catchup, catchup_window=self.window_ms / 1000.0,
-            next_fire=sec(next_ms), fired=state.fired, skipped=state.skipped,
-            missed=state.missed, last_task=state.last or None, key=self.key,
+            name=self.name,
+            fn=self.fn,
+            args=self.args,
+            kwargs=self.kwargs,
+            priority=self.priority,
+            max_attempts=self.max_attempts,
+            backoff=self.backoff_ms / 1000.0,
+            cron=self.cron,
+            tz=self.tz,
+            interval=sec(self.interval_ms),
+            start=sec(self.start_ms),
+            end=sec(self.end_ms),
+            jitter=self.jitter_ms / 1000.0,
+            paused=self.paused,
+            overlap=self.overlap,
+            catchup=self.catchup,
+            catchup_window=self.window_ms / 1000.0,
+            next_fire=sec(next_ms),
+            fired=state.fired,
+            skipped=state.skipped,
+            missed=state.missed,
+            last_task=state.last or None,
+            key=self.key,
             timeout=sec(self.timeout_ms),
-        )  # fmt: skip
+        )
 
     def jitter_for(self, slot_ms: int) -> int:
         """The slot's jitter (ms): fixed per slot, so every worker computes the same."""
@@ -349,27 +375,23 @@ def validate_cron(expr: object) -> str:
     return expr
 
 
-def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]) -> Definition:
-    """Validate ``add_schedule(name, fn, **options)``; ``now_ms`` anchors an interval."""
-    unknown = sorted(set(options) - set(ScheduleOptions.__annotations__))
-    if unknown:
-        raise InvalidArgument(unknown[0], "is not a schedule option")
-    name = validate_name(name)
+def _timing(options: Mapping[str, Any]) -> tuple[str | None, int | None, object]:
+    """A schedule's cron expression or interval (ms), exactly one of them, and its zone."""
     cron_expr, interval = options.get("cron"), options.get("interval")
     if (cron_expr is None) == (interval is None):
         raise InvalidArgument("cron", "give either cron or interval, not both")
     tz_name = options.get("tz", "UTC")
     zone(tz_name)
-    interval_ms: int | None = None
-    if interval is not None:
-        interval_ms = round(_seconds(interval, "interval", MIN_INTERVAL_S, MAX_INTERVAL_S) * 1000)
-        if interval_ms < 1:
-            raise InvalidArgument("interval", "must be at least 1 ms")
-    else:
-        cron_expr = validate_cron(cron_expr)
-    args = options.get("args", ())
-    kwargs = options.get("kwargs")
-    encode_payload(fn, args, kwargs)  # raises naming fn, args or kwargs
+    if interval is None:
+        return validate_cron(cron_expr), None, tz_name
+    interval_ms = round(_seconds(interval, "interval", MIN_INTERVAL_S, MAX_INTERVAL_S) * 1000)
+    if interval_ms < 1:
+        raise InvalidArgument("interval", "must be at least 1 ms")
+    return None, interval_ms, tz_name
+
+
+def _attempts(options: Mapping[str, Any]) -> tuple[int, int, float]:
+    """The priority, max_attempts and backoff of each task a schedule fires."""
     priority = options.get("priority", 0)
     if not _is_int(priority) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
         raise InvalidArgument("priority", f"must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}]")
@@ -377,11 +399,20 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
     if not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidArgument("max_attempts", f"must be an int in [1, {MAX_ATTEMPTS_LIMIT}]")
     backoff = _seconds(options.get("backoff", 1.0), "backoff", 0.0, BACKOFF_MAX_S)
+    return priority, max_attempts, backoff
+
+
+def _span(options: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """When a schedule starts and ends firing (epoch ms; None: no bound)."""
     start_ms = instant_ms(options.get("start"), "start")
     end_ms = instant_ms(options.get("end"), "end")
     if start_ms is not None and end_ms is not None and end_ms < start_ms:
         raise InvalidArgument("end", "must not be before start")
-    jitter = _seconds(options.get("jitter", 0.0), "jitter", 0.0, MAX_INTERVAL_S)
+    return start_ms, end_ms
+
+
+def _policy(options: Mapping[str, Any]) -> tuple[bool, Overlap, Catchup]:
+    """Whether a schedule is paused, and what it does on overlap and on missed slots."""
     paused = options.get("paused", False)
     if not isinstance(paused, bool):
         raise InvalidArgument("paused", "must be a bool")
@@ -394,6 +425,23 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
         catchup = Catchup(options.get("catchup", Catchup.LATEST))
     except ValueError:
         raise InvalidArgument("catchup", "must be 'all' or 'latest'") from None
+    return paused, overlap, catchup
+
+
+def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]) -> Definition:
+    """Validate ``add_schedule(name, fn, **options)``; ``now_ms`` anchors an interval."""
+    unknown = sorted(set(options) - set(ScheduleOptions.__annotations__))
+    if unknown:
+        raise InvalidArgument(unknown[0], "is not a schedule option")
+    name = validate_name(name)
+    cron_expr, interval_ms, tz_name = _timing(options)
+    args = options.get("args", ())
+    kwargs = options.get("kwargs")
+    encode_payload(fn, args, kwargs)  # raises naming fn, args or kwargs
+    priority, max_attempts, backoff = _attempts(options)
+    start_ms, end_ms = _span(options)
+    jitter = _seconds(options.get("jitter", 0.0), "jitter", 0.0, MAX_INTERVAL_S)
+    paused, overlap, catchup = _policy(options)
     window = _seconds(
         options.get("catchup_window", DEFAULT_CATCHUP_WINDOW_S), "catchup_window", 0.0, 2**40
     )
@@ -403,13 +451,27 @@ def definition(name: object, fn: object, now_ms: int, options: Mapping[str, Any]
     limit_ms = timeout_ms(options.get("timeout"), "timeout")
     anchor = start_ms if start_ms is not None else now_ms + (interval_ms or 0)
     return Definition(
-        name=name, fn=str(fn), args=tuple(args), kwargs=dict(kwargs or {}), priority=priority,
-        max_attempts=max_attempts, backoff_ms=round(backoff * 1000),
-        cron=cron_expr if interval is None else None, tz=str(tz_name), interval_ms=interval_ms,
-        anchor_ms=anchor, start_ms=start_ms, end_ms=end_ms, jitter_ms=round(jitter * 1000),
-        paused=paused, overlap=overlap, catchup=catchup, window_ms=round(window * 1000),
-        key=key, timeout_ms=limit_ms,
-    )  # fmt: skip
+        name=name,
+        fn=str(fn),
+        args=tuple(args),
+        kwargs=dict(kwargs or {}),
+        priority=priority,
+        max_attempts=max_attempts,
+        backoff_ms=round(backoff * 1000),
+        cron=cron_expr,
+        tz=str(tz_name),
+        interval_ms=interval_ms,
+        anchor_ms=anchor,
+        start_ms=start_ms,
+        end_ms=end_ms,
+        jitter_ms=round(jitter * 1000),
+        paused=paused,
+        overlap=overlap,
+        catchup=catchup,
+        window_ms=round(window * 1000),
+        key=key,
+        timeout_ms=limit_ms,
+    )
 
 
 # --------------------------------------------------------------------------- slot times
@@ -502,39 +564,79 @@ def plan_fire(d: Definition, due_ms: int, now_ms: int, limit: int = MAX_FIRE_SLO
     slot = table.at_or_after(due_ms)
     # Slots older than the catch-up window are counted, not fired.
     if slot is not None and slot < window_start:
-        if d.interval_ms is not None:
-            last = window_start - 1 if d.end_ms is None else min(window_start - 1, d.end_ms)
-            missed = (last - slot) // d.interval_ms + 1
-            slot = table.at_or_after(window_start)
-        else:
-            while slot is not None and slot < window_start and missed < MISSED_SCAN:
-                missed += 1
-                slot = table.after(slot)
-            if slot is not None and slot < window_start:
-                slot = table.at_or_after(window_start)
-    due: list[int] = []
+        slot, missed = _into_window(d, table, slot, window_start)
+    if d.catchup is Catchup.ALL:
+        due, slot = _due_slots(table, slot, now_ms, limit)
+        return FirePlan(_jittered(d, due), missed, slot)
     latest: int | None = None
-    if d.catchup is Catchup.LATEST and d.interval_ms is not None and slot is not None:
+    if d.interval_ms is not None and slot is not None:
         # However many slots are due, the latest is found by arithmetic, not one by one.
-        last = now_ms if d.end_ms is None else min(now_ms, d.end_ms)
-        if slot <= last:
-            count = (last - slot) // d.interval_ms + 1
-            missed += count - 1
-            latest = slot + (count - 1) * d.interval_ms
-            slot = table.after(latest)
-    while slot is not None and slot <= now_ms:
-        if d.catchup is Catchup.ALL:
-            if len(due) == limit:
-                break
-            due.append(slot)
-        else:
-            if latest is not None:
-                missed += 1
-            latest = slot
+        slot, latest, skipped = _latest_by_interval(table, d.interval_ms, d.end_ms, slot, now_ms)
+        missed += skipped
+    slot, latest, skipped = _latest_slot(table, slot, now_ms, latest)
+    missed += skipped
+    return FirePlan(_jittered(d, [] if latest is None else [latest]), missed, slot)
+
+
+def _into_window(
+    d: Definition, table: Timetable, slot: int, window_start: int
+) -> tuple[int | None, int]:
+    """The first slot from ``slot`` (before the catch-up window) that is within the
+    window, and how many slots were missed before it (counted up to ``MISSED_SCAN``
+    one by one for cron)."""
+    if d.interval_ms is not None:
+        last = window_start - 1 if d.end_ms is None else min(window_start - 1, d.end_ms)
+        return table.at_or_after(window_start), (last - slot) // d.interval_ms + 1
+    missed = 0
+    after: int | None = slot
+    while after is not None and after < window_start and missed < MISSED_SCAN:
+        missed += 1
+        after = table.after(after)
+    if after is not None and after < window_start:
+        after = table.at_or_after(window_start)
+    return after, missed
+
+
+def _due_slots(
+    table: Timetable, slot: int | None, now_ms: int, limit: int
+) -> tuple[list[int], int | None]:
+    """Catch-up ``all``: the due slots from ``slot``, at most ``limit``, and the next one."""
+    due: list[int] = []
+    while slot is not None and slot <= now_ms and len(due) < limit:
+        due.append(slot)
         slot = table.after(slot)
-    if latest is not None:
-        due = [latest]
-    return FirePlan([(s, s + d.jitter_for(s)) for s in due], missed, slot)
+    return due, slot
+
+
+def _latest_by_interval(
+    table: Timetable, interval_ms: int, end_ms: int | None, slot: int, now_ms: int
+) -> tuple[int | None, int | None, int]:
+    """Catch-up ``latest`` on an interval: the slot after the latest due one, the latest
+    due one (None: none is due), and how many due slots before it were missed."""
+    last = now_ms if end_ms is None else min(now_ms, end_ms)
+    if slot > last:
+        return slot, None, 0
+    count = (last - slot) // interval_ms + 1
+    latest = slot + (count - 1) * interval_ms
+    return table.after(latest), latest, count - 1
+
+
+def _latest_slot(
+    table: Timetable, slot: int | None, now_ms: int, latest: int | None
+) -> tuple[int | None, int | None, int]:
+    """Catch-up ``latest``, one slot at a time from ``slot``: the next slot, the latest
+    due one, and how many due slots it passed over."""
+    missed = 0
+    while slot is not None and slot <= now_ms:
+        if latest is not None:
+            missed += 1
+        latest = slot
+        slot = table.after(slot)
+    return slot, latest, missed
+
+
+def _jittered(d: Definition, due: list[int]) -> list[tuple[int, int]]:
+    return [(s, s + d.jitter_for(s)) for s in due]
 
 
 def backfill_slots(d: Definition, start_ms: int, end_ms: int, limit: int) -> list[int]:

@@ -179,27 +179,36 @@ def jsonable(value: Any, depth: int = SHOW_DEPTH) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, bytes):
-        try:
-            return value.decode("utf-8")
-        except UnicodeDecodeError:
-            return {"hex": value.hex()}
+        return _bytes_json(value)
     if isinstance(value, msgpack.ExtType):
         return short_repr(value)
-    if isinstance(value, (dict, list, tuple)) or (
-        dataclasses.is_dataclass(value) and not isinstance(value, type)
-    ):
-        if depth <= 0:
-            return CUT_MARK
-        if isinstance(value, dict):
-            return {_key(k): jsonable(v, depth - 1) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [jsonable(v, depth - 1) for v in value]
-        return {
-            f.name: jsonable(getattr(value, f.name), depth - 1) for f in dataclasses.fields(value)
-        }
+    if _holds_values(value):
+        return _container_json(value, depth) if depth > 0 else CUT_MARK
     if isinstance(value, enum.Enum):
         return jsonable(value.value, depth)
     return short_repr(value)
+
+
+def _bytes_json(value: bytes) -> Any:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"hex": value.hex()}
+
+
+def _holds_values(value: object) -> bool:
+    """A dict, list, tuple or dataclass instance: what ``jsonable`` shows to a depth."""
+    return isinstance(value, (dict, list, tuple)) or (
+        dataclasses.is_dataclass(value) and not isinstance(value, type)
+    )
+
+
+def _container_json(value: Any, depth: int) -> Any:
+    if isinstance(value, dict):
+        return {_key(k): jsonable(v, depth - 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v, depth - 1) for v in value]
+    return {f.name: jsonable(getattr(value, f.name), depth - 1) for f in dataclasses.fields(value)}
 
 
 def _key(key: object) -> str:

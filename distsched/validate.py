@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from distsched import limits
 from distsched.errors import InvalidArgument
@@ -63,11 +63,11 @@ def task_spec(task_id: str, options: Mapping[str, Any]) -> TaskSpec:
     return TaskSpec(task_id, **options)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: object) -> bool:
+def _is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -104,7 +104,7 @@ def _finite(value: object) -> float | None:
     if not _is_number(value):
         return None
     try:
-        number = float(value)  # type: ignore[arg-type]
+        number = float(value)
     except OverflowError:  # an int beyond the float range
         return None
     return number if math.isfinite(number) else None
@@ -188,7 +188,7 @@ def validate_url(url: object) -> str:
 def validate_max_payload_bytes(limit: object) -> int:
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise InvalidArgument("max_payload_bytes", "must be an int >= 1")
-    return limit
+    return int(limit)
 
 
 def validate_payload_limit(limit: object) -> int | None:
@@ -201,7 +201,7 @@ def validate_payload_limit(limit: object) -> int | None:
         raise InvalidArgument(
             "payload_max", f"must be None or an int in [1, {ceiling}] (PAYLOAD_CEILING_BYTES)"
         )
-    return limit
+    return int(limit)
 
 
 def validate_max_running(max_running: object) -> int | None:
@@ -256,12 +256,12 @@ FAIR_INTERVAL_MAX_MS = 86_400_000
 def _validate_rate(rate: object, per: object) -> tuple[int, int] | None:
     if rate is None:
         return None
-    if not _is_int(rate) or not 1 <= rate <= FAIR_CAP_MAX:  # type: ignore[operator]
+    if not _is_int(rate) or not 1 <= rate <= FAIR_CAP_MAX:
         raise InvalidArgument("rate", f"must be None or an int in [1, {FAIR_CAP_MAX}]")
     interval = seconds_to_ms(per, "per")
     if not 1 <= interval <= FAIR_INTERVAL_MAX_MS:
         raise InvalidArgument("per", "must be from 1 ms to a day")
-    return int(rate), interval  # type: ignore[call-overload]
+    return int(rate), interval
 
 
 def time_argument(run_at: object, delay: object) -> tuple[str, int]:
@@ -324,3 +324,10 @@ def list_state(state: object) -> State:
             pass
     names = ", ".join(s.value for s in State)
     raise InvalidArgument("state", f"must be one of {names}, got {state!r}")
+
+
+def tasks_limit(limit: object) -> int:
+    """The page size ``tasks`` lists: an int in [1, TASKS_LIMIT_MAX]."""
+    if not _is_int(limit) or not 1 <= limit <= TASKS_LIMIT_MAX:
+        raise InvalidArgument("limit", f"must be an int in [1, {TASKS_LIMIT_MAX}]")
+    return int(limit)

@@ -120,6 +120,25 @@ def _walk_up(scheduler: Scheduler, hood: Neighbourhood) -> None:
                 queue.append(dep)
 
 
+def _read_child(
+    scheduler: Scheduler, hood: Neighbourhood, current: str, child: str
+) -> TaskInfo | None:
+    """The record of ``current``'s dependent ``child``, read once; None when the walk
+    does not follow it (gone, or the walk is full)."""
+    if child in hood.gone:
+        return None
+    if child not in hood.tasks:
+        if hood.full:
+            hood.cut_down.add(current)
+            return None
+        found = lookup(scheduler, child)
+        if found is None:
+            hood.gone.add(child)  # removed since the edge was read
+            return None
+        hood.tasks[child] = found
+    return hood.tasks[child]
+
+
 def _walk_down(scheduler: Scheduler, hood: Neighbourhood) -> None:
     seen = {hood.task_id}
     queue = deque([hood.task_id])
@@ -130,18 +149,7 @@ def _walk_down(scheduler: Scheduler, hood: Neighbourhood) -> None:
             continue
         edges = hood.down.setdefault(current, [])
         for child in info.dependents:
-            if child in hood.gone:
-                continue
-            if child not in hood.tasks:
-                if hood.full:
-                    hood.cut_down.add(current)
-                    continue
-                found = lookup(scheduler, child)
-                if found is None:
-                    hood.gone.add(child)  # removed since the edge was read
-                    continue
-                hood.tasks[child] = found
-            child_info = hood.tasks[child]
+            child_info = _read_child(scheduler, hood, current, child)
             # The edge and the child's own list are two reads; trust the child's list.
             if child_info is None or current not in (*child_info.deps, *child_info.optional_deps):
                 continue

@@ -124,6 +124,25 @@ class Model:
             return t.cause[0]
         return dep
 
+    def add_deps_refusals(
+        self, task_id: str, deps: list[str], allow_unknown: bool
+    ) -> tuple[set[type[Exception]], dict[str, list[str]]]:
+        """The errors ``add_deps`` may raise, and the awaited edges with the new ones."""
+        t = self.tasks[task_id]
+        errors: set[type[Exception]] = set()
+        if t.state is not State.PENDING:
+            errors.add(ConflictError)
+        if any(d in {i for _, i in t.deps} for d in deps):
+            errors.add(InvalidArgument)
+        if not allow_unknown and any(d not in self.tasks for d in deps):
+            errors.add(UnknownDependencyError)
+        graph = self.awaited_edges()
+        for dep in deps:
+            graph.setdefault(dep, []).append(task_id)
+        if t.state is State.PENDING and self.reaches(graph, task_id, task_id):
+            errors.add(CycleError)
+        return errors, graph
+
     # ------------------------------------------------------------------ transitions
 
     def push_job(self, task_id: str) -> None:
@@ -135,6 +154,27 @@ class Model:
         t.state, t.cause = State.BLOCKED, (root, parent)
         if any(task_id in o.waiting for o in self.tasks.values()):
             self.push_job(task_id)
+
+    def add_deps(self, task_id: str, deps: list[str]) -> None:
+        """Required dependencies added to a pending task; an ended one that did not
+        succeed blocks it."""
+        t = self.tasks[task_id]
+        cause: tuple[str, str] | None = None
+        for dep in deps:
+            st_ = self.state(dep)
+            t.deps.append(("r", dep))
+            if st_ is State.SUCCEEDED:
+                t.satisfied.add(dep)
+            elif st_ in TERMINAL:
+                assert st_ is not None
+                if cause is None:
+                    cause = (self.root_through(dep, st_), dep)
+            else:
+                t.remaining += 1
+                t.waiting[dep] = "r"
+        if cause is not None:
+            self.block(task_id, *cause)
+            self.propagate()
 
     def write(
         self,
@@ -408,12 +448,8 @@ class DagMachine(RuleBasedStateMachine):
     def add_deps(
         self, data: st.DataObject, task_id: str, deps: list[str], allow_unknown: bool, aim: bool
     ) -> None:
-        pending = self.ids_of(State.PENDING)
-        if aim and pending:
-            # Mostly legal calls: a pending task and dependencies it does not have yet.
-            task_id = data.draw(st.sampled_from(pending))
-            have = {d for _, d in self.m.tasks[task_id].deps}
-            deps = [d for d in deps if d not in have]
+        if aim:
+            task_id, deps = self.aim_add_deps(data, task_id, deps)
         deps = [d for d in deps if d != task_id]
         if not deps:
             return
@@ -421,18 +457,7 @@ class DagMachine(RuleBasedStateMachine):
         if t is None:
             self.expect_refusal({NotFoundError}, lambda: self.s.add_deps(task_id, deps))
             return
-        errors: set[type[Exception]] = set()
-        if t.state is not State.PENDING:
-            errors.add(ConflictError)
-        if any(d in {i for _, i in t.deps} for d in deps):
-            errors.add(InvalidArgument)
-        if not allow_unknown and any(d not in self.m.tasks for d in deps):
-            errors.add(UnknownDependencyError)
-        graph = self.m.awaited_edges()
-        for dep in deps:
-            graph.setdefault(dep, []).append(task_id)
-        if t.state is State.PENDING and self.m.reaches(graph, task_id, task_id):
-            errors.add(CycleError)
+        errors, graph = self.m.add_deps_refusals(task_id, deps, allow_unknown)
 
         def call() -> None:
             self.s.add_deps(task_id, deps, allow_unknown=allow_unknown)
@@ -444,23 +469,19 @@ class DagMachine(RuleBasedStateMachine):
                 assert_cycle_path(err.path, graph)
             return
         call()
-        cause: tuple[str, str] | None = None
-        for dep in deps:
-            st_ = self.m.state(dep)
-            t.deps.append(("r", dep))
-            if st_ is State.SUCCEEDED:
-                t.satisfied.add(dep)
-            elif st_ in TERMINAL:
-                assert st_ is not None
-                if cause is None:
-                    cause = (self.m.root_through(dep, st_), dep)
-            else:
-                t.remaining += 1
-                t.waiting[dep] = "r"
-        if cause is not None:
-            self.m.block(task_id, *cause)
-            self.m.propagate()
+        self.m.add_deps(task_id, deps)
         event(f"add_deps: {t.state}")
+
+    def aim_add_deps(
+        self, data: st.DataObject, task_id: str, deps: list[str]
+    ) -> tuple[str, list[str]]:
+        """Mostly legal calls: a pending task and dependencies it does not have yet."""
+        pending = self.ids_of(State.PENDING)
+        if not pending:
+            return task_id, deps
+        task_id = data.draw(st.sampled_from(pending))
+        have = {d for _, d in self.m.tasks[task_id].deps}
+        return task_id, [d for d in deps if d not in have]
 
     # ------------------------------------------------------------------ workers
 

@@ -221,55 +221,65 @@ KEY_ARG = re.compile(r"^(KEYS\[\d+\]|k\.\w+)$")
 FUNCTION = re.compile(r"local function (\w+)\(([^)]*)\)")
 
 
-def key_violations(text: str) -> list[str]:
-    """Places where a key or channel name may not come from KEYS.
+# Each local function of a script: where it starts, and its parameters.
+Spans = list[tuple[int, list[str]]]
 
-    Allowed key arguments: ``KEYS[i]``, a field of the ``k`` table (itself checked to be
-    built from KEYS only), or a parameter of the enclosing function whose callers are
-    held to the same rule.
-    """
-    code = strip_comments(text)
-    problems: list[str] = []
+
+def _local_functions(code: str) -> tuple[dict[str, list[str]], Spans]:
     functions: dict[str, list[str]] = {}
-    spans: list[tuple[int, list[str]]] = []
+    spans: Spans = []
     for m in FUNCTION.finditer(code):
         params = [p.strip() for p in m.group(2).split(",") if p.strip()]
         functions[m.group(1)] = params
         spans.append((m.start(), params))
+    return functions, spans
 
-    def params_at(pos: int) -> list[str]:
-        current: list[str] = []
-        for start, params in spans:
-            if start <= pos:
-                current = params
-        return current
 
-    def allowed(arg: str, pos: int) -> bool:
-        return bool(KEY_ARG.match(arg)) or arg in params_at(pos)
+def _params_at(spans: Spans, pos: int) -> list[str]:
+    """The parameters of the function enclosing ``pos`` (the last one started before it)."""
+    current: list[str] = []
+    for start, params in spans:
+        if start <= pos:
+            current = params
+    return current
 
+
+def _key_allowed(spans: Spans, arg: str, pos: int) -> bool:
+    return bool(KEY_ARG.match(arg)) or arg in _params_at(spans, pos)
+
+
+def _redis_call_violations(code: str, spans: Spans) -> list[str]:
+    problems = []
     for m in re.finditer(r"redis\.call\(", code):
         args = split_args(code, m.end() - 1)
         command = args[0].strip("'\"").upper()
         if command in KEYLESS_COMMANDS:
             continue
-        if len(args) < 2 or not allowed(args[1], m.start()):
+        if len(args) < 2 or not _key_allowed(spans, args[1], m.start()):
             problems.append(f"redis.call({', '.join(args[:2])}) at offset {m.start()}")
-    # Callers of helpers must pass key names from KEYS too.
-    for fname, params in functions.items():
-        key_params = [
-            i for i, p in enumerate(params) if p == "k" or p.endswith(("_key", "_channel"))
-        ]
-        for m in re.finditer(rf"(?<![\w.]){fname}\(", code):
-            if code[max(0, m.start() - 15) : m.start()].rstrip().endswith("function"):
-                continue
-            args = split_args(code, m.end() - 1)
-            for i in key_params:
-                arg = args[i] if i < len(args) else ""
-                # The k table is passed on as a whole; a key name must pass the key rule.
-                ok = arg == "k" if params[i] == "k" else allowed(arg, m.start())
-                if not ok:
-                    problems.append(f"{fname}(...) argument {params[i]} = {arg!r}")
-    # The k table is built from KEYS only.
+    return problems
+
+
+def _helper_call_violations(code: str, fname: str, params: list[str], spans: Spans) -> list[str]:
+    """Callers of a helper must pass key names from KEYS too."""
+    problems = []
+    key_params = [i for i, p in enumerate(params) if p == "k" or p.endswith(("_key", "_channel"))]
+    for m in re.finditer(rf"(?<![\w.]){fname}\(", code):
+        if code[max(0, m.start() - 15) : m.start()].rstrip().endswith("function"):
+            continue
+        args = split_args(code, m.end() - 1)
+        for i in key_params:
+            arg = args[i] if i < len(args) else ""
+            # The k table is passed on as a whole; a key name must pass the key rule.
+            ok = arg == "k" if params[i] == "k" else _key_allowed(spans, arg, m.start())
+            if not ok:
+                problems.append(f"{fname}(...) argument {params[i]} = {arg!r}")
+    return problems
+
+
+def _k_table_violations(code: str) -> list[str]:
+    """The k table is built from KEYS only, and never reassigned."""
+    problems = []
     for m in re.finditer(r"local k = \{(.*?)\}", code, re.S):
         body = m.group(1)
         rest = re.sub(r"\w+\s*=\s*KEYS\[\d+\]", "", body)
@@ -278,6 +288,21 @@ def key_violations(text: str) -> list[str]:
     if re.search(r"\bk\s*=", re.sub(r"local k = \{.*?\}", "", code, flags=re.S)):
         problems.append("k is reassigned")
     return problems
+
+
+def key_violations(text: str) -> list[str]:
+    """Places where a key or channel name may not come from KEYS.
+
+    Allowed key arguments: ``KEYS[i]``, a field of the ``k`` table (itself checked to be
+    built from KEYS only), or a parameter of the enclosing function whose callers are
+    held to the same rule.
+    """
+    code = strip_comments(text)
+    functions, spans = _local_functions(code)
+    problems = _redis_call_violations(code, spans)
+    for fname, params in functions.items():
+        problems += _helper_call_violations(code, fname, params, spans)
+    return problems + _k_table_violations(code)
 
 
 def test_the_key_checker_flags_keys_that_do_not_come_from_keys() -> None:

@@ -28,34 +28,50 @@ def _by_priority(ages: Mapping[str, float]) -> list[tuple[str, float]]:
     return sorted(ages.items(), key=lambda item: order.get(item[0], len(order)))
 
 
+def _key_load_row(load: Mapping[str, Any]) -> tuple[str, str]:
+    """One fair-share key's line: its running count against its cap, and its queue."""
+    name = f"  key {load['key']!r}" if load["key"] else "  key '' (default)"
+    cap = "none" if load["cap"] is None else load["cap"]
+    wait = load["ready_wait_s"]
+    first_due = "" if wait is None else f", first due {wait:.3f} s waiting"
+    return name, f"{load['running']} running (cap {cap}), {load['queued']} queued{first_due}"
+
+
+def _namespace_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
+    limit = "unlimited" if data["max_running"] is None else data["max_running"]
+    oldest = data["oldest_ready_age"]
+    soon = f"{data['leases_soon_s']:g} s"
+    order = data["order"]
+    if order != "default":
+        order = f"priority (aging {data['aging_s']:g} s per point)"
+    entries = (
+        f"{data['queue_entries']} ({data['live_entries']} live, {data['stale_entries']} stale)"
+    )
+    leases = (
+        f"{data['leases']} ({data['leases_expired']} expired, "
+        f"{data['leases_expiring']} expiring within {soon})"
+    )
+    return [
+        ("queue entries", entries),
+        ("stale ratio", f"{100 * data['stale_ratio']:.1f}%"),
+        ("oldest due", "-" if oldest is None else f"{oldest:.3f} s waiting to start"),
+        *[
+            (f"  priority {bucket}", f"{age:.3f} s")
+            for bucket, age in _by_priority(data["oldest_ready_age_by_priority"])
+        ],
+        ("order", order),
+        ("running", f"{data['running']} (max_running: {limit})"),
+        ("leases", leases),
+        ("retention", duration(data["retention_s"])),
+        ("sequence", str(data["sequence"])),
+        *[_key_load_row(load) for load in data.get("keys", [])],
+    ]
+
+
 def _stats_lines(data: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, ...]] = [("state", "tasks")]
     rows += [(state, str(count)) for state, count in data["counts"].items()]
-    limit = data["max_running"]
-    oldest = data["oldest_ready_age"]
-    soon = f"{data['leases_soon_s']:g} s"
-    return [*table(rows), "", *table([
-        ("queue entries", f"{data['queue_entries']} ({data['live_entries']} live, "
-                          f"{data['stale_entries']} stale)"),
-        ("stale ratio", f"{100 * data['stale_ratio']:.1f}%"),
-        ("oldest due", "-" if oldest is None else f"{oldest:.3f} s waiting to start"),
-        *[(f"  priority {bucket}", f"{age:.3f} s")
-          for bucket, age in _by_priority(data["oldest_ready_age_by_priority"])],
-        ("order", data["order"] if data["order"] == "default"
-                  else f"priority (aging {data['aging_s']:g} s per point)"),
-        ("running", f"{data['running']} (max_running: "
-                    f"{'unlimited' if limit is None else limit})"),
-        ("leases", f"{data['leases']} ({data['leases_expired']} expired, "
-                   f"{data['leases_expiring']} expiring within {soon})"),
-        ("retention", duration(data["retention_s"])),
-        ("sequence", str(data["sequence"])),
-        *[(f"  key {load['key']!r}" if load["key"] else "  key '' (default)",
-           f"{load['running']} running (cap {'none' if load['cap'] is None else load['cap']}), "
-           f"{load['queued']} queued"
-           + ("" if load["ready_wait_s"] is None
-              else f", first due {load['ready_wait_s']:.3f} s waiting"))
-          for load in data.get("keys", [])],
-    ])]  # fmt: skip
+    return [*table(rows), "", *table(_namespace_rows(data))]
 
 
 @click.command()

@@ -73,12 +73,20 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
         next_fire = (
             "-" if sc.next_fire is None else f"{iso(sc.next_fire)} ({relative(sc.next_fire, now)})"
         )
-        rows.append((
-            show(one_line(sc.name)), show(one_line(sc.fn)), show(one_line(_when_text(sc))),
-            _schedule_state(sc),
-            next_fire, sc.overlap.value, "-" if sc.timeout is None else f"{sc.timeout:g} s",
-            str(sc.fired), str(sc.skipped), str(sc.missed),
-        ))  # fmt: skip
+        rows.append(
+            (
+                show(one_line(sc.name)),
+                show(one_line(sc.fn)),
+                show(one_line(_when_text(sc))),
+                _schedule_state(sc),
+                next_fire,
+                sc.overlap.value,
+                "-" if sc.timeout is None else f"{sc.timeout:g} s",
+                str(sc.fired),
+                str(sc.skipped),
+                str(sc.missed),
+            )
+        )
     for line in table(rows, right=frozenset({7, 8, 9})):
         click.echo(line)
 

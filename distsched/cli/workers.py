@@ -34,18 +34,20 @@ def workers(ctx: click.Context, as_json: bool) -> None:
     now = scheduler.server_time()
     for info in found:
         counts = ", ".join(f"{k} {v}" for k, v in info.counts.items() if v)
-        rows.append((
-            show(one_line(info.worker_id)),
-            show(one_line(info.host)),
-            str(info.pid),
-            show(one_line(info.version)),
-            f"{info.running}/{info.concurrency}",
-            "alive" if info.alive else "silent",
-            f"{info.seen_ago:.1f} s ago",
-            duration(round(max(0.0, now - info.started))),
-            show(one_line(", ".join(info.functions))),
-            show(counts) if counts else "-",
-        ))  # fmt: skip
+        rows.append(
+            (
+                show(one_line(info.worker_id)),
+                show(one_line(info.host)),
+                str(info.pid),
+                show(one_line(info.version)),
+                f"{info.running}/{info.concurrency}",
+                "alive" if info.alive else "silent",
+                f"{info.seen_ago:.1f} s ago",
+                duration(round(max(0.0, now - info.started))),
+                show(one_line(", ".join(info.functions))),
+                show(counts) if counts else "-",
+            )
+        )
     for line in table(rows, right=frozenset({2})):
         click.echo(line)
 
@@ -68,12 +70,14 @@ def leases_list(ctx: click.Context) -> None:
     rows: list[tuple[str, ...]] = [("task", "holder", "attempt", "time left")]
     for lease in held:
         left = lease.seconds_left
-        rows.append((
-            views.show_id(lease.task_id),
-            show(lease.worker),
-            f"{lease.attempt}/{lease.max_attempts}",
-            f"{left:.3f} s" if left >= 0 else f"expired {-left:.3f} s ago",
-        ))  # fmt: skip
+        rows.append(
+            (
+                views.show_id(lease.task_id),
+                show(lease.worker),
+                f"{lease.attempt}/{lease.max_attempts}",
+                f"{left:.3f} s" if left >= 0 else f"expired {-left:.3f} s ago",
+            )
+        )
     for line in table(rows):
         click.echo(line)
 

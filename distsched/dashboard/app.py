@@ -395,29 +395,35 @@ class Dashboard:
         task_id = form.get("id")
         if not isinstance(task_id, str) or not task_id:
             return self.render(request, "error.html", 400, message="No task id given.")
-        s = self.scheduler
         try:
-            if name == "cancel":
-                state = await self.read(s.cancel, task_id)
-                done = "cancel-requested" if state is State.RUNNING else "cancelled"
-                if state.terminal and state is not State.CANCELLED:
-                    done = "conflict"
-            elif name == "retry":
-                await self.read(s.retry, task_id)
-                done = "retried"
-            elif name == "expire":
-                expired = await self.read(s.expire_lease, task_id)
-                done = "expired" if expired else "not-running"
-            else:
-                return self.render(request, "error.html", 404, message="No such action.")
+            done = await self.act_on_task(name, task_id)
         except NotFoundError:
             return self.render(
                 request, "error.html", 404, message=f"No task {task_id!r} in this namespace."
             )
         except (ConflictError, InvalidArgument):
             done = "conflict"
+        if done is None:
+            return self.render(request, "error.html", 404, message="No such action.")
         log.info("dashboard: %s %r from %s: %s", name, task_id, _peer(request), done)
         return RedirectResponse(self.url(request, "/task", id=task_id, done=done), 303)
+
+    async def act_on_task(self, name: str, task_id: str) -> str | None:
+        """Run the action ``name`` on one task; what came of it (the ``done`` the task
+        page shows), or None when there is no such action."""
+        s = self.scheduler
+        if name == "cancel":
+            state = await self.read(s.cancel, task_id)
+            if state.terminal and state is not State.CANCELLED:
+                return "conflict"
+            return "cancel-requested" if state is State.RUNNING else "cancelled"
+        if name == "retry":
+            await self.read(s.retry, task_id)
+            return "retried"
+        if name == "expire":
+            expired = await self.read(s.expire_lease, task_id)
+            return "expired" if expired else "not-running"
+        return None
 
     async def retry_failed(self, request: Request, fn: Any, cursor: Any) -> Response:
         """Retry the failed tasks of one page of the failed list (with its filter)."""

@@ -367,38 +367,54 @@ def linkable(task_id: str) -> bool:
     )
 
 
-def _scalar(value: Any, room: int) -> str:
-    """One value that holds no other, as JSON-like text of at most about ``room`` chars."""
+def _number(value: float | None) -> str:
     if value is None or isinstance(value, bool):
         return json.dumps(value)
     if isinstance(value, int):
-        text = str(value) if -(10**50) < value < 10**50 else f"{float(value):.6g}"
-        return text
-    if isinstance(value, float):
-        return json.dumps(value) if math.isfinite(value) else str(value)
-    if isinstance(value, str):
-        return json.dumps(value[: room + 1], ensure_ascii=False)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        raw = bytes(value[: room + 4])
-        try:
-            return json.dumps(raw.decode("utf-8"), ensure_ascii=False)
-        except UnicodeDecodeError:
-            return '{"hex": "' + raw[: room // 2 + 1].hex() + '"}'
-    if isinstance(value, msgpack.Timestamp):
-        try:
-            day = _EPOCH + _dt.timedelta(seconds=value.seconds)
-            when = f"{day:%Y-%m-%dT%H:%M:%S}.{value.nanoseconds:09d}Z"
-        except (ValueError, OverflowError):  # outside the years 1 to 9999
-            when = f"{value.seconds} s {value.nanoseconds} ns after the epoch"
-        return f"Timestamp({when})"
-    if isinstance(value, msgpack.ExtType):
-        return f"ExtType({value.code}, {bytes(value.data[: room // 2 + 1]).hex()})"
-    if isinstance(value, (_dt.datetime, _dt.date)):
-        return value.isoformat()
+        return str(value) if -(10**50) < value < 10**50 else f"{float(value):.6g}"
+    return json.dumps(value) if math.isfinite(value) else str(value)
+
+
+def _raw_text(value: bytes | bytearray | memoryview, room: int) -> str:
+    """Bytes as a JSON string when they are UTF-8, else as ``{"hex": ...}``."""
+    raw = bytes(value[: room + 4])
+    try:
+        return json.dumps(raw.decode("utf-8"), ensure_ascii=False)
+    except UnicodeDecodeError:
+        return '{"hex": "' + raw[: room // 2 + 1].hex() + '"}'
+
+
+def _timestamp(value: msgpack.Timestamp) -> str:
+    try:
+        day = _EPOCH + _dt.timedelta(seconds=value.seconds)
+        when = f"{day:%Y-%m-%dT%H:%M:%S}.{value.nanoseconds:09d}Z"
+    except (ValueError, OverflowError):  # outside the years 1 to 9999
+        when = f"{value.seconds} s {value.nanoseconds} ns after the epoch"
+    return f"Timestamp({when})"
+
+
+def _repr(value: Any, room: int) -> str:
     try:
         return repr(value)[: room + 1]
     except Exception:  # a repr that fails: its type is what is known
         return f"<{type(value).__name__}>"
+
+
+def _scalar(value: Any, room: int) -> str:
+    """One value that holds no other, as JSON-like text of at most about ``room`` chars."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return _number(value)
+    if isinstance(value, str):
+        return json.dumps(value[: room + 1], ensure_ascii=False)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return _raw_text(value, room)
+    if isinstance(value, msgpack.Timestamp):
+        return _timestamp(value)
+    if isinstance(value, msgpack.ExtType):
+        return f"ExtType({value.code}, {bytes(value.data[: room // 2 + 1]).hex()})"
+    if isinstance(value, (_dt.datetime, _dt.date)):
+        return value.isoformat()
+    return _repr(value, room)
 
 
 @dataclass

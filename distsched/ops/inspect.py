@@ -99,9 +99,16 @@ class Inspect(Listing):
             except ValueError:  # a cause with junk in it: the path is unknown
                 blocked_by = None
         return decode_status(
-            task_id, record, payload, result, lease, deps,
-            decode_dependents(task_id, edges), blocked_by, history,
-        )  # fmt: skip
+            task_id,
+            record,
+            payload,
+            result,
+            lease,
+            deps,
+            decode_dependents(task_id, edges),
+            blocked_by,
+            history,
+        )
 
     @route.by_id("task_id")
     def wait(self, task_id: str, timeout: float | None, handle: Any) -> Op[TaskInfo]:
@@ -265,9 +272,9 @@ class Inspect(Listing):
 
     @route.every(merge=merges.minutes)
     def throughput(self, minutes: object = 60) -> Op[list[MinuteCount]]:
-        if not _is_int(minutes) or not 1 <= minutes <= MINUTES_KEEP:  # type: ignore[operator]
+        if not _is_int(minutes) or not 1 <= minutes <= MINUTES_KEEP:
             raise InvalidArgument("minutes", f"must be an int in [1, {MINUTES_KEEP}]")
-        count = int(minutes)  # type: ignore[call-overload]
+        count = int(minutes)
         now = yield from self.server_time()
         current = int(now * 1000) // 60_000
         first = current - count + 1

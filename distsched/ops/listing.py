@@ -12,7 +12,7 @@ from distsched.model import State, TaskInfo, TaskPage, TaskRow
 from distsched.ops import routing as route
 from distsched.ops.base import Base
 from distsched.ops.protocol import Op, _one
-from distsched.validate import TASKS_LIMIT_MAX, _is_int, list_state
+from distsched.validate import _is_int, list_state, tasks_limit
 from distsched.wire.payload import _bytes
 from distsched.wire.records import (
     _INDEX_CODE,
@@ -59,51 +59,54 @@ class Listing(Base):
     def tasks(
         self, state: object, fn: object = None, limit: object = 50, cursor: object = None
     ) -> Op[TaskPage]:
-        st = list_state(state)
-        if fn is not None and (not isinstance(fn, str) or not fn):
-            raise InvalidArgument("fn", "must be a non-empty str or None")
-        if not _is_int(limit) or not 1 <= limit <= TASKS_LIMIT_MAX:  # type: ignore[operator]
-            raise InvalidArgument("limit", f"must be an int in [1, {TASKS_LIMIT_MAX}]")
-        want_items = int(limit)  # type: ignore[call-overload]
-        if cursor is not None:
-            if not isinstance(cursor, str):
-                raise InvalidArgument("cursor", "must be a str or None")
-            _parse_list_cursor(st, cursor)
-        k = self.keys
+        st, fn_name, want_items, after = _list_args(state, fn, limit, cursor)
         budget = want_items * TASKS_BUDGET_FACTOR
         examined = 0
         items: list[TaskInfo] = []
-        position: str | None = cursor
+        position = after
         while len(items) < want_items and examined < budget:
-            chunk = want_items - len(items)
-            if fn is not None:
-                chunk = max(chunk, TASKS_FILTER_CHUNK)
-            chunk = min(chunk, budget - examined)
+            chunk = _chunk_size(want_items - len(items), fn_name, budget - examined)
             entries, exhausted = yield from self._list_entries(st, position, chunk)
             examined += max(len(entries), 1)
-            if entries:
-                ids = [e.task_id for e in entries]
-                reads = [("HMGET", key, *ids) for key in (k.tasks, k.payloads, k.results)]
-                reads += [("HMGET", k.deps, *ids), ("HMGET", k.history, *ids)]
-                records, payloads, results, deps, history = yield from self.read(*reads)
-            stopped = False
-            for i, entry in enumerate(entries):
-                position = entry.cursor
-                info = _listed_info(st, entry, records[i], payloads[i], results[i], deps[i],
-                                    history[i], fn)  # fmt: skip
-                if info is not None:
-                    items.append(info)
-                    if len(items) >= want_items:
-                        stopped = i < len(entries) - 1 or not exhausted
-                        break
+            looked = yield from self._fill(st, entries, fn_name, items, want_items)
+            if looked:
+                position = entries[looked - 1].cursor
             if len(items) >= want_items:
-                if not stopped:
+                # A full page ends the listing when it took the last entry there is.
+                if looked == len(entries) and exhausted:
                     position = None
                 break
             if exhausted:
                 position = None
                 break
         return TaskPage(tuple(items), position)
+
+    def _fill(
+        self,
+        st: State,
+        entries: list[_Entry],
+        fn: str | None,
+        items: list[TaskInfo],
+        want_items: int,
+    ) -> Op[int]:
+        """Add the listed tasks of ``entries`` to ``items`` until it holds ``want_items``;
+        how many entries were looked at."""
+        if not entries:
+            return 0
+        k = self.keys
+        ids = [e.task_id for e in entries]
+        reads = [("HMGET", key, *ids) for key in (k.tasks, k.payloads, k.results)]
+        reads += [("HMGET", k.deps, *ids), ("HMGET", k.history, *ids)]
+        records, payloads, results, deps, history = yield from self.read(*reads)
+        for i, entry in enumerate(entries):
+            info = _listed_info(
+                st, entry, records[i], payloads[i], results[i], deps[i], history[i], fn
+            )
+            if info is not None:
+                items.append(info)
+                if len(items) >= want_items:
+                    return i + 1
+        return len(entries)
 
     def _list_entries(
         self, state: State, position: str | None, want: int
@@ -119,10 +122,14 @@ class Listing(Base):
                 ("ZRANGEBYLEX", k.states, low, high, "LIMIT", 0, want + 1), atomic=False
             )
             entries = [
-                _Entry(_bytes(m)[15:].decode("utf-8", "replace"), _bytes(m), None,
-                       _cursor_text(_bytes(m)))
+                _Entry(
+                    _bytes(m)[15:].decode("utf-8", "replace"),
+                    _bytes(m),
+                    None,
+                    _cursor_text(_bytes(m)),
+                )
                 for m in members[:want]
-            ]  # fmt: skip
+            ]
             return entries, len(members) <= want
         if state is State.READY:
             # The ready set of the priority order first (claim order; empty in the default
@@ -189,3 +196,26 @@ class Listing(Base):
             text = f"{mark}{score}:{_cursor_text(member)}"
             entries.append(_Entry(task_id, member, score, text))
         return entries, exhausted
+
+
+def _list_args(
+    state: object, fn: object, limit: object, cursor: object
+) -> tuple[State, str | None, int, str | None]:
+    """The arguments of ``tasks``, checked in order: the state, the function name, the
+    page size and the cursor."""
+    st = list_state(state)
+    if fn is not None and (not isinstance(fn, str) or not fn):
+        raise InvalidArgument("fn", "must be a non-empty str or None")
+    want_items = tasks_limit(limit)
+    if cursor is not None:
+        if not isinstance(cursor, str):
+            raise InvalidArgument("cursor", "must be a str or None")
+        _parse_list_cursor(st, cursor)
+    return st, fn, want_items, cursor
+
+
+def _chunk_size(missing: int, fn: str | None, left: int) -> int:
+    """How many entries to read next: what the page misses, at least a filter chunk when
+    filtering by function, at most what the budget has left."""
+    chunk = missing if fn is None else max(missing, TASKS_FILTER_CHUNK)
+    return min(chunk, left)

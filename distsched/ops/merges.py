@@ -46,8 +46,10 @@ def minutes(parts: Sequence[list[MinuteCount]]) -> list[MinuteCount]:
 
 def chores(parts: Sequence[Chores]) -> Chores:
     """The housekeeping of every stripe, added up."""
-    out = Chores(reaped=0, expired=0, compacted=0, purged=0, trimmed=0)
-    for part in parts:
-        for name, value in part.items():
-            out[name] += value  # type: ignore[literal-required]
-    return out
+    return Chores(
+        reaped=sum(p["reaped"] for p in parts),
+        expired=sum(p["expired"] for p in parts),
+        compacted=sum(p["compacted"] for p in parts),
+        purged=sum(p["purged"] for p in parts),
+        trimmed=sum(p["trimmed"] for p in parts),
+    )

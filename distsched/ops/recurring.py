@@ -119,8 +119,9 @@ class Recurring(Inspect):
         validate_name(name)
         for _ in range(FIRE_TRIES):
             d, state, _ = yield from self._load_schedule(name)
-            call = fire_call(self.keys, d, state.rev, "trigger", [("now", "now")],
-                             self.max_payload_bytes)  # fmt: skip
+            call = fire_call(
+                self.keys, d, state.rev, "trigger", [("now", "now")], self.max_payload_bytes
+            )
             fired = decode_fired((yield from self.run(call)))
             if not fired.moved:
                 return fired.last_task
@@ -186,9 +187,10 @@ class Recurring(Inspect):
         """Fire the due slots of at most ``limit`` schedules; the tasks created."""
         k = self.keys
         clock, heads = yield from self.read(
-            ("EVAL", SERVER_TIME_LUA, 1, k.meta), ("ZRANGE", k.fires, 0, limit - 1, "WITHSCORES"),
+            ("EVAL", SERVER_TIME_LUA, 1, k.meta),
+            ("ZRANGE", k.fires, 0, limit - 1, "WITHSCORES"),
             atomic=False,
-        )  # fmt: skip
+        )
         now = int(clock[0]) * 1000 + int(clock[1]) // 1000
         due = [(_text(n), round(float(v))) for n, v in _pairs(heads) if float(v) <= now]
         if not due:
@@ -210,9 +212,24 @@ class Recurring(Inspect):
             except ValueError:
                 # Junk that would stay due for ever: the schedule leaves fires (without a
                 # next fire time, and nothing created); get_schedule shows why.
-                call = Call("fire", k.for_script("fire"),
-                            [PROPAGATE_BUDGET, name, rev, "fire", score, "", 0, "skip", "", "",
-                             self.max_payload_bytes, 0])  # fmt: skip
+                call = Call(
+                    "fire",
+                    k.for_script("fire"),
+                    [
+                        PROPAGATE_BUDGET,
+                        name,
+                        rev,
+                        "fire",
+                        score,
+                        "",
+                        0,
+                        "skip",
+                        "",
+                        "",
+                        self.max_payload_bytes,
+                        0,
+                    ],
+                )
                 yield from self.run(call)
                 continue
             try:
@@ -220,8 +237,17 @@ class Recurring(Inspect):
                 # limit as large) is its own error: another worker may fire the slot.
                 most = fire_slots_per_call(d, self.max_payload_bytes)
                 plan = plan_fire(d, score, now, min(MAX_FIRE_SLOTS, most))
-                call = fire_call(k, d, rev, "fire", plan.slots, self.max_payload_bytes,
-                                 score, plan.next_ms, plan.missed)  # fmt: skip
+                call = fire_call(
+                    k,
+                    d,
+                    rev,
+                    "fire",
+                    plan.slots,
+                    self.max_payload_bytes,
+                    score,
+                    plan.next_ms,
+                    plan.missed,
+                )
             except (ValueError, ImportError) as exc:
                 error = error or exc
                 continue

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from distsched import validate
 from distsched.errors import ConflictError, InvalidArgument, Unavailable
@@ -207,9 +207,10 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
                     continue
                 for dep in deps:
                     if isinstance(dep, str) and stripe_of(dep, stripes) != own:
-                        raise InvalidArgument(field_name, cross_stripe_message(
-                            spec.task_id, own, dep, stripe_of(dep, stripes)
-                        ))  # fmt: skip
+                        raise InvalidArgument(
+                            field_name,
+                            cross_stripe_message(spec.task_id, own, dep, stripe_of(dep, stripes)),
+                        )
 
     def admit_many(
         self, specs: Sequence[TaskSpec], *, one_stripe: bool = False
@@ -223,11 +224,14 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         groups = yield from self._groups(specs, route.task_id_of)
         if one_stripe and len(groups) > 1:
             (a, first), (b, second) = list(groups.items())[:2]
-            raise InvalidArgument("specs", (
-                f"a graph is submitted to one stripe, atomically: {specs[first[0]].task_id!r} "
-                f"maps to stripe {a} and {specs[second[0]].task_id!r} to stripe {b}; give "
-                "every id of the graph the same {tag} (e.g. '{order-7}charge')"
-            ))  # fmt: skip
+            raise InvalidArgument(
+                "specs",
+                (
+                    f"a graph is submitted to one stripe, atomically: {specs[first[0]].task_id!r} "
+                    f"maps to stripe {a} and {specs[second[0]].task_id!r} to stripe {b}; give "
+                    "every id of the graph the same {tag} (e.g. '{order-7}charge')"
+                ),
+            )
         trace = self.trace_context() if self.trace_context is not None else None
         # Every group is checked before anything is written.
         calls = {
@@ -290,22 +294,28 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
             if len(claims) >= n:
                 return claims, None
         if full:
-            try:
-                grew, owed = yield from self._rebalance_toward(full)
-            except Unavailable:
-                grew, owed = False, True  # moved by a later call
-            if grew:
-                # A stripe got more of max_running: claim again at once.
-                return claims, Wait(WaitReason.CAPACITY, 0.0)
-            if owed:
-                # A share waits for running tasks of other stripes to end, which
-                # wakes nobody here: look again after the next move is allowed.
-                wait = combine_waits(waits)
-                delay = REBALANCE_EVERY_S
-                if wait is not None and wait.delay is not None:
-                    delay = min(delay, wait.delay)
-                return claims, Wait(WaitReason.CAPACITY, delay)
+            return claims, (yield from self._wait_when_full(full, waits))
         return claims, combine_waits(waits)
+
+    def _wait_when_full(self, full: list[int], waits: list[Wait]) -> Op[Wait | None]:
+        """The wait of a claim that found the stripes ``full`` at their share of
+        ``max_running``: shares move toward them first."""
+        try:
+            grew, owed = yield from self._rebalance_toward(full)
+        except Unavailable:
+            grew, owed = False, True  # moved by a later call
+        if grew:
+            # A stripe got more of max_running: claim again at once.
+            return Wait(WaitReason.CAPACITY, 0.0)
+        wait = combine_waits(waits)
+        if not owed:
+            return wait
+        # A share waits for running tasks of other stripes to end, which wakes nobody
+        # here: look again after the next move is allowed.
+        delay = REBALANCE_EVERY_S
+        if wait is not None and wait.delay is not None:
+            delay = min(delay, wait.delay)
+        return Wait(WaitReason.CAPACITY, delay)
 
     def wake_channels(self, worker_id: str | None) -> Op[list[str]]:
         """The channels a worker listens on: every stripe's wake channel, and its own
@@ -395,7 +405,7 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         s, inner = parse_stripe_cursor(cursor, len(stripes))
         # The first stripe's call checks the arguments.
         page = yield from stripes[s].tasks(state, fn, limit, inner)
-        want = int(limit)  # type: ignore[call-overload]
+        want = validate.tasks_limit(limit)
         items = list(page.items)
         while True:
             if page.cursor is not None:
@@ -449,30 +459,38 @@ def parse_stripe_cursor(cursor: object, stripes: int) -> tuple[int, str | None]:
     return int(head), (inner or None)
 
 
+_SummedField = Literal[
+    "queue_entries",
+    "ranked_entries",
+    "live_entries",
+    "stale_entries",
+    "leases",
+    "running",
+    "sequence",
+]
+
+
+def _total(parts: Sequence[Stats], name: _SummedField) -> int:
+    return sum(int(p[name]) for p in parts)
+
+
 def _merge_stats(parts: Sequence[Stats], max_running: int | None) -> Stats:
     counts: dict[str, int] = {}
     for p in parts:
         for state, n in p["counts"].items():
             counts[state] = counts.get(state, 0) + n
-    summed = {
-        name: sum(int(p[name]) for p in parts)
-        for name in (
-            "queue_entries", "ranked_entries", "live_entries", "stale_entries", "leases",
-            "running", "sequence",
-        )
-    }  # fmt: skip
     first = parts[0]
     return Stats(
         counts=counts,
-        queue_entries=summed["queue_entries"],
-        ranked_entries=summed["ranked_entries"],
-        live_entries=summed["live_entries"],
-        stale_entries=summed["stale_entries"],
-        leases=summed["leases"],
-        running=summed["running"],
+        queue_entries=_total(parts, "queue_entries"),
+        ranked_entries=_total(parts, "ranked_entries"),
+        live_entries=_total(parts, "live_entries"),
+        stale_entries=_total(parts, "stale_entries"),
+        leases=_total(parts, "leases"),
+        running=_total(parts, "running"),
         max_running=max_running,
         retention_s=first["retention_s"],
-        sequence=summed["sequence"],
+        sequence=_total(parts, "sequence"),
         order=first["order"],
         aging_s=first["aging_s"],
         keys=first["keys"],

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
 from distsched.client import Scheduler
@@ -65,10 +65,15 @@ class StripesConfig:
             raise InvalidArgument("stripes", "must be stripe counts in [1, 3] (three masters)")
 
 
+def _primaries(client: RedisCluster) -> list[ClusterNode]:
+    primaries: list[ClusterNode] = client.get_primaries()  # type: ignore[no-untyped-call]
+    return primaries
+
+
 def cpu_seconds(client: RedisCluster) -> dict[str, float]:
     """``used_cpu_sys + used_cpu_user`` of every master, by ``host:port``."""
     out: dict[str, float] = {}
-    for node in client.get_primaries():  # type: ignore[no-untyped-call]
+    for node in _primaries(client):
         info = client.info("cpu", target_nodes=node)
         out[node.name] = float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
     return out
@@ -182,7 +187,7 @@ def measure(
             reports = procs.stop()
         finally:
             procs.close()
-        placement = sorted({client.keyslot(k.meta) for k in WorkerLink(s).stripe_keys()})  # type: ignore[no-untyped-call]
+        placement = sorted({key_slot(k.meta.encode()) for k in WorkerLink(s).stripe_keys()})
         s.clear()
     runs = [run for report in reports for run in report.runs]
     problems = check_exactly_once(ids, runs)
@@ -228,7 +233,7 @@ def run_stripes_bench(config: StripesConfig, progress: Echo) -> dict[str, Any]:
             ]
             progress("order inversion of claims across stripes")
             orders = [order_inversion(client, prefix, k) for k in config.stripes]
-            first = client.get_primaries()[0]  # type: ignore[no-untyped-call]
+            first = _primaries(client)[0]
             version = str(client.info("server", target_nodes=first)["redis_version"])
         finally:
             client.close()

@@ -289,7 +289,7 @@ def claim_call(
     channel, so a claim that comes up short registers it as idle (lib/idle.lua); with
     ``request_id`` the tokens it claims are kept until the worker's next claim, so that
     they can be handed back if the reply is lost (:meth:`Ops.hand_back_lost_claim`)."""
-    if not _is_int(n) or not 1 <= n <= limits.MAX_CLAIM:  # type: ignore[operator]
+    if not _is_int(n) or not 1 <= n <= limits.MAX_CLAIM:
         raise InvalidArgument("n", f"must be an int in [1, {limits.MAX_CLAIM}] (MAX_CLAIM)")
     if request_id is not None and (not isinstance(request_id, str) or not request_id):
         raise InvalidArgument("request_id", "must be a non-empty str or None")
@@ -371,7 +371,7 @@ _EVERY_LEASE: Any = object()
 
 def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_BATCH) -> Call:
     target = "" if task_id is _EVERY_LEASE else validate_task_id(task_id)
-    if not _is_int(limit) or limit < 1:  # type: ignore[operator]
+    if not _is_int(limit) or limit < 1:
         raise InvalidArgument("limit", "must be an int >= 1")
     return Call(
         "reap",
@@ -381,7 +381,7 @@ def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_B
 
 
 def expire_call(keys: Keys, limit: object = EXPIRE_BATCH) -> Call:
-    if not _is_int(limit) or limit < 1:  # type: ignore[operator]
+    if not _is_int(limit) or limit < 1:
         raise InvalidArgument("limit", "must be an int >= 1")
     return Call("expire", keys.for_script("expire"), [PROPAGATE_BUDGET, limit])
 

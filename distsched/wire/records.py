@@ -130,8 +130,18 @@ def _record_of(fields: list[Any]) -> Record:
     for value, (low, high) in zip(ints, _RECORD_RANGES, strict=True):
         if type(value) is not int or not low <= value <= high:
             raise ValueError(f"field {value!r} out of range")
-    (version, attempt, max_attempts, backoff_ms, run_at_ms, priority, cancel, delta,
-     remaining, optional_remaining) = ints  # fmt: skip
+    (
+        version,
+        attempt,
+        max_attempts,
+        backoff_ms,
+        run_at_ms,
+        priority,
+        cancel,
+        delta,
+        remaining,
+        optional_remaining,
+    ) = ints
     return Record(
         state=_STATE_BY_CODE[state],
         version=version,

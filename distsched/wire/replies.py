@@ -493,9 +493,14 @@ def _listed_info(
         return None
     lease = entry.score if state is State.RUNNING else None
     info = decode_status(
-        entry.task_id, raw_record, raw_payload, raw_result, lease, raw_deps,
+        entry.task_id,
+        raw_record,
+        raw_payload,
+        raw_result,
+        lease,
+        raw_deps,
         raw_history=raw_history,
-    )  # fmt: skip
+    )
     if fn is not None and info.fn != fn:
         return None
     return info

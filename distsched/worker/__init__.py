@@ -113,6 +113,43 @@ def _seconds(value: object, field: str, *, positive: bool) -> float:
     return float(value)
 
 
+def _pool_bounds(concurrency: object, max_unsent: object) -> int:
+    """Checks the pool size and returns ``max_unsent``, its default when None."""
+    if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
+        raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
+    if max_unsent is None:
+        return default_max_unsent(concurrency)
+    if not isinstance(max_unsent, int) or isinstance(max_unsent, bool) or max_unsent < 0:
+        raise InvalidArgument("max_unsent", f"must be an int >= 0 or None, got {max_unsent!r}")
+    return max_unsent
+
+
+def _check_functions(functions: object) -> None:
+    if (
+        not isinstance(functions, Mapping)
+        or not functions
+        or not all(isinstance(k, str) and k and callable(v) for k, v in functions.items())
+    ):
+        # A worker serving nothing would claim every task only to hand it back.
+        raise InvalidArgument(
+            "functions", "must map at least one non-empty name (str) to a callable"
+        )
+
+
+def _function_time_limits(
+    timeouts: object, functions: Mapping[str, object]
+) -> dict[str, float | None]:
+    """The per-function time limits, each a function the worker serves."""
+    if timeouts is None:
+        timeouts = {}
+    if not isinstance(timeouts, Mapping):
+        raise InvalidArgument("timeouts", "must map function names to seconds or None")
+    unknown = sorted(str(name) for name in timeouts if name not in functions)
+    if unknown:
+        raise InvalidArgument("timeouts", f"{unknown[0]!r} is not one of the functions")
+    return {name: _time_limit(value, f"timeouts[{name!r}]") for name, value in timeouts.items()}
+
+
 class Worker:
     """Run registered functions for the tasks of one scheduler's namespace.
 
@@ -192,21 +229,8 @@ class Worker:
         stop_on_overrun: bool = False,
         max_unsent: int | None = None,
     ) -> None:
-        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or concurrency < 1:
-            raise InvalidArgument("concurrency", f"must be an int >= 1, got {concurrency!r}")
-        if max_unsent is None:
-            max_unsent = default_max_unsent(concurrency)
-        elif not isinstance(max_unsent, int) or isinstance(max_unsent, bool) or max_unsent < 0:
-            raise InvalidArgument("max_unsent", f"must be an int >= 0 or None, got {max_unsent!r}")
-        if (
-            not isinstance(functions, Mapping)
-            or not functions
-            or not all(isinstance(k, str) and k and callable(v) for k, v in functions.items())
-        ):
-            # A worker serving nothing would claim every task only to hand it back.
-            raise InvalidArgument(
-                "functions", "must map at least one non-empty name (str) to a callable"
-            )
+        max_unsent = _pool_bounds(concurrency, max_unsent)
+        _check_functions(functions)
         if worker_id is not None:
             validate.validate_worker_id(worker_id)
         if heartbeat_s is not None:
@@ -228,16 +252,7 @@ class Worker:
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.hooks = validate_hooks(hooks)
         self.timeout = _time_limit(timeout, "timeout")
-        if timeouts is None:
-            timeouts = {}
-        if not isinstance(timeouts, Mapping):
-            raise InvalidArgument("timeouts", "must map function names to seconds or None")
-        unknown = sorted(str(name) for name in timeouts if name not in self.functions)
-        if unknown:
-            raise InvalidArgument("timeouts", f"{unknown[0]!r} is not one of the functions")
-        self.timeouts = {
-            name: _time_limit(value, f"timeouts[{name!r}]") for name, value in timeouts.items()
-        }
+        self.timeouts = _function_time_limits(timeouts, self.functions)
         self.timeout_grace = _seconds(timeout_grace, "timeout_grace", positive=False)
         if not isinstance(stop_on_overrun, bool):
             raise InvalidArgument("stop_on_overrun", "must be a bool")
@@ -257,17 +272,28 @@ class Worker:
             link, self.worker_id, self.functions, concurrency, self.heartbeat_s, self._slots
         )
         self._heartbeat = Heartbeat(
-            scheduler, self._slots, self.metrics, self._served, self.heartbeat_s,
-            observed=metrics is not None, registration=self._registration,
-        )  # fmt: skip
+            scheduler,
+            self._slots,
+            self.metrics,
+            self._served,
+            self.heartbeat_s,
+            observed=metrics is not None,
+            registration=self._registration,
+        )
         self._limits = TimeLimits(
             self._slots, self._reporter, self.metrics, self.timeout_grace, self._overran
         )
         runner = Runner(
-            self.functions, self._slots, self._reporter, self.metrics,
-            lambda: self._heartbeat.clock_offset, HookChain([self.metrics, *self.hooks]),
-            self._limits, self.timeouts, self.timeout,
-        )  # fmt: skip
+            self.functions,
+            self._slots,
+            self._reporter,
+            self.metrics,
+            lambda: self._heartbeat.clock_offset,
+            HookChain([self.metrics, *self.hooks]),
+            self._limits,
+            self.timeouts,
+            self.timeout,
+        )
         self._threads = self.thread_pool_class(runner, concurrency)
         has_async = any(inspect.iscoroutinefunction(f) for f in self.functions.values())
         self._loop = LoopPool(runner) if has_async else None
@@ -275,9 +301,17 @@ class Worker:
             link, self._slots, self._wake, self._heartbeat.now, self.worker_id
         )
         self._consumer = Consumer(
-            link, self.worker_id, self.functions, self._slots, self._reporter,
-            self._threads, self._loop, self.metrics, self._stopping, self._wake,
-        )  # fmt: skip
+            link,
+            self.worker_id,
+            self.functions,
+            self._slots,
+            self._reporter,
+            self._threads,
+            self._loop,
+            self.metrics,
+            self._stopping,
+            self._wake,
+        )
         self._signals = SignalHandlers(
             self.worker_id, self.stop, self._grace_now, lambda: len(self._slots.held())
         )
@@ -303,10 +337,11 @@ class Worker:
                 self._shutdown()
                 counts = {k: v for k, v in self.counts.items() if v}
                 log.info(
-                    "worker %s stopped (%s)", self.worker_id,
+                    "worker %s stopped (%s)",
+                    self.worker_id,
                     ", ".join(f"{k} {v}" for k, v in counts.items()) or "no tasks",
                     extra={"worker_id": self.worker_id, "counts": counts},
-                )  # fmt: skip
+                )
         finally:
             restore()
             self._stopped.set()
@@ -362,9 +397,13 @@ class Worker:
         claim = job.claim
         log.error(
             "task %r (%s) attempt %d: its function ignored its time limit; worker %s stops "
-            "so that its process is replaced", claim.task_id, claim.fn, claim.attempt,
-            self.worker_id, extra={"worker_id": self.worker_id, "task_id": claim.task_id},
-        )  # fmt: skip
+            "so that its process is replaced",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            self.worker_id,
+            extra={"worker_id": self.worker_id, "task_id": claim.task_id},
+        )
         self._ended_by_overrun = True
         self.stop()
 
@@ -378,13 +417,19 @@ class Worker:
         functions = sorted(self.functions)
         log.info(
             "worker %s: namespace %r at %s, concurrency %d, functions: %s",
-            self.worker_id, self.scheduler.namespace, where, self.concurrency,
+            self.worker_id,
+            self.scheduler.namespace,
+            where,
+            self.concurrency,
             ", ".join(functions),
             extra={
-                "worker_id": self.worker_id, "namespace": self.scheduler.namespace,
-                "redis": where, "concurrency": self.concurrency, "functions": functions,
+                "worker_id": self.worker_id,
+                "namespace": self.scheduler.namespace,
+                "redis": where,
+                "concurrency": self.concurrency,
+                "functions": functions,
             },
-        )  # fmt: skip
+        )
         # Announced before the first claim, so that other workers see at once that
         # these functions are served; the heartbeat retries it when Redis is away.
         try:

@@ -154,11 +154,13 @@ class Consumer:
                 log.warning(
                     "%d finished tasks wait for their outcome to be reported (max_unsent %s): "
                     "no new claims until reports go out; their leases are kept meanwhile",
-                    self.slots.unsent, self.slots.max_unsent,
-                )  # fmt: skip
+                    self.slots.unsent,
+                    self.slots.max_unsent,
+                )
         if warned and not self.stopping.is_set():
-            log.info("reports went out again after %.1f s: claiming again",
-                     time.monotonic() - since)  # fmt: skip
+            log.info(
+                "reports went out again after %.1f s: claiming again", time.monotonic() - since
+            )
         return free
 
     def fire(self) -> None:

@@ -157,53 +157,73 @@ class TimeLimits:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._stopped:
-                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
-                    if wait is not None and wait <= 0:
-                        break
-                    self._cond.wait(wait)
-                if self._stopped:
+                if not self._wait_due():
                     return
-                now = time.monotonic()
-                _, _, step, watch = heapq.heappop(self._heap)
-                if step == _CANCELLED:
-                    if watch.stage is not _Stage.FORCED:
-                        continue  # it ended on its cancellation
-                elif watch.stage is not _Stage.RUNNING:
-                    self._dead -= 1
-                    continue
-                elif step == _GRACE:
-                    watch.stage = _Stage.FORCED
-                    # Taken before a late return of the function can give it back.
-                    self.slots.overran(watch.job)
-                    if watch.task is not None:
-                        entry = (now + self.grace, next(self._order), _CANCELLED, watch)
-                        heapq.heappush(self._heap, entry)
-                else:
-                    due = watch.started + watch.limit + self.grace
-                    heapq.heappush(self._heap, (due, next(self._order), _GRACE, watch))
-            try:
-                if step == _LIMIT:
-                    watch.job.ctx._signal_stop(StopReason.TIMEOUT)
-                elif step == _GRACE:
-                    self._force(watch)
-                elif self.on_overrun is not None:
-                    self.on_overrun(watch.job)
-            except Exception:
-                # Whatever one run brings, the other runs keep their watchdog.
-                log.exception("time limit of task %r failed", watch.job.claim.task_id)
+                due = self._advance()
+            if due is not None:
+                self._act(*due)
+
+    def _wait_due(self) -> bool:
+        """Wait, holding the lock, until the earliest step is due; False once stopped."""
+        while not self._stopped:
+            wait = self._heap[0][0] - time.monotonic() if self._heap else None
+            if wait is not None and wait <= 0:
+                break
+            self._cond.wait(wait)
+        return not self._stopped
+
+    def _advance(self) -> tuple[int, _Watch] | None:
+        """Take the due step off the heap (lock held) and queue the watch's next one;
+        None when the run it watched has ended meanwhile."""
+        now = time.monotonic()
+        _, _, step, watch = heapq.heappop(self._heap)
+        if step == _CANCELLED:
+            if watch.stage is not _Stage.FORCED:
+                return None  # it ended on its cancellation
+        elif watch.stage is not _Stage.RUNNING:
+            self._dead -= 1
+            return None
+        elif step == _GRACE:
+            watch.stage = _Stage.FORCED
+            # Taken before a late return of the function can give it back.
+            self.slots.overran(watch.job)
+            if watch.task is not None:
+                entry = (now + self.grace, next(self._order), _CANCELLED, watch)
+                heapq.heappush(self._heap, entry)
+        else:
+            due = watch.started + watch.limit + self.grace
+            heapq.heappush(self._heap, (due, next(self._order), _GRACE, watch))
+        return step, watch
+
+    def _act(self, step: int, watch: _Watch) -> None:
+        """What a due step does, outside the lock."""
+        try:
+            if step == _LIMIT:
+                watch.job.ctx._signal_stop(StopReason.TIMEOUT)
+            elif step == _GRACE:
+                self._force(watch)
+            elif self.on_overrun is not None:
+                self.on_overrun(watch.job)
+        except Exception:
+            # Whatever one run brings, the other runs keep their watchdog.
+            log.exception("time limit of task %r failed", watch.job.claim.task_id)
 
     def _force(self, watch: _Watch) -> None:
         job, claim = watch.job, watch.job.claim
         is_async = watch.task is not None
         log.warning(
             "task %r (%s) attempt %d: its function did not stop within %g s of its time "
-            "limit (%g s): the attempt is reported failed; %s", claim.task_id, claim.fn,
-            claim.attempt, self.grace, watch.limit,
-            "the function is cancelled" if is_async else
-            "its slot stays taken until the function returns",
+            "limit (%g s): the attempt is reported failed; %s",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            self.grace,
+            watch.limit,
+            "the function is cancelled"
+            if is_async
+            else "its slot stays taken until the function returns",
             extra={"task_id": claim.task_id, "fn": claim.fn, "attempt": claim.attempt},
-        )  # fmt: skip
+        )
         duration = time.monotonic() - watch.started
         try:
             self.metrics.on_finished(claim, duration)
@@ -316,10 +336,13 @@ class Runner:
         claim = job.claim
         log.warning(
             "task %r (%s) attempt %d: its function returned %.1f s after its time limit; "
-            "its slot is free again", claim.task_id, claim.fn, claim.attempt,
+            "its slot is free again",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
             time.monotonic() - watch.started - watch.limit,
             extra={"task_id": claim.task_id, "fn": claim.fn, "attempt": claim.attempt},
-        )  # fmt: skip
+        )
         if self._hooked:
             self.hooks.after(job.ctx, RunOutcome.FAILED, TimeoutError(job.ctx.timeout_error))
         self.slots.overrun_ended()

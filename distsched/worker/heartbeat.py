@@ -17,7 +17,7 @@ from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.model import WorkerInfo
 from distsched.worker.common import backoff
-from distsched.worker.jobs import Slots
+from distsched.worker.jobs import Job, Slots
 from distsched.worker.link import WorkerLink
 from distsched.worker.logs import TaskOutcome, task_fields, tasks_log
 from distsched.worker.reports import PASSING
@@ -82,9 +82,19 @@ class Registration:
         running = self.slots.running
         e = self._entry
         entry = WorkerInfo(
-            e.worker_id, e.host, e.pid, e.version, e.concurrency, e.functions, e.started,
-            e.last_heartbeat, running, counts, e.heartbeat_s, e.lease_s,
-        )  # fmt: skip
+            e.worker_id,
+            e.host,
+            e.pid,
+            e.version,
+            e.concurrency,
+            e.functions,
+            e.started,
+            e.last_heartbeat,
+            running,
+            counts,
+            e.heartbeat_s,
+            e.lease_s,
+        )
         # Under the lock, so that a round still under way cannot write the entry back
         # after the stop removed it.
         with self._lock:
@@ -194,30 +204,8 @@ class Heartbeat:
         jobs = [j for j in self.slots.held() if not j.released]
         try:
             if jobs:
-                statuses = self.scheduler.heartbeat_many([j.claim for j in jobs])
-                for job, status in zip(jobs, statuses, strict=True):
-                    if status is None:
-                        if job.sent:
-                            continue
-                        if not job.ctx.lease_lost:
-                            self.metrics.on_lease_lost(job.claim)
-                            claim = job.claim
-                            tasks_log.warning(
-                                "task %r (%s) version %d attempt %d: lease lost; the function "
-                                "is asked to stop and its outcome will not be recorded",
-                                claim.task_id, claim.fn, claim.version, claim.attempt,
-                                extra=task_fields(claim, TaskOutcome.LEASE_LOST),
-                            )  # fmt: skip
-                        job.ctx._signal_stop(StopReason.LEASE_LOST)
-                    elif status:
-                        job.ctx._signal_stop(StopReason.CANCEL)
-            chores = self.scheduler.housekeeping()
-            self.metrics.on_housekeeping(chores["reaped"], chores["compacted"], chores["purged"])
-            if self.registration is not None:
-                self.registration.write()
-                self.registration.prune_if_due()
-            if self.observed:
-                self._observe_namespace()
+                self._extend(jobs)
+            self._housekeep()
         except PASSING as exc:
             log.warning("heartbeat failed: %s", exc)
             return False
@@ -228,6 +216,43 @@ class Heartbeat:
             # heartbeats every running task would lose its lease.
             log.exception("heartbeat round failed")
         return True
+
+    def _extend(self, jobs: list[Job]) -> None:
+        """Extend the leases of ``jobs``; signal those whose lease is lost or whose task
+        has a cancel request."""
+        statuses = self.scheduler.heartbeat_many([j.claim for j in jobs])
+        for job, status in zip(jobs, statuses, strict=True):
+            if status is None:
+                self._lease_lost(job)
+            elif status:
+                job.ctx._signal_stop(StopReason.CANCEL)
+
+    def _lease_lost(self, job: Job) -> None:
+        if job.sent:
+            return  # most likely raced with its own report, not a lost lease
+        if not job.ctx.lease_lost:
+            self.metrics.on_lease_lost(job.claim)
+            claim = job.claim
+            tasks_log.warning(
+                "task %r (%s) version %d attempt %d: lease lost; the function "
+                "is asked to stop and its outcome will not be recorded",
+                claim.task_id,
+                claim.fn,
+                claim.version,
+                claim.attempt,
+                extra=task_fields(claim, TaskOutcome.LEASE_LOST),
+            )
+        job.ctx._signal_stop(StopReason.LEASE_LOST)
+
+    def _housekeep(self) -> None:
+        """The namespace's chores, this worker's registry entry, and what metrics observe."""
+        chores = self.scheduler.housekeeping()
+        self.metrics.on_housekeeping(chores["reaped"], chores["compacted"], chores["purged"])
+        if self.registration is not None:
+            self.registration.write()
+            self.registration.prune_if_due()
+        if self.observed:
+            self._observe_namespace()
 
     def _observe_namespace(self) -> None:
         before = time.time()

@@ -8,14 +8,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from redis.exceptions import RedisClusterException
 
 from distsched.context import TaskContext
 from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument, LeaseLost
 from distsched.metrics import WorkerMetrics
-from distsched.model import Outcome, State
+from distsched.model import Claim, Outcome, State
 from distsched.wire import payload
 from distsched.worker.common import RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
 from distsched.worker.jobs import Job, Slots
@@ -105,6 +105,107 @@ class Report(NamedTuple):
     # For the log: how long the function ran, and what it raised (with its traceback).
     duration: float | None = None
     error: BaseException | None = None
+
+
+def _log_unrecorded(kind: ReportKind, report: Report, outcome: Outcome) -> None:
+    """The line of a report Redis did not record: stale (lease lost) or a duplicate."""
+    claim = report.job.claim
+    error = _error_of(report)
+    if outcome is Outcome.DUPLICATE:
+        tasks_log.debug(
+            "task %r (%s) attempt %d: %s already reported",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            kind,
+            extra=task_fields(claim, TaskOutcome.DUPLICATE, report.duration, error),
+        )
+        return
+    # The function only obeyed the signal when it raised LeaseLost: no news in it.
+    exc_info = None if isinstance(report.error, LeaseLost) else report.error
+    what = "result" if kind is ReportKind.COMPLETE else "outcome"
+    tasks_log.warning(
+        "task %r (%s) version %d attempt %d: the lease was lost before its %s "
+        "(%s) was reported; another run owns the task, this one is not recorded",
+        claim.task_id,
+        claim.fn,
+        claim.version,
+        claim.attempt,
+        what,
+        kind,
+        exc_info=exc_info,
+        extra=task_fields(claim, TaskOutcome.LEASE_LOST, report.duration, error),
+    )
+
+
+def _log_failure(report: Report, runs_again: bool) -> None:
+    claim = report.job.claim
+    error = _error_of(report)
+    if runs_again:
+        tasks_log.warning(
+            "task %r (%s) attempt %d failed and will run again: %s",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            error,
+            exc_info=report.error,
+            extra=task_fields(claim, TaskOutcome.RETRIED, report.duration, error),
+        )
+    else:
+        tasks_log.error(
+            "task %r (%s) attempt %d failed: %s",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            error,
+            exc_info=report.error,
+            extra=task_fields(claim, TaskOutcome.FAILED, report.duration, error),
+        )
+
+
+def _log_recorded(kind: ReportKind, report: Report, runs_again: bool) -> None:
+    """The line of a report Redis applied; ``runs_again`` for a failure whose retry is due."""
+    claim = report.job.claim
+    if kind is ReportKind.FAIL:
+        _log_failure(report, runs_again)
+    elif kind is ReportKind.COMPLETE:
+        tasks_log.debug(
+            "task %r (%s) attempt %d succeeded in %.3fs",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            report.duration or 0.0,
+            extra=task_fields(claim, TaskOutcome.SUCCEEDED, report.duration),
+        )
+    elif kind is ReportKind.CONFIRM_CANCEL:
+        tasks_log.info(
+            "task %r (%s) attempt %d cancelled",
+            claim.task_id,
+            claim.fn,
+            claim.attempt,
+            extra=task_fields(claim, TaskOutcome.CANCELLED, report.duration),
+        )
+    elif kind is ReportKind.RELEASE:
+        tasks_log.info(
+            "task %r (%s) handed back by the shutdown; no attempt spent",
+            claim.task_id,
+            claim.fn,
+            extra=task_fields(claim, TaskOutcome.RELEASED, report.duration),
+        )
+    else:
+        tasks_log.debug(
+            "task %r (%s) handed back: function not served here",
+            claim.task_id,
+            claim.fn,
+            extra=task_fields(claim, TaskOutcome.HANDED_BACK),
+        )
+
+
+def _encoded_results(reports: list[Report]) -> list[tuple[Claim, bytes]]:
+    # A COMPLETE report's value is bytes: ``Reporter.report`` encodes it with
+    # ``wire.payload.encode_result`` (or turns the report into a FAIL) unless the caller
+    # encoded it already. The cast states that; Report.value is typed for every kind.
+    return [(r.job.claim, cast(bytes, r.value)) for r in reports]
 
 
 @dataclass(eq=False)
@@ -242,10 +343,14 @@ class Reporter:
             tasks_log.error(
                 "the %s of task %r (version %d, attempt %d) was not reported before the "
                 "shutdown ended: its lease will expire and it will run again",
-                report.kind, claim.task_id, claim.version, claim.attempt,
-                extra=task_fields(claim, TaskOutcome.UNREPORTED, report.duration,
-                                  _error_of(report)),
-            )  # fmt: skip
+                report.kind,
+                claim.task_id,
+                claim.version,
+                claim.attempt,
+                extra=task_fields(
+                    claim, TaskOutcome.UNREPORTED, report.duration, _error_of(report)
+                ),
+            )
 
     def _send_all(self, waiting: list[_Waiting], fresh: list[Report]) -> None:
         """Send reports: those sent alone one by one, the rest in batches by kind."""
@@ -283,10 +388,14 @@ class Reporter:
             if isinstance(decision, GiveUp):
                 claim = report.job.claim
                 tasks_log.warning(
-                    "task %r (%s): %s", claim.task_id, claim.fn, decision.reason,
-                    extra=task_fields(claim, TaskOutcome.UNSERVED, None,
-                                      error_line(decision.reason)),
-                )  # fmt: skip
+                    "task %r (%s): %s",
+                    claim.task_id,
+                    claim.fn,
+                    decision.reason,
+                    extra=task_fields(
+                        claim, TaskOutcome.UNSERVED, None, error_line(decision.reason)
+                    ),
+                )
                 self.metrics.on_unserved(claim)
                 resolved.append(Report(report.job, ReportKind.FAIL, decision.reason))
             else:
@@ -340,14 +449,18 @@ class Reporter:
         kind = reports[0].kind
         if transient:
             level = logging.WARNING if failures == 1 else logging.DEBUG
-            log.log(level, "sending %d %s reports failed, trying again: %s", len(reports),
-                    kind, exc)  # fmt: skip
+            log.log(
+                level, "sending %d %s reports failed, trying again: %s", len(reports), kind, exc
+            )
         else:
             log.error(
                 "Redis refused %d %s reports (trying again in %.1f s): %s",
-                len(reports), kind, pause if len(reports) == 1 else RETRY_MIN_S, exc,
+                len(reports),
+                kind,
+                pause if len(reports) == 1 else RETRY_MIN_S,
+                exc,
                 exc_info=exc,
-            )  # fmt: skip
+            )
         if not transient and len(reports) > 1:
             # Each on its own at once: the one that Redis refuses waits alone.
             self._waiting.extend(_Waiting(r, now, failures, alone=True) for r in reports)
@@ -358,7 +471,7 @@ class Reporter:
     def _call(self, kind: ReportKind, reports: list[Report]) -> list[Outcome]:
         s = self.scheduler
         if kind is ReportKind.COMPLETE:
-            return self.link.complete_encoded([(r.job.claim, r.value) for r in reports])  # type: ignore[misc]
+            return self.link.complete_encoded(_encoded_results(reports))
         if kind is ReportKind.FAIL:
             return s.fail_many([(r.job.claim, r.value) for r in reports])
         if kind is ReportKind.CONFIRM_CANCEL:
@@ -381,8 +494,10 @@ class Reporter:
             stale = outcomes.count(Outcome.STALE)
             tasks_log.warning(
                 "%d of %d %s reports were stale: their leases were lost before",
-                stale, len(reports), kind,
-            )  # fmt: skip
+                stale,
+                len(reports),
+                kind,
+            )
             return
         if (
             kind is ReportKind.COMPLETE
@@ -391,68 +506,16 @@ class Reporter:
         ):
             return  # successes are logged at DEBUG only: nothing to build
         failed = [
-            r for r, o in zip(reports, outcomes, strict=False)
+            r
+            for r, o in zip(reports, outcomes, strict=False)
             if kind is ReportKind.FAIL and o is Outcome.APPLIED
-        ]  # fmt: skip
+        ]
         again = self._will_run_again(failed)
         for report, outcome in zip(reports, outcomes, strict=False):
-            claim = report.job.claim
-            error = _error_of(report)
-            exc_info = report.error
-            if outcome is Outcome.STALE:
-                if isinstance(exc_info, LeaseLost):
-                    exc_info = None  # the function only obeyed the signal: no news in it
-                what = "result" if kind is ReportKind.COMPLETE else "outcome"
-                tasks_log.warning(
-                    "task %r (%s) version %d attempt %d: the lease was lost before its %s "
-                    "(%s) was reported; another run owns the task, this one is not recorded",
-                    claim.task_id, claim.fn, claim.version, claim.attempt, what, kind,
-                    exc_info=exc_info,
-                    extra=task_fields(claim, TaskOutcome.LEASE_LOST, report.duration, error),
-                )  # fmt: skip
-            elif outcome is Outcome.DUPLICATE:
-                tasks_log.debug(
-                    "task %r (%s) attempt %d: %s already reported",
-                    claim.task_id, claim.fn, claim.attempt, kind,
-                    extra=task_fields(claim, TaskOutcome.DUPLICATE, report.duration, error),
-                )  # fmt: skip
-            elif kind is ReportKind.COMPLETE:
-                tasks_log.debug(
-                    "task %r (%s) attempt %d succeeded in %.3fs",
-                    claim.task_id, claim.fn, claim.attempt, report.duration or 0.0,
-                    extra=task_fields(claim, TaskOutcome.SUCCEEDED, report.duration),
-                )  # fmt: skip
-            elif kind is ReportKind.FAIL and again.get(id(report), False):
-                tasks_log.warning(
-                    "task %r (%s) attempt %d failed and will run again: %s",
-                    claim.task_id, claim.fn, claim.attempt, error,
-                    exc_info=exc_info,
-                    extra=task_fields(claim, TaskOutcome.RETRIED, report.duration, error),
-                )  # fmt: skip
-            elif kind is ReportKind.FAIL:
-                tasks_log.error(
-                    "task %r (%s) attempt %d failed: %s",
-                    claim.task_id, claim.fn, claim.attempt, error,
-                    exc_info=exc_info,
-                    extra=task_fields(claim, TaskOutcome.FAILED, report.duration, error),
-                )  # fmt: skip
-            elif kind is ReportKind.CONFIRM_CANCEL:
-                tasks_log.info(
-                    "task %r (%s) attempt %d cancelled", claim.task_id, claim.fn, claim.attempt,
-                    extra=task_fields(claim, TaskOutcome.CANCELLED, report.duration),
-                )  # fmt: skip
-            elif kind is ReportKind.RELEASE:
-                tasks_log.info(
-                    "task %r (%s) handed back by the shutdown; no attempt spent",
-                    claim.task_id, claim.fn,
-                    extra=task_fields(claim, TaskOutcome.RELEASED, report.duration),
-                )  # fmt: skip
+            if outcome is Outcome.STALE or outcome is Outcome.DUPLICATE:
+                _log_unrecorded(kind, report, outcome)
             else:
-                tasks_log.debug(
-                    "task %r (%s) handed back: function not served here",
-                    claim.task_id, claim.fn,
-                    extra=task_fields(claim, TaskOutcome.HANDED_BACK),
-                )  # fmt: skip
+                _log_recorded(kind, report, again.get(id(report), False))
 
     def _will_run_again(self, failed: list[Report]) -> dict[int, bool]:
         """For applied failures: whether the task is due to run again (by ``id`` of the
@@ -470,8 +533,10 @@ class Reporter:
                 continue
             # Same version and not ended: the retry is queued (or already running).
             again[id(report)] = info.version == claim.version and info.state in (
-                State.READY, State.RUNNING, State.PENDING,
-            )  # fmt: skip
+                State.READY,
+                State.RUNNING,
+                State.PENDING,
+            )
         return again
 
     def _count_all(self, kind: ReportKind, outcomes: list[Outcome]) -> None:

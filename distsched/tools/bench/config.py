@@ -56,13 +56,35 @@ class BenchConfig:
     def quick(cls) -> BenchConfig:
         """Small sizes for a smoke run of every section, in well under 20 seconds."""
         return cls(
-            evalsha_calls=1_000, pipeline=50, schedule_calls=300, enqueue_tasks=2_000,
-            batch=500, tasks=1_000, concurrency=8, delayed=50, delay_min=0.1, delay_max=0.4,
-            slots=5, claim_sizes=(100, 1_000), claims=50, chain=30, fanout=30,
-            dependents=1_500, memory_tasks=1_000, wake_tasks=20, wake_processes=(1, 2),
-            dashboard_tasks=300, dashboard_drain=200, fair_heavy=300, fair_rounds=2,
-            fair_claims=320, profile_tasks=300, processes=2, worst_scale=0.01, worst_repeats=1,
-        )  # fmt: skip
+            evalsha_calls=1_000,
+            pipeline=50,
+            schedule_calls=300,
+            enqueue_tasks=2_000,
+            batch=500,
+            tasks=1_000,
+            concurrency=8,
+            delayed=50,
+            delay_min=0.1,
+            delay_max=0.4,
+            slots=5,
+            claim_sizes=(100, 1_000),
+            claims=50,
+            chain=30,
+            fanout=30,
+            dependents=1_500,
+            memory_tasks=1_000,
+            wake_tasks=20,
+            wake_processes=(1, 2),
+            dashboard_tasks=300,
+            dashboard_drain=200,
+            fair_heavy=300,
+            fair_rounds=2,
+            fair_claims=320,
+            profile_tasks=300,
+            processes=2,
+            worst_scale=0.01,
+            worst_repeats=1,
+        )
 
     def validate(self) -> None:
         for name in (

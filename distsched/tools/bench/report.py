@@ -42,9 +42,18 @@ def format_table(report: dict[str, Any]) -> list[str]:
         met = "" if row["met"] is None else ("yes" if row["met"] else "no")
         value = _value_text(row["value"], row["unit"])
         lines.append(
-            (row["section"], row["name"], value, row["unit"], ratio, server, cpu,
-             row["target"], met)
-        )  # fmt: skip
+            (
+                row["section"],
+                row["name"],
+                value,
+                row["unit"],
+                ratio,
+                server,
+                cpu,
+                row["target"],
+                met,
+            )
+        )
     return table(lines, right=frozenset({2, 5, 6}))
 
 
