@@ -86,6 +86,7 @@ LAYERS: list[set[str]] = [
         "distsched.errors",
         "distsched.limits",
         "distsched.version",
+        "distsched.lua_files",
         "distsched.keys",
         "distsched.scripts",
         "distsched.library",
