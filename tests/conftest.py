@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import importlib
 import inspect
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -38,6 +40,7 @@ from redis.retry import Retry
 from distsched import Scheduler, Worker, core
 from distsched.aio import AsyncScheduler
 from distsched.keys import Keys
+from tests import leaks
 
 T = TypeVar("T")
 
@@ -165,6 +168,25 @@ class CliProcess:
             self.proc.wait()
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child die when pytest does (SIGKILL, ``timeout``).
+
+    Only on Linux and only from the main thread: the signal is sent when the thread that
+    started the child ends, which for the main thread is pytest itself.
+    """
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def set_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    return set_signal
+
+
+_PR_SET_PDEATHSIG = 1
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -197,7 +219,16 @@ class RedisServer:
             "--appendonly", "yes" if self.appendonly else "no",
             *self.extra,
         ]  # fmt: skip
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            # Out of the terminal's process group: a Ctrl-C reaches pytest alone, which then
+            # stops the run and tears the servers down, instead of the servers dying under
+            # the tests that follow.
+            start_new_session=True,
+            preexec_fn=_die_with_parent(),
+        )
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -402,3 +433,17 @@ def running(worker: Worker, grace: float = 5.0) -> Iterator[threading.Thread]:
         thread.join(30)
     assert not thread.is_alive(), "Worker.run() did not return after stop()"
     assert not errors, errors
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_behind(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test that leaves a thread, a child process or a socket of its own behind.
+
+    Each test ends what it starts (fixtures included), so that a leak is reported
+    against the test that caused it rather than as a warning in a later one.
+    """
+    before = leaks.snapshot()
+    yield
+    found = leaks.leaks(before)
+    if found:
+        pytest.fail(f"{request.node.nodeid} left behind:\n  " + "\n  ".join(found), pytrace=False)
