@@ -26,7 +26,7 @@ from redis.retry import Retry
 from distsched import Scheduler, State, TaskInfo, Wait, Worker, current_task
 from distsched.core import IDLE_RECHECK_S, WaitReason
 from tests.conftest import RedisServer, python_command, running, subprocess_env
-from tests.test_cluster import cluster  # noqa: F401  (the fixture)
+from tests.test_cluster import cluster, three_masters  # noqa: F401  (the fixtures)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
