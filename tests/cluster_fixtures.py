@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import redis
+from redis.cluster import ClusterNode
 from redis.crc import key_slot
 
 from distsched.keys import Keys
@@ -335,6 +337,15 @@ class LocalCluster:
         with master.admin() as admin:
             shards = admin.execute_command("CLUSTER", "SLOTS")
         return min(int(s[0]) for s in shards if int(s[2][1]) == master.port)
+
+
+def close_cluster_client(client: redis.RedisCluster) -> None:
+    """Close ``client`` with its nodes' connections (RedisCluster.close() leaves them open)."""
+    nodes: list[ClusterNode] = cast(Any, client).get_nodes()  # redis-py leaves it untyped
+    for node in nodes:
+        if node.redis_connection is not None:
+            node.redis_connection.connection_pool.disconnect()
+    client.close()
 
 
 def namespace_in_slot(slot: int, prefix: str = "ns") -> str:

@@ -14,7 +14,7 @@ from redis.cluster import RedisCluster
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, scripts
 from distsched.aio import AsyncScheduler
 from distsched.keys import Keys
-from tests.cluster_fixtures import LocalCluster
+from tests.cluster_fixtures import LocalCluster, close_cluster_client
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def cluster(three_masters: LocalCluster) -> Iterator[RedisCluster]:
     """A client of the module's cluster, for this test alone: its connections end with it."""
     client = RedisCluster(host="127.0.0.1", port=three_masters.seed.port)
     yield client
-    client.close()
+    close_cluster_client(client)
 
 
 def test_every_key_of_a_namespace_hashes_to_one_cluster_slot(cluster: RedisCluster) -> None:
