@@ -196,8 +196,17 @@ def free_port() -> int:
 class RedisServer:
     """A throwaway ``redis-server`` process owned by a test."""
 
-    def __init__(self, *extra: str, port: int | None = None, appendonly: bool = False) -> None:
+    def __init__(
+        self,
+        *extra: str,
+        port: int | None = None,
+        appendonly: bool = False,
+        config: Path | None = None,
+    ) -> None:
+        """``config`` is a configuration file to start with; its persistence settings
+        then stand (else: no snapshots, AOF as ``appendonly`` says)."""
         self.binary = require_redis_server()
+        self.config = config
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="distsched-redis-"))
         self.extra = list(extra)
@@ -210,13 +219,14 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        persistence = ["--save", "", "--appendonly", "yes" if self.appendonly else "no"]
         args = [
             self.binary,
+            *([str(self.config)] if self.config is not None else []),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.dir),
-            "--save", "",
-            "--appendonly", "yes" if self.appendonly else "no",
+            *(persistence if self.config is None else []),
             *self.extra,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
