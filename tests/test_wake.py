@@ -180,6 +180,9 @@ def test_a_task_scheduled_while_every_worker_is_idle_starts_within_milliseconds(
     finally:
         s.close()
         producer.close()
+        # The schedulers were given their clients: they leave them open.
+        s.client.close()
+        producer.client.close()
 
 
 def test_only_one_idle_worker_gets_the_delay_hint_for_a_head_not_due_yet(
@@ -285,6 +288,9 @@ def test_a_worker_refused_its_subscription_still_runs_new_tasks(own_redis: Redis
     finally:
         s.close()
         producer.close()
+        # The schedulers were given their clients: they leave them open.
+        s.client.close()
+        producer.client.close()
 
 
 def test_a_cancel_notice_reaches_a_subscriber_of_the_sharded_wake_channel(
@@ -387,6 +393,9 @@ def test_a_worker_whose_claim_reply_was_lost_runs_the_task_on_its_first_attempt(
     finally:
         s.close()
         producer.close()
+        # The schedulers were given their clients: they leave them open.
+        s.client.close()
+        producer.client.close()
 
 
 # --------------------------------------------------------------------------- cluster
@@ -443,6 +452,7 @@ def test_the_worker_waiting_for_the_next_entry_passes_its_timer_on_when_it_stops
         assert latency < 0.5, f"started {latency:.3f}s after it was due"
     finally:
         s.close()
+        s.client.close()  # given to the scheduler, which leaves it open
 
 
 def move_slot(client: RedisCluster, key: str) -> None:
@@ -525,3 +535,6 @@ def test_a_worker_whose_claims_are_refused_stays_up_and_claims_once_allowed(
     finally:
         s.close()
         producer.close()
+        # The schedulers were given their clients: they leave them open.
+        s.client.close()
+        producer.client.close()
