@@ -105,7 +105,7 @@ def _left(before: Snapshot) -> list[str]:
     return found
 
 
-def leaks(before: Snapshot, grace: float = 2.0) -> list[str]:
+def leaks(before: Snapshot, grace: float = 5.0) -> list[str]:
     """What was started since ``before`` and still runs after ``grace`` seconds.
 
     The grace lets a thread or process that was told to stop finish ending.
