@@ -110,13 +110,19 @@ class AsyncScheduler(BaseScheduler):
 
     async def _drive(self, op: protocol.Op[T], gate: asyncio.Semaphore | None = None) -> T:
         self._check_open()
-        if self._setup is not None:
-            setup, self._setup = self._setup, None
-            await self._drive(setup)
-        step = protocol.advance(op, None)
-        while not isinstance(step, protocol.Done):
-            step = protocol.advance(op, await self._send(step, gate))
-        return step.value
+        self._in_flight += 1
+        try:
+            if self._setup is not None:
+                setup, self._setup = self._setup, None
+                await self._drive(setup)
+            step = protocol.advance(op, None)
+            while not isinstance(step, protocol.Done):
+                step = protocol.advance(op, await self._send(step, gate))
+            return step.value
+        finally:
+            self._in_flight -= 1
+            if self._closed and self._in_flight == 0:
+                await self._close_client()
 
     async def _send(self, request: protocol.Request, gate: asyncio.Semaphore | None = None) -> Any:
         try:
@@ -469,5 +475,9 @@ class AsyncScheduler(BaseScheduler):
             return
         self._closed = True
         await self._waits.close()
+        if self._in_flight == 0:  # else the last call in flight closes the client when it ends
+            await self._close_client()
+
+    async def _close_client(self) -> None:
         if self._owns_client:
             await self.client.aclose()

@@ -12,10 +12,10 @@ import threading
 import time
 from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from distsched import limits, model, otel, validate
@@ -76,6 +76,8 @@ class BaseScheduler:
             stripes=stripes,
         )
         self._closed = False
+        # Calls under way: the client of a closed scheduler is closed when the last ends.
+        self._in_flight = 0
 
     def _check_open(self) -> None:
         if self._closed:
@@ -169,11 +171,20 @@ class Scheduler(BaseScheduler):
         return self._drive(self._ops.call(Ops.uses_sharded_pubsub))
 
     def _drive(self, op: protocol.Op[T]) -> T:
-        self._check_open()
-        step = protocol.advance(op, None)
-        while not isinstance(step, protocol.Done):
-            step = protocol.advance(op, self._send(step))
-        return step.value
+        with self._lock:
+            self._check_open()
+            self._in_flight += 1
+        try:
+            step = protocol.advance(op, None)
+            while not isinstance(step, protocol.Done):
+                step = protocol.advance(op, self._send(step))
+            return step.value
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                last = self._closed and self._in_flight == 0
+            if last:
+                self._close_client()
 
     def _send(self, request: protocol.Request) -> Any:
         try:
@@ -680,11 +691,18 @@ class Scheduler(BaseScheduler):
             if self._closed:
                 return
             self._closed = True
+            idle = self._in_flight == 0
         self._waits.close()
+        if idle:  # else the last call in flight closes the client when it ends
+            self._close_client()
+
+    def _close_client(self) -> None:
         if not self._owns_client:
             return
         if isinstance(self.client, RedisCluster):
-            self.client.close()
-        else:
-            # Idle connections only: calls already in flight finish on theirs.
-            self.client.connection_pool.disconnect(inuse_connections=False)
+            # RedisCluster.close() leaves its nodes' pools connected.
+            nodes: list[ClusterNode] = cast(Any, self.client).get_nodes()  # untyped in redis-py
+            for node in nodes:
+                if node.redis_connection is not None:
+                    node.redis_connection.connection_pool.disconnect()
+        self.client.close()

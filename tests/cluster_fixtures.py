@@ -17,9 +17,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import redis
+from redis.cluster import ClusterNode
 from redis.crc import key_slot
 
 from distsched.keys import Keys
@@ -27,6 +29,11 @@ from tests.conftest import IN_CI, RedisServer, free_port, skip_valkey_without_tl
 
 # Milliseconds without an answer before a node is considered failed.
 NODE_TIMEOUT_MS = 1000
+
+# What redis-cli says when its own check of the cluster, run before it changes anything,
+# found a problem: the nodes do not agree yet on who serves which slot (gossip still under
+# way) or a slot is still open. It changed nothing, and may run again once they agree.
+REFUSED_BEFORE_STARTING = "Please fix your cluster problems"
 
 
 # The client that creates and reshards the clusters: redis-cli on PATH unless
@@ -133,6 +140,7 @@ class LocalCluster:
                 with node.admin() as admin:
                     node.node_id = str(admin.execute_command("CLUSTER", "MYID"))
             self.wait_healthy(30)
+            self.wait_agreed(30)
             wait_until(self.replicas_in_sync, 30, "the replicas to be in sync")
         except BaseException:
             self.close()
@@ -140,11 +148,19 @@ class LocalCluster:
 
     # -- plumbing
 
-    def redis_cli(self, *args: str, timeout: float = 120) -> str:
+    def run_cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         tls = [] if self.tls is None else ["--tls", "--cacert", str(self.tls / "ca.crt")]
-        done = subprocess.run(
-            [self.cli, *tls, *args], check=True, capture_output=True, text=True, timeout=timeout
+        return subprocess.run(
+            [self.cli, *tls, *args], capture_output=True, text=True, timeout=timeout
         )
+
+    def redis_cli(self, *args: str, timeout: float = 120) -> str:
+        """Run redis-cli; its output, or an error that shows what it said."""
+        done = self.run_cli(*args, timeout=timeout)
+        if done.returncode != 0:
+            raise AssertionError(
+                f"{self.cli} {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}"
+            )
         return done.stdout
 
     @property
@@ -242,6 +258,16 @@ class LocalCluster:
     def wait_healthy(self, timeout: float) -> None:
         wait_until(self.healthy, timeout, "the cluster to be healthy")
 
+    def agreed(self) -> bool:
+        """``redis-cli --cluster check`` passes: every node agrees on the slots, none is
+        open, all are covered (what redis-cli checks before it changes the cluster)."""
+        done = self.run_cli("--cluster", "check", self.seed.address, timeout=60)
+        said = done.stdout + done.stderr
+        return done.returncode == 0 and "[ERR]" not in said and "[WARNING]" not in said
+
+    def wait_agreed(self, timeout: float) -> None:
+        wait_until(self.agreed, timeout, "redis-cli --cluster check to pass")
+
     # -- faults
 
     def kill(self, node: Node) -> None:
@@ -287,16 +313,39 @@ class LocalCluster:
         :func:`namespace_in_slot` and :meth:`first_slot`)."""
         source = self.owner(slot)
         assert self.first_slot(source) == slot
-        self.redis_cli(
+        args = (
             "--cluster", "reshard", self.seed.address,
             "--cluster-from", source.node_id, "--cluster-to", target.node_id,
             "--cluster-slots", "1", "--cluster-yes", "--cluster-pipeline", "1",
         )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            self.wait_agreed(60)
+            done = self.run_cli(*args)
+            said = done.stdout + done.stderr
+            if done.returncode == 0:
+                break
+            # Only a refusal before it started is sent again: a reshard that failed
+            # later may have moved the slot, and a second one would move another.
+            if REFUSED_BEFORE_STARTING not in said or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"{self.cli} {' '.join(args)} exited {done.returncode}:\n{said}"
+                )
+        self.wait_agreed(60)
 
     def first_slot(self, master: Node) -> int:
         with master.admin() as admin:
             shards = admin.execute_command("CLUSTER", "SLOTS")
         return min(int(s[0]) for s in shards if int(s[2][1]) == master.port)
+
+
+def close_cluster_client(client: redis.RedisCluster) -> None:
+    """Close ``client`` with its nodes' connections (RedisCluster.close() leaves them open)."""
+    nodes: list[ClusterNode] = cast(Any, client).get_nodes()  # redis-py leaves it untyped
+    for node in nodes:
+        if node.redis_connection is not None:
+            node.redis_connection.connection_pool.disconnect()
+    client.close()
 
 
 def namespace_in_slot(slot: int, prefix: str = "ns") -> str:

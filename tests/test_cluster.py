@@ -14,19 +14,23 @@ from redis.cluster import RedisCluster
 from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, scripts
 from distsched.aio import AsyncScheduler
 from distsched.keys import Keys
-from tests.cluster_fixtures import LocalCluster
+from tests.cluster_fixtures import LocalCluster, close_cluster_client
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RedisCluster]:
+def three_masters() -> Iterator[LocalCluster]:
     """Three real redis-server masters joined into a cluster on free ports."""
     local = LocalCluster(masters=3, replicas=0)
-    try:
-        client = RedisCluster(host="127.0.0.1", port=local.seed.port)
-        yield client
-        client.close()
-    finally:
-        local.close()
+    yield local
+    local.close()
+
+
+@pytest.fixture
+def cluster(three_masters: LocalCluster) -> Iterator[RedisCluster]:
+    """A client of the module's cluster, for this test alone: its connections end with it."""
+    client = RedisCluster(host="127.0.0.1", port=three_masters.seed.port)
+    yield client
+    close_cluster_client(client)
 
 
 def test_every_key_of_a_namespace_hashes_to_one_cluster_slot(cluster: RedisCluster) -> None:

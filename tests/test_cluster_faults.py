@@ -45,6 +45,15 @@ def cluster() -> Iterator[LocalCluster]:
     c.close()
 
 
+@pytest.fixture
+def fleets() -> Iterator[list[Fleet]]:
+    """The fleets a test starts (it appends them), killed at its end if still running."""
+    started: list[Fleet] = []
+    yield started
+    for fleet in started:
+        fleet.kill()
+
+
 @dataclass(frozen=True)
 class Run:
     at: float  # time.monotonic() when the function started (one clock for all processes)
@@ -92,6 +101,13 @@ class Fleet:
             out.append(Run(float(at), task_id, int(version), int(attempt), int(pid)))
         return out
 
+    def kill(self) -> None:
+        """End every process still running, whatever the test did."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
     def stop(self) -> list[int | None]:
         for proc in self.procs:
             if proc.poll() is None:
@@ -135,6 +151,8 @@ class Producer:
                             s.schedule(task_id, fn="record", args=[TASK_MS])
                             break
                         except redis.ConnectionError:  # Unavailable
+                            if self.stop.is_set():
+                                return  # not acknowledged
                             self.failures += 1
                             time.sleep(0.05)
                         except ConflictError:
@@ -315,12 +333,13 @@ def check(verdict: Verdict, fleet: Fleet, codes: list[int | None]) -> None:
 
 
 def test_killing_the_namespaces_master_under_load_loses_nothing_acknowledged(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, fleets: list[Fleet]
 ) -> None:
     namespace = "failover"
     owner = cluster.owner(cluster.slot_of(namespace))
     [replica] = cluster.replicas_of(owner)
     fleet = Fleet(cluster.url, namespace, tmp_path)
+    fleets.append(fleet)
     producer = Producer(cluster.url, namespace)
     producer.start()
     try:
@@ -350,13 +369,14 @@ def test_killing_the_namespaces_master_under_load_loses_nothing_acknowledged(
 
 
 def test_a_slow_slot_migration_under_load_stops_no_worker_and_loses_nothing(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, fleets: list[Fleet]
 ) -> None:
     namespace = "migrating"
     slot = cluster.slot_of(namespace)
     source = cluster.owner(slot)
     target = next(m for m in cluster.masters() if m.node_id != source.node_id)
     fleet = Fleet(cluster.url, namespace, tmp_path)
+    fleets.append(fleet)
     producer = Producer(cluster.url, namespace)
     operator = Operator(cluster.url, namespace)
     producer.start()
@@ -371,8 +391,10 @@ def test_a_slow_slot_migration_under_load_stops_no_worker_and_loses_nothing(
         wait_for_runs(fleet, before + 100, 40)
         assert fleet.alive(), fleet.log_text()[-4000:]
     finally:
-        producer.finish()
-        operator.finish()
+        try:
+            producer.finish()
+        finally:
+            operator.finish()
     verdict = settle_and_judge(cluster.url, namespace, producer, fleet)
     codes = fleet.stop()
     during = operator.during(started, started + window)
@@ -390,7 +412,7 @@ def test_a_slow_slot_migration_under_load_stops_no_worker_and_loses_nothing(
 
 
 def test_resharding_the_namespaces_slot_under_load_with_the_cli_throughout(
-    cluster: LocalCluster, tmp_path: Path
+    cluster: LocalCluster, tmp_path: Path, fleets: list[Fleet]
 ) -> None:
     # redis-cli reshard moves the lowest slots of a master: a namespace in the first one.
     source = cluster.masters()[0]
@@ -398,6 +420,7 @@ def test_resharding_the_namespaces_slot_under_load_with_the_cli_throughout(
     slot = cluster.slot_of(namespace)
     target = next(m for m in cluster.masters() if m.node_id != source.node_id)
     fleet = Fleet(cluster.url, namespace, tmp_path)
+    fleets.append(fleet)
     producer = Producer(cluster.url, namespace)
     operator = Operator(cluster.url, namespace)
     producer.start()
@@ -413,8 +436,10 @@ def test_resharding_the_namespaces_slot_under_load_with_the_cli_throughout(
         wait_for_runs(fleet, before + 100, 40)
         assert fleet.alive(), fleet.log_text()[-4000:]
     finally:
-        producer.finish()
-        operator.finish()
+        try:
+            producer.finish()
+        finally:
+            operator.finish()
     verdict = settle_and_judge(cluster.url, namespace, producer, fleet)
     codes = fleet.stop()
     failed = operator.failed()

@@ -42,6 +42,8 @@ from selenium.common.exceptions import StaleElementReferenceException  # noqa: E
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from distsched.dashboard import create_app  # noqa: E402
@@ -130,7 +132,38 @@ def wait_until(what: str, check: Callable[[], bool]) -> None:
 
 
 def text_of(browser: WebDriver, element_id: str) -> str:
-    return str(browser.find_element(By.ID, element_id).text)
+    # The page redraws parts of itself as it polls: read again an element just replaced.
+    for _ in range(50):
+        try:
+            return str(browser.find_element(By.ID, element_id).text)
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"#{element_id} kept changing under the test")
+
+
+def follow(browser: WebDriver, by: str, value: str) -> None:
+    """Click what leads to another page and wait until the browser has left this one.
+
+    Without the wait, what is read next may come from the page being left (under load
+    the new page takes a while), e.g. the note of the previous action.
+    """
+    page: WebElement = browser.find_element(By.TAG_NAME, "html")
+    browser.find_element(by, value).click()
+    WebDriverWait(browser, WAIT_S).until(expected_conditions.staleness_of(page))
+
+
+def wait_for(browser: WebDriver, element_id: str) -> None:
+    WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, element_id))
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a worker process for good: SIGTERM, then SIGKILL if it lingers."""
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_finish(
@@ -156,13 +189,14 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
              "tests.worker_app:PIPELINE", "--concurrency", "2", "--lease", "5s"],
             cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=stderr,
         )  # fmt: skip
-    server = Server(create_app(s, allow_actions=True, token=TOKEN))
     shots = iter(range(1, 100))
 
     def shot(name: str) -> None:
         browser.save_screenshot(str(artifacts / f"{next(shots):02d}-{name}.png"))
 
+    server: Server | None = None
     try:
+        server = Server(create_app(s, allow_actions=True, token=TOKEN))
         wait_until("the pipeline to stop at the failure", lambda: (
             s.status("report").state is State.BLOCKED and s.status("stats").state.terminal
         ))  # fmt: skip
@@ -176,11 +210,11 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
         shot("overview")
 
         # From the failed count to the failed task.
-        browser.find_element(By.CSS_SELECTOR, "a.card.state-failed").click()
-        WebDriverWait(browser, WAIT_S).until(lambda b: "clean" in b.page_source)
+        follow(browser, By.CSS_SELECTOR, "a.card.state-failed")
+        WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.LINK_TEXT, "clean"))
         shot("failed-tasks")
-        browser.find_element(By.LINK_TEXT, "clean").click()
-        WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, "traceback"))
+        follow(browser, By.LINK_TEXT, "clean")
+        wait_for(browser, "traceback")
         assert "RuntimeError: source unavailable for clean" in text_of(browser, "traceback")
         assert "Traceback (most recent call last)" in text_of(browser, "traceback")
         blocked = text_of(browser, "blocked-dependents").split()
@@ -190,16 +224,18 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
         shot("failed-task")
 
         # Log in with the token; back on the task, the retry button is there.
-        browser.find_element(By.LINK_TEXT, "Log in").click()
+        follow(browser, By.LINK_TEXT, "Log in")
+        wait_for(browser, "token")
         browser.find_element(By.ID, "token").send_keys(TOKEN)
         shot("login")
-        browser.find_element(By.ID, "login-submit").click()
-        WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, "action-retry"))
+        follow(browser, By.ID, "login-submit")
+        wait_for(browser, "action-retry")
         assert text_of(browser, "task-id") == "clean"
         shot("logged-in")
 
-        browser.find_element(By.ID, "action-retry").click()
-        WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, "note"))
+        # The page it leaves carries a note too (logged in): read the new page's.
+        follow(browser, By.ID, "action-retry")
+        wait_for(browser, "note")
         assert "Retried" in text_of(browser, "note")
         # Mark the page: a reload would lose the mark.
         browser.execute_script("window.__notReloaded = true;")
@@ -245,11 +281,13 @@ def test_an_operator_finds_the_failed_step_retries_it_and_watches_the_pipeline_f
         assert text_of(browser, "hour-failed") == "1"
         shot("overview-finished")
     finally:
-        server.close()
-        worker.terminate()
-        worker.wait(30)
-        s.clear()
-        s.close()
+        if server is not None:
+            server.close()
+        stop(worker)
+        try:
+            s.clear()
+        finally:
+            s.close()
 
 
 def test_a_form_on_another_port_of_the_same_host_cannot_act_even_with_the_csrf_token(
@@ -279,19 +317,19 @@ def test_a_form_on_another_port_of_the_same_host_cannot_act_even_with_the_csrf_t
     try:
         browser.get(dashboard.url + "/login")
         browser.find_element(By.ID, "token").send_keys(TOKEN)
-        browser.find_element(By.ID, "login-submit").click()
-        WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, "logout"))
+        follow(browser, By.ID, "login-submit")
+        wait_for(browser, "logout")
         browser.get(dashboard.url + "/task?id=victim")
         csrf = browser.find_element(By.CSS_SELECTOR, 'input[name="csrf"]')
         forms["csrf"] = str(csrf.get_attribute("value"))
         browser.get(other.url + "/")
-        browser.find_element(By.ID, "go").click()
+        follow(browser, By.ID, "go")
         WebDriverWait(browser, WAIT_S).until(lambda b: "another site" in b.page_source)
         assert scheduler.status("victim").state is State.READY
         # The same form on the dashboard's own page goes through.
         browser.get(dashboard.url + "/task?id=victim")
-        browser.find_element(By.ID, "action-cancel").click()
-        WebDriverWait(browser, WAIT_S).until(lambda b: b.find_elements(By.ID, "note"))
+        follow(browser, By.ID, "action-cancel")
+        wait_for(browser, "note")
         assert scheduler.status("victim").state is State.CANCELLED
     finally:
         other.close()

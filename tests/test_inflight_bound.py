@@ -238,6 +238,7 @@ def test_report_calls_that_keep_failing_while_claims_succeed_hold_no_more_than_t
         assert (worker.counts["stale"], worker.counts["duplicate"]) == (0, 0)
     finally:
         s.close()
+        s.client.close()  # given to the scheduler, so not closed by it
 
 
 def test_a_worker_whose_stderr_nobody_reads_keeps_draining_within_the_bound_and_counts_drops(

@@ -147,7 +147,7 @@ def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_run
         return f"hello {kwargs['name']}"
 
     ran = ("sum", "hi", "bare", "parent", "child", "gate")
-    s = Scheduler(own_redis.client(), namespace=namespace, lease_s=5.0)
+    s = Scheduler.from_url(own_redis.url, namespace=namespace, lease_s=5.0)
     try:
         worker = Worker(s, {"add": add, "greet": greet}, concurrency=2)
         with running(worker):

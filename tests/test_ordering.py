@@ -44,6 +44,7 @@ task_keys = st.tuples(
 def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """One connection pool for the module; every example works in a fresh namespace."""
     c = redis_server.client()
+    c.ping()  # its connection opens here, the module's, not in whichever test comes first
     yield c
     c.close()
 

@@ -98,6 +98,7 @@ def test_one_refused_report_does_not_hold_back_the_others_and_is_applied_once_ac
     finally:
         RefusingLink.refused = set()
         s.close()
+        s.client.close()  # given to the scheduler, so not closed by it
 
 
 def test_a_shutdown_while_redis_is_away_ends_in_bounded_time_and_logs_the_unsent_outcome(

@@ -22,7 +22,7 @@ from distsched import Outcome, Scheduler, State, TaskSpec, Worker
 from distsched.errors import ConflictError, InvalidArgument
 from distsched.keys import Keys, stripe_of
 from distsched.worker.link import WorkerLink
-from tests.cluster_fixtures import LocalCluster, wait_until
+from tests.cluster_fixtures import LocalCluster, close_cluster_client, wait_until
 from tests.conftest import RedisServer, python_command, running, subprocess_env
 from tests.worker_procs import live_key
 
@@ -73,7 +73,7 @@ def local_cluster() -> Iterator[LocalCluster]:
 def cluster(local_cluster: LocalCluster) -> Iterator[RedisCluster]:
     client = RedisCluster(host="127.0.0.1", port=local_cluster.seed.port)
     yield client
-    client.close()
+    close_cluster_client(client)
 
 
 # ------------------------------------------------------------------ ids and stripes

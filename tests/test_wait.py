@@ -35,7 +35,7 @@ from distsched.errors import (
 from distsched.ops import protocol
 from distsched.wire.calls import PROPAGATE_BUDGET, REAP_BATCH
 from tests.conftest import RedisServer
-from tests.test_cluster import cluster  # noqa: F401  (the fixture)
+from tests.test_cluster import cluster, three_masters  # noqa: F401  (the fixtures)
 
 # Far below ops.protocol.WAIT_REFRESH_S: a waiter that wakes within this was told, not re-checking.
 TOLD_WITHIN_S = 15.0

@@ -28,7 +28,7 @@ from distsched.model import WaitReason
 from distsched.wire.calls import IDLE_RECHECK_S
 from distsched.worker.link import WorkerLink
 from tests.conftest import RedisServer, python_command, running, subprocess_env
-from tests.test_cluster import cluster  # noqa: F401  (the fixture)
+from tests.test_cluster import cluster, three_masters  # noqa: F401  (the fixtures)
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> None:
@@ -187,6 +187,9 @@ def test_a_task_scheduled_while_every_worker_is_idle_starts_within_milliseconds(
     finally:
         s.close()
         producer.close()
+        # The schedulers were given their clients: they leave them open.
+        s.client.close()
+        producer.client.close()
 
 
 def test_only_one_idle_worker_gets_the_delay_hint_for_a_head_not_due_yet(
@@ -292,6 +295,9 @@ def test_a_worker_refused_its_subscription_still_runs_new_tasks(own_redis: Redis
     finally:
         s.close()
         producer.close()
+        # The schedulers were given their clients: they leave them open.
+        s.client.close()
+        producer.client.close()
 
 
 def test_a_cancel_notice_reaches_a_subscriber_of_the_sharded_wake_channel(
@@ -394,6 +400,9 @@ def test_a_worker_whose_claim_reply_was_lost_runs_the_task_on_its_first_attempt(
     finally:
         s.close()
         producer.close()
+        # The schedulers were given their clients: they leave them open.
+        s.client.close()
+        producer.client.close()
 
 
 # --------------------------------------------------------------------------- cluster
@@ -450,6 +459,7 @@ def test_the_worker_waiting_for_the_next_entry_passes_its_timer_on_when_it_stops
         assert latency < 0.5, f"started {latency:.3f}s after it was due"
     finally:
         s.close()
+        s.client.close()  # given to the scheduler, which leaves it open
 
 
 def move_slot(client: RedisCluster, key: str) -> None:
@@ -532,6 +542,9 @@ def test_a_worker_whose_claims_are_refused_stays_up_and_claims_once_allowed(
     finally:
         s.close()
         producer.close()
+        # The schedulers were given their clients: they leave them open.
+        s.client.close()
+        producer.client.close()
 
 
 def test_wait_for_wake_returns_when_a_task_is_scheduled(redis_server: RedisServer) -> None:
@@ -546,3 +559,4 @@ def test_wait_for_wake_returns_when_a_task_is_scheduled(redis_server: RedisServe
         assert woken == [True]
     finally:
         s.close()
+        s.client.close()

@@ -1,0 +1,144 @@
+"""A call in flight when the scheduler is closed or its connection drops (§8, §12).
+
+Each scheduler, sync and asyncio, talks to a real redis-server through a proxy
+(tests/proxy.py) that holds the server's reply: the call is then in flight, applied by
+the server, for as long as the test needs, on a thread of its own. The test closes the
+scheduler meanwhile (the call must still finish with its real answer), or cuts the
+connection (the call must raise the library's retryable error, and sending it again
+must leave one runnable copy of the task).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, cast
+
+import pytest
+import redis
+
+from distsched import Scheduler, State, Wait
+from distsched.errors import ClosedError, DistschedError, NotFoundError, Unavailable
+from tests.conftest import BlockingAsync, RedisServer
+from tests.proxy import Proxy
+
+CALL_S = 60.0  # redis-py's own retries of a refused connection take seconds
+
+
+class Background:
+    """A call on a thread of its own; ``outcome()`` is its value or raises its error."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.value: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), name="test-call")
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.value = fn()
+        except BaseException as exc:  # handed to the test
+            self.error = exc
+
+    def outcome(self, timeout: float = CALL_S) -> Any:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the call did not return"
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[Proxy]:
+    with Proxy(redis_server.port) as p:
+        yield p
+
+
+@pytest.fixture(params=["sync", "async"])
+def proxied(request: pytest.FixtureRequest, proxy: Proxy, namespace: str) -> Iterator[Scheduler]:
+    """A scheduler of each shell connected through the proxy, connected and warmed up
+    (its scripts loaded), so that the next call is one request."""
+    if request.param == "sync":
+        s = Scheduler.from_url(proxy.url, namespace=namespace, lease_s=5.0)
+        try:
+            s.schedule("warm", fn="f")
+            yield s
+        finally:
+            s.close()
+    else:
+        blocking = BlockingAsync(proxy.url, namespace=namespace, lease_s=5.0)
+        try:
+            blocking_s = cast(Scheduler, blocking)
+            blocking_s.schedule("warm", fn="f")
+            yield blocking_s
+        finally:
+            blocking.shutdown()
+
+
+@pytest.fixture
+def direct(redis_client: redis.Redis, namespace: str) -> Scheduler:
+    """The same namespace, straight to the server: what is stored, whatever the proxy does."""
+    return Scheduler(redis_client, namespace=namespace)
+
+
+def in_flight(proxy: Proxy, call: Callable[[], Any]) -> Background:
+    """Start ``call`` on a thread and return once its request reached the server; its
+    reply is held until ``proxy.release()``."""
+    proxy.hold()
+    started = Background(call)
+    proxy.wait_request()
+    return started
+
+
+def wait_stored(direct: Scheduler, task_id: str) -> int:
+    """The version of ``task_id`` once the server has it."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return direct.status(task_id).version
+        except NotFoundError:
+            assert time.monotonic() < deadline, f"the server never applied {task_id}"
+            time.sleep(0.01)
+
+
+def test_close_lets_a_call_in_flight_on_another_thread_finish_with_its_answer(
+    proxy: Proxy, proxied: Scheduler, direct: Scheduler
+) -> None:
+    """§8: ``close()`` — every later call raises ``ClosedError``; calls in flight finish."""
+    call = in_flight(proxy, lambda: proxied.schedule("t", fn="f", args=[1]))
+    proxied.close()
+    proxy.release()
+    version = call.outcome()
+    info = direct.status("t")
+    assert (info.version, info.state, info.args) == (version, State.READY, (1,))
+    # Versions count the namespace's writes: the next is the one after, so the call was
+    # answered on its own connection, not sent again on another.
+    assert direct.schedule("probe", fn="f") == version + 1
+    with pytest.raises(ClosedError):
+        proxied.schedule("later", fn="f")
+    with pytest.raises(NotFoundError):
+        direct.status("later")
+
+
+def test_a_connection_dropped_mid_call_raises_the_retryable_error_and_a_retry_keeps_one_copy(
+    proxy: Proxy, proxied: Scheduler, direct: Scheduler
+) -> None:
+    """§12: losing the connection mid-call raises a connection error the caller can retry;
+    a retried ``schedule`` at worst writes a newer version of the same id, never two
+    runnable copies."""
+    call = in_flight(proxy, lambda: proxied.schedule("t", fn="f", args=[1]))
+    first = wait_stored(direct, "t")  # applied: only the reply is lost
+    proxy.go_down()
+    with pytest.raises(Unavailable) as caught:
+        call.outcome()
+    # The library's own transient error, which code catching redis-py's catches too.
+    assert isinstance(caught.value, DistschedError)
+    assert isinstance(caught.value, redis.ConnectionError)
+
+    proxy.come_back()
+    version = proxied.schedule("t", fn="f", args=[2])
+    assert version > first  # a newer version of the same id
+    claims = [c for c in direct.ready(10, "w") if c.task_id == "t"]
+    assert [(c.version, c.args) for c in claims] == [(version, (2,))]
+    assert isinstance(direct.next("w2"), Wait)  # no other copy left to claim
