@@ -81,6 +81,7 @@ class Subscriber:
         self._sharded = sharded
         self._on_message = on_message
         self._on_subscribed = on_subscribed
+        self._retry = backoff()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -93,46 +94,54 @@ class Subscriber:
             self._thread.join(timeout)
 
     def _loop(self) -> None:
-        retry = backoff()
+        self._retry = backoff()
         sharded: bool | None = None
         while not self._stop.is_set():
             pubsub: Any = None
             try:
                 if sharded is None:
                     sharded = self._sharded()
-                if callable(self._channels):
-                    self.channels = list(self._channels())
                 pubsub = self.client.pubsub()
-                if sharded:
-                    pubsub.ssubscribe(*self.channels)
-                else:
-                    pubsub.subscribe(*self.channels)
+                self._subscribe(pubsub, sharded)
                 while not self._stop.is_set():
-                    if sharded and isinstance(pubsub, ClusterPubSub):
-                        # redis-py waits on each node's connection in turn: with the
-                        # stripes of a namespace on several nodes, a short wait on each
-                        # keeps a message on the last one from waiting behind the others.
-                        nodes = len(pubsub.node_pubsub_mapping)
-                        wait = STOP_CHECK_S if nodes <= 1 else MULTI_NODE_POLL_S
-                        msg = pubsub.get_sharded_message(timeout=wait)  # type: ignore[no-untyped-call]
-                    else:
-                        msg = pubsub.get_message(timeout=STOP_CHECK_S)
+                    msg = self._next_message(pubsub, sharded)
                     if msg is not None and dispatch(msg, self._on_message, self._on_subscribed):
-                        retry = backoff()
+                        self._retry = backoff()
             except ClosedError:
                 return
             except Exception as exc:
                 # Transient or not (a refused subscription, a moved slot, a dropped
                 # connection): the users of the messages look again by themselves.
-                pause = next(retry)
-                channels = " ".join(self.channels)
-                log.warning("subscription to %s lost (%s); again in %.2fs", channels, exc, pause)
-                refresh_slots(self.client)
-                self._stop.wait(pause)
+                self._lost(exc)
             finally:
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         pubsub.close()
+
+    def _subscribe(self, pubsub: Any, sharded: bool) -> None:
+        if callable(self._channels):
+            self.channels = list(self._channels())
+        if sharded:
+            pubsub.ssubscribe(*self.channels)
+        else:
+            pubsub.subscribe(*self.channels)
+
+    def _next_message(self, pubsub: Any, sharded: bool) -> Any:
+        if sharded and isinstance(pubsub, ClusterPubSub):
+            # redis-py waits on each node's connection in turn: with the stripes of a
+            # namespace on several nodes, a short wait on each keeps a message on the
+            # last one from waiting behind the others.
+            nodes = len(pubsub.node_pubsub_mapping)
+            wait = STOP_CHECK_S if nodes <= 1 else MULTI_NODE_POLL_S
+            return pubsub.get_sharded_message(timeout=wait)  # type: ignore[no-untyped-call]
+        return pubsub.get_message(timeout=STOP_CHECK_S)
+
+    def _lost(self, exc: Exception) -> None:
+        pause = next(self._retry)
+        channels = " ".join(self.channels)
+        log.warning("subscription to %s lost (%s); again in %.2fs", channels, exc, pause)
+        refresh_slots(self.client)
+        self._stop.wait(pause)
 
 
 def message_within(pubsub: Any, get: Callable[..., Any], timeout: float) -> Any:
@@ -193,6 +202,7 @@ class AsyncSubscriber:
         self._sharded = sharded
         self._on_message = on_message
         self._on_subscribed = on_subscribed
+        self._retry = backoff()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
@@ -210,7 +220,6 @@ class AsyncSubscriber:
         await asyncio.wait({task}, timeout=timeout)
 
     async def _loop(self) -> None:
-        retry = backoff()
         sharded: bool | None = None
         while not self._stopping:
             pubsub: Any = None
@@ -218,33 +227,39 @@ class AsyncSubscriber:
                 if sharded is None:
                     sharded = await self._sharded()
                 pubsub = self.client.pubsub()
-                if sharded:
-                    await pubsub.ssubscribe(*self.channels)
-                else:
-                    await pubsub.subscribe(*self.channels)
-                while not self._stopping:
-                    if sharded and isinstance(pubsub, AsyncClusterPubSub):
-                        msg = await pubsub.get_sharded_message(timeout=STOP_CHECK_S)
-                    else:
-                        msg = await pubsub.get_message(timeout=STOP_CHECK_S)
-                    if msg is not None and dispatch(msg, self._on_message, self._on_subscribed):
-                        retry = backoff()
+                await self._listen(pubsub, sharded)
             except ClosedError:
                 return
             except Exception as exc:
                 if self._stopping:
                     return
-                pause = next(retry)
-                channels = " ".join(self.channels)
-                log.warning("subscription to %s lost (%s); again in %.2fs", channels, exc, pause)
-                if isinstance(self.client, AsyncRedisCluster):
-                    with contextlib.suppress(Exception):
-                        await self.client.initialize()
-                await asyncio.sleep(pause)
+                await self._lost(exc)
             finally:
                 if pubsub is not None:
                     with contextlib.suppress(Exception):
                         await pubsub.aclose()
+
+    async def _listen(self, pubsub: Any, sharded: bool) -> None:
+        if sharded:
+            await pubsub.ssubscribe(*self.channels)
+        else:
+            await pubsub.subscribe(*self.channels)
+        while not self._stopping:
+            if sharded and isinstance(pubsub, AsyncClusterPubSub):
+                msg = await pubsub.get_sharded_message(timeout=STOP_CHECK_S)
+            else:
+                msg = await pubsub.get_message(timeout=STOP_CHECK_S)
+            if msg is not None and dispatch(msg, self._on_message, self._on_subscribed):
+                self._retry = backoff()
+
+    async def _lost(self, exc: Exception) -> None:
+        pause = next(self._retry)
+        channels = " ".join(self.channels)
+        log.warning("subscription to %s lost (%s); again in %.2fs", channels, exc, pause)
+        if isinstance(self.client, AsyncRedisCluster):
+            with contextlib.suppress(Exception):
+                await self.client.initialize()
+        await asyncio.sleep(pause)
 
 
 # --------------------------------------------------------------------------- waits
