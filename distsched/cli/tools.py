@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from distsched.cli.common import Duration, cluster_url, connect, settings_of
+from distsched.cli.common import Duration, cluster_url, connect, count_option, settings_of
 from distsched.errors import DistschedError
 
 
@@ -240,25 +240,19 @@ def bench(
 
 
 @click.command("bench-stripes")
-@click.option(
+@count_option(
     "--tasks",
-    type=click.IntRange(min=1),
     default=20_000,
-    show_default=True,
     help="No-op tasks per stripe count.",
 )
-@click.option(
+@count_option(
     "--processes",
-    type=click.IntRange(min=1),
     default=2,
-    show_default=True,
     help="Worker processes draining them.",
 )
-@click.option(
+@count_option(
     "--concurrency",
-    type=click.IntRange(min=1),
     default=16,
-    show_default=True,
     help="Threads per worker process.",
 )
 @click.option("--json", "json_path", metavar="FILE", default=None, help="Also write JSON here.")
