@@ -456,8 +456,8 @@ def _load_targets(client: Any) -> list[dict[str, Any]]:
     return [{}]
 
 
-class Script:
-    """One script of a sync redis-py client (plain or cluster)."""
+class _ScriptBase:
+    """What a script of either client holds: its function and its EVALSHA fallback."""
 
     def __init__(self, client: Any, name: str, mode: _Mode | None = None) -> None:
         self.client = client
@@ -471,6 +471,10 @@ class Script:
     def sha(self) -> str:
         """The SHA1 of the text EVALSHA runs."""
         return str(self.fallback.sha)
+
+
+class Script(_ScriptBase):
+    """One script of a sync redis-py client (plain or cluster)."""
 
     def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         mode = self.mode
@@ -489,20 +493,8 @@ class Script:
         return self.fallback(keys=keys, args=args)
 
 
-class AsyncScript:
+class AsyncScript(_ScriptBase):
     """One script of an asyncio redis-py client (plain or cluster); see :class:`Script`."""
-
-    def __init__(self, client: Any, name: str, mode: _Mode | None = None) -> None:
-        self.client = client
-        self.name = name
-        self.function = function_name(name)
-        self.mode = mode or _Mode()
-        self.fallback = client.register_script(source(name))
-
-    @property
-    def sha(self) -> str:
-        """The SHA1 of the text EVALSHA runs."""
-        return str(self.fallback.sha)
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> Any:
         if isinstance(self.client, AsyncRedisCluster):

@@ -96,7 +96,11 @@ def walk(
     return hood
 
 
-def _walk_up(scheduler: Scheduler, hood: Neighbourhood) -> None:
+def _breadth_first(
+    hood: Neighbourhood, reached: list[str], step: Callable[[str, TaskInfo], Iterator[str]]
+) -> None:
+    """Walk from ``hood.task_id`` breadth first, each task once: ``step`` gives the tasks
+    next to a task read (recording the edges), each new one is listed in ``reached``."""
     seen = {hood.task_id}
     queue = deque([hood.task_id])
     while queue:
@@ -104,20 +108,29 @@ def _walk_up(scheduler: Scheduler, hood: Neighbourhood) -> None:
         info = hood.tasks[current]
         if info is None:
             continue
-        edges = hood.up.setdefault(current, [])
-        named = [(d, False) for d in info.deps] + [(d, True) for d in info.optional_deps]
-        for dep, optional in named:
-            if dep not in hood.tasks:
-                if hood.full:
-                    hood.cut_up.add(current)
-                    continue
-                hood.tasks[dep] = lookup(scheduler, dep)
-            edges.append(Edge(dep, current, optional))
-            if dep not in seen:
-                seen.add(dep)
-                if dep != hood.task_id:
-                    hood.ancestors.append(dep)
-                queue.append(dep)
+        for task_id in step(current, info):
+            if task_id not in seen:
+                seen.add(task_id)
+                reached.append(task_id)
+                queue.append(task_id)
+
+
+def _walk_up(scheduler: Scheduler, hood: Neighbourhood) -> None:
+    _breadth_first(hood, hood.ancestors, lambda current, info: _up(scheduler, hood, current, info))
+
+
+def _up(scheduler: Scheduler, hood: Neighbourhood, current: str, info: TaskInfo) -> Iterator[str]:
+    """The dependencies of ``current`` the walk follows, their edges recorded."""
+    edges = hood.up.setdefault(current, [])
+    named = [(d, False) for d in info.deps] + [(d, True) for d in info.optional_deps]
+    for dep, optional in named:
+        if dep not in hood.tasks:
+            if hood.full:
+                hood.cut_up.add(current)
+                continue
+            hood.tasks[dep] = lookup(scheduler, dep)
+        edges.append(Edge(dep, current, optional))
+        yield dep
 
 
 def _read_child(
@@ -140,25 +153,21 @@ def _read_child(
 
 
 def _walk_down(scheduler: Scheduler, hood: Neighbourhood) -> None:
-    seen = {hood.task_id}
-    queue = deque([hood.task_id])
-    while queue:
-        current = queue.popleft()
-        info = hood.tasks[current]
-        if info is None:
+    _breadth_first(
+        hood, hood.descendants, lambda current, info: _down(scheduler, hood, current, info)
+    )
+
+
+def _down(scheduler: Scheduler, hood: Neighbourhood, current: str, info: TaskInfo) -> Iterator[str]:
+    """The dependents of ``current`` the walk follows, their edges recorded."""
+    edges = hood.down.setdefault(current, [])
+    for child in info.dependents:
+        child_info = _read_child(scheduler, hood, current, child)
+        # The edge and the child's own list are two reads; trust the child's list.
+        if child_info is None or current not in (*child_info.deps, *child_info.optional_deps):
             continue
-        edges = hood.down.setdefault(current, [])
-        for child in info.dependents:
-            child_info = _read_child(scheduler, hood, current, child)
-            # The edge and the child's own list are two reads; trust the child's list.
-            if child_info is None or current not in (*child_info.deps, *child_info.optional_deps):
-                continue
-            edges.append(Edge(current, child, current in child_info.optional_deps))
-            if child not in seen:
-                seen.add(child)
-                if child != hood.task_id:
-                    hood.descendants.append(child)
-                queue.append(child)
+        edges.append(Edge(current, child, current in child_info.optional_deps))
+        yield child
 
 
 # --------------------------------------------------------------------------- other reads

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import click
 
 from distsched import views
-from distsched.cli.common import Duration, connect, info_dict, task_named
+from distsched.cli.common import connect, duration_option, info_dict, stacked, task_named
 from distsched.client import Scheduler
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.model import State, TaskInfo
@@ -128,28 +127,22 @@ def tasks_command(
         click.echo(f"more: {more}" + (f" --fn {escape(repr(fn))}" if fn else ""), err=True)
 
 
-def _bulk_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(
-        [
-            click.option("--fn", default=None, help="Only tasks of this function."),
-            click.option(
-                "--since",
-                type=Duration("since"),
-                default=None,
-                help="Only tasks that entered the state at most this long ago (e.g. 1h).",
-            ),
-            click.option("--limit", type=int, default=None, help="At most N tasks in all."),
-            click.option(
-                "--batch",
-                type=int,
-                default=100,
-                show_default=True,
-                help="Tasks per page (1-1000).",
-            ),
-        ]
-    ):
-        command = option(command)
-    return command
+_bulk_options = stacked(
+    click.option("--fn", default=None, help="Only tasks of this function."),
+    duration_option(
+        "--since",
+        field="since",
+        help="Only tasks that entered the state at most this long ago (e.g. 1h).",
+    ),
+    click.option("--limit", type=int, default=None, help="At most N tasks in all."),
+    click.option(
+        "--batch",
+        type=int,
+        default=100,
+        show_default=True,
+        help="Tasks per page (1-1000).",
+    ),
+)
 
 
 def _progress(verb: str, done: int, skipped: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -132,6 +132,50 @@ class Duration(click.ParamType):  # type: ignore[type-arg]  # generic in click >
         if self.signed and text.startswith("-"):
             return -parse_duration(text[1:], self.field)
         return parse_duration(text, self.field)
+
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def stacked(*decorators: Decorator) -> Decorator:
+    """One decorator that applies ``decorators`` as if written one above the other in
+    this order (so options show in ``--help`` in this order)."""
+
+    def apply(command: Callable[..., Any]) -> Callable[..., Any]:
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+
+    return apply
+
+
+def duration_option(
+    *decls: str,
+    field: str,
+    help: str | None = None,
+    default: str | float | None = None,
+    show_default: bool = True,
+    signed: bool = False,
+    metavar: str | None = None,
+) -> Decorator:
+    """An option holding a :class:`Duration` for ``field``; a default given shows in
+    ``--help`` unless ``show_default`` is false."""
+    extra: dict[str, Any] = {} if default is None else {"default": default}
+    return click.option(
+        *decls,
+        type=Duration(field, signed),
+        show_default=show_default,
+        metavar=metavar,
+        help=help,
+        **extra,
+    )
+
+
+def count_option(*decls: str, help: str, default: int | None = None) -> Decorator:
+    """An option holding a whole number of at least 1; a default given shows in ``--help``."""
+    return click.option(
+        *decls, type=click.IntRange(min=1), default=default, show_default=True, help=help
+    )
 
 
 def info_dict(info: TaskInfo) -> dict[str, Any]:

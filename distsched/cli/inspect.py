@@ -8,7 +8,14 @@ from typing import Any
 import click
 
 from distsched import views
-from distsched.cli.common import Duration, connect, info_dict, settings_of, task_named
+from distsched.cli.common import (
+    connect,
+    count_option,
+    duration_option,
+    info_dict,
+    settings_of,
+    task_named,
+)
 from distsched.errors import InvalidArgument, Timeout
 from distsched.model import AttemptInfo, State, TaskInfo
 from distsched.text import (
@@ -133,12 +140,10 @@ def _error_value(error: str | None, limit: int | None) -> str:
 @click.argument("task_id", metavar="ID")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (always in full).")
 @click.option("--full", is_flag=True, help="Print args, kwargs, result and error in full.")
-@click.option(
+@count_option(
     "--preview",
     "preview_chars",
-    type=click.IntRange(min=1),
     default=PREVIEW_CHARS,
-    show_default=True,
     help="Characters shown of args, kwargs, result and error.",
 )
 @click.option(
@@ -148,10 +153,9 @@ def _error_value(error: str | None, limit: int | None) -> str:
     help="Wait until the task has ended, then show it; exit 0 when it succeeded, 1 when "
     f"it failed, was cancelled or is blocked, {EXIT_TIMEOUT} on --timeout.",
 )
-@click.option(
+@duration_option(
     "--timeout",
-    type=Duration("timeout"),
-    default=None,
+    field="timeout",
     help=f"With --wait: give up after this long ({DURATION_HINT}); default: no limit.",
 )
 @click.pass_context

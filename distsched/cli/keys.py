@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from distsched.cli.common import Duration, connect
+from distsched.cli.common import connect, duration_option
 from distsched.errors import InvalidArgument
 from distsched.model import KeyInfo
 
@@ -32,12 +32,11 @@ def _key_line(info: KeyInfo) -> str:
 @click.option("--cap", type=int, default=None, help="Most tasks of KEY running at once.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Share of claims.")
 @click.option("--rate", type=int, default=None, help="Most tasks of KEY started per --per.")
-@click.option(
+@duration_option(
     "--per",
     "per_s",
-    type=Duration("per"),
+    field="per",
     default="1s",
-    show_default=True,
     help="The interval of --rate (seconds, or 500ms, 1m).",
 )
 @click.pass_context

@@ -13,7 +13,13 @@ import click
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from distsched.cli.common import Duration, connect, require_namespace, settings_of
+from distsched.cli.common import (
+    connect,
+    count_option,
+    duration_option,
+    require_namespace,
+    settings_of,
+)
 from distsched.client import Scheduler
 from distsched.errors import InvalidArgument
 from distsched.keys import MAX_STRIPES
@@ -77,25 +83,22 @@ def _stats_lines(data: Mapping[str, Any]) -> list[str]:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per draw).")
 @click.option("--watch", is_flag=True, help="Redraw every --interval until Ctrl-C.")
-@click.option(
+@duration_option(
     "--interval",
-    type=Duration("interval"),
+    field="interval",
     default="2s",
-    show_default=True,
     help="Time between draws with --watch (seconds, or 500ms, 10s, 1m).",
 )
-@click.option(
+@count_option(
     "--count",
-    type=click.IntRange(min=1),
     default=None,
     help="With --watch: stop after this many draws.",
 )
-@click.option(
+@duration_option(
     "--soon",
     "soon_s",
-    type=Duration("soon_s"),
+    field="soon_s",
     default="5s",
-    show_default=True,
     help="Count the leases whose deadline is this close (seconds, or 500ms, 10s, 1m).",
 )
 @click.pass_context
@@ -262,12 +265,11 @@ def stripes(ctx: click.Context, count: int | None) -> None:
 
 @click.command()
 @click.argument("order", required=False, type=click.Choice(["default", "priority"]))
-@click.option(
+@duration_option(
     "--aging",
     "aging_s",
-    type=Duration("aging"),
+    field="aging",
     default="60s",
-    show_default=True,
     help="With priority: the wait one point of priority is worth (seconds, or 500ms, 1m).",
 )
 @click.pass_context

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from distsched.cli.common import Duration, connect, parse_json, settings_of
+from distsched.cli.common import connect, duration_option, parse_json, settings_of
 from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
 from distsched.text import (
     duration,
@@ -106,16 +106,20 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
 @click.option(
     "--tz", default="UTC", show_default=True, help="Time zone of --cron, e.g. Europe/Madrid."
 )
-@click.option("--interval", type=Duration("interval"), help="Fire every DURATION (30s, 5m, 1h).")
+@duration_option("--interval", field="interval", help="Fire every DURATION (30s, 5m, 1h).")
 @click.option("--priority", type=int, default=0, show_default=True)
 @click.option("--max-attempts", type=int, default=1, show_default=True)
-@click.option("--backoff", type=Duration("backoff"), default=1.0, show_default=True)
+@duration_option("--backoff", field="backoff", default=1.0)
 @click.option(
     "--start", metavar="WHEN", help="First slot no earlier than this (epoch s or ISO-8601)."
 )
 @click.option("--end", metavar="WHEN", help="No slot after this (epoch s or ISO-8601).")
-@click.option(
-    "--jitter", type=Duration("jitter"), default=0.0, help="Delay each run by up to DURATION."
+@duration_option(
+    "--jitter",
+    field="jitter",
+    default=0.0,
+    show_default=False,
+    help="Delay each run by up to DURATION.",
 )
 @click.option("--paused", is_flag=True, help="Add it paused.")
 @click.option(
@@ -132,11 +136,10 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
     show_default=True,
     help="After an outage, fire all missed slots within the window, or only the latest.",
 )
-@click.option(
+@duration_option(
     "--catchup-window",
-    type=Duration("catchup_window"),
+    field="catchup_window",
     default=3600.0,
-    show_default=True,
     help="How far back missed slots still fire (older ones are counted as missed).",
 )
 @click.option(
@@ -145,9 +148,9 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
     metavar="KEY",
     help="Fairness key (tenant) of the tasks it fires (default: the default key).",
 )
-@click.option(
+@duration_option(
     "--timeout",
-    type=Duration("timeout"),
+    field="timeout",
     metavar="DURATION",
     help="Time limit of each run it fires (default: the worker's); past it the attempt fails.",
 )

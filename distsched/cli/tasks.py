@@ -2,114 +2,109 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import click
 
 from distsched import views
 from distsched.cli.common import (
-    Duration,
     connect,
+    duration_option,
     parse_json,
     parse_run_at,
     settings_of,
+    stacked,
     task_named,
 )
 from distsched.errors import CycleError, UnknownDependencyError
 from distsched.model import Admitted
 from distsched.text import parse_when
 
-
-def _task_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The options that describe a task, shared by ``schedule`` and ``submit``."""
-    options = [
-        click.option("--fn", required=True, help="Name of the registered function to run."),
-        click.option(
-            "--args",
-            "args_json",
-            default="[]",
-            metavar="JSON",
-            help="Positional args: a JSON list.",
-        ),
-        click.option(
-            "--kwargs",
-            "kwargs_json",
-            default="{}",
-            metavar="JSON",
-            help="Keyword args: a JSON object.",
-        ),
-        click.option(
-            "--run-at",
-            metavar="WHEN",
-            help="Epoch seconds (not milliseconds) or ISO-8601 with offset "
-            "(2030-01-01T09:00:00+00:00).",
-        ),
-        click.option(
-            "--delay",
-            type=Duration("delay", signed=True),
-            help="From now (server clock): seconds, or 500ms, 30s, 5m, 1h30m, 2d.",
-        ),
-        click.option(
-            "--priority",
-            type=int,
-            default=0,
-            show_default=True,
-            help="Higher runs first among tasks due at the same time.",
-        ),
-        click.option("--max-attempts", type=int, default=1, show_default=True),
-        click.option(
-            "--backoff",
-            type=Duration("backoff"),
-            default="1s",
-            show_default=True,
-            help="Wait before attempt 2 (seconds, or 500ms, 2s, 1m); doubles for each later one.",
-        ),
-        click.option(
-            "--dedupe",
-            is_flag=True,
-            help="Keep a queued or running version of ID instead of replacing it.",
-        ),
-        click.option(
-            "--dedupe-window",
-            type=Duration("dedupe_window"),
-            metavar="DURATION",
-            help="With dedupe: also keep a version that ended less than this long ago.",
-        ),
-        click.option(
-            "--debounce",
-            type=Duration("debounce"),
-            metavar="MAX_WAIT",
-            help="Replace a queued version, but start at most this long after the burst's "
-            "first submission.",
-        ),
-        click.option(
-            "--deadline",
-            metavar="WHEN",
-            help="Expire (end cancelled) if not started by then: as --run-at.",
-        ),
-        click.option(
-            "--ttl",
-            type=Duration("ttl"),
-            metavar="DURATION",
-            help="Expire (end cancelled) if not started this long after now (server clock).",
-        ),
-        click.option(
-            "--key",
-            "fair_key",
-            metavar="KEY",
-            help="The fairness key (tenant): keys take turns at the claims (see 'keys').",
-        ),
-        click.option(
-            "--timeout",
-            type=Duration("timeout"),
-            metavar="DURATION",
-            help="Time limit of each run (default: the worker's); past it the attempt fails.",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+# The options that describe a task, shared by ``schedule`` and ``submit``.
+_task_options = stacked(
+    click.option("--fn", required=True, help="Name of the registered function to run."),
+    click.option(
+        "--args",
+        "args_json",
+        default="[]",
+        metavar="JSON",
+        help="Positional args: a JSON list.",
+    ),
+    click.option(
+        "--kwargs",
+        "kwargs_json",
+        default="{}",
+        metavar="JSON",
+        help="Keyword args: a JSON object.",
+    ),
+    click.option(
+        "--run-at",
+        metavar="WHEN",
+        help="Epoch seconds (not milliseconds) or ISO-8601 with offset "
+        "(2030-01-01T09:00:00+00:00).",
+    ),
+    duration_option(
+        "--delay",
+        field="delay",
+        signed=True,
+        help="From now (server clock): seconds, or 500ms, 30s, 5m, 1h30m, 2d.",
+    ),
+    click.option(
+        "--priority",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Higher runs first among tasks due at the same time.",
+    ),
+    click.option("--max-attempts", type=int, default=1, show_default=True),
+    duration_option(
+        "--backoff",
+        field="backoff",
+        default="1s",
+        help="Wait before attempt 2 (seconds, or 500ms, 2s, 1m); doubles for each later one.",
+    ),
+    click.option(
+        "--dedupe",
+        is_flag=True,
+        help="Keep a queued or running version of ID instead of replacing it.",
+    ),
+    duration_option(
+        "--dedupe-window",
+        field="dedupe_window",
+        metavar="DURATION",
+        help="With dedupe: also keep a version that ended less than this long ago.",
+    ),
+    duration_option(
+        "--debounce",
+        field="debounce",
+        metavar="MAX_WAIT",
+        help="Replace a queued version, but start at most this long after the burst's "
+        "first submission.",
+    ),
+    click.option(
+        "--deadline",
+        metavar="WHEN",
+        help="Expire (end cancelled) if not started by then: as --run-at.",
+    ),
+    duration_option(
+        "--ttl",
+        field="ttl",
+        metavar="DURATION",
+        help="Expire (end cancelled) if not started this long after now (server clock).",
+    ),
+    click.option(
+        "--key",
+        "fair_key",
+        metavar="KEY",
+        help="The fairness key (tenant): keys take turns at the claims (see 'keys').",
+    ),
+    duration_option(
+        "--timeout",
+        field="timeout",
+        metavar="DURATION",
+        help="Time limit of each run (default: the worker's); past it the attempt fails.",
+    ),
+)
 
 
 def _task_keywords(

@@ -6,13 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from distsched.cli.common import Duration, cluster_url, connect, settings_of
+from distsched.cli.common import Duration, cluster_url, connect, count_option, settings_of
 from distsched.errors import DistschedError
 
 
@@ -90,81 +89,68 @@ def _parse_sections(ctx: click.Context, param: click.Parameter, value: str) -> t
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
+# Each size of ``BenchConfig``: its option (named after the field), its type (tuple:
+# comma-separated sizes) and its help; the default is the field's.
+_BENCH_SIZES: tuple[tuple[str, Any, str], ...] = (
+    ("--evalsha-calls", int, "(a) EVALSHA calls, sequential and pipelined."),
+    ("--pipeline", int, "(a) EVALSHA calls per pipeline."),
+    ("--schedule-calls", int, "(b) schedule calls, one task each."),
+    ("--enqueue-tasks", int, "(b) tasks enqueued with schedule_many."),
+    ("--batch", int, "Tasks per schedule_many call, everywhere."),
+    ("--tasks", int, "(c) no-op tasks drained end to end."),
+    ("--concurrency", int, "Threads per worker process."),
+    ("--delayed", int, "(d) delayed tasks."),
+    ("--delay-min", Duration("delay_min"), "(d) smallest delay (seconds, or 100ms, 1s)."),
+    ("--delay-max", Duration("delay_max"), "(d) largest delay (seconds, or 500ms, 2s)."),
+    ("--slots", int, "(d) slots of a schedule fired with an idle worker, 100 ms apart."),
+    ("--claim-sizes", tuple, "(e) queue sizes to claim from, comma-separated."),
+    ("--claims", int, "(e) claims timed per queue size, with ready(1) and ready(100)."),
+    ("--chain", int, "(f) tasks in the chain."),
+    ("--fanout", int, "(f) width of the fan-out/fan-in."),
+    ("--dependents", int, "(f) dependents released, then blocked, by one task."),
+    ("--memory-tasks", int, "(g) tasks queued to measure memory per task."),
+    ("--wake-tasks", int, "(h) tasks run one at a time per number of idle processes."),
+    ("--wake-processes", tuple, "(h) numbers of idle worker processes, comma-separated (1,8,32)."),
+    ("--dashboard-tasks", int, "(i) tasks in the namespace whose dashboard pages are counted."),
+    ("--dashboard-drain", int, "(i) tasks drained with and without a dashboard polling."),
+    ("--fair-heavy", int, "(j) tasks of the heavy key queued ahead of the light keys."),
+    ("--fair-rounds", int, "(j) tasks per light key, one every 100 ms."),
+    ("--fair-claims", int, "(j) claims over keys of weights 1, 1, 2, 4, 8."),
+    ("--profile-tasks", int, "(k) tasks scheduled one per call, then drained, every command in "
+                             "SLOWLOG (the bench's own server only)."),
+    ("--processes", int, "(c) worker processes of the last end-to-end run."),
+    ("--worst-scale", float,
+     "(l) share of each cap the worst inputs use (1: the caps themselves)."),
+    ("--worst-repeats", int, "(l) runs of each worst input (the bench's own server only)."),
+)  # fmt: skip
+
+
+def _size_option(flag: str, kind: Any, default: Any, help: str) -> click.Option:
+    if kind is tuple:
+        shown = ",".join(str(n) for n in default)
+        return click.Option(
+            [flag], default=shown, show_default=True, callback=_parse_sizes, help=help
+        )
+    return click.Option([flag], type=kind, default=default, show_default=True, help=help)
+
+
 def _bench_size_options() -> list[click.Option]:
-    """One option per size of ``BenchConfig``, with its default."""
+    """One option per size of ``BenchConfig``, with its default, and ``--only``, in the
+    order ``--help`` shows them (the table's last first)."""
     from distsched.tools.bench import BenchConfig
 
     d = BenchConfig()
     options = [
-        click.option("--evalsha-calls", type=int, default=d.evalsha_calls, show_default=True,
-                     help="(a) EVALSHA calls, sequential and pipelined."),
-        click.option("--pipeline", type=int, default=d.pipeline, show_default=True,
-                     help="(a) EVALSHA calls per pipeline."),
-        click.option("--schedule-calls", type=int, default=d.schedule_calls, show_default=True,
-                     help="(b) schedule calls, one task each."),
-        click.option("--enqueue-tasks", type=int, default=d.enqueue_tasks, show_default=True,
-                     help="(b) tasks enqueued with schedule_many."),
-        click.option("--batch", type=int, default=d.batch, show_default=True,
-                     help="Tasks per schedule_many call, everywhere."),
-        click.option("--tasks", type=int, default=d.tasks, show_default=True,
-                     help="(c) no-op tasks drained end to end."),
-        click.option("--concurrency", type=int, default=d.concurrency, show_default=True,
-                     help="Threads per worker process."),
-        click.option("--delayed", type=int, default=d.delayed, show_default=True,
-                     help="(d) delayed tasks."),
-        click.option("--delay-min", type=Duration("delay_min"), default=d.delay_min,
-                     show_default=True, help="(d) smallest delay (seconds, or 100ms, 1s)."),
-        click.option("--delay-max", type=Duration("delay_max"), default=d.delay_max,
-                     show_default=True, help="(d) largest delay (seconds, or 500ms, 2s)."),
-        click.option("--slots", type=int, default=d.slots, show_default=True,
-                     help="(d) slots of a schedule fired with an idle worker, 100 ms apart."),
-        click.option("--claim-sizes", default=",".join(str(n) for n in d.claim_sizes),
-                     show_default=True, callback=_parse_sizes,
-                     help="(e) queue sizes to claim from, comma-separated."),
-        click.option("--claims", type=int, default=d.claims, show_default=True,
-                     help="(e) claims timed per queue size, with ready(1) and ready(100)."),
-        click.option("--chain", type=int, default=d.chain, show_default=True,
-                     help="(f) tasks in the chain."),
-        click.option("--fanout", type=int, default=d.fanout, show_default=True,
-                     help="(f) width of the fan-out/fan-in."),
-        click.option("--dependents", type=int, default=d.dependents, show_default=True,
-                     help="(f) dependents released, then blocked, by one task."),
-        click.option("--memory-tasks", type=int, default=d.memory_tasks, show_default=True,
-                     help="(g) tasks queued to measure memory per task."),
-        click.option("--wake-tasks", type=int, default=d.wake_tasks, show_default=True,
-                     help="(h) tasks run one at a time per number of idle processes."),
-        click.option("--wake-processes", default=",".join(str(n) for n in d.wake_processes),
-                     show_default=True, callback=_parse_sizes,
-                     help="(h) numbers of idle worker processes, comma-separated (1,8,32)."),
-        click.option("--dashboard-tasks", type=int, default=d.dashboard_tasks, show_default=True,
-                     help="(i) tasks in the namespace whose dashboard pages are counted."),
-        click.option("--dashboard-drain", type=int, default=d.dashboard_drain, show_default=True,
-                     help="(i) tasks drained with and without a dashboard polling."),
-        click.option("--fair-heavy", type=int, default=d.fair_heavy, show_default=True,
-                     help="(j) tasks of the heavy key queued ahead of the light keys."),
-        click.option("--fair-rounds", type=int, default=d.fair_rounds, show_default=True,
-                     help="(j) tasks per light key, one every 100 ms."),
-        click.option("--fair-claims", type=int, default=d.fair_claims, show_default=True,
-                     help="(j) claims over keys of weights 1, 1, 2, 4, 8."),
-        click.option("--profile-tasks", type=int, default=d.profile_tasks, show_default=True,
-                     help="(k) tasks scheduled one per call, then drained, every command in "
-                          "SLOWLOG (the bench's own server only)."),
-        click.option("--processes", type=int, default=d.processes, show_default=True,
-                     help="(c) worker processes of the last end-to-end run."),
-        click.option("--worst-scale", type=float, default=d.worst_scale, show_default=True,
-                     help="(l) share of each cap the worst inputs use (1: the caps themselves)."),
-        click.option("--worst-repeats", type=int, default=d.worst_repeats, show_default=True,
-                     help="(l) runs of each worst input (the bench's own server only)."),
-        click.option("--only", default="", callback=_parse_sections, metavar="SECTIONS",
-                     help="Run only these sections, comma-separated (worst,profile)."),
-    ]  # fmt: skip
-
-    def params(f: Callable[..., Any]) -> list[click.Option]:
-        for option in options:
-            f = option(f)
-        return list(reversed(f.__click_params__))  # type: ignore[attr-defined]
-
-    return params(lambda: None)
+        _size_option(flag, kind, getattr(d, flag[2:].replace("-", "_")), help)
+        for flag, kind, help in _BENCH_SIZES
+    ]
+    only_help = "Run only these sections, comma-separated (worst,profile)."
+    options.append(
+        click.Option(
+            ["--only"], default="", callback=_parse_sections, metavar="SECTIONS", help=only_help
+        )
+    )
+    return options[::-1]
 
 
 class _BenchCommand(click.Command):
@@ -240,25 +226,19 @@ def bench(
 
 
 @click.command("bench-stripes")
-@click.option(
+@count_option(
     "--tasks",
-    type=click.IntRange(min=1),
     default=20_000,
-    show_default=True,
     help="No-op tasks per stripe count.",
 )
-@click.option(
+@count_option(
     "--processes",
-    type=click.IntRange(min=1),
     default=2,
-    show_default=True,
     help="Worker processes draining them.",
 )
-@click.option(
+@count_option(
     "--concurrency",
-    type=click.IntRange(min=1),
     default=16,
-    show_default=True,
     help="Threads per worker process.",
 )
 @click.option("--json", "json_path", metavar="FILE", default=None, help="Also write JSON here.")

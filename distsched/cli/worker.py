@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from distsched.cli.common import Duration, connect, settings_of
+from distsched.cli.common import connect, duration_option, settings_of
 from distsched.client import Scheduler
 from distsched.errors import InvalidArgument
 from distsched.hooks import validate_hooks
@@ -119,34 +119,30 @@ class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click 
     show_default=True,
     help="How many task functions may run at once in this process.",
 )
-@click.option(
+@duration_option(
     "--lease",
     "lease_s",
-    type=Duration("lease_s"),
+    field="lease_s",
     default="30s",
-    show_default=True,
     help="Lease length (seconds, or 500ms, 30s, 2m); heartbeats renew it every third of it.",
 )
-@click.option(
+@duration_option(
     "--grace",
-    type=Duration("grace"),
+    field="grace",
     default="30s",
-    show_default=True,
     help="On SIGTERM/SIGINT, how long running functions get before they are cancelled.",
 )
-@click.option(
+@duration_option(
     "--timeout",
-    type=Duration("timeout"),
-    default=None,
+    field="timeout",
     metavar="DURATION",
     help="The time limit of a run whose task sets none (default: no limit); see README, "
     "Time limits.",
 )
-@click.option(
+@duration_option(
     "--timeout-grace",
-    type=Duration("timeout_grace"),
+    field="timeout_grace",
     default="5s",
-    show_default=True,
     help="How long a function past its time limit gets to stop before its attempt is "
     "reported failed (with --processes, a def function that still runs then ends with "
     "its process, which is replaced).",

@@ -64,13 +64,9 @@ class Settings(Inspect):
 
     @route.every(merge=merges.key_infos)
     def set_key(
-        self,
-        key: str,
-        cap: int | None = None,
-        weight: int = 1,
-        rate: int | None = None,
-        per: float = 1.0,
+        self, key: str, cap: int | None, weight: int, rate: int | None, per: float
     ) -> Op[KeyInfo]:
+        # The defaults are the shells' (Scheduler.set_key): they always send all five.
         key = validate_fair_key(key, allow_default=True)
         chosen = _validate_cap(cap)
         if not _is_int(weight) or not 1 <= weight <= FAIR_WEIGHT_MAX:

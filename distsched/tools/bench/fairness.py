@@ -8,7 +8,7 @@ from typing import Any
 
 from distsched.model import TaskSpec
 from distsched.text import clock_offset
-from distsched.tools.bench.harness import POLL_S, Bench, percentile
+from distsched.tools.bench.harness import POLL_S, Bench, percentiles
 from distsched.tools.bench.procs import SIGNAL, WorkerProcesses, check_exactly_once
 
 # The fairness section: ten light keys, each submitting one task every FAIR_LIGHT_EVERY_S,
@@ -114,7 +114,7 @@ def _starvation(bench: Bench, fair: bool) -> dict[str, Any]:
     problems = [p for p in check_exactly_once(light_ids, runs) if "never ran" not in p]
     bench.problem("fairness", problems)
     waits = [(run.started - submitted[run.task_id]) * 1000.0 for run in runs]
-    p50, p99 = (percentile(waits, 50), percentile(waits, 99)) if waits else (None, None)
+    p50, p99 = percentiles(waits, 50, 99)
     late = f", {unstarted} not started in {FAIR_TIMEOUT_S:g} s" if unstarted else ""
     bench.step(
         f"{'fair' if fair else 'no keys'}: light wait p50 {p50 or 0:,.1f} ms, "

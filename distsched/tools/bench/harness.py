@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,13 @@ from distsched import model, views
 from distsched.client import Scheduler
 from distsched.model import TaskSpec
 from distsched.tools.bench.config import SECTIONS, BenchConfig
-from distsched.tools.bench.procs import NOOP, WorkerProcesses, check_exactly_once
+from distsched.tools.bench.procs import (
+    NOOP,
+    Run,
+    WorkerProcesses,
+    WorkerReport,
+    check_exactly_once,
+)
 
 log = logging.getLogger("distsched.bench")
 POLL_S = 0.01
@@ -34,6 +40,17 @@ def percentile(values: Sequence[float], p: float) -> float:
     ordered = sorted(values)
     rank = max(1, math.ceil(p / 100.0 * len(ordered)))
     return ordered[min(len(ordered), rank) - 1]
+
+
+def percentiles(values: Sequence[float], *ps: float) -> tuple[float | None, ...]:
+    """``percentile`` of ``values`` at each of ``ps`` (100: the largest); None for each
+    when ``values`` is empty."""
+    return tuple(percentile(values, p) if values else None for p in ps)
+
+
+def start_lateness_ms(runs: Iterable[Run]) -> list[float]:
+    """How long after its task's ``run_at`` each run started, in milliseconds."""
+    return [(run.started - run.run_at) * 1000.0 for run in runs]
 
 
 @dataclass
@@ -136,6 +153,37 @@ class Bench:
         self.rows.append(row)
         return row
 
+    def row_at_most(
+        self, section: str, name: str, value: float | None, unit: str, limit: float, **extra: Any
+    ) -> Row:
+        """A row whose target is at most ``limit`` (in ``unit``); not judged without a value."""
+        met = None if value is None else value <= limit
+        target = f"<= {limit:g} {unit}"
+        return self.row(section, name, value, unit, target=target, met=met, **extra)
+
+    def skip(self, section: str, why: str) -> None:
+        """Record ``section`` as skipped, and why, in the log, the report and the table."""
+        self.step(f"skipped: {why}")
+        self.sections[section] = {"skipped": why}
+        self.row(section, f"skipped: {why}", None, "")
+
+    def checked_runs(
+        self,
+        section: str,
+        ids: Sequence[str],
+        reports: Sequence[WorkerReport],
+        finished: bool,
+        noun: str = "tasks",
+        more: Sequence[str] = (),
+    ) -> tuple[list[Run], list[str]]:
+        """Every run the workers reported, and the problems recorded for ``section``: the
+        tasks ``ids`` not all finished in time, not run exactly once, and ``more``."""
+        runs = [run for report in reports for run in report.runs]
+        problems = [] if finished else [f"not all {len(ids)} {noun} succeeded in time"]
+        problems += check_exactly_once(ids, runs) + list(more)
+        self.problem(section, problems)
+        return runs, problems
+
     def problem(self, section: str, problems: Sequence[str]) -> None:
         for problem in problems:
             self.problems.append(f"{section}: {problem}")
@@ -217,10 +265,7 @@ class Bench:
             reports = procs.stop()
         finally:
             procs.close()
-        runs = [run for report in reports for run in report.runs]
-        problems = [] if finished else [f"not all {len(ids)} tasks succeeded in time"]
-        problems += check_exactly_once(ids, runs) + record_problems
-        self.problem(section, problems)
+        runs, problems = self.checked_runs(section, ids, reports, finished, more=record_problems)
         start = min((run.started for run in runs), default=float("nan"))
         seconds = end - start
         return {

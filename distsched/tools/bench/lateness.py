@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from distsched.model import TaskSpec
-from distsched.tools.bench.harness import Bench, percentile
-from distsched.tools.bench.procs import NOOP, WorkerProcesses, check_exactly_once
+from distsched.tools.bench.harness import Bench, percentiles, start_lateness_ms
+from distsched.tools.bench.procs import NOOP, WorkerProcesses
 
 # The interval of the schedule whose slots the lateness section fires.
 SLOT_INTERVAL_S = 0.1
@@ -43,14 +43,9 @@ def run(bench: Bench) -> None:
         finally:
             procs.close()
     bench.clean(namespace)
-    runs = [run for report in reports for run in report.runs]
-    problems = [] if finished else [f"not all {cfg.delayed} tasks succeeded in time"]
-    problems += check_exactly_once(ids, runs)
-    bench.problem("lateness", problems)
-    late = [(run.started - run.run_at) * 1000.0 for run in runs]
-    p50, p99, worst = (
-        (percentile(late, 50), percentile(late, 99), max(late)) if late else (None,) * 3
-    )
+    runs, problems = bench.checked_runs("lateness", ids, reports, finished)
+    late = start_lateness_ms(runs)
+    p50, p99, worst = percentiles(late, 50, 99, 100)
     bench.sections["lateness"] = {
         "tasks": cfg.delayed,
         "delay_min_s": cfg.delay_min,
@@ -64,14 +59,7 @@ def run(bench: Bench) -> None:
     }
     bench.step(f"p50 {p50 or 0:.2f} ms, p99 {p99 or 0:.2f} ms, max {worst or 0:.2f} ms")
     bench.row("lateness", "delayed task start - run_at, p50", p50, "ms")
-    bench.row(
-        "lateness",
-        "delayed task start - run_at, p99",
-        p99,
-        "ms",
-        target="<= 1 ms",
-        met=None if p99 is None else p99 <= 1.0,
-    )
+    bench.row_at_most("lateness", "delayed task start - run_at, p99", p99, "ms", 1.0)
     bench.row("lateness", "delayed task start - run_at, max", worst, "ms")
     bench.sections["lateness"]["slots"] = _slot_lateness(bench)
 
@@ -111,14 +99,8 @@ def _slot_lateness(bench: Bench) -> dict[str, Any]:
     bench.clean(namespace)
     first = round(start * 1000)
     ids = [f"tick@{first + i * step_ms}" for i in range(cfg.slots)]
-    runs = [run for report in reports for run in report.runs]
-    problems = [] if finished else [f"not all {cfg.slots} slot tasks succeeded in time"]
-    problems += check_exactly_once(ids, runs)
-    bench.problem("lateness", problems)
-    late = [(run.started - run.run_at) * 1000.0 for run in runs]
-    p50, p99, worst = (
-        (percentile(late, 50), percentile(late, 99), max(late)) if late else (None,) * 3
-    )
+    runs, problems = bench.checked_runs("lateness", ids, reports, finished, "slot tasks")
+    p50, p99, worst = percentiles(start_lateness_ms(runs), 50, 99, 100)
     bench.step(f"slots: p50 {p50 or 0:.2f} ms, p99 {p99 or 0:.2f} ms, max {worst or 0:.2f} ms")
     bench.row("lateness", "slot task start - slot time, p50", p50, "ms")
     bench.row("lateness", "slot task start - slot time, p99", p99, "ms")

@@ -32,9 +32,7 @@ def run(bench: Bench) -> None:
     )
     why = bench.profile_unavailable()
     if why is not None:
-        bench.step(f"skipped: {why}")
-        bench.sections["profile"] = {"skipped": why}
-        bench.row("profile", f"skipped: {why}", None, "")
+        bench.skip("profile", why)
         return
     namespace = bench.namespace("profile")
     max_len = n * PROFILE_ENTRIES_PER_TASK + PROFILE_ENTRIES_MARGIN

@@ -213,9 +213,7 @@ def run(bench: Bench) -> None:
     )
     why = bench.profile_unavailable()
     if why is not None:
-        bench.step(f"skipped: {why}")
-        bench.sections["worst"] = {"skipped": why}
-        bench.row("worst", f"skipped: {why}", None, "")
+        bench.skip("worst", why)
         return
     report = run_worst(bench.url, bench.prefix, cfg.worst_scale, cfg.worst_repeats, bench.step)
     bench.sections["worst"] = report
