@@ -95,4 +95,5 @@ def test_a_read_only_reply_during_a_failover_is_a_retryable_error(own_redis: Red
         assert sorted(c.task_id for c in claims) == ["after", "before"]
     finally:
         s.close()
+        s.client.close()
         admin.close()

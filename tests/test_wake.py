@@ -121,6 +121,7 @@ def script_calls_per_task(server: RedisServer, idle_workers: int, tasks: int) ->
             return (script_calls(admin) - before) / tasks
     finally:
         producer.close()
+        producer.client.close()  # given to the scheduler, which leaves it open
         admin.close()
 
 
@@ -158,6 +159,7 @@ def test_a_killed_idle_worker_does_not_lose_a_task(own_redis: RedisServer) -> No
             assert admin.zcard(idle) == 1
     finally:
         producer.close()
+        producer.client.close()
         admin.close()
 
 
@@ -268,6 +270,7 @@ def test_an_idle_worker_survives_a_task_due_in_the_far_future(redis_server: Redi
         assert ran == ["now"]
     finally:
         s.close()
+        s.client.close()
 
 
 def test_a_worker_refused_its_subscription_still_runs_new_tasks(own_redis: RedisServer) -> None:
@@ -373,6 +376,7 @@ def test_what_a_claim_whose_reply_was_lost_claimed_goes_back_without_spending_an
         assert WorkerLink(s).hand_back_lost_claim("w", "lost") == 0
     finally:
         s.close()
+        s.client.close()
         admin.close()
 
 

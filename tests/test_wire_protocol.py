@@ -233,6 +233,7 @@ def test_a_foreign_producer_enqueues_follows_and_cancels_tasks_a_distsched_worke
             wait_until(lambda: all(p.record(t)["state"] == "s" for t in ("sum", "hi", "child")))
     finally:
         s.close()
+        s.client.close()  # given to the scheduler, which leaves it open
 
     assert sorted(received, key=lambda r: (r[0], r[1])) == [
         ("add", (1,), {}),
