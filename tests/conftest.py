@@ -447,6 +447,10 @@ def running(worker: Worker, grace: float = 5.0) -> Iterator[threading.Thread]:
     assert not errors, errors
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    leaks.watch_dropped_connections()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # The leak check collects garbage after every test: with what the imports made
     # kept out of its way, that takes milliseconds instead of a tenth of a second.

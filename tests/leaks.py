@@ -13,10 +13,18 @@ import gc
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
+
+import redis
+from redis.connection import AbstractConnection
 
 PROC = Path("/proc")
+
+# Clients or connections finalized while connected, as "host:port", since the last look.
+_dropped: list[str] = []
 
 
 @dataclass(frozen=True)
@@ -85,11 +93,52 @@ def snapshot() -> Snapshot:
     return Snapshot(frozenset(threading.enumerate()), frozenset(_children()), frozenset(_sockets()))
 
 
+def watch_dropped_connections() -> None:
+    """Note every redis-py client or connection garbage-collected while still connected.
+
+    A client dropped without ``close()`` is a leak whichever way its memory goes: freed
+    at once, it closes its pool quietly; freed in a cycle, the collector finalizes the
+    client, its connections and their sockets in no set order, and may warn during
+    whatever test runs then. Looking at whichever of the client or a connection goes
+    first finds it every time, against the test that dropped it.
+    """
+    # redis-py leaves both finalizers untyped.
+    client_del = cast(Callable[[object], None], redis.Redis.__del__)
+    connection_del = cast(Callable[[object], None], AbstractConnection.__del__)
+
+    def connected(conn: object) -> bool:
+        return getattr(conn, "_sock", None) is not None
+
+    def note(kwargs: dict[str, object]) -> None:
+        _dropped.append(f"{kwargs.get('host', '')}:{kwargs.get('port', kwargs.get('path'))}")
+
+    def client_gone(self: redis.Redis) -> None:
+        pool = getattr(self, "connection_pool", None)
+        if pool is not None and getattr(self, "auto_close_connection_pool", False):
+            held = [
+                *getattr(pool, "_available_connections", ()),
+                *getattr(pool, "_in_use_connections", ()),
+            ]
+            if any(connected(conn) for conn in held):
+                note(pool.connection_kwargs)
+        client_del(self)
+
+    def connection_gone(self: AbstractConnection) -> None:
+        if connected(self):
+            note(vars(self))
+        connection_del(self)
+
+    redis.Redis.__del__ = client_gone  # type: ignore[method-assign]
+    AbstractConnection.__del__ = connection_gone  # type: ignore[method-assign]
+
+
 def _left(before: Snapshot) -> list[str]:
     # Garbage holding a socket is closed here, and its ResourceWarning is reported by
     # pytest against the test being torn down.
     gc.collect()
     found = []
+    if _dropped:
+        found.append("redis connections dropped without close(): " + ", ".join(_dropped))
     threads = [t for t in threading.enumerate() if t not in before.threads and t.is_alive()]
     if threads:
         found.append("threads still running: " + ", ".join(repr(t) for t in threads))
@@ -114,5 +163,6 @@ def leaks(before: Snapshot, grace: float = 5.0) -> list[str]:
     while True:
         found = _left(before)
         if not found or time.monotonic() >= deadline:
+            _dropped.clear()  # reported once, against this test
             return found
         time.sleep(0.05)
