@@ -176,11 +176,14 @@ def test_max_running_bounds_running_tasks_across_two_worker_processes(
     limit, total = 3, 24
     s = Scheduler(redis_client, namespace=namespace, lease_s=5.0, max_running=limit)
     try:
-        schedule_batch(s, [f"t{i:02d}" for i in range(total)], fn="sleep", args=(0.05,))
         procs = [
             _spawn("worker", redis_server.url, namespace, "--concurrency", "4") for _ in range(2)
         ]
         try:
+            # Both processes claim from the start (a slow start under load would leave all
+            # the work to one), and each task runs long enough for the bound to be reached.
+            wait_until(lambda: len(s.workers()) == 2, 60, "both worker processes to register")
+            schedule_batch(s, [f"t{i:02d}" for i in range(total)], fn="sleep", args=(0.2,))
             samples: list[int] = []
 
             def all_succeeded() -> bool:
