@@ -259,14 +259,12 @@ class TaskSpec:
     timeout: float | None = None
 
 
-class TaskOptions(TypedDict, total=False):
-    """The keyword options of ``schedule``/``submit``: the fields of :class:`TaskSpec`."""
+class Options(TypedDict, total=False):
+    """How a task runs, apart from what it calls: the fields of :class:`TaskSpec` but
+    ``fn``, ``args`` and ``kwargs`` (a typed task's ``options()`` takes these)."""
 
-    fn: str
     run_at: float | _dt.datetime | None
     priority: int
-    args: Sequence[Any]
-    kwargs: Mapping[str, Any] | None
     delay: float | None
     deps: Sequence[str]
     optional_deps: Sequence[str]
@@ -280,6 +278,14 @@ class TaskOptions(TypedDict, total=False):
     ttl: float | None
     key: str | None
     timeout: float | None
+
+
+class TaskOptions(Options, total=False):
+    """The keyword options of ``schedule``/``submit``: the fields of :class:`TaskSpec`."""
+
+    fn: str
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None
 
 
 @dataclass(frozen=True)

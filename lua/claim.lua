@@ -346,9 +346,7 @@ return run(function(c)
   local again = kept_reply(worker, request)
   if again then return again end
 
-  local clock = redis.call('TIME')
-  local now_us = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  local now = math.floor(now_us / 1000)
+  local now_us, now = now_us(c), now_ms(c)
   -- A max_running that is not a count (junk) is ignored, as if none were set.
   local settings = meta_fields(c, 'max_running', 'order', 'aging_ms', 'fair')
   local limit = tonumber(settings[1])

@@ -1,13 +1,13 @@
 -- heartbeat.lua: extend the leases of a batch of claims.
 --
 --- @include reports
---- @keys tasks leases
+--- @keys tasks leases meta
 --
 -- No state changes. A token (id, version, attempt) that is still the running
 -- attempt gets its lease deadline moved to now + lease; any other token is
 -- reported lost so that its holder stops the function.
 --
--- Reads tasks; writes leases.
+-- Reads tasks and meta (the test clock); writes leases.
 --
 -- Publishes: nothing.
 --

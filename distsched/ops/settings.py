@@ -20,6 +20,9 @@ from distsched.validate import (
 )
 from distsched.wire.calls import fairness_call, order_call, purge_call
 
+# The most a test clock may run ahead of the server's (lua/lib/run.lua: MAX_CLOCK_MS).
+CLOCK_MAX_MS = 3_153_600_000_000
+
 
 class Settings(Inspect):
     """Writes of the settings every script of the namespace reads."""
@@ -37,6 +40,18 @@ class Settings(Inspect):
             # the channel they subscribe to with SSUBSCRIBE, or SUBSCRIBE before Redis 7.
             sharded = yield from self.uses_sharded_pubsub()
             yield _one(("SPUBLISH" if sharded else "PUBLISH", self.keys.wake, "capacity"))
+
+    @route.every(merge=route.last_of)
+    def advance_clock(self, ms: int) -> Op[None]:
+        """Move the namespace's clock ``ms`` forward (the test clock of distsched.testing)."""
+        if not _is_int(ms) or not 0 <= ms <= CLOCK_MAX_MS:
+            raise InvalidArgument(
+                "by", f"must move the clock forward by at most a century, got {ms!r} ms"
+            )
+        yield _one(("HINCRBY", self.keys.meta, "clock_ms", ms))
+        # Entries may be due now: idle workers claim again.
+        sharded = yield from self.uses_sharded_pubsub()
+        yield _one(("SPUBLISH" if sharded else "PUBLISH", self.keys.wake, "clock"))
 
     @route.every(merge=route.first_of)
     def set_payload_limit(self, limit: int | None) -> Op[int]:

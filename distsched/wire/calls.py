@@ -671,5 +671,9 @@ def _parts(items: Sequence[T]) -> list[Sequence[T]]:
     return [items[i : i + REPORTS_PER_CALL] for i in range(0, len(items), REPORTS_PER_CALL)]
 
 
-# TIME as seen by the node that owns KEYS[1] (the script does not touch the key).
-SERVER_TIME_LUA = "return redis.call('TIME')"
+# The namespace's clock as seen by the node that owns KEYS[1], its meta hash: the
+# server's TIME moved forward by the test clock (meta clock_ms, see lua/lib/run.lua).
+SERVER_TIME_LUA = """local t = redis.call('TIME')
+local n = tonumber(redis.call('HGET', KEYS[1], 'clock_ms'))
+if not n or n < 0 or n ~= math.floor(n) or n > 3153600000000 then n = 0 end
+return { tonumber(t[1]) + math.floor(n / 1000), tonumber(t[2]) + (n % 1000) * 1000 }"""

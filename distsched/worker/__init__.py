@@ -37,7 +37,8 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 from distsched import validate
@@ -46,6 +47,7 @@ from distsched.context import StopReason
 from distsched.errors import ClosedError, InvalidArgument
 from distsched.hooks import HookChain, validate_hooks
 from distsched.metrics import WorkerMetrics
+from distsched.tasks import TaskHandle, Tasks, served_functions
 from distsched.worker.common import TRANSIENT
 from distsched.worker.consumer import Consumer
 from distsched.worker.execution import (
@@ -154,8 +156,9 @@ class Worker:
     """Run registered functions for the tasks of one scheduler's namespace.
 
     ``functions`` maps the names used in ``schedule(fn=...)`` to callables,
-    ``def`` or ``async def``. At most ``concurrency`` functions run at once and
-    no more tasks than free slots are ever claimed.
+    ``def`` or ``async def``; or is a :class:`~distsched.tasks.Tasks`, a module, or
+    task handles, whose handles it serves by their names. At most ``concurrency``
+    functions run at once and no more tasks than free slots are ever claimed.
 
     A task whose function returned keeps its lease (extended by the heartbeat)
     until Redis answered its outcome. Up to ``max_unsent`` such outcomes (default
@@ -214,7 +217,10 @@ class Worker:
     def __init__(
         self,
         scheduler: Scheduler,
-        functions: Mapping[str, Callable[..., Any]],
+        functions: Mapping[str, Callable[..., Any]]
+        | Tasks
+        | ModuleType
+        | Iterable[TaskHandle[Any, Any]],
         concurrency: int = 8,
         worker_id: str | None = None,
         heartbeat_s: float | None = None,
@@ -230,6 +236,7 @@ class Worker:
         max_unsent: int | None = None,
     ) -> None:
         max_unsent = _pool_bounds(concurrency, max_unsent)
+        functions = served_functions(functions)
         _check_functions(functions)
         if worker_id is not None:
             validate.validate_worker_id(worker_id)
@@ -345,6 +352,15 @@ class Worker:
         finally:
             restore()
             self._stopped.set()
+
+    def run_until_idle(self) -> None:
+        """:meth:`run` until nothing is left to do here: no task due, none running and
+        no outcome unsent. Tasks that become due meanwhile (retries, dependents, fired
+        schedules) run too; tasks due later do not. For scripts, batch jobs and tests
+        (``distsched.testing``); a worker runs once either way.
+        """
+        self._consumer.until_idle = True
+        self.run()
 
     def stop(self, grace: float | None = None) -> None:
         """Ask the worker to shut down; running functions get ``grace`` seconds to finish

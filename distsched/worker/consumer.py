@@ -23,6 +23,9 @@ from distsched.worker.reports import Reporter, ReportKind
 
 log = logging.getLogger("distsched.worker")
 
+# How often a worker running until idle looks again while its own tasks still run.
+UNTIL_IDLE_POLL_S = 0.01
+
 # How long claiming may wait on unsent outcomes (at the max_unsent bound) before that is
 # logged: a busy worker reaches the bound for a round trip at a time, a stalled one stays.
 UNSENT_STALL_S = 10.0
@@ -80,6 +83,8 @@ class Consumer:
         self.fruitless = 0
         # Which functions are ``async def`` (asked once per name).
         self._async: dict[str, bool] = {}
+        # Worker.run_until_idle: return once a claim finds nothing and nothing is held.
+        self.until_idle = False
 
     def run(self) -> None:
         """Claim and dispatch until the worker stops; then leave the idle set."""
@@ -133,6 +138,12 @@ class Consumer:
             if self.fruitless:
                 self.fruitless = 0
                 self.fire_retry = backoff()
+            if self.until_idle and not claims and (wait is None or wait.delay != 0):
+                if not self.slots.held():
+                    return
+                # Its own tasks still run: their ends may make more due.
+                self.wake.wait(UNTIL_IDLE_POLL_S)
+                continue
             if wait is None or wait.delay == 0:
                 continue
             # The delay counts from when the script ran, which was after the call left:

@@ -19,7 +19,7 @@ end
 -- Read with the counters, kept in c.meta for meta_fields (lib/run.lua): one HMGET per call.
 local START_FIELDS = { 'seq', 'pseq', 'count:pending', 'count:ready', 'count:running',
                        'count:succeeded', 'count:failed', 'count:cancelled', 'count:blocked',
-                       'order', 'aging_ms', 'fair', 'max_running' }
+                       'order', 'aging_ms', 'fair', 'max_running', 'clock_ms' }
 
 local function repair_meta(c)
   local values = redis.call('HMGET', k.meta, unpack(START_FIELDS))

@@ -24,14 +24,6 @@ local function call_table(c, name)
   return t
 end
 
--- The server clock is read once per call: a call is one atomic moment.
-local function now_ms(c)
-  if not c.now then
-    local t = redis.call('TIME')
-    c.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  end
-  return c.now
-end
 
 -- An integer as the text redis.call sends. Redis turns a Lua number argument into text
 -- with snprintf('%.17g'), which costs about three times this format; the text is the
@@ -40,11 +32,6 @@ local function itoa(n)
   return string.format('%d', n)
 end
 
--- now_ms(c) as text, formatted once per call.
-local function now_text(c)
-  if not c.now_text then c.now_text = itoa(now_ms(c)) end
-  return c.now_text
-end
 
 -- HMGET of meta fields as the call found them: from c.meta (the fields lib/repair.lua
 -- read when the call began) when it holds them all, else read now. Only for fields the
@@ -62,6 +49,38 @@ local function meta_fields(c, ...)
     return values
   end
   return redis.call('HMGET', k.meta, ...)
+end
+
+-- A namespace's test clock: how far its clock runs ahead of the server's, in ms (meta
+-- clock_ms, which only distsched.testing moves, forward). Absent or junk: 0.
+local MAX_CLOCK_MS = 3153600000000  -- a century
+local function clock_offset(text)
+  local n = tonumber(text)
+  if not n or n < 0 or n ~= math.floor(n) or n > MAX_CLOCK_MS then return 0 end
+  return n
+end
+
+-- The namespace's clock in microseconds, read once per call: a call is one atomic
+-- moment. The server's clock, plus the test clock's offset.
+local function now_us(c)
+  if not c.now_us then
+    local t = redis.call('TIME')
+    local offset = clock_offset(meta_fields(c, 'clock_ms')[1])
+    c.now_us = (tonumber(t[1]) * 1000 + offset) * 1000 + tonumber(t[2])
+  end
+  return c.now_us
+end
+
+-- now_us(c) in whole milliseconds.
+local function now_ms(c)
+  if not c.now then c.now = math.floor(now_us(c) / 1000) end
+  return c.now
+end
+
+-- now_ms(c) as text, formatted once per call.
+local function now_text(c)
+  if not c.now_text then c.now_text = itoa(now_ms(c)) end
+  return c.now_text
 end
 
 local function to_int(value, field)
