@@ -1,4 +1,4 @@
-"""A shared Redis: tenants with the README's ACL stay in their namespace and cannot change
+"""A shared Redis: tenants with the documented ACL stay in their namespace and cannot change
 the code others run; an admin installs the Functions library; a changed library is refused."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from distsched.cli import cli
 from distsched.keys import Keys
 from tests.conftest import RedisServer, require_extra, running
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+SECURITY_PAGE = Path(__file__).resolve().parent.parent / "docs" / "pages" / "security.md"
 TENANT_PASSWORD = "tenant-pw"
 ADMIN_PASSWORD = "admin-pw"
 
@@ -31,14 +31,13 @@ ADMIN_PASSWORD = "admin-pw"
 
 
 def security_section() -> str:
-    text = README.read_text("utf-8")
-    return text.split("\n## Security\n", 1)[1].split("\n## ", 1)[0]
+    return SECURITY_PAGE.read_text("utf-8")
 
 
 def recipe(user: str) -> list[list[str]]:
-    """The ``ACL SETUSER <user> ...`` lines of README's Security section, as rule lists."""
+    """The ``ACL SETUSER <user> ...`` lines of the Security page, as rule lists."""
     lines = re.findall(rf"^\s*ACL SETUSER {re.escape(user)} (.+)$", security_section(), re.M)
-    assert lines, f"README's Security section gives no ACL SETUSER {user} lines"
+    assert lines, f"the Security page gives no ACL SETUSER {user} lines"
     return [line.split() for line in lines]
 
 
@@ -285,7 +284,7 @@ def test_a_tenant_with_the_documented_acl_runs_a_worker_schedules_waits_and_serv
 
 def test_a_tenant_with_the_stripe_patterns_runs_a_striped_namespace(installed: Shared) -> None:
     stripes = re.search(r"`(~ds:\{mail\{\*\}:\* &ds:\{mail\{\*\}:\*)`", security_section())
-    assert stripes, "README's Security section gives no stripe patterns"
+    assert stripes, "the Security page gives no stripe patterns"
     rules = stripes.group(1).split()
     installed.root.execute_command("ACL", "SETUSER", "mail", *rules)  # type: ignore[no-untyped-call]
     installed.root.acl_log_reset()
