@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from distsched.client import Scheduler
-from distsched.dashboard import chart, graph, reads
+from distsched.dashboard import chart, graph, keys, reads, schedules
 from distsched.dashboard.auth import (
     COOKIE,
     SESSION_S,
@@ -46,6 +46,7 @@ log = logging.getLogger("distsched.dashboard")
 
 HERE = Path(__file__).resolve().parent
 T = TypeVar("T")
+Handler = Callable[[Request], Awaitable[Response]]
 
 # What an action's redirect says, by code: fixed texts, so a link cannot make the page
 # say anything else.
@@ -60,6 +61,8 @@ NOTES = {
     "logged-out": "Logged out.",
     "bulk-retried": "Retried the failed tasks of that page; they left this list.",
     "purged": "Removed the tasks of that page (those that were still in this state).",
+    **schedules.NOTES,
+    **keys.NOTES,
 }
 
 
@@ -283,11 +286,17 @@ class Dashboard:
             page = await self.read(reads.task_list, self.scheduler, state, fn, cursor)
         except InvalidArgument as exc:
             return self.render(request, "error.html", 400, message=str(exc))
+        counts = await self.read(reads.state_counts, self.scheduler)
+        unserved: frozenset[str] = frozenset()
+        if state in reads.QUEUED:
+            unserved = await self.read(reads.unserved, self.scheduler, [t.fn for t in page.items])
         return self.render(
             request,
             "tasks.html",
             state=state,
             states=list(State),
+            counts=counts,
+            unserved=unserved,
             fn=fn or "",
             cursor=cursor,
             page=page,
@@ -717,7 +726,7 @@ def create_app(
     if isinstance(trusted_origins, str):
         trusted_origins = (trusted_origins,)
     d = Dashboard(scheduler, allow_actions, token, owns, [o.rstrip("/") for o in trusted_origins])
-    get = [
+    get: list[tuple[str, Handler, str]] = [
         ("/", d.overview, "overview"),
         ("/api/overview", d.overview_api, "overview_api"),
         ("/tasks", d.tasks, "tasks"),
@@ -728,11 +737,15 @@ def create_app(
         ("/workers", d.workers, "workers"),
         ("/login", d.login_form, "login_form"),
     ]
-    post = [
+    post: list[tuple[str, Handler, str]] = [
         ("/login", d.login, "login"),
         ("/logout", d.logout, "logout"),
         ("/actions/{name}", d.action, "action"),
     ]
+    for pages in (schedules.SchedulePages(d), keys.KeyPages(d)):
+        more_get, more_post = pages.routes()
+        get += more_get
+        post += more_post
     routes: list[Route | Mount] = [
         Route(path, _guard(fn, d), methods=["GET"], name=name) for path, fn, name in get
     ]
