@@ -45,6 +45,7 @@ from distsched.text import finite_or_none, iso, jsonable
 log = logging.getLogger("distsched.dashboard")
 
 HERE = Path(__file__).resolve().parent
+
 T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -110,6 +111,9 @@ class Dashboard:
         self.env.filters["iso"] = iso
         self.env.filters["short"] = reads.short
         self.env.globals["reads"] = reads
+        # The other namespaces served beside this one: (name, link, current) for the
+        # header's switcher (set by create_multi_app; None: this namespace alone).
+        self.switcher: Callable[[Request], list[tuple[str, str, bool]]] | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -118,12 +122,19 @@ class Dashboard:
         """The path the app is mounted at ('' at the root)."""
         return str(request.scope.get("root_path", "")).rstrip("/")
 
+    @classmethod
+    def link_base(cls, request: Request) -> str:
+        """:meth:`base` percent-encoded, as it goes in a link and in the session cookie's
+        path: the browser sends it back so, and a namespace in the mount path of a
+        multi-namespace app may hold ``;`` or non-ASCII letters."""
+        return quote(cls.base(request), safe="/")
+
     def url(self, request: Request, path: str, **query: Any) -> str:
         """A link inside the dashboard; every query value percent-encoded."""
         kept = {k: v for k, v in query.items() if v is not None and v != ""}
         join = "&" if "?" in path else "?"
         tail = join + urlencode(kept, quote_via=quote, safe="") if kept else ""
-        return f"{self.base(request)}{path}{tail}"
+        return f"{self.link_base(request)}{path}{tail}"
 
     def here(self, request: Request) -> str:
         """This page's path and query inside the dashboard (where to come back to)."""
@@ -150,6 +161,7 @@ class Dashboard:
             session=session,
             note=NOTES.get(note or ""),
             here=self.here(request),
+            switcher=[] if self.switcher is None else self.switcher(request),
             **context,
         )
         response = HTMLResponse(page, status_code=status_code)
@@ -345,7 +357,7 @@ class Dashboard:
             COOKIE,
             self.signer.issue(),
             max_age=SESSION_S,
-            path=(self.base(request) or "") + "/",
+            path=self.link_base(request) + "/",
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -373,7 +385,7 @@ class Dashboard:
         if refused is not None:
             return refused
         response = RedirectResponse(self.url(request, "/", done="logged-out"), 303)
-        response.delete_cookie(COOKIE, path=(self.base(request) or "") + "/")
+        response.delete_cookie(COOKIE, path=self.link_base(request) + "/")
         return response
 
     # ------------------------------------------------------------------ actions
