@@ -76,7 +76,7 @@ def test_the_schedules_page_lists_every_schedule_with_its_next_fire_counters_and
     page = read_only.get("/schedules").text
     hourly = with_schedules.get_schedule("hourly")
     row = row_of(page, "data-schedule", "hourly")
-    assert "every 3600 s" in row and "<code>report</code>" in row
+    assert "every 1 h 0 min" in row and "<code>report</code>" in row
     assert hourly.next_fire is not None
     assert iso(hourly.next_fire) in row
     assert re.search(r"in (59|60) min", row)

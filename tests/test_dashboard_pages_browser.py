@@ -97,7 +97,7 @@ def test_an_operator_pauses_resumes_and_triggers_a_schedule_from_its_page(
     server = served_with_actions
     browser.get(server.url + "/")
     follow(browser, By.ID, "nav-schedules")
-    assert "every 86400 s" in row(browser, "data-schedule", "nightly-report")
+    assert "every 1 d 0 h" in row(browser, "data-schedule", "nightly-report")
     assert "paused" in row(browser, "data-schedule", "sync <crm>")
     assert not browser.find_elements(By.CSS_SELECTOR, "button.action-pause")
     shot("schedules-read")

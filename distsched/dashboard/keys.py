@@ -121,10 +121,16 @@ class KeyPages:
             await self.d.read(self.d.scheduler.set_key, key, cap, weight, rate, per)
         except InvalidArgument as exc:
             return self.d.render(request, "error.html", 400, message=str(exc)[:300])
+        peer = request.client.host if request.client else "?"
         log.info(
             "dashboard: key %r set to cap %s, weight %s, rate %s per %g s from %s",
-            key, cap, weight, rate, per, request.client.host if request.client else "?",
-        )  # fmt: skip
+            key,
+            cap,
+            weight,
+            rate,
+            per,
+            peer,
+        )
         return RedirectResponse(self.d.url(request, "/keys", done="key-set"), 303)
 
     def routes(self) -> tuple[list[tuple[str, Handler, str]], list[tuple[str, Handler, str]]]:

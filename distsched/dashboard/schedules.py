@@ -50,14 +50,6 @@ def status(schedule: Schedule) -> str:
     return "ended" if schedule.next_fire is None else "active"
 
 
-def timing(schedule: Schedule) -> str:
-    """When it fires, for people: ``cron */5 * * * * (Europe/Paris)`` or ``every 30 s``."""
-    if schedule.cron is not None:
-        return f"cron {schedule.cron} ({schedule.tz})"
-    interval = schedule.interval or 0.0
-    return f"every {interval:g} s"
-
-
 class SchedulePages:
     """The routes of the schedules page and its actions."""
 
@@ -66,7 +58,7 @@ class SchedulePages:
 
     async def page(self, request: Request) -> Response:
         page = await self.d.read(read, self.d.scheduler)
-        return self.d.render(request, "schedules.html", page=page, status=status, timing=timing)
+        return self.d.render(request, "schedules.html", page=page, status=status)
 
     async def act(self, request: Request) -> Response:
         """Pause, resume or trigger one schedule (``op`` in the path, ``name`` in the form)."""
