@@ -54,9 +54,9 @@ def row_of(page: str, attribute: str, value: str) -> str:
 
 
 def cell(row: str, name: str) -> str:
-    found = re.search(rf'<td class="{name}">(.*?)</td>', row, re.S)
+    found = re.search(rf'<(td|span) class="{name}">(.*?)</\1>', row, re.S)
     assert found is not None, f"no {name} cell in {row}"
-    return re.sub(r"<[^>]+>", " ", found.group(1)).split()[0] if found.group(1).strip() else ""
+    return re.sub(r"<[^>]+>", " ", found.group(2)).split()[0] if found.group(2).strip() else ""
 
 
 # --------------------------------------------------------------------------- schedules
@@ -89,6 +89,16 @@ def test_the_schedules_page_lists_every_schedule_with_its_next_fire_counters_and
     assert cell(paused, "next-fire") == "-" and "<code>acme</code>" in paused
     assert HOSTILE_NAME not in page and str(escape(HOSTILE_NAME)) in page
     assert links(page).post == []  # read-only: no buttons
+
+
+def test_a_cron_schedule_shows_its_expression_and_time_zone(
+    read_only: TestClient, scheduler: Scheduler
+) -> None:
+    require_extra("cronsim")
+    scheduler.add_schedule("weekdays", "f", cron="0 9 * * 1-5", tz="Europe/Paris")
+    row = row_of(read_only.get("/schedules").text, "data-schedule", "weekdays")
+    assert "<code>0 9 * * 1-5</code>" in row and "Europe/Paris" in row
+    assert 'title="overlap policy: skip; catch-up: latest' in row
 
 
 def test_an_empty_namespace_says_it_has_no_schedules(read_only: TestClient) -> None:
