@@ -265,6 +265,11 @@ def test_a_key_is_set_live_from_the_page(with_actions: TestClient, scheduler: Sc
     with_actions.post("/keys/set", data={"csrf": csrf, "key": "new tenant", "cap": "0"})
     assert scheduler.key_info("new tenant").cap == 0
     assert 'data-key="new tenant"' in with_actions.get("/keys").text
+    # The default key (of tasks given none): a blank name.
+    with_actions.post("/keys/set", data={"csrf": csrf, "key": "", "cap": "5"})
+    assert scheduler.key_info("").cap == 5
+    default = row_of(with_actions.get("/keys").text, "data-key", "")
+    assert "tasks without a key" in default and cell(default, "cap") == "5"
 
 
 @pytest.mark.parametrize(
@@ -401,6 +406,7 @@ def test_one_app_serves_several_namespaces_each_under_its_path_with_a_switcher(
     with TestClient(create_multi_app(one, names)) as client:
         home = client.get("/", follow_redirects=False)
         assert home.status_code == 307 and home.headers["location"] == f"/ns/{one.namespace}/"
+        assert home.headers["x-frame-options"] == "DENY"
         first = client.get(f"/ns/{one.namespace}/tasks?state=ready").text
         assert "in-one" in first and "in-other" not in first
         switch = dict(
@@ -408,7 +414,9 @@ def test_one_app_serves_several_namespaces_each_under_its_path_with_a_switcher(
         )
         target = f"/ns/{quote_ns(other.namespace)}/tasks?state=ready"
         assert switch == {target: str(escape(other.namespace))}
-        second = client.get(target.replace("&amp;", "&")).text
+        reply = client.get(target.replace("&amp;", "&"))
+        assert reply.headers.get_list("x-frame-options") == ["DENY"]
+        second = reply.text
         assert "in-other" in second and "in-one" not in second
         assert f'<li class="current">{escape(other.namespace)}</li>' in second
         for href in links(second).get:

@@ -13,7 +13,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 
 from distsched.client import Scheduler
-from distsched.dashboard.app import Dashboard, create_app
+from distsched.dashboard.app import SECURITY_HEADERS, Dashboard, create_app
 from distsched.errors import InvalidArgument
 from distsched.keys import validate_namespace
 
@@ -90,7 +90,11 @@ def create_multi_app(
 
     async def home(request: Request) -> Response:
         prefix = quote(Dashboard.base(request), safe="/")
-        return RedirectResponse(f"{prefix}{MOUNT}{quote(first, safe='')}/", 307)
+        response = RedirectResponse(f"{prefix}{MOUNT}{quote(first, safe='')}/", 307)
+        # The mounted dashboards add these to their own answers; this one is the app's.
+        for name, value in SECURITY_HEADERS:
+            response.headers[name.decode()] = value.decode()
+        return response
 
     routes.insert(0, Route("/", home, methods=["GET"]))
 
