@@ -123,7 +123,7 @@ def login(client: TestClient, prefix: str = "") -> str:
 PAGES = [
     "/", "/tasks?state=failed", "/tasks?state=blocked", "/tasks?state=ready",
     "/tasks?state=running", "/task?id=extract", "/leases", "/workers", "/api/overview",
-    "/api/task?id=extract",
+    "/api/task?id=extract", "/schedules", "/keys",
 ]  # fmt: skip
 
 
@@ -517,6 +517,7 @@ def page_costs(server: RedisServer, filler: int) -> dict[str, int]:
             assert web.get(path).status_code == 200
             costs[path] = commands_sent(client) - before
     s.close()
+    client.close()
     return costs
 
 

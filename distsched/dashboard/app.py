@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from distsched.client import Scheduler
-from distsched.dashboard import chart, graph, reads
+from distsched.dashboard import chart, graph, keys, reads, schedules
 from distsched.dashboard.auth import (
     COOKIE,
     SESSION_S,
@@ -45,7 +45,9 @@ from distsched.text import finite_or_none, iso, jsonable
 log = logging.getLogger("distsched.dashboard")
 
 HERE = Path(__file__).resolve().parent
+
 T = TypeVar("T")
+Handler = Callable[[Request], Awaitable[Response]]
 
 # What an action's redirect says, by code: fixed texts, so a link cannot make the page
 # say anything else.
@@ -60,6 +62,8 @@ NOTES = {
     "logged-out": "Logged out.",
     "bulk-retried": "Retried the failed tasks of that page; they left this list.",
     "purged": "Removed the tasks of that page (those that were still in this state).",
+    **schedules.NOTES,
+    **keys.NOTES,
 }
 
 
@@ -107,6 +111,9 @@ class Dashboard:
         self.env.filters["iso"] = iso
         self.env.filters["short"] = reads.short
         self.env.globals["reads"] = reads
+        # The other namespaces served beside this one: (name, link, current) for the
+        # header's switcher (set by create_multi_app; None: this namespace alone).
+        self.switcher: Callable[[Request], list[tuple[str, str, bool]]] | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -115,12 +122,19 @@ class Dashboard:
         """The path the app is mounted at ('' at the root)."""
         return str(request.scope.get("root_path", "")).rstrip("/")
 
+    @classmethod
+    def link_base(cls, request: Request) -> str:
+        """:meth:`base` percent-encoded, as it goes in a link and in the session cookie's
+        path: the browser sends it back so, and a namespace in the mount path of a
+        multi-namespace app may hold ``;`` or non-ASCII letters."""
+        return quote(cls.base(request), safe="/")
+
     def url(self, request: Request, path: str, **query: Any) -> str:
         """A link inside the dashboard; every query value percent-encoded."""
         kept = {k: v for k, v in query.items() if v is not None and v != ""}
         join = "&" if "?" in path else "?"
         tail = join + urlencode(kept, quote_via=quote, safe="") if kept else ""
-        return f"{self.base(request)}{path}{tail}"
+        return f"{self.link_base(request)}{path}{tail}"
 
     def here(self, request: Request) -> str:
         """This page's path and query inside the dashboard (where to come back to)."""
@@ -147,6 +161,7 @@ class Dashboard:
             session=session,
             note=NOTES.get(note or ""),
             here=self.here(request),
+            switcher=[] if self.switcher is None else self.switcher(request),
             **context,
         )
         response = HTMLResponse(page, status_code=status_code)
@@ -283,11 +298,17 @@ class Dashboard:
             page = await self.read(reads.task_list, self.scheduler, state, fn, cursor)
         except InvalidArgument as exc:
             return self.render(request, "error.html", 400, message=str(exc))
+        counts = await self.read(reads.state_counts, self.scheduler)
+        unserved: frozenset[str] = frozenset()
+        if state in reads.QUEUED:
+            unserved = await self.read(reads.unserved, self.scheduler, [t.fn for t in page.items])
         return self.render(
             request,
             "tasks.html",
             state=state,
             states=list(State),
+            counts=counts,
+            unserved=unserved,
             fn=fn or "",
             cursor=cursor,
             page=page,
@@ -336,7 +357,7 @@ class Dashboard:
             COOKIE,
             self.signer.issue(),
             max_age=SESSION_S,
-            path=(self.base(request) or "") + "/",
+            path=self.link_base(request) + "/",
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -364,7 +385,7 @@ class Dashboard:
         if refused is not None:
             return refused
         response = RedirectResponse(self.url(request, "/", done="logged-out"), 303)
-        response.delete_cookie(COOKIE, path=(self.base(request) or "") + "/")
+        response.delete_cookie(COOKIE, path=self.link_base(request) + "/")
         return response
 
     # ------------------------------------------------------------------ actions
@@ -717,7 +738,7 @@ def create_app(
     if isinstance(trusted_origins, str):
         trusted_origins = (trusted_origins,)
     d = Dashboard(scheduler, allow_actions, token, owns, [o.rstrip("/") for o in trusted_origins])
-    get = [
+    get: list[tuple[str, Handler, str]] = [
         ("/", d.overview, "overview"),
         ("/api/overview", d.overview_api, "overview_api"),
         ("/tasks", d.tasks, "tasks"),
@@ -728,11 +749,15 @@ def create_app(
         ("/workers", d.workers, "workers"),
         ("/login", d.login_form, "login_form"),
     ]
-    post = [
+    post: list[tuple[str, Handler, str]] = [
         ("/login", d.login, "login"),
         ("/logout", d.logout, "logout"),
         ("/actions/{name}", d.action, "action"),
     ]
+    for pages in (schedules.SchedulePages(d), keys.KeyPages(d)):
+        more_get, more_post = pages.routes()
+        get += more_get
+        post += more_post
     routes: list[Route | Mount] = [
         Route(path, _guard(fn, d), methods=["GET"], name=name) for path, fn, name in get
     ]

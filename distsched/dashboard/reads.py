@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -37,6 +37,7 @@ from distsched.model import (
     TaskPage,
     WorkerInfo,
 )
+from distsched.ops.explain import SERVED_LIVE_S
 from distsched.text import error_summary, jsonable, size
 from distsched.validate import MAX_TASK_ID_BYTES
 
@@ -480,3 +481,36 @@ def show_value(data: Any, limit: int) -> Cut:
         if length > limit:
             return Cut("".join(out)[:limit], limit + 1)
     return Cut("".join(out), length)
+
+
+# --------------------------------------------------------------------------- served functions
+
+
+def state_counts(scheduler: Scheduler) -> dict[str, int]:
+    """The number of tasks in each state (the tabs of the task lists)."""
+    counts = scheduler.stats()["counts"]
+    return {state.value: int(counts.get(state.value, 0)) for state in State}
+
+
+def unserved(scheduler: Scheduler, fns: Iterable[str | None]) -> frozenset[str]:
+    """Which of ``fns`` no live worker serves: none announced it in the namespace's
+    ``served`` hash within ``SERVED_LIVE_S`` (the rule ``explain`` reports as
+    ``unserved``). Two round trips, whatever the number of names (a page's worth)."""
+    names = sorted({fn for fn in fns if fn})
+    if not names:
+        return frozenset()
+    now = scheduler.server_time()
+    raw = scheduler.client.hmget(scheduler.keys.served, names)
+    out = set()
+    for name, value in zip(names, cast(list[Any], raw), strict=True):
+        try:
+            last = int(value) / 1000.0 if value is not None else None
+        except ValueError:  # junk written by other means: not an announcement
+            last = None
+        if last is None or now - last > SERVED_LIVE_S:
+            out.add(name)
+    return frozenset(out)
+
+
+# The states whose tasks wait for a worker to claim them: a badge says when none can.
+QUEUED = frozenset({State.PENDING, State.READY})
