@@ -126,3 +126,5 @@ def harness(
         scheduler.close()
         if owned:
             conn.close()
+            # fakeredis hands its client a pool of its own making, which close() leaves.
+            conn.connection_pool.disconnect()

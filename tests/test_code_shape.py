@@ -33,9 +33,11 @@ ALLOWED_IGNORES = {
     "misc": "click.ClickException.message is declared read-only but is the documented "
     "place to rewrite the message",
     "unused-ignore": "goes with another code that only some supported versions need",
+    "overload-overlap": "a typed task's decorator tells an async def function from a def one "
+    "by overloads, which mypy deems overlapping (a def may return a coroutine too)",
 }
 # A ceiling on the count too, so one allowed kind does not spread.
-MAX_IGNORES = 8
+MAX_IGNORES = 9
 
 
 def _package_files() -> list[Path]:

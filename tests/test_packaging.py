@@ -108,6 +108,8 @@ LAYERS: list[set[str]] = [
         "distsched.worker",
         "distsched.text",
         "distsched.views",
+        "distsched.tasks",
+        "distsched.testing",
     },
     # The dashboard reads through the scheduler and views; the tools may serve it.
     {"distsched.dashboard"},

@@ -970,9 +970,9 @@ def test_each_script_runs_as_a_user_allowed_only_its_declared_keys(
             client = own_redis.client(username=f"s-{name}", password="pw")
             clients.append(client)
             s._scripts.scripts[name] = scripts.Script(client, name)
-        # The limit is real: heartbeat's user cannot even read the meta hash.
+        # The limit is real: heartbeat's user cannot even read the queue.
         with pytest.raises(redis.exceptions.NoPermissionError):
-            clients[SCRIPT_NAMES.index("heartbeat")].hgetall(keys.meta)
+            clients[SCRIPT_NAMES.index("heartbeat")].zcard(keys.queue)
         lifecycle(s)
         s.schedule_many(
             [TaskSpec("r", "f")] + [TaskSpec(f"c{i}", "f", deps=["r"]) for i in range(3)]

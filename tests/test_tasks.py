@@ -94,7 +94,7 @@ def test_a_worker_serves_the_handles_defined_in_a_module(scheduler: Scheduler) -
 
 
 def test_handles_build_specs_for_batches(scheduler: Scheduler) -> None:
-    tasks, send_welcome, add = make_tasks()
+    _, send_welcome, add = make_tasks()
     specs = [send_welcome.spec("a", 1), add.options(deps=["a"]).spec("b", 1, 2)]
     assert specs[0] == TaskSpec("a", "send_welcome", args=[1], kwargs={}, max_attempts=3)
     scheduler.submit_graph(specs)

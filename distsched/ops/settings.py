@@ -20,8 +20,9 @@ from distsched.validate import (
 )
 from distsched.wire.calls import fairness_call, order_call, purge_call
 
-# The most a test clock may run ahead of the server's (lua/lib/run.lua: MAX_CLOCK_MS).
-CLOCK_MAX_MS = 3_153_600_000_000
+# The most a test clock may run ahead of the server's, about 70 years (lua/lib/run.lua:
+# MAX_CLOCK_MS).
+CLOCK_MAX_MS = 2**41
 
 
 class Settings(Inspect):
@@ -46,7 +47,8 @@ class Settings(Inspect):
         """Move the namespace's clock ``ms`` forward (the test clock of distsched.testing)."""
         if not _is_int(ms) or not 0 <= ms <= CLOCK_MAX_MS:
             raise InvalidArgument(
-                "by", f"must move the clock forward by at most a century, got {ms!r} ms"
+                "by",
+                f"must move the clock forward by at most 2^41 ms (about 70 years), got {ms!r} ms",
             )
         yield _one(("HINCRBY", self.keys.meta, "clock_ms", ms))
         # Entries may be due now: idle workers claim again.

@@ -675,5 +675,5 @@ def _parts(items: Sequence[T]) -> list[Sequence[T]]:
 # server's TIME moved forward by the test clock (meta clock_ms, see lua/lib/run.lua).
 SERVER_TIME_LUA = """local t = redis.call('TIME')
 local n = tonumber(redis.call('HGET', KEYS[1], 'clock_ms'))
-if not n or n < 0 or n ~= math.floor(n) or n > 3153600000000 then n = 0 end
+if not n or n < 0 or n ~= math.floor(n) or n > 2199023255552 then n = 0 end
 return { tonumber(t[1]) + math.floor(n / 1000), tonumber(t[2]) + (n % 1000) * 1000 }"""

@@ -465,7 +465,10 @@ class Worker:
             self._loop.start()
         self._reporter.start()
         self._heartbeat.start()
-        self._listener.start()
+        # Until idle, the claim loop looks again by itself while its tasks run, and
+        # heartbeats deliver cancel requests: no subscription to wait on or tear down.
+        if not self._consumer.until_idle:
+            self._listener.start()
 
     def _shutdown(self) -> None:
         self._stopping.set()
