@@ -23,11 +23,13 @@ from distsched.client import Scheduler  # noqa: E402
 from distsched.context import TaskContext, current_task  # noqa: E402
 from distsched.model import Admitted, Claim, Outcome, State, TaskInfo, TaskSpec, Wait  # noqa: E402
 from distsched.schedules import Catchup, Overlap, Schedule  # noqa: E402
+from distsched.tasks import AsyncTask, Task, Tasks  # noqa: E402
 from distsched.version import __version__  # noqa: E402
 from distsched.worker import Worker  # noqa: E402
 
 __all__ = [
     "Admitted",
+    "AsyncTask",
     "Catchup",
     "Claim",
     "Outcome",
@@ -35,9 +37,11 @@ __all__ = [
     "Schedule",
     "Scheduler",
     "State",
+    "Task",
     "TaskContext",
     "TaskInfo",
     "TaskSpec",
+    "Tasks",
     "Wait",
     "Worker",
     "__version__",

@@ -28,7 +28,7 @@ import datetime as _dt
 import importlib.util
 import math
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
@@ -43,7 +43,7 @@ from distsched.worker import Worker
 
 __all__ = ["Harness", "harness"]
 
-Functions = Mapping[str, Callable[..., Any]] | Tasks | ModuleType | Iterable[TaskHandle[Any, Any]]
+Functions = Mapping[str, Callable[..., Any]] | Tasks | ModuleType | Sequence[TaskHandle[Any, Any]]
 
 
 class Harness:

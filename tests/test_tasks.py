@@ -19,7 +19,7 @@ from tests.conftest import RedisServer, running
 from tests.test_worker import wait_state
 
 
-def make_tasks() -> tuple[Tasks, Task[[int], str], AsyncTask[[int, int], int]]:
+def make_tasks() -> tuple[Tasks, Task[..., str], AsyncTask[[int, int], int]]:
     tasks = Tasks()
 
     @tasks.task(max_attempts=3)
@@ -122,7 +122,7 @@ def test_names_and_options_are_checked_when_the_task_is_made(scheduler: Schedule
     with pytest.raises(InvalidArgument, match="max_attempts"):
         tasks.task(name="g", max_attempts=0)(f)
     with pytest.raises(InvalidArgument, match="args"):
-        tasks.task(name="h", **{"args": [1]})(f)  # type: ignore[arg-type]
+        tasks.task(name="h", **{"args": [1]})(f)  # type: ignore[call-overload]
     with pytest.raises(InvalidArgument, match="functions"):
         Worker(scheduler, 42)  # type: ignore[arg-type]
 

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping
+from types import ModuleType
 from typing import Any
 
 import click
@@ -18,6 +19,7 @@ from distsched.cli.common import connect, duration_option, settings_of
 from distsched.client import Scheduler
 from distsched.errors import InvalidArgument
 from distsched.hooks import validate_hooks
+from distsched.tasks import TaskHandle, Tasks, served_functions
 from distsched.text import one_line
 from distsched.validate import validate_worker_id
 
@@ -59,16 +61,22 @@ def load_hooks(spec: str) -> list[Any]:
 
 
 def load_app(spec: str) -> dict[str, Callable[..., Any]]:
-    """Import ``module:attribute``: a mapping name -> callable, or a list of callables."""
+    """Import ``module:attribute``: a :class:`~distsched.tasks.Tasks`, a module of task
+    handles, a mapping name -> callable, or a list of callables or handles."""
     target = import_object(spec, "app")
-    if isinstance(target, Mapping):
-        functions = dict(target)
+    if isinstance(target, (Mapping, Tasks, ModuleType)):
+        functions = served_functions(target)
     elif isinstance(target, (list, tuple)):
-        functions = {getattr(f, "__name__", ""): f for f in target}
+        functions = {
+            f.name if isinstance(f, TaskHandle) else getattr(f, "__name__", ""): (
+                f.fn if isinstance(f, TaskHandle) else f
+            )
+            for f in target
+        }
     else:
         raise InvalidArgument(
             "app",
-            f"{spec} must be a mapping of name -> function or a list of functions, "
+            f"{spec} must be a Tasks, a mapping of name -> function or a list of functions, "
             f"got {type(target).__name__}",
         )
     bad = [

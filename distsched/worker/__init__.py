@@ -220,7 +220,7 @@ class Worker:
         functions: Mapping[str, Callable[..., Any]]
         | Tasks
         | ModuleType
-        | Iterable[TaskHandle[Any, Any]],
+        | Sequence[TaskHandle[Any, Any]],
         concurrency: int = 8,
         worker_id: str | None = None,
         heartbeat_s: float | None = None,
