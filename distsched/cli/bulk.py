@@ -301,6 +301,7 @@ def purge(
     if error is not None:
         _report_error_walk("purged", scheduler.purge_failures(error, batch=batch, limit=limit))
         return
+    assert state is not None
     removed = skipped = 0
     for items in _listing(scheduler, state, fn, since, limit, batch):
         gone = scheduler.purge_tasks([info.task_id for info in items])

@@ -32,9 +32,7 @@ from distsched.text import escape, json_line, table
 @click.option("--cursor", default=None, help="Go on where a previous run stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: groups, examined, cursor.")
 @click.pass_context
-def failures(
-    ctx: click.Context, count: int, most: int, cursor: str | None, as_json: bool
-) -> None:
+def failures(ctx: click.Context, count: int, most: int, cursor: str | None, as_json: bool) -> None:
     """The failed tasks grouped by error, largest group first, with examples.
 
     A group is the error's last line (``Type: message``) with every number and hex
@@ -53,7 +51,11 @@ def failures(
             break
     merged = merge_groups(groups)
     if as_json:
-        data = {"groups": [dataclasses.asdict(g) for g in merged], "examined": examined, "cursor": cursor}
+        data = {
+            "groups": [dataclasses.asdict(g) for g in merged],
+            "examined": examined,
+            "cursor": cursor,
+        }
         click.echo(json_line(data))
         return
     rows = [

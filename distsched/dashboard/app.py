@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from distsched.client import Scheduler
-from distsched.dashboard import chart, graph, reads
+from distsched.dashboard import chart, failures, graph, reads
 from distsched.dashboard.auth import (
     COOKIE,
     SESSION_S,
@@ -733,6 +733,7 @@ def create_app(
         ("/logout", d.logout, "logout"),
         ("/actions/{name}", d.action, "action"),
     ]
+    failures.register(d, get, post)
     routes: list[Route | Mount] = [
         Route(path, _guard(fn, d), methods=["GET"], name=name) for path, fn, name in get
     ]
