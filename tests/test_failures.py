@@ -5,6 +5,7 @@ line and the dashboard, against a real redis-server."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -359,3 +360,47 @@ def test_retry_all_and_remove_all_act_on_one_group_with_the_session_and_csrf_tok
     with pytest.raises(NotFoundError):
         scheduler.status("m0")
     assert scheduler.stats()["counts"]["ready"] == 12
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def test_the_demo_dashboard_tells_the_failure_story_and_a_group_can_be_retried(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    require_extra("uvicorn")
+    import httpx2
+
+    from distsched.tools.demo import DashboardOptions, run_demo
+
+    lines: list[str] = []
+    seen: dict[str, Any] = {}
+
+    def look(url: str) -> None:
+        token = lines[-1].rsplit(" ", 1)[1]
+        with httpx2.Client(base_url=url, timeout=10, follow_redirects=True) as web:
+            seen["before"] = web.get("/failures").text
+            seen["branch"] = web.get("/task", params={"id": "month-close"}).text
+            web.post("/login", data={"token": token})
+            page = web.get("/failures").text
+            group = "ConnectionError: payment gateway timed out after #s (order #)"
+            reply = web.post("/failures/retry", data={"error": group, "csrf": _csrf(page)})
+            seen["after"] = reply.text
+
+    assert run_demo(redis_server.url, lines.append, DashboardOptions(port=0, until=look))
+    assert "log in with the token" in lines[-1]
+    counts = [
+        (int(n), error)
+        for n, error in re.findall(
+            r'<td class="count">(\d+)</td>\s*<td class="error-cell"><code class="group-error">'
+            r"([^<]*)</code>",
+            seen["before"],
+        )
+    ]
+    assert [n for n, _ in counts] == [37, 5, 2]  # one large group, two small ones
+    assert "blocked" in seen["branch"] and "sync-orders" in seen["branch"]
+    assert "Retried 37 failed task(s) of that group" in seen["after"]
+    assert "payment gateway" not in seen["after"].split('id="groups"')[1]
+    namespace = re.search(r"namespace '(demo-[0-9a-f]+)'", "\n".join(lines))
+    assert namespace is not None
+    assert not list(redis_client.scan_iter(match=f"ds:{{{namespace.group(1)}}}:*"))
