@@ -291,7 +291,7 @@ def test_the_command_line_refuses_a_bad_group_or_size_naming_the_option(
     assert_one_line_error(bad_batch, "--batch", "500")
     assert_one_line_error(invoke(redis_server, namespace, "failures", "--count", "0"), "--count")
     both = invoke(redis_server, namespace, "retry", "t0", "--error", "E")
-    assert both.exit_code == 2 and "give one of ID, --state or --error" in both.stderr
+    assert both.exit_code == 2 and "give either ID or --state (or --error)" in both.stderr
     assert invoke(redis_server, namespace, "purge").exit_code == 2
     assert scheduler.stats()["counts"]["failed"] == 3
 

@@ -204,7 +204,7 @@ def retry(
     `distsched failures` lists them; any error line of the group will do).
     """
     if sum(x is not None for x in (task_id, state, error)) != 1:
-        raise click.UsageError("give one of ID, --state or --error")
+        raise click.UsageError("give either ID or --state (or --error)")
     if state is None and (fn or since is not None):
         raise click.UsageError("--fn and --since go with --state")
     if task_id is not None and limit is not None:
