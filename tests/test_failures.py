@@ -404,3 +404,18 @@ def test_the_demo_dashboard_tells_the_failure_story_and_a_group_can_be_retried(
     namespace = re.search(r"namespace '(demo-[0-9a-f]+)'", "\n".join(lines))
     assert namespace is not None
     assert not list(redis_client.scan_iter(match=f"ds:{{{namespace.group(1)}}}:*"))
+
+
+def test_a_group_action_sent_from_another_site_is_refused_even_with_session_and_token(
+    scheduler: Scheduler, dashboard: Any
+) -> None:
+    two_groups(scheduler, timeouts=3, missing=1)
+    dashboard.post("/login", data={"token": TOKEN})
+    token = _csrf(dashboard.get("/failures").text)
+    for headers in ({"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"}):
+        reply = dashboard.post(
+            "/failures/purge", data={"error": GROUP_TIMEOUT, "csrf": token}, headers=headers
+        )
+        assert reply.status_code == 403
+    assert dashboard.post("/failures/other", data={"error": "E", "csrf": token}).status_code == 404
+    assert scheduler.stats()["counts"]["failed"] == 4
