@@ -667,8 +667,10 @@ class Scheduler(BaseScheduler):
 
         Each call reads one bounded batch of the failed index, however many tasks
         failed: pass the page's ``cursor`` back for the next batch (None: no more),
-        and add pages up with :func:`distsched.ops.failures.merge_groups`. A group's
-        key is the error's last line with numbers and hex ids replaced by ``#``.
+        and add pages up with :func:`distsched.ops.failures.merge_groups`. A page may
+        hold fewer tasks (even none: the entries of tasks that just moved on, the end of
+        one stripe) with a cursor to go on. A group's key is the error's last line with
+        numbers and hex ids replaced by ``#``.
         """
         return self._drive(failure_ops.failures(self._ops, cursor, count))
 
