@@ -35,6 +35,7 @@ from distsched.model import (
     TaskSpec,
     Wait,
 )
+from distsched.ops import failures as failure_ops
 from distsched.ops import protocol
 from distsched.ops.namespace import Ops
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
@@ -452,6 +453,35 @@ class AsyncScheduler(BaseScheduler):
     ) -> TaskPage:
         """See :meth:`Scheduler.tasks`."""
         return await self._drive(self._ops.tasks(state, fn, limit, cursor))
+
+    async def failures(
+        self, *, cursor: str | None = None, count: int = failure_ops.FAILURES_BATCH_DEFAULT
+    ) -> model.FailurePage:
+        """See :meth:`Scheduler.failures`."""
+        return await self._drive(failure_ops.failures(self._ops, cursor, count))
+
+    async def retry_failures(
+        self,
+        error: str,
+        *,
+        cascade: bool = True,
+        batch: int = failure_ops.FAILURES_BATCH_DEFAULT,
+        limit: int | None = None,
+    ) -> model.BulkOutcome:
+        """See :meth:`Scheduler.retry_failures`."""
+        return await self._drive(
+            failure_ops.retry_failures(self._ops, error, cascade, batch, limit)
+        )
+
+    async def purge_failures(
+        self,
+        error: str,
+        *,
+        batch: int = failure_ops.FAILURES_BATCH_DEFAULT,
+        limit: int | None = None,
+    ) -> model.BulkOutcome:
+        """See :meth:`Scheduler.purge_failures`."""
+        return await self._drive(failure_ops.purge_failures(self._ops, error, batch, limit))
 
     async def throughput(self, minutes: int = 60) -> list[model.MinuteCount]:
         """See :meth:`Scheduler.throughput`."""

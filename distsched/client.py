@@ -38,6 +38,7 @@ from distsched.model import (
     TaskSpec,
     Wait,
 )
+from distsched.ops import failures as failure_ops
 from distsched.ops import protocol
 from distsched.ops.namespace import Ops
 from distsched.ops.stripes import StripedOps
@@ -658,6 +659,50 @@ class Scheduler(BaseScheduler):
         ``dependents`` or ``blocked_by`` (see :meth:`status`).
         """
         return self._drive(self._ops.tasks(state, fn, limit, cursor))
+
+    def failures(
+        self, *, cursor: str | None = None, count: int = failure_ops.FAILURES_BATCH_DEFAULT
+    ) -> model.FailurePage:
+        """The next ``count`` failed tasks (newest first, 1 to 500) grouped by error.
+
+        Each call reads one bounded batch of the failed index, however many tasks
+        failed: pass the page's ``cursor`` back for the next batch (None: no more),
+        and add pages up with :func:`distsched.ops.failures.merge_groups`. A page may
+        hold fewer tasks (even none: the entries of tasks that just moved on, the end of
+        one stripe) with a cursor to go on. A group's key is the error's last line with
+        numbers and hex ids replaced by ``#``.
+        """
+        return self._drive(failure_ops.failures(self._ops, cursor, count))
+
+    def retry_failures(
+        self,
+        error: str,
+        *,
+        cascade: bool = True,
+        batch: int = failure_ops.FAILURES_BATCH_DEFAULT,
+        limit: int | None = None,
+    ) -> model.BulkOutcome:
+        """Retry every failed task whose error is in the group ``error`` (a group key
+        as :meth:`failures` lists it, or any error line grouped the same way).
+
+        Walks the failed tasks newest first, ``batch`` (1 to 500) per read, one retry
+        script per matching task, so each Redis call stays short; at most ``limit``
+        tasks. Tasks that fail after the walk started are not visited. With
+        ``cascade`` the tasks each one blocked are retried with it.
+        """
+        return self._drive(failure_ops.retry_failures(self._ops, error, cascade, batch, limit))
+
+    def purge_failures(
+        self,
+        error: str,
+        *,
+        batch: int = failure_ops.FAILURES_BATCH_DEFAULT,
+        limit: int | None = None,
+    ) -> model.BulkOutcome:
+        """Remove now every failed task whose error is in the group ``error``, as
+        :meth:`purge_tasks` does, ``batch`` (1 to 500) failed tasks read and one
+        removal script per step; at most ``limit`` tasks."""
+        return self._drive(failure_ops.purge_failures(self._ops, error, batch, limit))
 
     def throughput(self, minutes: int = 60) -> list[model.MinuteCount]:
         """Attempts that succeeded and failed per minute over the last ``minutes``

@@ -180,6 +180,45 @@ class TaskPage:
 
 
 @dataclass(frozen=True)
+class FailureGroup:
+    """Failed tasks that share one error (``Scheduler.failures``).
+
+    ``error`` is the group's key: the error's last line with every number and hex id
+    replaced by ``#`` (see :func:`distsched.ops.failures.error_group`); ``sample`` is
+    the last line of one member's error as stored; ``examples`` are up to 5 task ids.
+    """
+
+    error: str
+    count: int
+    sample: str
+    examples: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FailurePage:
+    """One page of ``Scheduler.failures``: the failed tasks it examined grouped by
+    error (largest group first), how many it examined, and the cursor of the next page
+    (None when there is no more). Merge pages with
+    :func:`distsched.ops.failures.merge_groups`."""
+
+    groups: tuple[FailureGroup, ...]
+    examined: int
+    cursor: str | None
+
+
+@dataclass(frozen=True)
+class BulkOutcome:
+    """What ``retry_failures`` or ``purge_failures`` did: failed tasks examined, those
+    whose error matched, those retried or removed (``done``), and those skipped because
+    they moved on meanwhile (or, for a purge, still tell their dependents they ended)."""
+
+    examined: int
+    matched: int
+    done: int
+    skipped: int
+
+
+@dataclass(frozen=True)
 class MinuteCount:
     """Attempts that ended in one minute (``Scheduler.throughput``): ``minute`` is the
     epoch seconds of the minute's start."""

@@ -19,6 +19,7 @@ from distsched.cli import (
     admin,
     bulk,
     dashboard,
+    failures,
     inspect,
     keys,
     namespace,
@@ -75,6 +76,9 @@ OPTION_NAMES = {
     "catchup_window": "--catchup-window",
     "n": "-n",
     "token": "--token",
+    "error": "--error",
+    "batch": "--batch",
+    "count": "--count",
 }
 
 
@@ -199,6 +203,7 @@ COMMANDS: list[click.Command] = [
     bulk.tasks_command,
     bulk.retry,
     bulk.purge,
+    failures.failures,
     dashboard.dashboard,
     tools.demo,
     tools.bench,

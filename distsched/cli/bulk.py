@@ -10,7 +10,7 @@ from distsched import views
 from distsched.cli.common import connect, duration_option, info_dict, stacked, task_named
 from distsched.client import Scheduler
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
-from distsched.model import State, TaskInfo
+from distsched.model import BulkOutcome, State, TaskInfo
 from distsched.text import (
     CUT_CHARS,
     error_summary,
@@ -145,6 +145,21 @@ _bulk_options = stacked(
 )
 
 
+_error_option = click.option(
+    "--error",
+    default=None,
+    help="Act on the failed tasks of this error group instead (see `distsched failures`).",
+)
+
+
+def _report_error_walk(verb: str, outcome: BulkOutcome) -> None:
+    skipped = f", skipped {outcome.skipped}" if outcome.skipped else ""
+    click.echo(
+        f"{verb} {outcome.done} failed tasks of the group{skipped} "
+        f"({outcome.examined} failed tasks examined)"
+    )
+
+
 def _progress(verb: str, done: int, skipped: int) -> None:
     click.echo(f"{verb} {done}, skipped {skipped}", err=True)
 
@@ -162,6 +177,7 @@ def _progress(verb: str, done: int, skipped: int) -> None:
     default=None,
     help="Retry every task in this state instead of one ID (with --fn, --since).",
 )
+@_error_option
 @_bulk_options
 @click.pass_context
 def retry(
@@ -169,6 +185,7 @@ def retry(
     task_id: str | None,
     no_cascade: bool,
     state: str | None,
+    error: str | None,
     fn: str | None,
     since: float | None,
     limit: int | None,
@@ -182,12 +199,21 @@ def retry(
     With --state instead of ID, retries every task in that state (newest first,
     page by page; progress on stderr). A retried task leaves the state, so an
     interrupted run is finished by running it again.
+
+    With --error instead, retries every failed task of that error group (as
+    `distsched failures` lists them; any error line of the group will do).
     """
-    if (task_id is None) == (state is None):
-        raise click.UsageError("give either ID or --state")
-    if state is None and (fn or since is not None or limit is not None):
-        raise click.UsageError("--fn, --since and --limit go with --state")
+    if sum(x is not None for x in (task_id, state, error)) != 1:
+        raise click.UsageError("give either ID or --state (or --error)")
+    if state is None and (fn or since is not None):
+        raise click.UsageError("--fn and --since go with --state")
+    if task_id is not None and limit is not None:
+        raise click.UsageError("--limit goes with --state or --error")
     scheduler = connect(ctx)
+    if error is not None:
+        done = scheduler.retry_failures(error, cascade=not no_cascade, batch=batch, limit=limit)
+        _report_error_walk("retried", done)
+        return
     if state is not None:
         _retry_state(
             scheduler, state, not no_cascade, _listing(scheduler, state, fn, since, limit, batch)
@@ -242,15 +268,17 @@ def _retry_one(ctx: click.Context, scheduler: Scheduler, task_id: str, no_cascad
 @click.command()
 @click.option(
     "--state",
-    required=True,
     type=click.Choice(TERMINAL_STATES),
+    default=None,
     help="Remove the tasks that ended in this state.",
 )
+@_error_option
 @_bulk_options
 @click.pass_context
 def purge(
     ctx: click.Context,
-    state: str,
+    state: str | None,
+    error: str | None,
     fn: str | None,
     since: float | None,
     limit: int | None,
@@ -261,8 +289,19 @@ def purge(
     Page by page (progress on stderr), newest first; safe to interrupt and run
     again. A task that left the state meanwhile, or is still telling its
     dependents that it ended, is skipped. Dependents keep their own records.
+
+    With --error instead of --state, removes the failed tasks of that error group
+    (as `distsched failures` lists them).
     """
+    if (state is None) == (error is None):
+        raise click.UsageError("give either --state or --error")
+    if error is not None and (fn or since is not None):
+        raise click.UsageError("--fn and --since go with --state")
     scheduler = connect(ctx)
+    if error is not None:
+        _report_error_walk("purged", scheduler.purge_failures(error, batch=batch, limit=limit))
+        return
+    assert state is not None
     removed = skipped = 0
     for items in _listing(scheduler, state, fn, since, limit, batch):
         gone = scheduler.purge_tasks([info.task_id for info in items])

@@ -44,7 +44,8 @@ def _given_url_checked(ctx: click.Context, override: str | None) -> str | None:
     "--dashboard",
     "with_dashboard",
     is_flag=True,
-    help="At the end, serve the web dashboard on what the demo ran until Ctrl-C "
+    help="At the end, add failures in three error groups, a blocked branch, a recurring "
+    "schedule and a task due tomorrow, and serve the web dashboard on it all until Ctrl-C "
     "(needs the 'dashboard' extra).",
 )
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Dashboard address.")

@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from distsched.client import Scheduler
-from distsched.dashboard import chart, graph, keys, reads, schedules
+from distsched.dashboard import chart, failures, graph, keys, reads, schedules
 from distsched.dashboard.auth import (
     COOKIE,
     SESSION_S,
@@ -758,6 +758,7 @@ def create_app(
         more_get, more_post = pages.routes()
         get += more_get
         post += more_post
+    failures.register(d, get, post)
     routes: list[Route | Mount] = [
         Route(path, _guard(fn, d), methods=["GET"], name=name) for path, fn, name in get
     ]

@@ -28,6 +28,7 @@ from distsched.wire.replies import (
     _Entry,
     _listed_info,
     _mapping,
+    _match_entry,
     _pairs,
 )
 
@@ -54,6 +55,41 @@ class Listing(Base):
             row = TaskRow(task_id, record.state, record.version, record.attempt, updated_at)
             rows.append(row)
         return int(next_cursor), rows
+
+    @route.striped
+    def failed_errors(
+        self, cursor: str | None, count: int
+    ) -> Op[tuple[list[tuple[str, str | None]], str | None]]:
+        """The next ``count`` entries of the failed index after ``cursor`` (newest
+        first): ``(task_id, error text or None)`` of those still failed, and the cursor
+        of the next batch (None at the end). Three commands of O(log N + count), an
+        error being at most ``MAX_ERROR_BYTES``."""
+        if cursor is not None:
+            if not isinstance(cursor, str):
+                raise InvalidArgument("cursor", "must be a str or None")
+            _parse_list_cursor(State.FAILED, cursor)
+        entries, exhausted = yield from self._list_entries(State.FAILED, cursor, count)
+        if not entries:
+            return [], None
+        ids = [e.task_id for e in entries]
+        records, results = yield from self.read(
+            ("HMGET", self.keys.tasks, *ids), ("HMGET", self.keys.results, *ids)
+        )
+        out: list[tuple[str, str | None]] = []
+        for entry, raw_record, raw_result in zip(entries, records, results, strict=True):
+            if raw_record is None:
+                continue
+            try:
+                rec = decode_record(raw_record, entry.task_id)
+            except ScriptError:
+                continue
+            if not _match_entry(State.FAILED, entry, rec):
+                continue  # the task moved on since it failed: its entry is stale
+            error = None
+            if raw_result and _bytes(raw_result)[:1] == b"E":
+                error = _bytes(raw_result)[1:].decode("utf-8", "replace")
+            out.append((entry.task_id, error))
+        return out, None if exhausted else entries[-1].cursor
 
     @route.striped
     def tasks(

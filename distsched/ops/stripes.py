@@ -418,6 +418,20 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
             page = yield from stripes[s].tasks(state, fn, want - len(items), None)
             items.extend(page.items)
 
+    def failed_errors(
+        self, cursor: str | None, count: int
+    ) -> Op[tuple[list[tuple[str, str | None]], str | None]]:
+        """With stripes, one stripe's batch per call (stripe 0 first); the cursor is
+        ``<stripe>:<that stripe's cursor>``."""
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].failed_errors(cursor, count))
+        s, inner = parse_stripe_cursor(cursor, len(stripes))
+        rows, following = yield from stripes[s].failed_errors(inner, count)
+        if following is not None:
+            return rows, f"{s}:{following}"
+        return rows, (f"{s + 1}:" if s + 1 < len(stripes) else None)
+
     def scan_tasks(self, cursor: int, count: int) -> Op[tuple[int, list[TaskRow]]]:
         """With stripes, the cursor is ``stripe + stripes * that stripe's cursor``."""
         stripes = yield from self.resolve()

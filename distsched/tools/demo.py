@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -563,6 +564,68 @@ class _Story:
         )
 
 
+# The scene ``demo --dashboard`` leaves for the dashboard: (task id, function, error) of
+# the tasks that fail, in three groups (one large), each error as a worker stores it.
+GATEWAY = "ConnectionError: payment gateway timed out after {s}s (order {n})"
+RECEIPT = "KeyError: 'customer-{n}'"
+IMAGE = "ValueError: image {n}x{s} is larger than 4096 px"
+_TRACE = 'Traceback (most recent call last):\n  File "{fn}.py", line {line}, in {fn}\n'
+# A branch that cannot go on: its root fails (in the large group) and blocks the rest.
+BRANCH: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("sync-orders", ()),
+    ("build-invoices", ("sync-orders",)),
+    ("email-invoices", ("build-invoices",)),
+    ("ledger-update", ("sync-orders",)),
+    ("month-close", ("email-invoices", "ledger-update")),
+)
+
+
+def _scene_failures() -> dict[str, tuple[str, str]]:
+    """Task id -> (function, error text) of the scene's failed tasks."""
+    out: dict[str, tuple[str, str]] = {}
+    for i in range(36):
+        error = GATEWAY.format(s=30 if i % 3 else 60, n=41_000 + i * 7)
+        out[f"charge:{41_000 + i * 7}"] = (
+            "charge_card",
+            _TRACE.format(fn="charge_card", line=42) + error,
+        )
+    for i in range(5):
+        error = RECEIPT.format(n=900 + i * 13)
+        out[f"receipt:{900 + i * 13}"] = (
+            "send_receipt",
+            _TRACE.format(fn="send_receipt", line=17) + error,
+        )
+    for i in range(2):
+        error = IMAGE.format(n=5000 + i * 800, s=3000 + i)
+        out[f"thumbnail:{i}"] = ("resize_image", _TRACE.format(fn="resize_image", line=8) + error)
+    out["sync-orders"] = (
+        "sync_orders",
+        _TRACE.format(fn="sync_orders", line=30) + GATEWAY.format(s=30, n=0),
+    )
+    return out
+
+
+def stage_failures(scheduler: Scheduler, echo: Echo) -> None:
+    """Leave the failure-and-blocked story in the namespace for the dashboard: three
+    groups of failed tasks (one large), a branch blocked behind a failed root, a
+    recurring schedule and a task due tomorrow. No worker runs: the failures are
+    reported as a worker would report them."""
+    failing = _scene_failures()
+    specs = [TaskSpec(t, fn=fn) for t, (fn, _) in failing.items() if t != "sync-orders"]
+    scheduler.schedule_many(specs)
+    scheduler.submit_graph([TaskSpec(t, fn=t.replace("-", "_"), deps=deps) for t, deps in BRANCH])
+    claims = scheduler.ready(len(failing), WORKER_ID)
+    scheduler.fail_many([(c, failing[c.task_id][1]) for c in claims])
+    scheduler.schedule("weekly-digest", fn="send_digest", delay=86_400.0)
+    scheduler.add_schedule("hourly-report", "build_report", interval=3600.0)
+    echo("")
+    echo(
+        f"For the dashboard: {len(claims)} tasks failed with three kinds of error (see "
+        "Failures), 'sync-orders' failed and blocks its branch (see its graph), "
+        "'hourly-report' recurs and 'weekly-digest' is due tomorrow."
+    )
+
+
 @contextmanager
 def _redis_url(url: str | None) -> Iterator[tuple[str, str | None]]:
     """The URL to use, and what was started for it (None when the user gave one)."""
@@ -597,10 +660,14 @@ def _until_interrupted(url: str) -> None:
 
 def _serve_dashboard(scheduler: Scheduler, options: DashboardOptions, echo: Echo) -> None:
     from distsched.dashboard import create_app
-    from distsched.dashboard.serve import Served
+    from distsched.dashboard.serve import Served, exposed_warning
 
+    # Actions (retry a group of failures) only where no other machine can reach them.
+    token = secrets.token_urlsafe(32) if not exposed_warning(options.bind, True) else None
+    stage_failures(scheduler, echo)
     try:
-        served = Served(create_app(scheduler), options.bind, options.port)
+        app = create_app(scheduler, allow_actions=token is not None, token=token)
+        served = Served(app, options.bind, options.port)
     except RuntimeError as exc:  # the port is taken, the address cannot be bound
         echo(f"The dashboard could not start: {exc} (pick another with --port).")
         return
@@ -608,6 +675,8 @@ def _serve_dashboard(scheduler: Scheduler, options: DashboardOptions, echo: Echo
         echo("")
         echo(f"Dashboard of what the demo ran: {served.url}/")
         echo("Press Ctrl-C to stop it; the demo's namespace is deleted then.")
+        if token is not None:
+            echo(f"To retry a group of failures (Failures page), log in with the token {token}")
         (options.until or _until_interrupted)(served.url)
 
 
