@@ -563,6 +563,38 @@ def test_the_dashboard_command_serves_the_namespace(
     assert f"http://127.0.0.1:{port}/ (read-only)" in out
 
 
+def test_the_dashboard_command_serves_other_namespaces_beside_it_with_a_switcher(
+    redis_server: RedisServer, story: Scheduler
+) -> None:
+    import httpx2
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [*CLI_COMMAND, "--redis", redis_server.url, "--namespace", story.namespace,
+         "dashboard", "--port", str(port), "--also", "other-ns"],
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                first = httpx2.get(f"http://127.0.0.1:{port}/", timeout=5, follow_redirects=True)
+                break
+            except httpx2.TransportError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "the dashboard did not start"
+                time.sleep(0.1)
+        other = httpx2.get(f"http://127.0.0.1:{port}/ns/other-ns/", timeout=5)
+        assert first.status_code == other.status_code == 200
+        assert re.search(r'id="count-failed">1<', first.text)
+        assert re.search(r'id="count-failed">0<', other.text)
+        assert "/ns/other-ns/" in first.text  # the switcher leads there
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert f"'{story.namespace}', 'other-ns' on http://127.0.0.1:{port}/" in out
+
+
 def test_the_dashboard_command_refuses_actions_without_a_long_enough_token(
     redis_server: RedisServer,
 ) -> None:

@@ -23,9 +23,20 @@ from distsched.cli.common import connect
     help="The login token for actions (32 characters or more, e.g. from "
     "secrets.token_urlsafe(32)). Env: DISTSCHED_DASHBOARD_TOKEN.",
 )
+@click.option(
+    "--also",
+    multiple=True,
+    metavar="NAMESPACE",
+    help="Serve this namespace's dashboard too, with a switcher between them (repeatable).",
+)
 @click.pass_context
 def dashboard(
-    ctx: click.Context, bind: str, port: int, allow_actions: bool, token: str | None
+    ctx: click.Context,
+    bind: str,
+    port: int,
+    allow_actions: bool,
+    token: str | None,
+    also: tuple[str, ...],
 ) -> None:
     """Serve a web dashboard of the namespace (needs the 'dashboard' extra).
 
@@ -57,4 +68,5 @@ def dashboard(
         token=token if allow_actions else None,
         echo=click.echo,
         warn=lambda text: click.echo(f"warning: {text}", err=True),
+        also=also,
     )

@@ -6,13 +6,14 @@ import ipaddress
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
 
 from distsched.client import Scheduler
 from distsched.dashboard.app import create_app
+from distsched.dashboard.namespaces import create_multi_app
 
 log = logging.getLogger("distsched.dashboard")
 
@@ -49,18 +50,29 @@ def serve(
     token: str | None = None,
     echo: Callable[[str], Any] = log.info,
     warn: Callable[[str], Any] = log.warning,
+    also: Sequence[str] = (),
 ) -> None:
-    """Serve the dashboard of ``scheduler``'s namespace until interrupted (Ctrl-C, SIGTERM).
+    """Serve the dashboard of ``scheduler``'s namespace until interrupted (Ctrl-C, SIGTERM),
+    and of the namespaces ``also`` names beside it (with a switcher between them).
 
     Warns (``warn``: a WARNING of ``distsched.dashboard`` unless given) when actions are
     allowed and ``bind`` is not a loopback address."""
     warning = exposed_warning(bind, allow_actions)
     if warning is not None:
         warn(warning)
-    app = create_app(scheduler, allow_actions=allow_actions, token=token)
+    names = [scheduler.namespace, *(n for n in also if n != scheduler.namespace)]
+    app: Any
+    if len(names) > 1:
+        app = create_multi_app(scheduler, names, allow_actions=allow_actions, token=token)
+    else:
+        app = create_app(scheduler, allow_actions=allow_actions, token=token)
     host = f"[{bind}]" if ":" in bind else bind
     mode = "actions allowed after login" if allow_actions else "read-only"
-    echo(f"dashboard of namespace '{scheduler.namespace}' on http://{host}:{port}/ ({mode})")
+    which = ", ".join(f"'{n}'" for n in names)
+    echo(
+        f"dashboard of namespace{'s' if len(names) > 1 else ''} {which} "
+        f"on http://{host}:{port}/ ({mode})"
+    )
     config = uvicorn.Config(app, host=bind, port=port, log_level="warning", access_log=False)
     uvicorn.Server(config).run()
 
