@@ -648,10 +648,12 @@ class Scheduler(BaseScheduler):
         """One page of the tasks in ``state``, without scanning the namespace.
 
         Pending and terminal tasks come newest first (by the time they entered the
-        state), ready tasks in due order (the order workers claim them), running tasks
-        by lease deadline. Pass the page's ``cursor`` back for the next page; it is None
-        when there is no more. Paging returns each task once while nothing changes;
-        a task that moves meanwhile may be missed or leave the listing.
+        state), ready tasks in due order (the order workers claim them; in a namespace
+        with fairness keys, the tasks of each key other than the default one after the
+        rest, key by key), running tasks by lease deadline. Pass the page's ``cursor``
+        back for the next page; it is None when there is no more. Paging returns each
+        task once while nothing changes; a task that moves meanwhile may be missed or
+        leave the listing.
 
         ``fn`` keeps the tasks of that function only. Each call examines at most
         ``10 * limit`` entries, so a filtered page may hold fewer than ``limit`` tasks

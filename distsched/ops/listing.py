@@ -1,8 +1,10 @@
 """Listings of a namespace's tasks, page by page, without scanning the namespace.
 
 ``tasks`` lists one state: pending and terminal tasks from the per-state index (the
-``states`` sorted set, newest first), ready tasks from the queue (due order), running
-tasks from the leases (lease deadline order). ``scan_tasks`` walks every record.
+``states`` sorted set, newest first), ready tasks from the ready set of the priority
+order, then the queue (due order), then, in a fair namespace, fairq (the tasks of
+fairness keys other than the default one), running tasks from the leases (lease deadline
+order). ``scan_tasks`` walks every record.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from distsched.validate import _is_int, list_state, tasks_limit
 from distsched.wire.payload import _bytes
 from distsched.wire.records import (
     _INDEX_CODE,
+    FAIRQ_MARK,
     RANKED_MARK,
     _cursor_bytes,
     _cursor_text,
     _parse_list_cursor,
     decode_record,
+    parse_fairq_member,
 )
 from distsched.wire.replies import (
     TASKS_BUDGET_FACTOR,
@@ -135,6 +139,8 @@ class Listing(Base):
         reads += [("HMGET", k.deps, *ids), ("HMGET", k.history, *ids)]
         records, payloads, results, deps, history = yield from self.read(*reads)
         for i, entry in enumerate(entries):
+            if not entry.task_id:
+                continue  # a junk or doubled fairq entry: passed over, nothing to list
             info = _listed_info(
                 st, entry, records[i], payloads[i], results[i], deps[i], history[i], fn
             )
@@ -168,25 +174,72 @@ class Listing(Base):
             ]
             return entries, len(members) <= want
         if state is State.READY:
-            # The ready set of the priority order first (claim order; empty in the default
-            # order), then the queue; a cursor into the ready set starts with RANKED_MARK.
-            in_ranked = not position or position.startswith(RANKED_MARK)
-            if in_ranked:
-                after_ranked = position[len(RANKED_MARK) :] if position else None
-                entries, done = yield from self._list_sorted(
-                    k.ranked, state, after_ranked, want, RANKED_MARK
-                )
-                if not done:
-                    return entries, False
-                if len(entries) >= want:
-                    # The queue may hold more: the next page goes on from there.
-                    return entries, False
-                rest, done = yield from self._list_sorted(
-                    k.queue, state, None, want - len(entries), ""
-                )
-                return entries + rest, done
-            return (yield from self._list_sorted(k.queue, state, position, want, ""))
+            return (yield from self._list_ready(position, want))
         return (yield from self._list_sorted(k.leases, state, position, want, ""))
+
+    def _list_ready(self, position: str | None, want: int) -> Op[tuple[list[_Entry], bool]]:
+        """``_list_entries`` of the ready tasks: the ready set of the priority order first
+        (claim order; empty in the default order), then the queue (due order), then the
+        keyed tasks of a fair namespace (fairq: key by key, each in its claim order). A
+        cursor into the ready set starts with RANKED_MARK, one into fairq with FAIRQ_MARK."""
+        k = self.keys
+        sections = (k.ranked, k.queue, k.fairq)
+        if not position or position.startswith(RANKED_MARK):
+            first = 0
+        elif position.startswith(FAIRQ_MARK):
+            first = 2
+        else:
+            first = 1
+        entries: list[_Entry] = []
+        for i in range(first, len(sections)):
+            after = position if i == first else None
+            if i == 0:
+                after = after[len(RANKED_MARK) :] if after else None
+                got, done = yield from self._list_sorted(
+                    k.ranked, State.READY, after, want - len(entries), RANKED_MARK
+                )
+            elif i == 1:
+                got, done = yield from self._list_sorted(
+                    k.queue, State.READY, after, want - len(entries), ""
+                )
+            else:
+                got, done = yield from self._list_fairq(after, want - len(entries))
+            entries += got
+            if not done:
+                return entries, False
+            if len(entries) >= want and i + 1 < len(sections):
+                # A full page: the listing ends here when the sections after hold nothing.
+                later = sections[i + 1 :]
+                sizes = yield from self.read(*(("ZCARD", key) for key in later), atomic=False)
+                return entries, not any(int(n) for n in sizes)
+        return entries, True
+
+    def _list_fairq(self, position: str | None, want: int) -> Op[tuple[list[_Entry], bool]]:
+        """``_list_entries`` of fairq, in member order (``(`` after the cursor's member, so
+        the cursor's entry may have left). An entry of a key's ranked section whose task
+        also has its delayed entry is passed over: the task is listed at that one. Junk
+        members are passed over too (an entry with no task id, which lists nothing)."""
+        k = self.keys
+        low = b"(" + _parse_list_cursor(State.READY, position)[1] if position else b"-"
+        (members,) = yield from self.read(
+            ("ZRANGEBYLEX", k.fairq, low, b"+", "LIMIT", 0, want + 1), atomic=False
+        )
+        raw = [_bytes(m) for m in members[:want]]
+        parsed = [parse_fairq_member(m) for m in raw]
+        twins = [p.delayed_form for p in parsed if p is not None and p.ranked]
+        doubled: set[bytes] = set()
+        if twins:
+            (scores,) = yield from self.read(("ZMSCORE", k.fairq, *twins), atomic=False)
+            doubled = {t for t, sc in zip(twins, scores, strict=True) if sc is not None}
+        entries = []
+        for member, part in zip(raw, parsed, strict=True):
+            text = FAIRQ_MARK + _cursor_text(member)
+            if part is None or (part.ranked and part.delayed_form in doubled):
+                entries.append(_Entry("", b"", None, text))
+                continue
+            task_id = part.member[22:].decode("utf-8", "replace")
+            entries.append(_Entry(task_id, part.member, None, text))
+        return entries, len(members) <= want
 
     def _list_sorted(
         self, key: str, state: State, position: str | None, want: int, mark: str

@@ -334,6 +334,45 @@ def fair_member_due(prefix: bytes, entry: bytes, member: bytes) -> int | None:
     return _fairq_entry_due(prefix, entry)
 
 
+_FAIRQ_MEMBER = re.compile(rb"([0-9a-f]{3})", re.S)
+
+
+@dataclass(frozen=True)
+class FairqEntry:
+    """The parts of a fairq member (``fairq_parse`` in ``lua/lib/ranked.lua``)."""
+
+    prefix: bytes
+    due_ms: int
+    member: bytes
+    """The queue member: ``hex8(2^31-1-priority) hex14(version) id``."""
+    ranked: bool
+    """Whether the entry is in its key's ranked section (priority order)."""
+
+    @property
+    def delayed_form(self) -> bytes:
+        """The member of the same task in its key's delayed section."""
+        return self.prefix + b"%013x" % self.due_ms + self.member
+
+
+def parse_fairq_member(entry: bytes) -> FairqEntry | None:
+    """The parts of a fairq member in either section, None for junk (a member that is
+    neither form, or whose queue member names no task)."""
+    head = _FAIRQ_MEMBER.match(entry)
+    if not head:
+        return None
+    end = 3 + int(head.group(1), 16)
+    prefix, rest = entry[:end], entry[end:]
+    if len(prefix) < end:
+        return None
+    ranked = rest[:1] == b"!"
+    due_raw, member = (rest[-13:], rest[18:-13]) if ranked else (rest[:13], rest[13:])
+    if (ranked and len(rest) < 18 + 13) or not re.fullmatch(rb"[0-9a-f]{13}", due_raw):
+        return None
+    if not re.fullmatch(rb"[0-9a-f]{22}.+", member, re.S):
+        return None
+    return FairqEntry(prefix, int(due_raw, 16), member, ranked)
+
+
 def _decode_rate(raw: Any) -> tuple[int | None, float | None]:
     """A key's stored rate limit ``<tasks> <interval ms>`` as (tasks, seconds)."""
     if raw is None:
@@ -425,6 +464,10 @@ _RANK_CURSOR = re.compile(r"(-?[0-9]{1,20}):(.+)", re.S)
 # A ready listing's cursor into the ready set of the priority order starts with this.
 RANKED_MARK = "~"
 
+# A ready listing's cursor into fairq (the keyed tasks of a fair namespace) starts with
+# this, then the fairq member it stopped at.
+FAIRQ_MARK = "^"
+
 
 def state_index_member(state: State, updated_ms: int, task_id: str) -> bytes:
     """A task's member of the per-state index (``index_member`` in ``lua/lib/record.lua``)."""
@@ -442,11 +485,16 @@ def _cursor_bytes(text: str) -> bytes:
 
 def _parse_list_cursor(state: State, cursor: str) -> tuple[int, bytes]:
     """Check a ``tasks`` cursor against its state; (score, member) for the queue and
-    leases, (0, member) for the index."""
+    leases, (0, member) for the index and fairq."""
     if state in _INDEX_CODE:
         if not _INDEX_CURSOR.fullmatch(cursor) or cursor[0] != _INDEX_CODE[state]:
             raise InvalidArgument("cursor", f"is not a cursor of a {state.value} listing")
         return 0, _cursor_bytes(cursor)
+    if state is State.READY and cursor.startswith(FAIRQ_MARK):
+        member = _cursor_bytes(cursor[len(FAIRQ_MARK) :])
+        if parse_fairq_member(member) is None:
+            raise InvalidArgument("cursor", f"is not a cursor of a {state.value} listing")
+        return 0, member
     if state is State.READY and cursor.startswith(RANKED_MARK):
         cursor = cursor[len(RANKED_MARK) :]
     found = _RANK_CURSOR.fullmatch(cursor)
