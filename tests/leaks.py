@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -107,7 +108,8 @@ def watch_dropped_connections() -> None:
     connection_del = cast(Callable[[object], None], AbstractConnection.__del__)
 
     def connected(conn: object) -> bool:
-        return getattr(conn, "_sock", None) is not None
+        # A real socket only: fakeredis's in-process connections hold no descriptor.
+        return isinstance(getattr(conn, "_sock", None), socket.socket)
 
     def note(kwargs: dict[str, object]) -> None:
         _dropped.append(f"{kwargs.get('host', '')}:{kwargs.get('port', kwargs.get('path'))}")
