@@ -607,7 +607,8 @@ class Explanation:
     - ``blocked_by``, ``root_state`` (a blocked task): the root cause, the path from it
       (at most ``EXPLAIN_LIMIT`` hops read: a longer path starts after its root), and
       the root's state now.
-    - ``error``: a failed task's error, first line only; for a task that expired
+    - ``error``: a failed task's error on one line: for a traceback, its last
+      ``Type: message`` line (the exception raised); for a task that expired
       (cancelled, not started by its deadline), ``expired: not started by its deadline``.
     """
 
