@@ -24,6 +24,7 @@ from distsched.keys import Keys
 from distsched.model import (
     Chores,
     Claim,
+    Duration,
     Explanation,
     KeyInfo,
     Order,
@@ -58,14 +59,14 @@ class BaseScheduler:
     def __init__(
         self,
         namespace: str = "default",
-        lease_s: float = 30.0,
+        lease_s: Duration = 30.0,
         max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
     ) -> None:
         self.keys = Keys(namespace)
         self.namespace = namespace
         self.lease_ms = validate.validate_lease(lease_s)
-        self.lease_s = float(lease_s)
+        self.lease_s = self.lease_ms / 1000.0
         self.max_payload_bytes = validate.validate_max_payload_bytes(max_payload_bytes)
         # The producer's active span travels with its tasks (distsched.otel).
         self._ops = StripedOps(
@@ -111,7 +112,7 @@ class Scheduler(BaseScheduler):
         self,
         client: redis.Redis | RedisCluster,
         namespace: str = "default",
-        lease_s: float = 30.0,
+        lease_s: Duration = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
@@ -134,7 +135,7 @@ class Scheduler(BaseScheduler):
         cls,
         url: str,
         namespace: str = "default",
-        lease_s: float = 30.0,
+        lease_s: Duration = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
@@ -358,7 +359,7 @@ class Scheduler(BaseScheduler):
         safe (each slot fires once)."""
         return self._drive(self._ops.call(Ops.fire_due, limit))
 
-    def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+    def wait(self, task_id: str, timeout: Duration | None = None) -> TaskInfo:
         """Block until ``task_id`` has ended (succeeded, failed, cancelled or blocked);
         return its final ``TaskInfo``.
 
@@ -375,7 +376,7 @@ class Scheduler(BaseScheduler):
         with self._waits.watch(task_id) as waiter:
             return self._drive(self._ops.call(Ops.wait, task_id, timeout, waiter))
 
-    def result(self, task_id: str, timeout: float | None = None) -> Any:
+    def result(self, task_id: str, timeout: Duration | None = None) -> Any:
         """``wait``, then the task's result: its stored result when it succeeded.
 
         Otherwise raises ``TaskFailed`` (``.traceback``: the remote error text with its
@@ -453,7 +454,7 @@ class Scheduler(BaseScheduler):
         """The function stopped on a cancellation request: the task ends cancelled."""
         return self._drive(self._ops.call(Ops.confirm_cancel, claim))
 
-    def release(self, claims: Sequence[Claim], *, delay: float = 0.0) -> int:
+    def release(self, claims: Sequence[Claim], *, delay: Duration = 0.0) -> int:
         """Hand back claims whose function never started; no attempt is spent.
 
         With ``delay`` (seconds) the tasks become due again no sooner than that
@@ -506,7 +507,7 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.call(Ops.purge_tasks, task_ids))
 
-    def set_retention(self, retention_s: float) -> None:
+    def set_retention(self, retention_s: Duration) -> None:
         """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
         return self._drive(self._ops.call(Ops.set_retention, retention_s))
 
@@ -547,7 +548,9 @@ class Scheduler(BaseScheduler):
         """Set the fleet-wide bound on running tasks (None removes it). Last writer wins."""
         return self._drive(self._ops.set_max_running(max_running))
 
-    def set_order(self, order: Order | str = Order.PRIORITY, aging: float = 60.0) -> OrderSetting:
+    def set_order(
+        self, order: Order | str = Order.PRIORITY, aging: Duration = 60.0
+    ) -> OrderSetting:
         """Choose the order in which claims take the namespace's due tasks.
 
         ``"default"``: (due time, -priority, sequence), first due, first served.
@@ -577,7 +580,7 @@ class Scheduler(BaseScheduler):
         cap: int | None = None,
         weight: int = 1,
         rate: int | None = None,
-        per: float = 1.0,
+        per: Duration = 1.0,
     ) -> KeyInfo:
         """Set the concurrency cap and weight of fairness key ``key`` (``""``: the default
         key of tasks given none), replacing its earlier settings.
@@ -614,7 +617,7 @@ class Scheduler(BaseScheduler):
         """Counts per state, queue entries vs live ones, leases, capacity, retention."""
         return self._drive(self._ops.stats())
 
-    def overview(self, soon_s: float = 5.0, scan: int = 100) -> Overview:
+    def overview(self, soon_s: Duration = 5.0, scan: int = 100) -> Overview:
         """``stats()`` plus lease expiries and how far behind the fleet is (server clock).
 
         ``oldest_ready_age`` looks at the first ``scan`` due queue entries.

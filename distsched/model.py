@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, NamedTuple, TypedDict
 
+Duration = float | _dt.timedelta
+"""A length of time the API takes: seconds (an int or a float) or a ``datetime.timedelta``."""
+
 # --------------------------------------------------------------------------- tasks
 
 
@@ -244,19 +247,19 @@ class TaskSpec:
     priority: int = 0
     args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] | None = None
-    delay: float | None = None
+    delay: Duration | None = None
     deps: Sequence[str] = ()
     optional_deps: Sequence[str] = ()
     max_attempts: int = 1
-    backoff: float = 1.0
+    backoff: Duration = 1.0
     allow_unknown: bool = False
     dedupe: bool = False
-    dedupe_window: float | None = None
-    debounce: float | None = None
+    dedupe_window: Duration | None = None
+    debounce: Duration | None = None
     deadline: float | _dt.datetime | None = None
-    ttl: float | None = None
+    ttl: Duration | None = None
     key: str | None = None
-    timeout: float | None = None
+    timeout: Duration | None = None
 
 
 class TaskOptions(TypedDict, total=False):
@@ -267,19 +270,19 @@ class TaskOptions(TypedDict, total=False):
     priority: int
     args: Sequence[Any]
     kwargs: Mapping[str, Any] | None
-    delay: float | None
+    delay: Duration | None
     deps: Sequence[str]
     optional_deps: Sequence[str]
     max_attempts: int
-    backoff: float
+    backoff: Duration
     allow_unknown: bool
     dedupe: bool
-    dedupe_window: float | None
-    debounce: float | None
+    dedupe_window: Duration | None
+    debounce: Duration | None
     deadline: float | _dt.datetime | None
-    ttl: float | None
+    ttl: Duration | None
     key: str | None
-    timeout: float | None
+    timeout: Duration | None
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,8 @@ import msgpack
 
 from distsched.errors import InvalidArgument
 from distsched.limits import MAX_PAYLOAD_DEPTH
+from distsched.validate import check_epoch
 from distsched.wire.payload import CUT_MARK
-
-# datetime cannot represent later instants; an epoch beyond it is most likely
-# milliseconds given where seconds were expected.
-MAX_EPOCH_S = _dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=_dt.timezone.utc).timestamp()
-
 
 # A URL's user information: ``scheme://user:password@``, up to the last ``@`` before
 # the host (a password may hold an ``@``).
@@ -271,20 +267,6 @@ def relative(epoch: float, now: float) -> str:
     """``in 1.500 s`` or ``2.000 s ago``, from ``now``."""
     delta = epoch - now
     return f"in {delta:.3f} s" if delta >= 0 else f"{-delta:.3f} s ago"
-
-
-def check_epoch(seconds: float, field: str) -> float:
-    """Refuse an epoch outside the years 1 to 9999: most likely milliseconds."""
-    if not math.isfinite(seconds):
-        raise InvalidArgument(field, f"must be a finite number of epoch seconds, got {seconds}")
-    if abs(seconds) > MAX_EPOCH_S:
-        side = "after the year 9999" if seconds > 0 else "before the year 1"
-        raise InvalidArgument(
-            field,
-            f"{seconds:.15g} epoch seconds is {side}; if that is milliseconds, "
-            f"use {seconds / 1000:.3f} (milliseconds / 1000)",
-        )
-    return seconds
 
 
 def parse_when(value: str, field: str) -> float | _dt.datetime:

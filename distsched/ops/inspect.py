@@ -111,7 +111,7 @@ class Inspect(Listing):
         )
 
     @route.by_id("task_id")
-    def wait(self, task_id: str, timeout: float | None, handle: Any) -> Op[TaskInfo]:
+    def wait(self, task_id: str, timeout: object, handle: Any) -> Op[TaskInfo]:
         """The task's ``TaskInfo`` once it is terminal; ``Timeout`` after ``timeout``
         seconds (server clock); ``NotFoundError`` for an unknown id.
 
@@ -149,7 +149,7 @@ class Inspect(Listing):
                     return info
 
     @route.by_id("task_id")
-    def result(self, task_id: str, timeout: float | None, handle: Any) -> Op[Any]:
+    def result(self, task_id: str, timeout: object, handle: Any) -> Op[Any]:
         """``wait``, then the result of a succeeded task or the error of any other end."""
         info = yield from self.wait(task_id, timeout, handle)
         return task_result(info)
@@ -212,7 +212,7 @@ class Inspect(Listing):
         return data
 
     @route.striped
-    def overview(self, soon_s: float, scan: int) -> Op[Overview]:
+    def overview(self, soon_s: object, scan: int) -> Op[Overview]:
         soon = _finite(soon_s)
         if soon is None or soon < 0:
             raise InvalidArgument("soon_s", "must be a number of seconds >= 0")

@@ -261,7 +261,7 @@ class Runtime(Inspect):
         return released
 
     @route.by_ids("claims", route.total_of_parts, route.task_id_of, _check_releases)
-    def release(self, claims: Sequence[Claim], delay: float) -> Op[int]:
+    def release(self, claims: Sequence[Claim], delay: object) -> Op[int]:
         call = release_call(self.keys, claims, delay)
         if not claims:
             return 0

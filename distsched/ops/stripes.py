@@ -367,7 +367,7 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         (total_raw,) = yield from self.base.read(("HGET", self.keys.meta, STRIPES_MAX_FIELD))
         return _merge_stats(parts, int_or_none(total_raw))
 
-    def overview(self, soon_s: float, scan: int) -> Op[Overview]:
+    def overview(self, soon_s: object, scan: int) -> Op[Overview]:
         stripes = yield from self.resolve()
         if len(stripes) == 1:
             return (yield from stripes[0].overview(soon_s, scan))
