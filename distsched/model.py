@@ -396,7 +396,17 @@ class Stats(TypedDict):
     """A namespace at a glance (``Scheduler.stats``)."""
 
     counts: dict[str, int]
-    """Tasks per state (every :class:`State` value is present)."""
+    """Tasks per state (every :class:`State` value is present). ``counts["ready"]`` is
+    every queued task, due or not: ``due + scheduled`` (see :func:`stage_counts`)."""
+    scheduled: int
+    """Of the ready tasks, those not due yet (``run_at`` after the server's now): delayed,
+    backing off before a retry, or handed back with a delay. Counted from the queue
+    entries scored after now, each count O(log n); an entry of a replaced version
+    counts until it is dropped (at most ``stale_entries`` over), and in a fair namespace
+    only the tasks of the first 100 keys with queued work are counted (the tasks of
+    further keys count as due)."""
+    due: int
+    """Of the ready tasks, those due now: ``counts["ready"] - scheduled``."""
     queue_entries: int
     """Entries in the queue, live and stale (in the priority order: the delayed set and the
     ready set together)."""
@@ -418,6 +428,20 @@ class Stats(TypedDict):
     keys: list[KeyLoad]
     """In a fair namespace, the ``STATS_TOP_KEYS`` fairness keys with the most running (then
     queued) tasks, among those the namespace's sets hold first; else empty."""
+
+
+def stage_counts(stats: Stats) -> dict[str, int]:
+    """Tasks per stage as people read them: the state counts, with the ready tasks
+    split into ``scheduled`` (not due yet) and ``ready`` (due now), in that order.
+    The CLI, the dashboard and the metrics show these."""
+    shown: dict[str, int] = {}
+    for state, n in stats["counts"].items():
+        if state == State.READY.value:
+            shown["scheduled"] = stats["scheduled"]
+            shown[state] = stats["due"]
+        else:
+            shown[state] = n
+    return shown
 
 
 class Overview(Stats):

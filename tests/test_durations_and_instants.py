@@ -104,7 +104,7 @@ def test_a_run_at_in_milliseconds_is_refused_naming_the_field_and_writes_nothing
 
 def test_a_timedelta_given_as_run_at_is_refused_as_not_an_instant(scheduler: Scheduler) -> None:
     with pytest.raises(InvalidArgument) as err:
-        scheduler.schedule("td", fn="f", run_at=dt.timedelta(minutes=1))  # type: ignore[typeddict-item]
+        scheduler.schedule("td", fn="f", run_at=dt.timedelta(minutes=1))  # type: ignore[arg-type]
     assert err.value.field == "run_at" and "timedelta" in str(err.value)
 
 

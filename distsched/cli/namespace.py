@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import click
 from redis.cluster import RedisCluster
@@ -23,7 +23,7 @@ from distsched.cli.common import (
 from distsched.client import Scheduler
 from distsched.errors import InvalidArgument
 from distsched.keys import MAX_STRIPES
-from distsched.model import PRIORITY_LABELS, Order, OrderSetting
+from distsched.model import PRIORITY_LABELS, Order, OrderSetting, Stats, stage_counts
 from distsched.text import duration, iso, parse_duration, redact, table
 from distsched.worker.link import WorkerLink
 
@@ -76,7 +76,7 @@ def _namespace_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def _stats_lines(data: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, ...]] = [("state", "tasks")]
-    rows += [(state, str(count)) for state, count in data["counts"].items()]
+    rows += [(state, str(count)) for state, count in stage_counts(cast(Stats, data)).items()]
     return [*table(rows), "", *table(_namespace_rows(data))]
 
 

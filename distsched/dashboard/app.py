@@ -7,7 +7,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 import jinja2
@@ -39,7 +39,7 @@ from distsched.dashboard.auth import (
     retry_after,
 )
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
-from distsched.model import STATS_TOP_KEYS, State
+from distsched.model import STATS_TOP_KEYS, State, Stats, stage_counts
 from distsched.text import finite_or_none, iso, jsonable
 
 log = logging.getLogger("distsched.dashboard")
@@ -487,7 +487,9 @@ def charts(page: reads.OverviewPage) -> dict[str, str]:
 
 def overview_fields(data: Mapping[str, Any]) -> dict[str, str]:
     """The overview's numbers as shown, by the name of their place on the page."""
-    fields = {f"count-{state}": f"{n:,}" for state, n in data["counts"].items()}
+    # Ready splits into scheduled (not due yet) and ready (due now).
+    counts = stage_counts(cast(Stats, data))
+    fields = {f"count-{state}": f"{n:,}" for state, n in counts.items()}
     limit = data["max_running"]
     fields.update(
         {

@@ -56,6 +56,13 @@ from distsched.wire.replies import (
     task_result,
 )
 
+# Fairness keys whose not-yet-due tasks ``stats`` counts apart (one ZLEXCOUNT each); the
+# tasks of further keys count as due. The keys are read from the sets of keys with queued
+# work, 100 of each at most.
+SCHEDULED_FAIR_KEYS = 100
+# The largest due time a fairq member holds (FAIR_DUE_MAX in lua/lib/fair.lua).
+FAIR_DUE_MAX = 2**52 - 1
+
 
 class Inspect(Listing):
     """Reads: what a task, a state, a fairness key or the fleet looks like now."""
@@ -181,20 +188,31 @@ class Inspect(Listing):
     @route.striped
     def stats(self) -> Op[Stats]:
         k = self.keys
-        meta, entries, leases, ranked, fair_entries = yield from self.read(
+        now = yield from self.server_time()
+        now_ms = int(now * 1000)
+        top = SCHEDULED_FAIR_KEYS - 1
+        meta, entries, leases, ranked, fair_entries, later, *fair_sets = yield from self.read(
             ("HGETALL", k.meta),
             ("ZCARD", k.queue),
             ("ZCARD", k.leases),
             ("ZCARD", k.ranked),
             ("ZCARD", k.fairq),
+            # Entries not due yet: those of the queue scored after now (the default key's
+            # in a fair namespace), then each fairness key's delayed section of fairq.
+            ("ZCOUNT", k.queue, f"({now_ms}", "+inf"),
+            ("ZRANGE", k.fairready, 0, top),
+            ("ZRANGE", k.fairwait, 0, top),
+            ("ZRANGE", k.fairfull, 0, top),
         )
+        later = int(later)
+        if int(fair_entries):
+            later += yield from self._fair_later(fair_sets, now_ms)
         # The entries of a fair namespace's keyed tasks count as queue entries.
         queued = int(entries) + int(fair_entries)
-        data = decode_stats(_mapping(meta), queued, int(leases), int(ranked))
+        data = decode_stats(_mapping(meta), queued, int(leases), int(ranked), later)
         fair = _mapping(meta).get(b"fair") or _mapping(meta).get("fair")
         if fair is not None and _text(fair) == "1":
             infos = yield from self.fair_keys(STATS_TOP_KEYS)
-            now = yield from self.server_time()
             data["keys"] = [
                 KeyLoad(
                     key=info.key,
@@ -210,6 +228,22 @@ class Inspect(Listing):
                 for info in infos
             ]
         return data
+
+    def _fair_later(self, key_sets: list[Any], now_ms: int) -> Op[int]:
+        """fairq entries not due yet, of the first ``SCHEDULED_FAIR_KEYS`` fairness keys
+        with queued work: one ZLEXCOUNT (O(log N)) per key."""
+        names = list(dict.fromkeys(_bytes(raw) for rows in key_sets for raw in rows))
+        names = names[:SCHEDULED_FAIR_KEYS]
+        if not names:
+            return 0
+        after = b"%013x" % min(max(now_ms + 1, 0), FAIR_DUE_MAX)
+        counts = yield from self.read(
+            *(
+                ("ZLEXCOUNT", self.keys.fairq, b"[" + p + after, b"(" + p + b"g")
+                for p in (b"%03x" % len(name) + name for name in names)
+            )
+        )
+        return sum(int(n) for n in counts)
 
     @route.striped
     def overview(self, soon_s: object, scan: int) -> Op[Overview]:

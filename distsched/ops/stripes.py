@@ -467,6 +467,8 @@ _SummedField = Literal[
     "leases",
     "running",
     "sequence",
+    "scheduled",
+    "due",
 ]
 
 
@@ -482,6 +484,8 @@ def _merge_stats(parts: Sequence[Stats], max_running: int | None) -> Stats:
     first = parts[0]
     return Stats(
         counts=counts,
+        scheduled=_total(parts, "scheduled"),
+        due=_total(parts, "due"),
         queue_entries=_total(parts, "queue_entries"),
         ranked_entries=_total(parts, "ranked_entries"),
         live_entries=_total(parts, "live_entries"),
