@@ -682,7 +682,11 @@ class Scheduler(BaseScheduler):
         return self._drive(self._ops.call(Ops.exists))
 
     def clear(self) -> None:
-        """Delete every task and setting of the namespace (irreversible)."""
+        """Delete every task, schedule and setting of the namespace (irreversible).
+
+        Each stripe's keys go in one ``UNLINK``: the keys leave at once and Redis frees
+        the memory of large ones in the background. Workers still running see an empty
+        namespace. The command line's ``distsched namespace wipe --yes`` calls this."""
         return self._drive(self._ops.clear())
 
     def close(self) -> None:

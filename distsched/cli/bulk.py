@@ -7,7 +7,14 @@ from collections.abc import Iterator
 import click
 
 from distsched import views
-from distsched.cli.common import connect, duration_option, info_dict, stacked, task_named
+from distsched.cli.common import (
+    connect,
+    connect_existing,
+    duration_option,
+    info_dict,
+    stacked,
+    task_named,
+)
 from distsched.client import Scheduler
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.model import State, TaskInfo
@@ -110,7 +117,7 @@ def tasks_command(
     ready tasks in the order workers will claim them, running tasks by lease
     deadline. When more remain, the command to see the next page goes to stderr.
     """
-    scheduler = connect(ctx)
+    scheduler = connect_existing(ctx)
     page = scheduler.tasks(state, fn=fn, limit=limit, cursor=cursor)
     if as_json:
         data = {"items": [info_dict(info) for info in page.items], "cursor": page.cursor}
@@ -187,7 +194,7 @@ def retry(
         raise click.UsageError("give either ID or --state")
     if state is None and (fn or since is not None or limit is not None):
         raise click.UsageError("--fn, --since and --limit go with --state")
-    scheduler = connect(ctx)
+    scheduler = connect_existing(ctx) if state is not None else connect(ctx)
     if state is not None:
         _retry_state(
             scheduler, state, not no_cascade, _listing(scheduler, state, fn, since, limit, batch)
@@ -262,7 +269,7 @@ def purge(
     again. A task that left the state meanwhile, or is still telling its
     dependents that it ended, is skipped. Dependents keep their own records.
     """
-    scheduler = connect(ctx)
+    scheduler = connect_existing(ctx)
     removed = skipped = 0
     for items in _listing(scheduler, state, fn, since, limit, batch):
         gone = scheduler.purge_tasks([info.task_id for info in items])

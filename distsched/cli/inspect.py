@@ -9,10 +9,12 @@ import click
 
 from distsched import views
 from distsched.cli.common import (
+    Exit,
     connect,
     count_option,
     duration_option,
     info_dict,
+    leave,
     settings_of,
     task_named,
 )
@@ -34,7 +36,7 @@ from distsched.text import (
 PREVIEW_CHARS = 200
 # The exit code of `status --wait` whose --timeout passed (1 is a task that did not
 # succeed, or any error; 2 is click's usage error).
-EXIT_TIMEOUT = 3
+EXIT_TIMEOUT = Exit.TIMEOUT  # kept for importers; the table is cli.common.Exit
 
 
 # Ids one line of `status` lists (deps, dependents) unless --full.
@@ -151,7 +153,7 @@ def _error_value(error: str | None, limit: int | None) -> str:
     "wait",
     is_flag=True,
     help="Wait until the task has ended, then show it; exit 0 when it succeeded, 1 when "
-    f"it failed, was cancelled or is blocked, {EXIT_TIMEOUT} on --timeout.",
+    f"it failed, was cancelled or is blocked, {int(Exit.TIMEOUT)} on --timeout.",
 )
 @duration_option(
     "--timeout",
@@ -186,7 +188,7 @@ def status(
             except Timeout:
                 shown = escape(repr(task_id))
                 click.echo(f"task {shown} did not end within {timeout:g}s", err=True)
-                ctx.exit(EXIT_TIMEOUT)
+                leave(ctx, Exit.TIMEOUT)
     if as_json:
         click.echo(json_line(info_dict(info)))
     else:
@@ -196,7 +198,7 @@ def status(
         for key, value in lines:
             click.echo(f"{key + ':' if key else '':<{width + 1}} {value}")
     if wait and info.state is not State.SUCCEEDED:
-        ctx.exit(1)
+        leave(ctx, Exit.FAILED)
 
 
 @click.command()

@@ -295,3 +295,29 @@ def order(ctx: click.Context, order: str | None, aging_s: float) -> None:
         return
     setting = scheduler.set_order(order, aging=aging_s)
     click.echo(f"order of namespace {namespace!r} set to {shown(setting)}")
+
+
+@click.group("namespace")
+def namespace_group() -> None:
+    """The namespace as a whole."""
+
+
+@namespace_group.command("wipe")
+@click.option("--yes", is_flag=True, help="Confirm: delete everything of the namespace.")
+@click.pass_context
+def namespace_wipe(ctx: click.Context, yes: bool) -> None:
+    """Delete every task, schedule, setting and worker registration of the namespace.
+
+    Irreversible; refused without --yes. Stop the namespace's workers first.
+    """
+    scheduler = connect(ctx)
+    require_namespace(ctx, scheduler)
+    name = settings_of(ctx).namespace
+    if not yes:
+        stats = scheduler.stats()
+        total = sum(stats["counts"].values())
+        raise click.ClickException(
+            f"namespace {name!r} holds {total} task(s); nothing deleted: add --yes to wipe it"
+        )
+    scheduler.clear()
+    click.echo(f"namespace {name!r} wiped")

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from distsched.cli.common import connect, duration_option, parse_json, settings_of
+from distsched.cli.common import connect, connect_existing, duration_option, parse_json, settings_of
 from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
 from distsched.text import (
     duration,
@@ -56,7 +56,7 @@ def _schedule_dict(sc: Schedule) -> dict[str, Any]:
 @click.pass_context
 def schedules_list(ctx: click.Context, as_json: bool) -> None:
     """Every schedule: when it fires, its next slot, policy and counters."""
-    scheduler = connect(ctx)
+    scheduler = connect_existing(ctx)
     found = scheduler.schedules()
     if as_json:
         click.echo(json_line([_schedule_dict(sc) for sc in found]))
