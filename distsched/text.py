@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import msgpack
 
+from distsched import times
 from distsched.errors import InvalidArgument
 from distsched.limits import MAX_PAYLOAD_DEPTH
 from distsched.validate import check_epoch
@@ -250,23 +251,14 @@ def finite_or_none(value: Any) -> Any:
 
 
 def iso(epoch: float | None) -> str:
-    """An epoch in seconds as ISO-8601 UTC with milliseconds; ``-`` for None.
-
-    An instant outside the years 1 to 9999 is shown as the side it falls on.
-    """
-    if epoch is None:
-        return "-"
-    try:
-        when = _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc)
-    except (ValueError, OverflowError, OSError):
-        return "after 9999-12-31" if epoch > 0 else "before 0001-01-01"
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """An epoch in seconds as ISO-8601 UTC with milliseconds; ``-`` for None
+    (:func:`distsched.times.absolute`)."""
+    return times.absolute(epoch)
 
 
 def relative(epoch: float, now: float) -> str:
-    """``in 1.500 s`` or ``2.000 s ago``, from ``now``."""
-    delta = epoch - now
-    return f"in {delta:.3f} s" if delta >= 0 else f"{-delta:.3f} s ago"
+    """``in 11 h``, ``3 min ago`` or ``now``, from ``now`` (:func:`distsched.times.relative`)."""
+    return times.relative(epoch, now)
 
 
 def parse_when(value: str, field: str) -> float | _dt.datetime:

@@ -163,10 +163,9 @@ def test_leases_list_shows_holder_attempt_and_time_left_or_how_long_ago_it_expir
 ) -> None:
     out = cli(redis_server, namespace, "leases", "list").stdout
     line(out, r"^task\s+holder\s+attempt\s+time left$")
-    left = float(line(out, r"^run-a\s+worker-a\s+1/1\s+(\d+\.\d+) s$")[1])
+    left = float(line(out, r"^run-a\s+worker-a\s+1/1\s+(\d+\.\d) s$")[1])
     assert 0 < left <= busy.lease_s
-    ago = float(line(out, r"^run-b\s+worker-b\s+1/1\s+expired (\d+\.\d+) s ago$")[1])
-    assert ago > 0
+    line(out, r"^run-b\s+worker-b\s+1/1\s+expired \d+(\.\d)? m?s ago$")
 
     assert cli(redis_server, namespace, "leases", "reap").stdout.strip() == "reaped 1 expired lease"
     out = cli(redis_server, namespace, "leases", "list").stdout

@@ -22,13 +22,13 @@ from distsched.text import (
     CUT_CHARS,
     error_summary,
     escape,
-    iso,
     json_line,
     preview,
     relative,
     show,
     table,
 )
+from distsched.validate import tasks_limit
 
 TERMINAL_STATES = [s.value for s in State if s.terminal]
 RETRYABLE_STATES = [State.FAILED.value, State.CANCELLED.value, State.BLOCKED.value]
@@ -84,7 +84,7 @@ def _task_row(info: TaskInfo, now: float, full: bool = False) -> list[str]:
         show(info.fn, limit) if info.fn else "-",
         info.state.value,
         f"{info.attempt}/{info.max_attempts}",
-        f"{iso(info.updated_at)} ({relative(info.updated_at, now)})",
+        relative(info.updated_at, now),
         error,
     ]
 
@@ -117,6 +117,7 @@ def tasks_command(
     ready tasks in the order workers will claim them, running tasks by lease
     deadline. When more remain, the command to see the next page goes to stderr.
     """
+    tasks_limit(limit)  # a bad --limit is named before the namespace is looked up
     scheduler = connect_existing(ctx)
     page = scheduler.tasks(state, fn=fn, limit=limit, cursor=cursor)
     if as_json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -12,6 +13,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import jinja2
 import redis
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -27,6 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from distsched import times
 from distsched.client import Scheduler
 from distsched.dashboard import chart, graph, reads
 from distsched.dashboard.auth import (
@@ -65,19 +68,17 @@ NOTES = {
 
 def seconds(value: float | None) -> str:
     """A span of seconds for people: ``850 ms``, ``4.2 s``, ``3 min 5 s``, ``2 h 10 min``."""
-    if value is None or not math.isfinite(value):
-        return "-"
-    sign = "-" if value < 0 else ""
-    v = abs(value)
-    if v < 1:
-        return f"{sign}{v * 1000:.0f} ms"
-    if v < 60:
-        return f"{sign}{v:.1f} s"
-    if v < 3600:
-        return f"{sign}{int(v // 60)} min {int(v % 60)} s"
-    if v < 86400:
-        return f"{sign}{int(v // 3600)} h {int(v % 3600 // 60)} min"
-    return f"{sign}{int(v // 86400)} d {int(v % 86400 // 3600)} h"
+    return times.span(value, parts=2)
+
+
+def when(epoch: float | None) -> Markup:
+    """An instant relative to now (``in 11 h``), the exact UTC time on hover."""
+    if epoch is None:
+        return Markup("-")
+    exact = times.absolute(epoch)
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(
+        exact, times.relative(epoch, time.time())
+    )
 
 
 class Dashboard:
@@ -104,7 +105,7 @@ class Dashboard:
             undefined=jinja2.StrictUndefined,
         )
         self.env.filters["seconds"] = seconds
-        self.env.filters["iso"] = iso
+        self.env.filters["iso"] = when
         self.env.filters["short"] = reads.short
         self.env.globals["reads"] = reads
 
@@ -260,7 +261,7 @@ class Dashboard:
             "worker": reads.short(info.worker) if info.worker else "-",
             "lease_left": seconds(page.lease_left),
             "reasons": "?" if ex is None else ", ".join(r.value for r in ex.reasons),
-            "updated_at": iso(info.updated_at),
+            "updated_at": times.relative(info.updated_at, time.time()),
         }
         return json_response(
             {
