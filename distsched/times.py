@@ -27,6 +27,7 @@ def span(seconds: float | None, parts: int = 1) -> str:
         return f"{sign}{v:.1f} s"
     if round(v) < 60:
         return f"{sign}{round(v)} s"
+    v = max(v, 60.0)  # 59.7 s reads as 1 min, not 60 s
     for i, (unit, size) in enumerate(_UNITS):
         if v >= size:
             whole = int(v // size)
