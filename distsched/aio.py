@@ -435,6 +435,10 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.explain`."""
         return await self._drive(self._ops.call(Ops.explain, task_id))
 
+    async def unserved(self, fn: str) -> str | None:
+        """See :meth:`Scheduler.unserved`."""
+        return await self._drive(self._ops.unserved(fn))
+
     async def leases(self) -> list[tuple[str, float]]:
         """See :meth:`Scheduler.leases`."""
         return await self._drive(self._ops.call(Ops.leases))

@@ -80,6 +80,18 @@ class BaseScheduler:
         # Calls under way: the client of a closed scheduler is closed when the last ends.
         self._in_flight = 0
 
+    @property
+    def warn_unserved(self) -> bool:
+        """Whether scheduling a task for a function that live workers announce none of
+        logs a warning on the ``distsched`` logger, once per function name, with the
+        closest served names as suggestions (default True). The served functions are
+        read at most every few seconds, so scheduling stays one round trip."""
+        return self._ops.served.log
+
+    @warn_unserved.setter
+    def warn_unserved(self, value: bool) -> None:
+        self._ops.served.log = bool(value)
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the scheduler is closed")
@@ -630,6 +642,13 @@ class Scheduler(BaseScheduler):
         Bounded reads whatever the namespace's size; ``NotFoundError`` for an unknown id.
         """
         return self._drive(self._ops.call(Ops.explain, task_id))
+
+    def unserved(self, fn: str) -> str | None:
+        """Why tasks of ``fn`` may not run: a sentence (with a did-you-mean) when live
+        workers announce the functions they serve and none serves ``fn``; None when one
+        does, or when no live worker announced any. Reads them at most every few seconds.
+        """
+        return self._drive(self._ops.unserved(fn))
 
     def leases(self) -> list[tuple[str, float]]:
         """Running task ids with their lease deadlines (epoch seconds, server clock)."""

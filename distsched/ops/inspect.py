@@ -26,6 +26,7 @@ from distsched.ops import routing as route
 from distsched.ops.explain import EXPLAIN_LIMIT, explain_task
 from distsched.ops.listing import Listing
 from distsched.ops.protocol import WAIT_MARGIN_MS, WAIT_REFRESH_S, Listen, Op
+from distsched.ops.served import live_functions
 from distsched.validate import (
     _finite,
     _is_int,
@@ -393,6 +394,14 @@ class Inspect(Listing):
         return sorted(infos, key=lambda info: (-info.running, -info.queued, info.key))
 
     # -------------------------------------------------------------- workers
+
+    @route.first
+    def live_functions(self) -> Op[frozenset[str]]:
+        """The functions live workers announced (``served`` hash, within
+        ``SERVED_LIVE_S``): one HGETALL of a hash of one field per function name."""
+        now = yield from self.server_time()
+        (raw,) = yield from self.read(("HGETALL", self.keys.served))
+        return live_functions(_mapping(raw), now)
 
     @route.first
     def workers(self) -> Op[list[WorkerInfo]]:
