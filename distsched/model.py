@@ -401,10 +401,11 @@ class Stats(TypedDict):
     scheduled: int
     """Of the ready tasks, those not due yet (``run_at`` after the server's now): delayed,
     backing off before a retry, or handed back with a delay. Counted from the queue
-    entries scored after now, each count O(log n); an entry of a replaced version
-    counts until it is dropped (at most ``stale_entries`` over), and in a fair namespace
-    only the tasks of the first 100 keys with queued work are counted (the tasks of
-    further keys count as due)."""
+    entries scored after now, each count O(log n); while stale entries exist, the first
+    100 of them are checked against the task records and the stale ones left out (a
+    stale entry further on counts until it is dropped). In a fair namespace only the
+    tasks of the first 100 keys with queued work are counted (the tasks of further keys
+    count as due)."""
     due: int
     """Of the ready tasks, those due now: ``counts["ready"] - scheduled``."""
     queue_entries: int

@@ -46,6 +46,19 @@ def test_a_replaced_later_version_no_longer_counts_once_the_new_one_is_due(
     assert stats["scheduled"] + stats["due"] == stats["counts"]["ready"] == 1
 
 
+def test_replaced_and_cancelled_later_versions_are_not_counted_as_scheduled(
+    scheduler: Scheduler,
+) -> None:
+    scheduler.schedule("moved-later", fn="f", delay=600)
+    scheduler.schedule("moved-later", fn="f", delay=1200)  # leaves a stale later entry
+    scheduler.schedule("dropped", fn="f", delay=600)
+    scheduler.cancel("dropped")
+    scheduler.schedule("due", fn="f")
+    stats = scheduler.stats()
+    assert stats["stale_entries"] == 2
+    assert (stats["scheduled"], stats["due"]) == (1, 1)
+
+
 def test_the_priority_order_counts_its_delayed_set_as_scheduled(scheduler: Scheduler) -> None:
     scheduler.set_order("priority")
     _queue_two_due_three_later(scheduler)

@@ -61,6 +61,9 @@ from distsched.wire.replies import (
 # tasks of further keys count as due. The keys are read from the sets of keys with queued
 # work, 100 of each at most.
 SCHEDULED_FAIR_KEYS = 100
+# Queue entries not due yet that ``stats`` checks against the task records, while the
+# namespace has stale entries: the stale ones among them are not counted as scheduled.
+SCHEDULED_SCAN = 100
 # The largest due time a fairq member holds (FAIR_DUE_MAX in lua/lib/fair.lua).
 FAIR_DUE_MAX = 2**52 - 1
 
@@ -206,11 +209,16 @@ class Inspect(Listing):
             ("ZRANGE", k.fairfull, 0, top),
         )
         later = int(later)
-        if int(fair_entries):
-            later += yield from self._fair_later(fair_sets, now_ms)
         # The entries of a fair namespace's keyed tasks count as queue entries.
         queued = int(entries) + int(fair_entries)
         data = decode_stats(_mapping(meta), queued, int(leases), int(ranked), later)
+        if later and data["stale_entries"] > 0:
+            later -= yield from self._stale_later(now_ms)
+        if int(fair_entries):
+            later += yield from self._fair_later(fair_sets, now_ms)
+        scheduled = max(0, min(data["counts"][State.READY.value], later))
+        data["scheduled"] = scheduled
+        data["due"] = data["counts"][State.READY.value] - scheduled
         fair = _mapping(meta).get(b"fair") or _mapping(meta).get("fair")
         if fair is not None and _text(fair) == "1":
             infos = yield from self.fair_keys(STATS_TOP_KEYS)
@@ -229,6 +237,29 @@ class Inspect(Listing):
                 for info in infos
             ]
         return data
+
+    def _stale_later(self, now_ms: int) -> Op[int]:
+        """How many of the first ``SCHEDULED_SCAN`` queue entries not due yet are stale
+        (a replaced or ended version): one ZRANGEBYSCORE and one HMGET, read only while
+        the namespace has stale entries."""
+        (rows,) = yield from self.read(
+            ("ZRANGEBYSCORE", self.keys.queue, f"({now_ms}", "+inf", "LIMIT", 0, SCHEDULED_SCAN)
+        )
+        entries = [parse_queue_member(member) for member in rows]
+        if not entries:
+            return 0
+        (records,) = yield from self.read(
+            ("HMGET", self.keys.tasks, *[task_id for _, task_id in entries])
+        )
+        stale = 0
+        for (version, _), raw in zip(entries, records, strict=True):
+            try:
+                record = None if raw is None else decode_record(raw)
+            except ScriptError:  # a corrupt record: claim.lua fails it, not a queued task
+                record = None
+            if record is None or record.state is not State.READY or record.version != version:
+                stale += 1
+        return stale
 
     def _fair_later(self, key_sets: list[Any], now_ms: int) -> Op[int]:
         """fairq entries not due yet, of the first ``SCHEDULED_FAIR_KEYS`` fairness keys
