@@ -21,6 +21,7 @@ from distsched.client import BaseScheduler, client_from_url
 from distsched.model import (
     Chores,
     Claim,
+    Duration,
     Explanation,
     KeyInfo,
     Order,
@@ -61,7 +62,7 @@ class AsyncScheduler(BaseScheduler):
         self,
         client: aredis.Redis | aredis.RedisCluster,
         namespace: str = "default",
-        lease_s: float = 30.0,
+        lease_s: Duration = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
@@ -81,7 +82,7 @@ class AsyncScheduler(BaseScheduler):
         cls,
         url: str,
         namespace: str = "default",
-        lease_s: float = 30.0,
+        lease_s: Duration = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
@@ -252,7 +253,7 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.fire_due`."""
         return await self._drive(self._ops.call(Ops.fire_due, limit))
 
-    async def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+    async def wait(self, task_id: str, timeout: Duration | None = None) -> TaskInfo:
         """See :meth:`Scheduler.wait` (one subscription per scheduler, a task of the loop
         of its first wait). At most ``subscription.WAIT_IO_CONCURRENCY`` waits of a
         scheduler talk to Redis at once, so that thousands gathered stay within
@@ -266,7 +267,7 @@ class AsyncScheduler(BaseScheduler):
                 self._ops.call(Ops.wait, task_id, timeout, waiter), self._waits.gate
             )
 
-    async def result(self, task_id: str, timeout: float | None = None) -> Any:
+    async def result(self, task_id: str, timeout: Duration | None = None) -> Any:
         """See :meth:`Scheduler.result`."""
         # Checked before the shared subscription is started for nothing.
         validate.validate_task_id(task_id)
@@ -326,7 +327,7 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.confirm_cancel`."""
         return await self._drive(self._ops.call(Ops.confirm_cancel, claim))
 
-    async def release(self, claims: Sequence[Claim], *, delay: float = 0.0) -> int:
+    async def release(self, claims: Sequence[Claim], *, delay: Duration = 0.0) -> int:
         """See :meth:`Scheduler.release`."""
         return await self._drive(self._ops.call(Ops.release, claims, delay))
 
@@ -360,7 +361,7 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.purge_tasks`."""
         return await self._drive(self._ops.call(Ops.purge_tasks, task_ids))
 
-    async def set_retention(self, retention_s: float) -> None:
+    async def set_retention(self, retention_s: Duration) -> None:
         """See :meth:`Scheduler.set_retention`."""
         return await self._drive(self._ops.call(Ops.set_retention, retention_s))
 
@@ -385,7 +386,7 @@ class AsyncScheduler(BaseScheduler):
         return await self._drive(self._ops.set_max_running(max_running))
 
     async def set_order(
-        self, order: Order | str = Order.PRIORITY, aging: float = 60.0
+        self, order: Order | str = Order.PRIORITY, aging: Duration = 60.0
     ) -> OrderSetting:
         """See :meth:`Scheduler.set_order`."""
         return await self._drive(self._ops.call(Ops.set_order, order, aging))
@@ -400,7 +401,7 @@ class AsyncScheduler(BaseScheduler):
         cap: int | None = None,
         weight: int = 1,
         rate: int | None = None,
-        per: float = 1.0,
+        per: Duration = 1.0,
     ) -> KeyInfo:
         """See :meth:`Scheduler.set_key`."""
         return await self._drive(self._ops.call(Ops.set_key, key, cap, weight, rate, per))
@@ -427,13 +428,17 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.stats`."""
         return await self._drive(self._ops.stats())
 
-    async def overview(self, soon_s: float = 5.0, scan: int = 100) -> Overview:
+    async def overview(self, soon_s: Duration = 5.0, scan: int = 100) -> Overview:
         """See :meth:`Scheduler.overview`."""
         return await self._drive(self._ops.overview(soon_s, scan))
 
     async def explain(self, task_id: str) -> Explanation:
         """See :meth:`Scheduler.explain`."""
         return await self._drive(self._ops.call(Ops.explain, task_id))
+
+    async def unserved(self, fn: str) -> str | None:
+        """See :meth:`Scheduler.unserved`."""
+        return await self._drive(self._ops.unserved(fn))
 
     async def leases(self) -> list[tuple[str, float]]:
         """See :meth:`Scheduler.leases`."""

@@ -24,6 +24,7 @@ from distsched.keys import Keys
 from distsched.model import (
     Chores,
     Claim,
+    Duration,
     Explanation,
     KeyInfo,
     Order,
@@ -59,14 +60,14 @@ class BaseScheduler:
     def __init__(
         self,
         namespace: str = "default",
-        lease_s: float = 30.0,
+        lease_s: Duration = 30.0,
         max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
     ) -> None:
         self.keys = Keys(namespace)
         self.namespace = namespace
         self.lease_ms = validate.validate_lease(lease_s)
-        self.lease_s = float(lease_s)
+        self.lease_s = self.lease_ms / 1000.0
         self.max_payload_bytes = validate.validate_max_payload_bytes(max_payload_bytes)
         # The producer's active span travels with its tasks (distsched.otel).
         self._ops = StripedOps(
@@ -79,6 +80,18 @@ class BaseScheduler:
         self._closed = False
         # Calls under way: the client of a closed scheduler is closed when the last ends.
         self._in_flight = 0
+
+    @property
+    def warn_unserved(self) -> bool:
+        """Whether scheduling a task for a function that live workers announce none of
+        logs a warning on the ``distsched`` logger, once per function name, with the
+        closest served names as suggestions (default True). The served functions are
+        read at most every few seconds, so scheduling stays one round trip."""
+        return self._ops.served.log
+
+    @warn_unserved.setter
+    def warn_unserved(self, value: bool) -> None:
+        self._ops.served.log = bool(value)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -112,7 +125,7 @@ class Scheduler(BaseScheduler):
         self,
         client: redis.Redis | RedisCluster,
         namespace: str = "default",
-        lease_s: float = 30.0,
+        lease_s: Duration = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
@@ -135,7 +148,7 @@ class Scheduler(BaseScheduler):
         cls,
         url: str,
         namespace: str = "default",
-        lease_s: float = 30.0,
+        lease_s: Duration = 30.0,
         max_running: int | None = None,
         max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
@@ -359,7 +372,7 @@ class Scheduler(BaseScheduler):
         safe (each slot fires once)."""
         return self._drive(self._ops.call(Ops.fire_due, limit))
 
-    def wait(self, task_id: str, timeout: float | None = None) -> TaskInfo:
+    def wait(self, task_id: str, timeout: Duration | None = None) -> TaskInfo:
         """Block until ``task_id`` has ended (succeeded, failed, cancelled or blocked);
         return its final ``TaskInfo``.
 
@@ -376,7 +389,7 @@ class Scheduler(BaseScheduler):
         with self._waits.watch(task_id) as waiter:
             return self._drive(self._ops.call(Ops.wait, task_id, timeout, waiter))
 
-    def result(self, task_id: str, timeout: float | None = None) -> Any:
+    def result(self, task_id: str, timeout: Duration | None = None) -> Any:
         """``wait``, then the task's result: its stored result when it succeeded.
 
         Otherwise raises ``TaskFailed`` (``.traceback``: the remote error text with its
@@ -454,7 +467,7 @@ class Scheduler(BaseScheduler):
         """The function stopped on a cancellation request: the task ends cancelled."""
         return self._drive(self._ops.call(Ops.confirm_cancel, claim))
 
-    def release(self, claims: Sequence[Claim], *, delay: float = 0.0) -> int:
+    def release(self, claims: Sequence[Claim], *, delay: Duration = 0.0) -> int:
         """Hand back claims whose function never started; no attempt is spent.
 
         With ``delay`` (seconds) the tasks become due again no sooner than that
@@ -507,7 +520,7 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.call(Ops.purge_tasks, task_ids))
 
-    def set_retention(self, retention_s: float) -> None:
+    def set_retention(self, retention_s: Duration) -> None:
         """Keep terminal tasks this many seconds (per namespace; default 24 hours)."""
         return self._drive(self._ops.call(Ops.set_retention, retention_s))
 
@@ -548,7 +561,9 @@ class Scheduler(BaseScheduler):
         """Set the fleet-wide bound on running tasks (None removes it). Last writer wins."""
         return self._drive(self._ops.set_max_running(max_running))
 
-    def set_order(self, order: Order | str = Order.PRIORITY, aging: float = 60.0) -> OrderSetting:
+    def set_order(
+        self, order: Order | str = Order.PRIORITY, aging: Duration = 60.0
+    ) -> OrderSetting:
         """Choose the order in which claims take the namespace's due tasks.
 
         ``"default"``: (due time, -priority, sequence), first due, first served.
@@ -578,7 +593,7 @@ class Scheduler(BaseScheduler):
         cap: int | None = None,
         weight: int = 1,
         rate: int | None = None,
-        per: float = 1.0,
+        per: Duration = 1.0,
     ) -> KeyInfo:
         """Set the concurrency cap and weight of fairness key ``key`` (``""``: the default
         key of tasks given none), replacing its earlier settings.
@@ -615,7 +630,7 @@ class Scheduler(BaseScheduler):
         """Counts per state, queue entries vs live ones, leases, capacity, retention."""
         return self._drive(self._ops.stats())
 
-    def overview(self, soon_s: float = 5.0, scan: int = 100) -> Overview:
+    def overview(self, soon_s: Duration = 5.0, scan: int = 100) -> Overview:
         """``stats()`` plus lease expiries and how far behind the fleet is (server clock).
 
         ``oldest_ready_age`` looks at the first ``scan`` due queue entries.
@@ -628,6 +643,13 @@ class Scheduler(BaseScheduler):
         Bounded reads whatever the namespace's size; ``NotFoundError`` for an unknown id.
         """
         return self._drive(self._ops.call(Ops.explain, task_id))
+
+    def unserved(self, fn: str) -> str | None:
+        """Why tasks of ``fn`` may not run: a sentence (with a did-you-mean) when live
+        workers announce the functions they serve and none serves ``fn``; None when one
+        does, or when no live worker announced any. Reads them at most every few seconds.
+        """
+        return self._drive(self._ops.unserved(fn))
 
     def leases(self) -> list[tuple[str, float]]:
         """Running task ids with their lease deadlines (epoch seconds, server clock)."""
@@ -726,7 +748,11 @@ class Scheduler(BaseScheduler):
         return self._drive(self._ops.call(Ops.exists))
 
     def clear(self) -> None:
-        """Delete every task and setting of the namespace (irreversible)."""
+        """Delete every task, schedule and setting of the namespace (irreversible).
+
+        Each stripe's keys go in one ``UNLINK``: the keys leave at once and Redis frees
+        the memory of large ones in the background. Workers still running see an empty
+        namespace. The command line's ``distsched namespace wipe --yes`` calls this."""
         return self._drive(self._ops.clear())
 
     def close(self) -> None:

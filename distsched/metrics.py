@@ -15,11 +15,19 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from distsched.errors import DistschedError
 from distsched.hooks import WorkerHooks
-from distsched.model import PRIORITY_LABELS, Claim, Outcome, State, priority_bucket
+from distsched.model import (
+    PRIORITY_LABELS,
+    Claim,
+    Outcome,
+    State,
+    Stats,
+    priority_bucket,
+    stage_counts,
+)
 
 INSTALL_HINT = "pip install 'distsched[metrics]'"
 
@@ -185,7 +193,9 @@ class PrometheusMetrics(WorkerMetrics):
             registry=registry,
         )
         self.tasks = gauge(
-            "distsched_namespace_tasks", "Tasks of the namespace per state.", ("state",)
+            "distsched_namespace_tasks",
+            'Tasks of the namespace per state; ready tasks not due yet under state="scheduled".',
+            ("state",),
         )
         self.queue_entries = gauge(
             "distsched_queue_entries", "Entries in the namespace's ready queue, stale included."
@@ -291,7 +301,9 @@ class PrometheusMetrics(WorkerMetrics):
         self.unserved.inc()
 
     def on_stats(self, stats: Mapping[str, Any]) -> None:
-        for state, count in stats["counts"].items():
+        # The ready tasks as two labels: scheduled (not due yet) and ready (due now).
+        counts = stage_counts(cast(Stats, stats)) if "scheduled" in stats else stats["counts"]
+        for state, count in counts.items():
             self.tasks.labels(state).set(count)
         self.queue_entries.set(stats["queue_entries"])
         self.queue_stale.set(max(0, stats["stale_entries"]))

@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, NamedTuple, TypedDict
 
+Duration = float | _dt.timedelta
+"""A length of time the API takes: seconds (an int or a float) or a ``datetime.timedelta``."""
+
 # --------------------------------------------------------------------------- tasks
 
 
@@ -283,19 +286,19 @@ class TaskSpec:
     priority: int = 0
     args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] | None = None
-    delay: float | None = None
+    delay: Duration | None = None
     deps: Sequence[str] = ()
     optional_deps: Sequence[str] = ()
     max_attempts: int = 1
-    backoff: float = 1.0
+    backoff: Duration = 1.0
     allow_unknown: bool = False
     dedupe: bool = False
-    dedupe_window: float | None = None
-    debounce: float | None = None
+    dedupe_window: Duration | None = None
+    debounce: Duration | None = None
     deadline: float | _dt.datetime | None = None
-    ttl: float | None = None
+    ttl: Duration | None = None
     key: str | None = None
-    timeout: float | None = None
+    timeout: Duration | None = None
 
 
 class Options(TypedDict, total=False):
@@ -304,19 +307,19 @@ class Options(TypedDict, total=False):
 
     run_at: float | _dt.datetime | None
     priority: int
-    delay: float | None
+    delay: Duration | None
     deps: Sequence[str]
     optional_deps: Sequence[str]
     max_attempts: int
-    backoff: float
+    backoff: Duration
     allow_unknown: bool
     dedupe: bool
-    dedupe_window: float | None
-    debounce: float | None
+    dedupe_window: Duration | None
+    debounce: Duration | None
     deadline: float | _dt.datetime | None
-    ttl: float | None
+    ttl: Duration | None
     key: str | None
-    timeout: float | None
+    timeout: Duration | None
 
 
 class TaskOptions(Options, total=False):
@@ -438,7 +441,18 @@ class Stats(TypedDict):
     """A namespace at a glance (``Scheduler.stats``)."""
 
     counts: dict[str, int]
-    """Tasks per state (every :class:`State` value is present)."""
+    """Tasks per state (every :class:`State` value is present). ``counts["ready"]`` is
+    every queued task, due or not: ``due + scheduled`` (see :func:`stage_counts`)."""
+    scheduled: int
+    """Of the ready tasks, those not due yet (``run_at`` after the server's now): delayed,
+    backing off before a retry, or handed back with a delay. Counted from the queue
+    entries scored after now, each count O(log n); while stale entries exist, the first
+    100 of them are checked against the task records and the stale ones left out (a
+    stale entry further on counts until it is dropped). In a fair namespace only the
+    tasks of the first 100 keys with queued work are counted (the tasks of further keys
+    count as due)."""
+    due: int
+    """Of the ready tasks, those due now: ``counts["ready"] - scheduled``."""
     queue_entries: int
     """Entries in the queue, live and stale (in the priority order: the delayed set and the
     ready set together)."""
@@ -460,6 +474,20 @@ class Stats(TypedDict):
     keys: list[KeyLoad]
     """In a fair namespace, the ``STATS_TOP_KEYS`` fairness keys with the most running (then
     queued) tasks, among those the namespace's sets hold first; else empty."""
+
+
+def stage_counts(stats: Stats) -> dict[str, int]:
+    """Tasks per stage as people read them: the state counts, with the ready tasks
+    split into ``scheduled`` (not due yet) and ``ready`` (due now), in that order.
+    The CLI, the dashboard and the metrics show these."""
+    shown: dict[str, int] = {}
+    for state, n in stats["counts"].items():
+        if state == State.READY.value:
+            shown["scheduled"] = stats["scheduled"]
+            shown[state] = stats["due"]
+        else:
+            shown[state] = n
+    return shown
 
 
 class Overview(Stats):
@@ -652,7 +680,8 @@ class Explanation:
     - ``blocked_by``, ``root_state`` (a blocked task): the root cause, the path from it
       (at most ``EXPLAIN_LIMIT`` hops read: a longer path starts after its root), and
       the root's state now.
-    - ``error``: a failed task's error, first line only; for a task that expired
+    - ``error``: a failed task's error on one line: for a traceback, its last
+      ``Type: message`` line (the exception raised); for a task that expired
       (cancelled, not started by its deadline), ``expired: not started by its deadline``.
     """
 

@@ -25,6 +25,7 @@ from typing import Any, TypedDict
 import msgpack
 
 from distsched.errors import InvalidArgument, MissingExtraError
+from distsched.model import Duration
 from distsched.validate import (
     BACKOFF_MAX_S,
     MAX_ATTEMPTS_LIMIT,
@@ -32,6 +33,8 @@ from distsched.validate import (
     PRIORITY_MIN,
     TIMEOUT_MAX_MS,
     _is_int,
+    as_seconds,
+    instant_seconds,
     timeout_ms,
     validate_fair_key,
 )
@@ -86,21 +89,21 @@ class ScheduleOptions(TypedDict, total=False):
 
     cron: str | None
     tz: str
-    interval: float | None
+    interval: Duration | None
     args: Sequence[Any]
     kwargs: Mapping[str, Any] | None
     priority: int
     max_attempts: int
-    backoff: float
+    backoff: Duration
     start: float | _dt.datetime | None
     end: float | _dt.datetime | None
-    jitter: float
+    jitter: Duration
     paused: bool
     overlap: Overlap | str
     catchup: Catchup | str
-    catchup_window: float
+    catchup_window: Duration
     key: str | None
-    timeout: float | None
+    timeout: Duration | None
 
 
 @dataclass(frozen=True)
@@ -317,6 +320,7 @@ def validate_name(name: object) -> str:
 
 
 def _seconds(value: object, field_name: str, lo: float, hi: float) -> float:
+    value = as_seconds(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidArgument(field_name, "must be a number of seconds")
     if not lo <= value <= hi:
@@ -328,13 +332,7 @@ def instant_ms(value: object, field_name: str) -> int | None:
     """Epoch ms of ``value`` (epoch seconds or an aware datetime); None stays None."""
     if value is None:
         return None
-    if isinstance(value, _dt.datetime):
-        if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
-            raise InvalidArgument(field_name, "a datetime must be timezone-aware")
-        value = value.timestamp()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidArgument(field_name, "must be epoch seconds or an aware datetime")
-    ms = round(value * 1000)
+    ms = round(instant_seconds(value, field_name) * 1000)
     if abs(ms) > MAX_MS:
         raise InvalidArgument(field_name, "out of range")
     return ms

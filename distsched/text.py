@@ -20,14 +20,11 @@ from typing import Any, Protocol
 
 import msgpack
 
+from distsched import times
 from distsched.errors import InvalidArgument
 from distsched.limits import MAX_PAYLOAD_DEPTH
+from distsched.validate import check_epoch
 from distsched.wire.payload import CUT_MARK
-
-# datetime cannot represent later instants; an epoch beyond it is most likely
-# milliseconds given where seconds were expected.
-MAX_EPOCH_S = _dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=_dt.timezone.utc).timestamp()
-
 
 # A URL's user information: ``scheme://user:password@``, up to the last ``@`` before
 # the host (a password may hold an ``@``).
@@ -122,19 +119,43 @@ def one_line(text: object) -> str:
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<fn>.*)$')
 
 
+def _last_frame(lines: list[str]) -> int | None:
+    return max((i for i, ln in enumerate(lines) if _FRAME.match(ln)), default=None)
+
+
+def _exception_lines(lines: list[str], last: int) -> list[str]:
+    """The ``Type: message`` lines after the frame at ``last``, past its source lines."""
+    rest = lines[last + 1 :]
+    while rest and rest[0].startswith(" "):
+        rest.pop(0)
+    return rest
+
+
+def exception_line(error: str) -> str:
+    """The error a stored error text reports, on one line: for a traceback, its
+    ``Type: message`` (what ``raise`` said, not ``Traceback (most recent call last):``);
+    for any other text, its first line."""
+    lines = [ln for ln in error.strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    if not lines[0].startswith("Traceback ("):
+        return one_line(lines[0])
+    last = _last_frame(lines)
+    # A traceback whose frames are not in the usual shape: its last line.
+    found = _exception_lines(lines, last) if last is not None else []
+    return one_line(" ".join(found) or lines[-1])
+
+
 def error_summary(error: str) -> str:
     """A stored error on one line: for a traceback, its ``Type: message`` and the
     frame that raised (``at file:line in function``); any other text as it is."""
     lines = error.splitlines()
-    last = max((i for i, ln in enumerate(lines) if _FRAME.match(ln)), default=None)
+    last = _last_frame(lines)
     if last is None:
         return one_line(error)
     frame = _FRAME.match(lines[last])
     assert frame is not None
-    # After the frame: its source lines (indented), then the type/message lines.
-    rest = lines[last + 1 :]
-    while rest and rest[0].startswith(" "):
-        rest.pop(0)
+    rest = _exception_lines(lines, last)
     where = f"at {frame['file']}:{frame['line']} in {frame['fn']}"
     return one_line(f"{' '.join(rest) or '?'} ({where})")
 
@@ -230,37 +251,14 @@ def finite_or_none(value: Any) -> Any:
 
 
 def iso(epoch: float | None) -> str:
-    """An epoch in seconds as ISO-8601 UTC with milliseconds; ``-`` for None.
-
-    An instant outside the years 1 to 9999 is shown as the side it falls on.
-    """
-    if epoch is None:
-        return "-"
-    try:
-        when = _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc)
-    except (ValueError, OverflowError, OSError):
-        return "after 9999-12-31" if epoch > 0 else "before 0001-01-01"
-    return when.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """An epoch in seconds as ISO-8601 UTC with milliseconds; ``-`` for None
+    (:func:`distsched.times.absolute`)."""
+    return times.absolute(epoch)
 
 
 def relative(epoch: float, now: float) -> str:
-    """``in 1.500 s`` or ``2.000 s ago``, from ``now``."""
-    delta = epoch - now
-    return f"in {delta:.3f} s" if delta >= 0 else f"{-delta:.3f} s ago"
-
-
-def check_epoch(seconds: float, field: str) -> float:
-    """Refuse an epoch outside the years 1 to 9999: most likely milliseconds."""
-    if not math.isfinite(seconds):
-        raise InvalidArgument(field, f"must be a finite number of epoch seconds, got {seconds}")
-    if abs(seconds) > MAX_EPOCH_S:
-        side = "after the year 9999" if seconds > 0 else "before the year 1"
-        raise InvalidArgument(
-            field,
-            f"{seconds:.15g} epoch seconds is {side}; if that is milliseconds, "
-            f"use {seconds / 1000:.3f} (milliseconds / 1000)",
-        )
-    return seconds
+    """``in 11 h``, ``3 min ago`` or ``now``, from ``now`` (:func:`distsched.times.relative`)."""
+    return times.relative(epoch, now)
 
 
 def parse_when(value: str, field: str) -> float | _dt.datetime:

@@ -99,8 +99,58 @@ def validate_worker_id(worker_id: object) -> str:
     return worker_id
 
 
+# datetime cannot represent later instants; an epoch beyond it is most likely
+# milliseconds given where seconds were expected.
+MAX_EPOCH_S = _dt.datetime(9999, 12, 31, 23, 59, 59, tzinfo=_dt.timezone.utc).timestamp()
+
+
+def as_seconds(value: object) -> object:
+    """A ``timedelta`` as its seconds (a float); any other value as it is, checked by
+    the caller. Every duration the API takes is seconds or a ``timedelta``."""
+    return value.total_seconds() if isinstance(value, _dt.timedelta) else value
+
+
+def check_epoch(seconds: float, field: str) -> float:
+    """Refuse an epoch outside the years 1 to 9999: most likely milliseconds."""
+    if not math.isfinite(seconds):
+        raise InvalidArgument(field, f"must be a finite number of epoch seconds, got {seconds}")
+    if abs(seconds) > MAX_EPOCH_S:
+        side = "after the year 9999" if seconds > 0 else "before the year 1"
+        raise InvalidArgument(
+            field,
+            f"{seconds:.15g} epoch seconds is {side}; if that is milliseconds, "
+            f"use {seconds / 1000:.3f} (milliseconds / 1000)",
+        )
+    return seconds
+
+
+def instant_seconds(value: object, field_name: str) -> float:
+    """Epoch seconds of an instant: a number of epoch seconds or an aware ``datetime``.
+    A ``timedelta`` (a duration, not an instant) and an epoch that reads as
+    milliseconds are refused, naming ``field_name``."""
+    if isinstance(value, _dt.timedelta):
+        raise InvalidArgument(
+            field_name, "is an instant (epoch seconds or an aware datetime), not a timedelta"
+        )
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+            raise InvalidArgument(field_name, "a datetime must be timezone-aware")
+        return value.timestamp()
+    if not _is_number(value):
+        raise InvalidArgument(
+            field_name, f"must be epoch seconds or an aware datetime, got {type(value).__name__}"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:
+        raise InvalidArgument(field_name, "is out of range") from None
+    return check_epoch(seconds, field_name)
+
+
 def _finite(value: object) -> float | None:
-    """``value`` as a float when it is a finite number (not a bool), else None."""
+    """``value`` as a float when it is a finite number (not a bool) or a ``timedelta``,
+    else None."""
+    value = as_seconds(value)
     if not _is_number(value):
         return None
     try:
@@ -111,7 +161,9 @@ def _finite(value: object) -> float | None:
 
 
 def seconds_to_ms(value: object, field_name: str, limit: int = MAX_MS) -> int:
-    """Round a finite number of seconds to whole milliseconds, at most ``limit`` in size."""
+    """Round a finite number of seconds (or a ``timedelta``) to whole milliseconds, at
+    most ``limit`` in size."""
+    value = as_seconds(value)
     if not _is_number(value):
         raise InvalidArgument(field_name, f"must be a number, got {type(value).__name__}")
     seconds = _finite(value)
@@ -274,11 +326,7 @@ def time_argument(run_at: object, delay: object) -> tuple[str, int]:
         return "in", seconds_to_ms(delay, "delay", MAX_DELAY_MS)
     if run_at is None:
         return "in", 0
-    if isinstance(run_at, _dt.datetime):
-        if run_at.tzinfo is None or run_at.tzinfo.utcoffset(run_at) is None:
-            raise InvalidArgument("run_at", "a datetime must be timezone-aware")
-        return "at", seconds_to_ms(run_at.timestamp(), "run_at")
-    return "at", seconds_to_ms(run_at, "run_at")
+    return "at", seconds_to_ms(instant_seconds(run_at, "run_at"), "run_at")
 
 
 def validate_deps(value: object, field_name: str, task_id: str) -> list[str]:

@@ -148,14 +148,15 @@ def test_a_run_at_without_offset_gets_a_hint_that_is_itself_accepted(
 def test_status_of_a_task_due_after_the_year_9999_prints_without_a_traceback(
     redis_server: RedisServer, namespace: str, scheduler: Scheduler
 ) -> None:
-    # The library takes any run_at up to 2**53 ms; only the command line refuses them.
-    scheduler.schedule("far", fn="f", run_at=1796034212382)
-    scheduler.schedule("past", fn="f", run_at=-1e12)
-    for task_id, shown in (("far", "after 9999-12-31"), ("past", "before 0001-01-01")):
+    # A run_at past the year 9999 is refused (it reads as milliseconds); a delay reaches it.
+    now = scheduler.server_time()
+    scheduler.schedule("far", fn="f", delay=1796034212382 - now)
+    scheduler.schedule("past", fn="f", delay=-1e12 - now)
+    for task_id, shown in (("far", "in "), ("past", "")):
         text = invoke(redis_server, namespace, "status", task_id)
         assert text.exit_code == 0, text.stderr
         fields = dict(re.split(r":\s+", line, maxsplit=1) for line in text.stdout.splitlines())
-        assert fields["run_at"].startswith(shown)
+        assert fields["run_at"].startswith(shown) and " d" in fields["run_at"]
         data = json.loads(invoke(redis_server, namespace, "status", task_id, "--json").stdout)
         assert data["run_at"] == scheduler.status(task_id).run_at
     assert invoke(redis_server, namespace, "stats").exit_code == 0
@@ -348,7 +349,9 @@ def test_stats_counts_tasks_per_state(
     assert (data["queue_entries"], data["live_entries"], data["stale_entries"]) == (4, 2, 2)
 
     table = invoke(redis_server, namespace, "stats").stdout
-    assert re.search(r"^ready\s+2$", table, re.M), table
+    # Both queued tasks are due in a minute: scheduled, none ready yet.
+    assert re.search(r"^scheduled\s+2$", table, re.M), table
+    assert re.search(r"^ready\s+0$", table, re.M), table
     assert re.search(r"^cancelled\s+1$", table, re.M), table
     assert re.search(r"^queue entries\s+4 \(2 live, 2 stale\)$", table, re.M), table
 

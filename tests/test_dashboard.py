@@ -142,7 +142,9 @@ def test_overview_shows_the_counts_per_state_and_the_fleet(read_only: TestClient
     assert re.search(r'id="count-failed">1<', page)
     assert re.search(r'id="count-blocked">2<', page)
     assert re.search(r'id="count-running">1<', page)
-    assert re.search(r'id="count-ready">1<', page)
+    # The one queued task ("later") is not due yet: scheduled, not ready.
+    assert re.search(r'id="count-scheduled">1<', page)
+    assert re.search(r'id="count-ready">0<', page)
     assert re.search(r'id="hour-failed">1<', page) and re.search(r'id="day-failed">1<', page)
     assert 'aria-label="last hour: 0 succeeded, 1 failed"' in page
     assert 'aria-label="last day: 0 succeeded, 1 failed"' in page

@@ -205,7 +205,9 @@ def test_a_worker_exports_its_outcomes_latencies_and_the_namespace_gauges(
             sample("distsched_namespace_tasks", state="failed"): 2.0,  # boom, lost
             sample("distsched_namespace_tasks", state="cancelled"): 1.0,
             sample("distsched_namespace_tasks", state="blocked"): 1.0,
-            sample("distsched_namespace_tasks", state="ready"): 2.0,
+            # The two future tasks are queued but not due: scheduled, not ready.
+            sample("distsched_namespace_tasks", state="scheduled"): 2.0,
+            sample("distsched_namespace_tasks", state="ready"): 0.0,
             sample("distsched_namespace_tasks", state="running"): 0.0,
             sample("distsched_queue_entries"): 2.0,
             sample("distsched_queue_stale_entries"): 0.0,

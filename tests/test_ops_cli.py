@@ -63,7 +63,9 @@ def test_stats_shows_states_stale_ratio_oldest_due_capacity_leases_and_retention
     result = cli(redis_server, namespace, "stats", "--soon", "10")
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    line(out, r"^ready\s+4$")
+    # "future" is queued but not due: scheduled, apart from the 3 due ones.
+    line(out, r"^scheduled\s+1$")
+    line(out, r"^ready\s+3$")
     line(out, r"^running\s+2$")
     line(out, r"^cancelled\s+1$")
     line(out, r"^queue entries\s+6 \(4 live, 2 stale\)$")
@@ -113,7 +115,7 @@ def test_stats_watch_redraws_until_its_count(
     assert result.exit_code == 0, result.stderr
     headers = re.findall(rf"^namespace '{namespace}' at .*Z$", result.stdout, re.M)
     assert len(headers) == 3
-    assert len(re.findall(r"^ready\s+1$", result.stdout, re.M)) == 3
+    assert len(re.findall(r"^scheduled\s+1$", result.stdout, re.M)) == 3
 
     result = cli(redis_server, namespace, "stats", "--watch", "--json", "--count", "2",
                  "--interval", "0.05")  # fmt: skip
@@ -135,12 +137,12 @@ def test_stats_watch_shows_changes_and_ends_cleanly_on_ctrl_c(
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 20
-        while not re.search(r"^ready\s+1$", out_path.read_text(), re.M):
+        while not re.search(r"^scheduled\s+1$", out_path.read_text(), re.M):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "no first draw"
             time.sleep(0.02)
         scheduler.schedule("second", fn="f", delay=3600)
-        while not re.search(r"^ready\s+2$", out_path.read_text(), re.M):
+        while not re.search(r"^scheduled\s+2$", out_path.read_text(), re.M):
             assert time.monotonic() < deadline, "the change was never drawn"
             time.sleep(0.02)
         proc.send_signal(signal.SIGINT)
@@ -161,10 +163,9 @@ def test_leases_list_shows_holder_attempt_and_time_left_or_how_long_ago_it_expir
 ) -> None:
     out = cli(redis_server, namespace, "leases", "list").stdout
     line(out, r"^task\s+holder\s+attempt\s+time left$")
-    left = float(line(out, r"^run-a\s+worker-a\s+1/1\s+(\d+\.\d+) s$")[1])
+    left = float(line(out, r"^run-a\s+worker-a\s+1/1\s+(\d+\.\d) s$")[1])
     assert 0 < left <= busy.lease_s
-    ago = float(line(out, r"^run-b\s+worker-b\s+1/1\s+expired (\d+\.\d+) s ago$")[1])
-    assert ago > 0
+    line(out, r"^run-b\s+worker-b\s+1/1\s+expired \d+(\.\d)? m?s ago$")
 
     assert cli(redis_server, namespace, "leases", "reap").stdout.strip() == "reaped 1 expired lease"
     out = cli(redis_server, namespace, "leases", "list").stdout

@@ -1,10 +1,10 @@
 """The ``distsched`` command line: a thin shell over :class:`~distsched.client.Scheduler`.
 
 Each command parses its options and calls one function. Errors a user can fix
-(bad arguments, unknown ids, conflicts, an unreachable Redis) are printed as one
-line on stderr with exit code 1; click's usage errors exit with 2.
-``status --wait`` exits 1 for a task that did not succeed and 3 (``EXIT_TIMEOUT``)
-when its ``--timeout`` passed.
+(bad arguments, unknown ids or namespaces, conflicts, an unreachable Redis) are
+printed as one line on stderr. Exit codes are one table, ``distsched.cli.common.Exit``
+(docs/pages/reference/exit-codes.md): 0 done, 1 refused or failed, 2 usage error,
+3 ``status --wait`` timed out.
 """
 
 from __future__ import annotations
@@ -195,6 +195,7 @@ COMMANDS: list[click.Command] = [
     namespace.payload_limit,
     namespace.stripes,
     namespace.order,
+    namespace.namespace_group,
     keys.keys,
     workers.workers,
     workers.leases,

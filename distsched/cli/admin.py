@@ -6,7 +6,7 @@ import click
 import redis
 
 from distsched import library, scripts
-from distsched.cli.common import connect
+from distsched.cli.common import Exit, connect, leave
 from distsched.scripts import Check
 from distsched.text import one_line
 
@@ -75,4 +75,4 @@ def library_check(ctx: click.Context) -> None:
         for line in _library_lines(report):
             click.echo(line)
     if any(report.found is not Check.SAME for report in reports):
-        ctx.exit(1)
+        leave(ctx, Exit.FAILED)

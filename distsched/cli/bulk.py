@@ -7,7 +7,14 @@ from collections.abc import Iterator
 import click
 
 from distsched import views
-from distsched.cli.common import connect, duration_option, info_dict, stacked, task_named
+from distsched.cli.common import (
+    connect,
+    connect_existing,
+    duration_option,
+    info_dict,
+    stacked,
+    task_named,
+)
 from distsched.client import Scheduler
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.model import BulkOutcome, State, TaskInfo
@@ -15,13 +22,13 @@ from distsched.text import (
     CUT_CHARS,
     error_summary,
     escape,
-    iso,
     json_line,
     preview,
     relative,
     show,
     table,
 )
+from distsched.validate import tasks_limit
 
 TERMINAL_STATES = [s.value for s in State if s.terminal]
 RETRYABLE_STATES = [State.FAILED.value, State.CANCELLED.value, State.BLOCKED.value]
@@ -77,7 +84,7 @@ def _task_row(info: TaskInfo, now: float, full: bool = False) -> list[str]:
         show(info.fn, limit) if info.fn else "-",
         info.state.value,
         f"{info.attempt}/{info.max_attempts}",
-        f"{iso(info.updated_at)} ({relative(info.updated_at, now)})",
+        relative(info.updated_at, now),
         error,
     ]
 
@@ -110,7 +117,8 @@ def tasks_command(
     ready tasks in the order workers will claim them, running tasks by lease
     deadline. When more remain, the command to see the next page goes to stderr.
     """
-    scheduler = connect(ctx)
+    tasks_limit(limit)  # a bad --limit is named before the namespace is looked up
+    scheduler = connect_existing(ctx)
     page = scheduler.tasks(state, fn=fn, limit=limit, cursor=cursor)
     if as_json:
         data = {"items": [info_dict(info) for info in page.items], "cursor": page.cursor}
@@ -209,7 +217,7 @@ def retry(
         raise click.UsageError("--fn and --since go with --state")
     if task_id is not None and limit is not None:
         raise click.UsageError("--limit goes with --state or --error")
-    scheduler = connect(ctx)
+    scheduler = connect_existing(ctx) if state is not None else connect(ctx)
     if error is not None:
         done = scheduler.retry_failures(error, cascade=not no_cascade, batch=batch, limit=limit)
         _report_error_walk("retried", done)
@@ -297,7 +305,7 @@ def purge(
         raise click.UsageError("give either --state or --error")
     if error is not None and (fn or since is not None):
         raise click.UsageError("--fn and --since go with --state")
-    scheduler = connect(ctx)
+    scheduler = connect(ctx) if error is not None else connect_existing(ctx)
     if error is not None:
         _report_error_walk("purged", scheduler.purge_failures(error, batch=batch, limit=limit))
         return

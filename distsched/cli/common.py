@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,6 +19,26 @@ from distsched.errors import InvalidArgument, NotFoundError
 from distsched.model import TaskInfo
 from distsched.text import jsonable, one_line, parse_duration, parse_when, redact
 from distsched.validate import CLUSTER_SCHEMES, cluster_seed
+
+
+class Exit(enum.IntEnum):
+    """The exit codes of every command (docs/pages/reference/exit-codes.md)."""
+
+    OK = 0
+    """Done."""
+    FAILED = 1
+    """Refused or failed, said in one line on stderr: a bad value, an unknown task id,
+    namespace or schedule, a conflict, Redis unreachable; ``status --wait``: the task
+    did not succeed."""
+    USAGE = 2
+    """The command line itself is wrong (click: unknown option, missing argument)."""
+    TIMEOUT = 3
+    """``status --wait``: ``--timeout`` passed before the task ended."""
+
+
+def leave(ctx: click.Context, code: Exit) -> None:
+    """End the command with ``code`` (every exit other than an error's goes here)."""
+    ctx.exit(int(code))
 
 
 @dataclasses.dataclass
@@ -182,6 +203,14 @@ def info_dict(info: TaskInfo) -> dict[str, Any]:
     data = {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
     data["state"] = info.state.value
     return {key: jsonable(value) for key, value in data.items()}
+
+
+def connect_existing(ctx: click.Context) -> Scheduler:
+    """``connect``, refusing a namespace that does not exist (most likely misspelled)
+    the same way for every command that reads one."""
+    scheduler = connect(ctx)
+    require_namespace(ctx, scheduler)
+    return scheduler
 
 
 def require_namespace(ctx: click.Context, scheduler: Scheduler) -> None:

@@ -9,10 +9,12 @@ import click
 
 from distsched import views
 from distsched.cli.common import (
+    Exit,
     connect,
     count_option,
     duration_option,
     info_dict,
+    leave,
     settings_of,
     task_named,
 )
@@ -30,11 +32,12 @@ from distsched.text import (
     relative,
     show,
 )
+from distsched.times import span
 
 PREVIEW_CHARS = 200
 # The exit code of `status --wait` whose --timeout passed (1 is a task that did not
 # succeed, or any error; 2 is click's usage error).
-EXIT_TIMEOUT = 3
+EXIT_TIMEOUT = Exit.TIMEOUT  # kept for importers; the table is cli.common.Exit
 
 
 # Ids one line of `status` lists (deps, dependents) unless --full.
@@ -59,7 +62,7 @@ def _status_lines(
             text += f", … ({len(values) - len(shown)} more; --full to see all)"
         return text
 
-    run_at = f"{iso(info.run_at)} ({relative(info.run_at, server_now)}; epoch {info.run_at:.3f})"
+    run_at = f"{relative(info.run_at, server_now)} (epoch {info.run_at:.3f})"
     blocked = "-"
     if info.blocked_by is not None:
         cause = info.blocked_by
@@ -68,7 +71,7 @@ def _status_lines(
         )
     lease = "-"
     if info.lease_deadline is not None:
-        lease = f"{iso(info.lease_deadline)} ({relative(info.lease_deadline, server_now)})"
+        lease = relative(info.lease_deadline, server_now)
     return [
         ("task_id", show(info.task_id, id_limit)),
         ("state", info.state.value),
@@ -85,7 +88,7 @@ def _status_lines(
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
         ("worker", show(info.worker, id_limit) if info.worker else "-"),
         ("lease_deadline", lease),
-        ("updated_at", iso(info.updated_at)),
+        ("updated_at", relative(info.updated_at, server_now)),
         ("error", _error_value(info.error, limit)),
         ("result", "-" if info.result is None else js(info.result)),
         ("deps", ids(info.deps)),
@@ -97,30 +100,35 @@ def _status_lines(
         ),
         ("dependents", ids(info.dependents)),
         ("blocked_by", blocked),
-        *_attempt_lines(info.attempts, limit),
+        *_attempt_lines(info.attempts, limit, server_now),
     ]
 
 
-def attempt_text(attempt: AttemptInfo, limit: int | None = PREVIEW_CHARS) -> str:
+def attempt_text(
+    attempt: AttemptInfo, limit: int | None = PREVIEW_CHARS, now: float | None = None
+) -> str:
     """One ended attempt on one line: outcome, token, worker, when and how long."""
     took = max(attempt.ended_at - attempt.started_at, 0.0)
     id_limit = None if limit is None else CUT_CHARS
     text = (
         f"{escape(attempt.outcome)}: version {attempt.version} attempt {attempt.attempt}, "
         f"{views.show_id(attempt.worker, id_limit) if attempt.worker else '-'}, "
-        f"{iso(attempt.started_at)}, {took:.3f} s"
+        f"{iso(attempt.started_at) if now is None else relative(attempt.started_at, now)}, "
+        f"{span(took)}"
     )
     if attempt.error:
         text += f", {escape(preview(attempt.error, limit))}"
     return text
 
 
-def _attempt_lines(attempts: tuple[AttemptInfo, ...], limit: int | None) -> list[tuple[str, str]]:
+def _attempt_lines(
+    attempts: tuple[AttemptInfo, ...], limit: int | None, now: float
+) -> list[tuple[str, str]]:
     """The ``attempts`` line and one continuation line per further attempt, oldest first."""
     if not attempts:
         return [("attempts", "-")]
-    lines = [("attempts", attempt_text(attempts[0], limit))]
-    return lines + [("", attempt_text(a, limit)) for a in attempts[1:]]
+    lines = [("attempts", attempt_text(attempts[0], limit, now))]
+    return lines + [("", attempt_text(a, limit, now)) for a in attempts[1:]]
 
 
 def _error_value(error: str | None, limit: int | None) -> str:
@@ -151,7 +159,7 @@ def _error_value(error: str | None, limit: int | None) -> str:
     "wait",
     is_flag=True,
     help="Wait until the task has ended, then show it; exit 0 when it succeeded, 1 when "
-    f"it failed, was cancelled or is blocked, {EXIT_TIMEOUT} on --timeout.",
+    f"it failed, was cancelled or is blocked, {int(Exit.TIMEOUT)} on --timeout.",
 )
 @duration_option(
     "--timeout",
@@ -186,7 +194,7 @@ def status(
             except Timeout:
                 shown = escape(repr(task_id))
                 click.echo(f"task {shown} did not end within {timeout:g}s", err=True)
-                ctx.exit(EXIT_TIMEOUT)
+                leave(ctx, Exit.TIMEOUT)
     if as_json:
         click.echo(json_line(info_dict(info)))
     else:
@@ -196,7 +204,7 @@ def status(
         for key, value in lines:
             click.echo(f"{key + ':' if key else '':<{width + 1}} {value}")
     if wait and info.state is not State.SUCCEEDED:
-        ctx.exit(1)
+        leave(ctx, Exit.FAILED)
 
 
 @click.command()

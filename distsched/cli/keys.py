@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from distsched.cli.common import connect, duration_option
+from distsched.cli.common import connect, connect_existing, duration_option
 from distsched.errors import InvalidArgument
 from distsched.model import KeyInfo
 
@@ -70,7 +70,7 @@ def keys_default(ctx: click.Context, cap: str) -> None:
 @click.pass_context
 def keys_show(ctx: click.Context, key: str) -> None:
     """KEY's settings, running and queued tasks."""
-    scheduler = connect(ctx)
+    scheduler = connect_existing(ctx)
     click.echo(_key_line(scheduler.key_info(key)))
 
 
@@ -79,7 +79,7 @@ def keys_show(ctx: click.Context, key: str) -> None:
 @click.pass_context
 def keys_list(ctx: click.Context, limit: int) -> None:
     """Keys with work or settings, most running first."""
-    scheduler = connect(ctx)
+    scheduler = connect_existing(ctx)
     infos = scheduler.fair_keys(limit)
     if not infos:
         click.echo("no fairness keys")

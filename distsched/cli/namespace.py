@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import click
 from redis.cluster import RedisCluster
@@ -23,7 +23,7 @@ from distsched.cli.common import (
 from distsched.client import Scheduler
 from distsched.errors import InvalidArgument
 from distsched.keys import MAX_STRIPES
-from distsched.model import PRIORITY_LABELS, Order, OrderSetting
+from distsched.model import PRIORITY_LABELS, Order, OrderSetting, Stats, stage_counts
 from distsched.text import duration, iso, parse_duration, redact, table
 from distsched.worker.link import WorkerLink
 
@@ -76,7 +76,7 @@ def _namespace_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 def _stats_lines(data: Mapping[str, Any]) -> list[str]:
     rows: list[tuple[str, ...]] = [("state", "tasks")]
-    rows += [(state, str(count)) for state, count in data["counts"].items()]
+    rows += [(state, str(count)) for state, count in stage_counts(cast(Stats, data)).items()]
     return [*table(rows), "", *table(_namespace_rows(data))]
 
 
@@ -295,3 +295,29 @@ def order(ctx: click.Context, order: str | None, aging_s: float) -> None:
         return
     setting = scheduler.set_order(order, aging=aging_s)
     click.echo(f"order of namespace {namespace!r} set to {shown(setting)}")
+
+
+@click.group("namespace")
+def namespace_group() -> None:
+    """The namespace as a whole."""
+
+
+@namespace_group.command("wipe")
+@click.option("--yes", is_flag=True, help="Confirm: delete everything of the namespace.")
+@click.pass_context
+def namespace_wipe(ctx: click.Context, yes: bool) -> None:
+    """Delete every task, schedule, setting and worker registration of the namespace.
+
+    Irreversible; refused without --yes. Stop the namespace's workers first.
+    """
+    scheduler = connect(ctx)
+    require_namespace(ctx, scheduler)
+    name = settings_of(ctx).namespace
+    if not yes:
+        stats = scheduler.stats()
+        total = sum(stats["counts"].values())
+        raise click.ClickException(
+            f"namespace {name!r} holds {total} task(s); nothing deleted: add --yes to wipe it"
+        )
+    scheduler.clear()
+    click.echo(f"namespace {name!r} wiped")

@@ -9,7 +9,8 @@ from zoneinfo import ZoneInfo
 
 import click
 
-from distsched.cli.common import connect, duration_option, parse_json, settings_of
+from distsched.cli.common import connect, connect_existing, duration_option, parse_json, settings_of
+from distsched.client import Scheduler
 from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
 from distsched.text import (
     duration,
@@ -56,7 +57,7 @@ def _schedule_dict(sc: Schedule) -> dict[str, Any]:
 @click.pass_context
 def schedules_list(ctx: click.Context, as_json: bool) -> None:
     """Every schedule: when it fires, its next slot, policy and counters."""
-    scheduler = connect(ctx)
+    scheduler = connect_existing(ctx)
     found = scheduler.schedules()
     if as_json:
         click.echo(json_line([_schedule_dict(sc) for sc in found]))
@@ -70,9 +71,7 @@ def schedules_list(ctx: click.Context, as_json: bool) -> None:
          "missed")
     ]  # fmt: skip
     for sc in found:
-        next_fire = (
-            "-" if sc.next_fire is None else f"{iso(sc.next_fire)} ({relative(sc.next_fire, now)})"
-        )
+        next_fire = "-" if sc.next_fire is None else relative(sc.next_fire, now)
         rows.append(
             (
                 show(one_line(sc.name)),
@@ -199,7 +198,12 @@ def schedules_add(
     }
     scheduler = connect(ctx)
     sc = scheduler.add_schedule(name, fn, **options)
-    click.echo(f"{sc.name}: {_when_text(sc)}, {_schedule_state(sc)}, next fire {iso(sc.next_fire)}")
+    fire = _next_fire(scheduler, sc.next_fire)
+    click.echo(f"{sc.name}: {_when_text(sc)}, {_schedule_state(sc)}, next fire {fire}")
+
+
+def _next_fire(scheduler: Scheduler, when: float | None) -> str:
+    return "-" if when is None else relative(when, scheduler.server_time())
 
 
 @schedules_group.command("remove")
@@ -229,8 +233,9 @@ def schedules_pause(ctx: click.Context, name: str) -> None:
 @click.pass_context
 def schedules_resume(ctx: click.Context, name: str) -> None:
     """Fire NAME again from its next slot after now (slots while paused are not caught up)."""
-    sc = connect(ctx).resume_schedule(name)
-    click.echo(f"{sc.name}: {_schedule_state(sc)}, next fire {iso(sc.next_fire)}")
+    scheduler = connect(ctx)
+    sc = scheduler.resume_schedule(name)
+    click.echo(f"{sc.name}: {_schedule_state(sc)}, next fire {_next_fire(scheduler, sc.next_fire)}")
 
 
 @schedules_group.command("trigger")

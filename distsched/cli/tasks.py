@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from redis.exceptions import RedisError
 
 from distsched import views
 from distsched.cli.common import (
@@ -16,9 +17,10 @@ from distsched.cli.common import (
     stacked,
     task_named,
 )
+from distsched.client import Scheduler
 from distsched.errors import CycleError, UnknownDependencyError
 from distsched.model import Admitted
-from distsched.text import parse_when
+from distsched.text import escape, parse_when
 
 # The options that describe a task, shared by ``schedule`` and ``submit``.
 _task_options = stacked(
@@ -154,13 +156,27 @@ def schedule(ctx: click.Context, /, task_id: str, fn: str, **given: Any) -> None
     """
     options = _task_keywords(**given)
     scheduler = connect(ctx)
+    scheduler.warn_unserved = False  # said on stderr below, not logged
     _echo_admitted(scheduler.admit(task_id, fn=fn, **options))
+    _warn_unserved(scheduler, fn)
 
 
 def _echo_admitted(admitted: Admitted) -> None:
     click.echo(admitted.version)
     if not admitted.created:
         click.echo(f"kept the existing version {admitted.version} (dedupe)", err=True)
+
+
+def _warn_unserved(scheduler: Scheduler, fn: str | None) -> None:
+    """Say on stderr when live workers serve functions and none serves ``fn``."""
+    if not fn:
+        return
+    try:
+        message = scheduler.unserved(fn)
+    except RedisError:  # the task is scheduled: a missing hint is no failure
+        return
+    if message is not None:
+        click.echo(f"warning: {escape(message)}", err=True)
 
 
 @click.command()
@@ -204,6 +220,7 @@ def submit(
     """
     options = _task_keywords(**given)
     scheduler = connect(ctx)
+    scheduler.warn_unserved = False  # said on stderr below, not logged
     try:
         admitted = scheduler.admit(
             task_id,
@@ -224,6 +241,7 @@ def submit(
             "(submit it first, or pass --allow-unknown to wait for it)"
         ) from None
     _echo_admitted(admitted)
+    _warn_unserved(scheduler, fn)
 
 
 @click.command()

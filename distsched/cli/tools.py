@@ -11,7 +11,15 @@ from typing import Any
 
 import click
 
-from distsched.cli.common import Duration, cluster_url, connect, count_option, settings_of
+from distsched.cli.common import (
+    Duration,
+    Exit,
+    cluster_url,
+    connect,
+    count_option,
+    leave,
+    settings_of,
+)
 from distsched.errors import DistschedError
 
 
@@ -73,7 +81,7 @@ def demo(
         options = DashboardOptions(bind, port)
     url = _given_url_checked(ctx, demo_url)
     if not run_demo(url, click.echo, options):
-        ctx.exit(1)
+        leave(ctx, Exit.FAILED)
 
 
 def _parse_sizes(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
@@ -223,7 +231,7 @@ def bench(
     with progress_lines(sys.stderr):
         ok = bench_command(url, config, json_path, click.echo)
     if not ok:
-        ctx.exit(1)
+        leave(ctx, Exit.FAILED)
 
 
 @click.command("bench-stripes")
@@ -274,4 +282,4 @@ def bench_stripes(
     if report["problems"]:
         for problem in report["problems"][:20]:
             click.echo(f"  {problem}", err=True)
-        ctx.exit(1)
+        leave(ctx, Exit.FAILED)

@@ -9,7 +9,8 @@ import click
 from distsched import views
 from distsched.cli.common import connect, task_named
 from distsched.model import Explanation, Reason, State
-from distsched.text import CUT_CHARS, escape, iso, json_line, jsonable, one_line, relative, show
+from distsched.text import CUT_CHARS, escape, json_line, jsonable, one_line, relative, show
+from distsched.times import span
 
 
 def _quoted(text: str | None, limit: int | None) -> str:
@@ -32,7 +33,7 @@ def _spent(exp: Explanation) -> str:
 def _running(exp: Explanation, limit: int | None) -> str:
     lease = "with no lease recorded"
     if exp.lease_deadline is not None:
-        lease = f"until {iso(exp.lease_deadline)} ({relative(exp.lease_deadline, exp.server_time)})"
+        lease = f"until {relative(exp.lease_deadline, exp.server_time)}"
     return (
         f"it runs attempt {exp.attempt} of {exp.max_attempts}, leased by "
         f"{views.show_id(exp.worker or '?', limit)} {lease}"
@@ -50,20 +51,20 @@ def _lease_expired(exp: Explanation, limit: int | None) -> str:
     now = exp.server_time
     ago = now - (exp.lease_deadline or now)
     then = "retries it" if exp.attempts_left else "fails it (no attempt left)"
-    return f"its lease expired {ago:.3f} s ago: the next reap {then}"
+    return f"its lease expired {span(ago)} ago: the next reap {then}"
 
 
 def _succeeded(exp: Explanation, limit: int | None) -> str:
-    return f"it succeeded at {iso(exp.updated_at)}"
+    return f"it succeeded {relative(exp.updated_at, exp.server_time)}"
 
 
 def _failed(exp: Explanation, limit: int | None) -> str:
     error = show(one_line(exp.error), limit) if exp.error else "no error recorded"
-    return f"it failed at {iso(exp.updated_at)} after {_spent(exp)}: {error}"
+    return f"it failed {relative(exp.updated_at, exp.server_time)} after {_spent(exp)}: {error}"
 
 
 def _cancelled(exp: Explanation, limit: int | None) -> str:
-    return f"it was cancelled at {iso(exp.updated_at)}"
+    return f"it was cancelled {relative(exp.updated_at, exp.server_time)}"
 
 
 def _expired(exp: Explanation, limit: int | None) -> str:
@@ -104,7 +105,7 @@ def _not_due(exp: Explanation, limit: int | None) -> str:
     now = exp.server_time
     due = exp.due_at or now
     retry = f" (a retry after backoff, {_spent(exp)} spent)" if exp.attempt else ""
-    return f"it is not due yet: due at {iso(due)} ({relative(due, now)}, server clock){retry}"
+    return f"it is not due yet: due {relative(due, now)} (server clock){retry}"
 
 
 def _unserved(exp: Explanation, limit: int | None) -> str:
@@ -140,7 +141,7 @@ def _key_rate(exp: Explanation, limit: int | None) -> str:
     return (
         f"its fairness key {_quoted(exp.fair_key, limit)} used its rate of "
         f"{exp.key_rate} per {exp.key_per_s:g} s: "
-        f"next start at {iso(due)} ({relative(due, now)})"
+        f"next start {relative(due, now)}"
     )
 
 

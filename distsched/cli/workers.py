@@ -7,6 +7,7 @@ import click
 from distsched import views
 from distsched.cli.common import connect, require_namespace, task_named
 from distsched.text import duration, json_line, jsonable, one_line, show, table
+from distsched.times import span
 
 
 @click.command()
@@ -75,7 +76,7 @@ def leases_list(ctx: click.Context) -> None:
                 views.show_id(lease.task_id),
                 show(lease.worker),
                 f"{lease.attempt}/{lease.max_attempts}",
-                f"{left:.3f} s" if left >= 0 else f"expired {-left:.3f} s ago",
+                span(left) if left >= 0 else f"expired {span(-left)} ago",
             )
         )
     for line in table(rows):

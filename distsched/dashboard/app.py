@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, urlencode, urlsplit
 
 import jinja2
 import redis
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -27,6 +29,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from distsched import times
 from distsched.client import Scheduler
 from distsched.dashboard import chart, failures, graph, keys, reads, schedules
 from distsched.dashboard.auth import (
@@ -39,7 +42,7 @@ from distsched.dashboard.auth import (
     retry_after,
 )
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
-from distsched.model import STATS_TOP_KEYS, State
+from distsched.model import STATS_TOP_KEYS, State, Stats, stage_counts
 from distsched.text import finite_or_none, iso, jsonable
 
 log = logging.getLogger("distsched.dashboard")
@@ -69,19 +72,17 @@ NOTES = {
 
 def seconds(value: float | None) -> str:
     """A span of seconds for people: ``850 ms``, ``4.2 s``, ``3 min 5 s``, ``2 h 10 min``."""
-    if value is None or not math.isfinite(value):
-        return "-"
-    sign = "-" if value < 0 else ""
-    v = abs(value)
-    if v < 1:
-        return f"{sign}{v * 1000:.0f} ms"
-    if v < 60:
-        return f"{sign}{v:.1f} s"
-    if v < 3600:
-        return f"{sign}{int(v // 60)} min {int(v % 60)} s"
-    if v < 86400:
-        return f"{sign}{int(v // 3600)} h {int(v % 3600 // 60)} min"
-    return f"{sign}{int(v // 86400)} d {int(v % 86400 // 3600)} h"
+    return times.span(value, parts=2)
+
+
+def when(epoch: float | None) -> Markup:
+    """An instant relative to now (``in 11 h``), the exact UTC time on hover."""
+    if epoch is None:
+        return Markup("-")
+    exact = times.absolute(epoch)
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(
+        exact, times.relative(epoch, time.time())
+    )
 
 
 class Dashboard:
@@ -108,7 +109,7 @@ class Dashboard:
             undefined=jinja2.StrictUndefined,
         )
         self.env.filters["seconds"] = seconds
-        self.env.filters["iso"] = iso
+        self.env.filters["iso"] = when
         self.env.filters["short"] = reads.short
         self.env.globals["reads"] = reads
         # The other namespaces served beside this one: (name, link, current) for the
@@ -275,7 +276,7 @@ class Dashboard:
             "worker": reads.short(info.worker) if info.worker else "-",
             "lease_left": seconds(page.lease_left),
             "reasons": "?" if ex is None else ", ".join(r.value for r in ex.reasons),
-            "updated_at": iso(info.updated_at),
+            "updated_at": times.relative(info.updated_at, time.time()),
         }
         return json_response(
             {
@@ -508,7 +509,9 @@ def charts(page: reads.OverviewPage) -> dict[str, str]:
 
 def overview_fields(data: Mapping[str, Any]) -> dict[str, str]:
     """The overview's numbers as shown, by the name of their place on the page."""
-    fields = {f"count-{state}": f"{n:,}" for state, n in data["counts"].items()}
+    # Ready splits into scheduled (not due yet) and ready (due now).
+    counts = stage_counts(cast(Stats, data))
+    fields = {f"count-{state}": f"{n:,}" for state, n in counts.items()}
     limit = data["max_running"]
     fields.update(
         {

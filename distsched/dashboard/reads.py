@@ -106,6 +106,8 @@ def overview_json(page: OverviewPage) -> dict[str, Any]:
     ov = page.overview
     return {
         "counts": dict(ov["counts"]),
+        "scheduled": ov["scheduled"],
+        "due": ov["due"],
         "queue_entries": ov["queue_entries"],
         "live_entries": ov["live_entries"],
         "stale_entries": ov["stale_entries"],

@@ -23,7 +23,7 @@ from distsched.wire.records import (
     Record,
     _count_or_none,
     _decode_rate,
-    _error_first_line,
+    _error_line,
     _fair_prefix,
     _state_or_none,
     decode_cause,
@@ -138,7 +138,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     root_state = blocked_by = None
     if task.root is not None:
         root_state = _state_or_none(next(replies), task.root)
-        root_error = _error_first_line(next(replies))
+        root_error = _error_line(next(replies))
         expired = root_state is State.CANCELLED and root_error == EXPIRED_ERROR
         blocked_by = yield from ops._blocked_path(task_id, task.cause)
     key = yield from _read_key_state(ops, fair_key, task.now_ms)
@@ -291,10 +291,10 @@ def _fair_entry_reads(k: Keys, task: _Task, fair_key: str) -> list[tuple[Any, ..
 
 
 def _ended_error(rec: Record, replies: Iterator[Any]) -> tuple[str | None, bool]:
-    """(first line of the error, whether the task expired) of a failed or cancelled task."""
+    """(the error line, whether the task expired) of a failed or cancelled task."""
     if rec.state not in (State.FAILED, State.CANCELLED):
         return None, False
-    error = _error_first_line(next(replies))
+    error = _error_line(next(replies))
     return error, rec.state is State.CANCELLED and error == EXPIRED_ERROR
 
 

@@ -26,6 +26,7 @@ from distsched.ops import routing as route
 from distsched.ops.explain import EXPLAIN_LIMIT, explain_task
 from distsched.ops.listing import Listing
 from distsched.ops.protocol import WAIT_MARGIN_MS, WAIT_REFRESH_S, Listen, Op
+from distsched.ops.served import live_functions
 from distsched.validate import (
     _finite,
     _is_int,
@@ -55,6 +56,16 @@ from distsched.wire.replies import (
     decode_status,
     task_result,
 )
+
+# Fairness keys whose not-yet-due tasks ``stats`` counts apart (one ZLEXCOUNT each); the
+# tasks of further keys count as due. The keys are read from the sets of keys with queued
+# work, 100 of each at most.
+SCHEDULED_FAIR_KEYS = 100
+# Queue entries not due yet that ``stats`` checks against the task records, while the
+# namespace has stale entries: the stale ones among them are not counted as scheduled.
+SCHEDULED_SCAN = 100
+# The largest due time a fairq member holds (FAIR_DUE_MAX in lua/lib/fair.lua).
+FAIR_DUE_MAX = 2**52 - 1
 
 
 class Inspect(Listing):
@@ -111,7 +122,7 @@ class Inspect(Listing):
         )
 
     @route.by_id("task_id")
-    def wait(self, task_id: str, timeout: float | None, handle: Any) -> Op[TaskInfo]:
+    def wait(self, task_id: str, timeout: object, handle: Any) -> Op[TaskInfo]:
         """The task's ``TaskInfo`` once it is terminal; ``Timeout`` after ``timeout``
         seconds (server clock); ``NotFoundError`` for an unknown id.
 
@@ -149,7 +160,7 @@ class Inspect(Listing):
                     return info
 
     @route.by_id("task_id")
-    def result(self, task_id: str, timeout: float | None, handle: Any) -> Op[Any]:
+    def result(self, task_id: str, timeout: object, handle: Any) -> Op[Any]:
         """``wait``, then the result of a succeeded task or the error of any other end."""
         info = yield from self.wait(task_id, timeout, handle)
         return task_result(info)
@@ -181,20 +192,36 @@ class Inspect(Listing):
     @route.striped
     def stats(self) -> Op[Stats]:
         k = self.keys
-        meta, entries, leases, ranked, fair_entries = yield from self.read(
+        now = yield from self.server_time()
+        now_ms = int(now * 1000)
+        top = SCHEDULED_FAIR_KEYS - 1
+        meta, entries, leases, ranked, fair_entries, later, *fair_sets = yield from self.read(
             ("HGETALL", k.meta),
             ("ZCARD", k.queue),
             ("ZCARD", k.leases),
             ("ZCARD", k.ranked),
             ("ZCARD", k.fairq),
+            # Entries not due yet: those of the queue scored after now (the default key's
+            # in a fair namespace), then each fairness key's delayed section of fairq.
+            ("ZCOUNT", k.queue, f"({now_ms}", "+inf"),
+            ("ZRANGE", k.fairready, 0, top),
+            ("ZRANGE", k.fairwait, 0, top),
+            ("ZRANGE", k.fairfull, 0, top),
         )
+        later = int(later)
         # The entries of a fair namespace's keyed tasks count as queue entries.
         queued = int(entries) + int(fair_entries)
-        data = decode_stats(_mapping(meta), queued, int(leases), int(ranked))
+        data = decode_stats(_mapping(meta), queued, int(leases), int(ranked), later)
+        if later and data["stale_entries"] > 0:
+            later -= yield from self._stale_later(now_ms)
+        if int(fair_entries):
+            later += yield from self._fair_later(fair_sets, now_ms)
+        scheduled = max(0, min(data["counts"][State.READY.value], later))
+        data["scheduled"] = scheduled
+        data["due"] = data["counts"][State.READY.value] - scheduled
         fair = _mapping(meta).get(b"fair") or _mapping(meta).get("fair")
         if fair is not None and _text(fair) == "1":
             infos = yield from self.fair_keys(STATS_TOP_KEYS)
-            now = yield from self.server_time()
             data["keys"] = [
                 KeyLoad(
                     key=info.key,
@@ -211,8 +238,47 @@ class Inspect(Listing):
             ]
         return data
 
+    def _stale_later(self, now_ms: int) -> Op[int]:
+        """How many of the first ``SCHEDULED_SCAN`` queue entries not due yet are stale
+        (a replaced or ended version): one ZRANGEBYSCORE and one HMGET, read only while
+        the namespace has stale entries."""
+        (rows,) = yield from self.read(
+            ("ZRANGEBYSCORE", self.keys.queue, f"({now_ms}", "+inf", "LIMIT", 0, SCHEDULED_SCAN)
+        )
+        entries = [parse_queue_member(member) for member in rows]
+        if not entries:
+            return 0
+        (records,) = yield from self.read(
+            ("HMGET", self.keys.tasks, *[task_id for _, task_id in entries])
+        )
+        stale = 0
+        for (version, _), raw in zip(entries, records, strict=True):
+            try:
+                record = None if raw is None else decode_record(raw)
+            except ScriptError:  # a corrupt record: claim.lua fails it, not a queued task
+                record = None
+            if record is None or record.state is not State.READY or record.version != version:
+                stale += 1
+        return stale
+
+    def _fair_later(self, key_sets: list[Any], now_ms: int) -> Op[int]:
+        """fairq entries not due yet, of the first ``SCHEDULED_FAIR_KEYS`` fairness keys
+        with queued work: one ZLEXCOUNT (O(log N)) per key."""
+        names = list(dict.fromkeys(_bytes(raw) for rows in key_sets for raw in rows))
+        names = names[:SCHEDULED_FAIR_KEYS]
+        if not names:
+            return 0
+        after = b"%013x" % min(max(now_ms + 1, 0), FAIR_DUE_MAX)
+        counts = yield from self.read(
+            *(
+                ("ZLEXCOUNT", self.keys.fairq, b"[" + p + after, b"(" + p + b"g")
+                for p in (b"%03x" % len(name) + name for name in names)
+            )
+        )
+        return sum(int(n) for n in counts)
+
     @route.striped
-    def overview(self, soon_s: float, scan: int) -> Op[Overview]:
+    def overview(self, soon_s: object, scan: int) -> Op[Overview]:
         soon = _finite(soon_s)
         if soon is None or soon < 0:
             raise InvalidArgument("soon_s", "must be a number of seconds >= 0")
@@ -359,6 +425,14 @@ class Inspect(Listing):
         return sorted(infos, key=lambda info: (-info.running, -info.queued, info.key))
 
     # -------------------------------------------------------------- workers
+
+    @route.first
+    def live_functions(self) -> Op[frozenset[str]]:
+        """The functions live workers announced (``served`` hash, within
+        ``SERVED_LIVE_S``): one HGETALL of a hash of one field per function name."""
+        now = yield from self.server_time()
+        (raw,) = yield from self.read(("HGETALL", self.keys.served))
+        return live_functions(_mapping(raw), now)
 
     @route.first
     def workers(self) -> Op[list[WorkerInfo]]:

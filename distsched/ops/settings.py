@@ -71,7 +71,7 @@ class Settings(Inspect):
         return OrderSetting(chosen, aging_ms / 1000.0)
 
     @route.every(merge=route.last_of)
-    def set_retention(self, retention_s: float) -> Op[None]:
+    def set_retention(self, retention_s: object) -> Op[None]:
         if retention_s is None:
             # purge_call takes None as "keep the stored retention": refuse it here.
             raise InvalidArgument("retention_s", "must be a number of seconds >= 0, got None")
@@ -81,7 +81,7 @@ class Settings(Inspect):
 
     @route.every(merge=merges.key_infos)
     def set_key(
-        self, key: str, cap: int | None, weight: int, rate: int | None, per: float
+        self, key: str, cap: int | None, weight: int, rate: int | None, per: object
     ) -> Op[KeyInfo]:
         # The defaults are the shells' (Scheduler.set_key): they always send all five.
         key = validate_fair_key(key, allow_default=True)

@@ -22,6 +22,7 @@ namespace, plus one ``HGET`` (the stripe count) on a scheduler's first call.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
@@ -47,6 +48,7 @@ from distsched.ops.base import Shortcuts
 from distsched.ops.namespace import Ops
 from distsched.ops.protocol import Op
 from distsched.ops.routing import Router
+from distsched.ops.served import ServedCache, unserved_message
 from distsched.ops.shares import (
     REBALANCE_EVERY_S,
     STRIPES_MAX_FIELD,
@@ -60,6 +62,8 @@ T = TypeVar("T")
 
 # The field of stripe 0's meta hash that holds the stripe count.
 STRIPES_FIELD = "stripes"
+
+log = logging.getLogger("distsched")
 
 
 def validate_stripes(stripes: object) -> int | None:
@@ -114,6 +118,7 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         self._rebalanced_at = 0.0
         # Whether the last move left a share owed to a stripe with due work.
         self._owed = False
+        self.served = ServedCache()
 
     def _ops_of(self, stripe: int) -> Ops:
         return Ops(
@@ -215,6 +220,31 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
     def admit_many(
         self, specs: Sequence[TaskSpec], *, one_stripe: bool = False
     ) -> Op[list[Admitted]]:
+        admitted = yield from self._admit_many(specs, one_stripe)
+        yield from self._warn_unserved(specs)
+        return admitted
+
+    def _warn_unserved(self, specs: Sequence[TaskSpec]) -> Op[None]:
+        """Warn, once per name, of the functions of ``specs`` that live workers announce
+        and none serves; the served functions are read at most every SERVED_CACHE_S."""
+        names = self.served.unchecked(getattr(spec, "fn", None) for spec in specs)
+        if not names:
+            return
+        if self.served.stale():
+            try:
+                self.served.store((yield from self.base.live_functions()))
+            except Exception as exc:  # the tasks are scheduled: a hint is not worth an error
+                log.debug("reading the served functions failed: %s", exc)
+                return
+        self.served.warn(names, self.keys.namespace)
+
+    def unserved(self, fn: str) -> Op[str | None]:
+        """Why tasks of ``fn`` may not run (no live worker serves it), else None."""
+        if self.served.stale():
+            self.served.store((yield from self.base.live_functions()))
+        return unserved_message(fn, self.served.live, self.keys.namespace)
+
+    def _admit_many(self, specs: Sequence[TaskSpec], one_stripe: bool) -> Op[list[Admitted]]:
         stripes = yield from self.resolve()
         if len(stripes) == 1:
             return (yield from stripes[0].admit_many(specs))
@@ -367,7 +397,7 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         (total_raw,) = yield from self.base.read(("HGET", self.keys.meta, STRIPES_MAX_FIELD))
         return _merge_stats(parts, int_or_none(total_raw))
 
-    def overview(self, soon_s: float, scan: int) -> Op[Overview]:
+    def overview(self, soon_s: object, scan: int) -> Op[Overview]:
         stripes = yield from self.resolve()
         if len(stripes) == 1:
             return (yield from stripes[0].overview(soon_s, scan))
@@ -481,6 +511,8 @@ _SummedField = Literal[
     "leases",
     "running",
     "sequence",
+    "scheduled",
+    "due",
 ]
 
 
@@ -496,6 +528,8 @@ def _merge_stats(parts: Sequence[Stats], max_running: int | None) -> Stats:
     first = parts[0]
     return Stats(
         counts=counts,
+        scheduled=_total(parts, "scheduled"),
+        due=_total(parts, "due"),
         queue_entries=_total(parts, "queue_entries"),
         ranked_entries=_total(parts, "ranked_entries"),
         live_entries=_total(parts, "live_entries"),

@@ -8,7 +8,6 @@ or reports into calls that each stay within the scripts' caps.
 
 from __future__ import annotations
 
-import datetime as _dt
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,6 +29,7 @@ from distsched.validate import (
     PURGE_TASKS_MAX,
     _finite,
     _is_int,
+    instant_seconds,
     seconds_to_ms,
     time_argument,
     timeout_ms,
@@ -98,13 +98,7 @@ def _deadline_suffix(spec: TaskSpec) -> str:
         if ms < 0:
             raise InvalidArgument("ttl", "must be >= 0 seconds")
         return f" ttl={ms}"
-    deadline = spec.deadline
-    if isinstance(deadline, _dt.datetime):
-        if deadline.tzinfo is None:
-            raise InvalidArgument("deadline", "a datetime must be timezone-aware")
-        ms = seconds_to_ms(deadline.timestamp(), "deadline")
-    else:
-        ms = seconds_to_ms(deadline, "deadline")
+    ms = seconds_to_ms(instant_seconds(spec.deadline, "deadline"), "deadline")
     if ms < 0:
         raise InvalidArgument("deadline", "must be at or after the epoch")
     return f" deadline={ms}"

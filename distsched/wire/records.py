@@ -31,6 +31,7 @@ import msgpack
 from distsched import limits
 from distsched.errors import InvalidArgument, ScriptError
 from distsched.model import WORKER_ALIVE_BEATS, AttemptInfo, Order, OrderSetting, State, WorkerInfo
+from distsched.text import exception_line
 from distsched.validate import MAX_MS, PRIORITY_MAX, PRIORITY_MIN
 from distsched.wire.payload import _bytes, _text
 
@@ -172,11 +173,11 @@ def _state_or_none(raw: Any, task_id: str) -> State | None:
 EXPIRED_ERROR = "expired: not started by its deadline"
 
 
-def _error_first_line(raw: Any) -> str | None:
+def _error_line(raw: Any) -> str | None:
     if not raw or raw[:1] != b"E":
         return None
     text: str = raw[1:].decode("utf-8", "replace")
-    return text.strip().splitlines()[0] if text.strip() else None
+    return exception_line(text) if text.strip() else None
 
 
 # --------------------------------------------------------------------------- attempt history

@@ -248,7 +248,11 @@ def decode_status(
 
 
 def decode_stats(
-    meta: Mapping[Any, Any], queue_entries: int, leases: int, ranked_entries: int = 0
+    meta: Mapping[Any, Any],
+    queue_entries: int,
+    leases: int,
+    ranked_entries: int = 0,
+    later_entries: int = 0,
 ) -> Stats:
     counts = {state.value: 0 for state in State}
     settings: dict[str, int] = {}
@@ -267,8 +271,12 @@ def decode_stats(
             settings[key] = value
     ready = counts.get(State.READY.value, 0)
     total = queue_entries + ranked_entries
+    # An entry left behind by a replaced version counts until it is dropped, hence the cap.
+    scheduled = max(0, min(ready, later_entries))
     return Stats(
         counts=counts,
+        scheduled=scheduled,
+        due=ready - scheduled,
         queue_entries=total,
         ranked_entries=ranked_entries,
         live_entries=ready,

@@ -47,6 +47,7 @@ from distsched.context import StopReason
 from distsched.errors import ClosedError, InvalidArgument
 from distsched.hooks import HookChain, validate_hooks
 from distsched.metrics import WorkerMetrics
+from distsched.model import Duration
 from distsched.tasks import TaskHandle, Tasks, served_functions
 from distsched.worker.common import TRANSIENT
 from distsched.worker.consumer import Consumer
@@ -105,6 +106,7 @@ def default_worker_id() -> str:
 def _seconds(value: object, field: str, *, positive: bool) -> float:
     """``value`` as seconds: a finite number (not a bool), > 0 or >= 0."""
     bound = "> 0" if positive else ">= 0"
+    value = validate.as_seconds(value)
     if (
         not isinstance(value, (int, float))
         or isinstance(value, bool)
@@ -223,15 +225,15 @@ class Worker:
         | Sequence[TaskHandle[Any, Any]],
         concurrency: int = 8,
         worker_id: str | None = None,
-        heartbeat_s: float | None = None,
-        grace: float = 30.0,
-        cancel_wait: float = 10.0,
+        heartbeat_s: Duration | None = None,
+        grace: Duration = 30.0,
+        cancel_wait: Duration = 10.0,
         metrics: WorkerMetrics | None = None,
-        unserved_timeout: float = DEFAULT_UNSERVED_TIMEOUT_S,
+        unserved_timeout: Duration = DEFAULT_UNSERVED_TIMEOUT_S,
         hooks: Sequence[Any] | None = None,
-        timeout: float | None = None,
-        timeouts: Mapping[str, float | None] | None = None,
-        timeout_grace: float = DEFAULT_TIMEOUT_GRACE_S,
+        timeout: Duration | None = None,
+        timeouts: Mapping[str, Duration | None] | None = None,
+        timeout_grace: Duration = DEFAULT_TIMEOUT_GRACE_S,
         stop_on_overrun: bool = False,
         max_unsent: int | None = None,
     ) -> None:

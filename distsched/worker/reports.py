@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import enum
 import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
@@ -38,6 +40,9 @@ STOP_MARGIN_S = 1.0
 # The most task records read after one batch of failures, to log each as retried or
 # failed; the failures past it (a mass failure) are logged as failed.
 STATUS_READS_MAX = 64
+
+# How many handed-back task versions are remembered, so each is logged once.
+HANDED_BACK_KEEP = 10_000
 
 
 class ReportKind(str, enum.Enum):
@@ -192,13 +197,8 @@ def _log_recorded(kind: ReportKind, report: Report, runs_again: bool) -> None:
             claim.fn,
             extra=task_fields(claim, TaskOutcome.RELEASED, report.duration),
         )
-    else:
-        tasks_log.debug(
-            "task %r (%s) handed back: function not served here",
-            claim.task_id,
-            claim.fn,
-            extra=task_fields(claim, TaskOutcome.HANDED_BACK),
-        )
+    # A hand-back (function not served here) is logged when it is decided, once per
+    # task version: Reporter._log_hand_back.
 
 
 def _encoded_results(reports: list[Report]) -> list[tuple[Claim, bytes]]:
@@ -252,6 +252,8 @@ class Reporter:
         self.served = served
         self._queue: queue.SimpleQueue[Report | _Stop] = queue.SimpleQueue()
         self._waiting: list[_Waiting] = []
+        # The task versions handed back once already (their later hand-backs log nothing).
+        self._handed_back: OrderedDict[tuple[str, int], None] = OrderedDict()
         self._thread = threading.Thread(target=self._loop, name="distsched-reporter", daemon=True)
 
     def start(self) -> None:
@@ -399,8 +401,40 @@ class Reporter:
                 self.metrics.on_unserved(claim)
                 resolved.append(Report(report.job, ReportKind.FAIL, decision.reason))
             else:
+                self._log_hand_back(report.job.claim, decision)
                 resolved.append(Report(report.job, ReportKind.HAND_BACK, decision.delay))
         return resolved
+
+    def _log_hand_back(self, claim: Claim, decision: HandBack) -> None:
+        """One line at the first hand-back of a task version, none at the ones after:
+        the task comes round every few seconds until a worker serves it."""
+        seen = (claim.task_id, claim.version)
+        if seen in self._handed_back:
+            return
+        self._handed_back[seen] = None
+        if len(self._handed_back) > HANDED_BACK_KEEP:
+            self._handed_back.popitem(last=False)
+        extra = task_fields(claim, TaskOutcome.HANDED_BACK)
+        if decision.served_elsewhere:
+            tasks_log.debug(
+                "task %r (%s) handed back unstarted: another live worker serves it",
+                claim.task_id,
+                claim.fn,
+                extra=extra,
+            )
+            return
+        close = difflib.get_close_matches(claim.fn, self.served.functions, n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(n) for n in close)}?)" if close else ""
+        tasks_log.warning(
+            "task %r (%s) handed back unstarted: no live worker of the namespace serves "
+            "function %r%s; it fails if none does within unserved_timeout (%gs)",
+            claim.task_id,
+            claim.fn,
+            claim.fn,
+            hint,
+            self.served.timeout,
+            extra=extra,
+        )
 
     def _send(self, reports: list[Report], tries: list[_Waiting | None]) -> None:
         """Send one batch of one kind; record the answers, or keep it to try again."""

@@ -36,6 +36,8 @@ class HandBack:
     """Give the claim back unstarted; it is due again after ``delay`` seconds."""
 
     delay: float
+    served_elsewhere: bool = False
+    """Whether another live worker of the namespace serves the function."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ class ServedFunctions:
         for claim in claims:
             last = seen.get(claim.fn)
             if last is not None and now - last <= self.window_s:
-                decisions.append(HandBack(HANDBACK_DELAY_S))
+                decisions.append(HandBack(HANDBACK_DELAY_S, served_elsewhere=True))
                 continue
             waited = now - claim.run_at
             left = self.timeout - waited
