@@ -1,5 +1,7 @@
 """distsched: a Redis-based distributed task scheduler."""
 
+import re as _re
+
 import redis as _redis
 
 # The oldest redis-py distsched runs with (pyproject.toml says the same): earlier ones
@@ -8,7 +10,9 @@ REDIS_PY_MIN = (8, 0)
 
 
 def _require_redis_py(version: str) -> None:
-    parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+    # The leading digits of the first two parts: "8.1rc1" reads as 8.1, and "8" as 8.0.
+    first_two = [*version.split("."), "0"][:2]
+    parts = tuple(int(_re.sub(r"\D.*", "", part) or 0) for part in first_two)
     if parts < REDIS_PY_MIN:
         wanted = ".".join(map(str, REDIS_PY_MIN))
         raise ImportError(

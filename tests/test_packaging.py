@@ -7,13 +7,17 @@ and importing the CLI loads none of the tools.
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
 
+import distsched
 from tests.conftest import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +53,8 @@ def test_installed_wheel_loads_every_script_from_the_package(tmp_path: Path) -> 
             check=True,
         )
         (wheel,) = wheels.glob("distsched-*.whl")
+        # The build reads its version from distsched/version.py, the one version source.
+        assert wheel.name.startswith(f"distsched-{distsched.__version__}-")
         import zipfile
 
         names = zipfile.ZipFile(wheel).namelist()
@@ -66,12 +72,15 @@ def test_installed_wheel_loads_every_script_from_the_package(tmp_path: Path) -> 
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         py = venv / "bin" / "python"
         subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], check=True)
+        # A PYTHONPATH naming the checkout would import distsched from there instead.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         out = subprocess.run(
             [str(py), "-c", CHECK, server.url, str(ROOT)],
             check=True,
             capture_output=True,
             text=True,
             cwd=tmp_path,
+            env=env,
         ).stdout
         assert out.split() == ["ok", str(len(list((ROOT / "lua").glob("*.lua"))))]
     finally:
@@ -114,7 +123,8 @@ LAYERS: list[set[str]] = [
     # The dashboard reads through the scheduler and views; the tools may serve it.
     {"distsched.dashboard"},
     {"distsched.tools"},
-    {"distsched.cli"},
+    # ``python -m distsched`` runs the command line.
+    {"distsched.cli", "distsched.__main__"},
 ]
 PACKAGE = ROOT / "distsched"
 
@@ -238,12 +248,7 @@ def test_the_bench_command_still_offers_every_size_option() -> None:
 
 
 def test_the_declared_redis_py_bound_is_the_one_distsched_needs() -> None:
-    import tomllib
-
-    import distsched
-
-    with (ROOT / "pyproject.toml").open("rb") as f:
-        dependencies = tomllib.load(f)["project"]["dependencies"]
+    dependencies = _pyproject()["project"]["dependencies"]
     wanted = ".".join(map(str, distsched.REDIS_PY_MIN))
     assert f"redis>={wanted}" in dependencies
 
@@ -259,10 +264,69 @@ def test_an_older_redis_py_fails_at_import_with_the_version_it_needs() -> None:
     assert "distsched needs redis-py 8.0 or later, found 7.4.1" in done.stderr
 
 
-def test_the_package_version_is_the_one_pyproject_declares() -> None:
+def _pyproject() -> dict[str, Any]:
     import tomllib
 
-    import distsched
+    return tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
 
-    declared = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["version"]
-    assert distsched.__version__ == declared
+
+def test_the_version_has_one_source_which_the_build_reads() -> None:
+    pyproject = _pyproject()
+    assert "version" not in pyproject["project"]
+    assert "version" in pyproject["project"]["dynamic"]
+    source = pyproject["tool"]["hatch"]["version"]["path"]
+    assert source == "distsched/version.py"
+    # hatchling finds the version by the ``__version__ = "..."`` assignment.
+    text = (ROOT / source).read_text("utf-8")
+    assert f'__version__ = "{distsched.__version__}"' in text.splitlines()
+
+
+def _requirements() -> list[str]:
+    project = _pyproject()["project"]
+    extras: dict[str, list[str]] = project["optional-dependencies"]
+    return [*project["dependencies"], *(r for group in extras.values() for r in group)]
+
+
+def test_every_dependency_states_a_lower_bound_and_none_is_pinned() -> None:
+    # CI installs exactly the lower bounds to test them (.ci/run), and a pin or an upper
+    # bound would keep users from the fixes of the releases after it.
+    for line in _requirements():
+        requirement = Requirement(line)
+        if requirement.name == "distsched":
+            continue
+        operators = sorted(spec.operator for spec in requirement.specifier)
+        assert operators == [">="], line
+
+
+def test_the_source_distribution_carries_the_license_and_the_changelog() -> None:
+    include = _pyproject()["tool"]["hatch"]["build"]["targets"]["sdist"]["include"]
+    assert {"LICENSE", "CHANGELOG.md"} <= set(include)
+    assert (ROOT / "LICENSE").read_text("utf-8").startswith("MIT License")
+    assert _pyproject()["project"]["license"] == "MIT"
+    assert f"## [{distsched.__version__}]" in (ROOT / "CHANGELOG.md").read_text("utf-8")
+
+
+@pytest.mark.parametrize("module", ["distsched", "distsched.cli"])
+def test_python_dash_m_runs_the_command_line(module: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: ")
+    assert "distsched: a Redis-based distributed task scheduler." in done.stdout
+
+
+def test_python_dash_m_distsched_prints_the_package_version() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "distsched", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"distsched, version {distsched.__version__}\n"
