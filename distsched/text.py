@@ -23,6 +23,7 @@ import msgpack
 from distsched import times
 from distsched.errors import InvalidArgument
 from distsched.limits import MAX_PAYLOAD_DEPTH
+from distsched.tracebacks import _FRAME, _exception_lines, _last_frame, one_line
 from distsched.validate import check_epoch
 from distsched.wire.payload import CUT_MARK
 
@@ -109,41 +110,6 @@ def cut(text: str, limit: int | None = CUT_CHARS, flag: str = "--full") -> str:
 def show(text: object, limit: int | None = CUT_CHARS, flag: str = "--full") -> str:
     """A stored string on one line of a terminal: cut to ``limit``, then escaped."""
     return escape(cut(str(text), limit, flag))
-
-
-def one_line(text: object) -> str:
-    """``text`` with every run of whitespace (newlines included) as one space."""
-    return " ".join(str(text).split())
-
-
-_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+), in (?P<fn>.*)$')
-
-
-def _last_frame(lines: list[str]) -> int | None:
-    return max((i for i, ln in enumerate(lines) if _FRAME.match(ln)), default=None)
-
-
-def _exception_lines(lines: list[str], last: int) -> list[str]:
-    """The ``Type: message`` lines after the frame at ``last``, past its source lines."""
-    rest = lines[last + 1 :]
-    while rest and rest[0].startswith(" "):
-        rest.pop(0)
-    return rest
-
-
-def exception_line(error: str) -> str:
-    """The error a stored error text reports, on one line: for a traceback, its
-    ``Type: message`` (what ``raise`` said, not ``Traceback (most recent call last):``);
-    for any other text, its first line."""
-    lines = [ln for ln in error.strip().splitlines() if ln.strip()]
-    if not lines:
-        return ""
-    if not lines[0].startswith("Traceback ("):
-        return one_line(lines[0])
-    last = _last_frame(lines)
-    # A traceback whose frames are not in the usual shape: its last line.
-    found = _exception_lines(lines, last) if last is not None else []
-    return one_line(" ".join(found) or lines[-1])
 
 
 def error_summary(error: str) -> str:

@@ -94,6 +94,8 @@ LAYERS: list[set[str]] = [
     {
         "distsched.errors",
         "distsched.limits",
+        "distsched.times",
+        "distsched.tracebacks",
         "distsched.version",
         "distsched.lua_files",
         "distsched.keys",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from distsched import Scheduler
-from distsched.text import exception_line
+from distsched.tracebacks import exception_line
 from tests.conftest import RedisServer
 from tests.test_cli import invoke
 

@@ -32,7 +32,8 @@ from distsched.cli import (
 )
 from distsched.cli.common import Settings, cluster_node_message, cluster_url, settings_of
 from distsched.errors import DistschedError, InvalidArgument
-from distsched.text import escape, one_line, redact, redact_text
+from distsched.text import escape, redact, redact_text
+from distsched.tracebacks import one_line
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_NAMESPACE = "default"

@@ -8,7 +8,7 @@ import redis
 from distsched import library, scripts
 from distsched.cli.common import Exit, connect, leave
 from distsched.scripts import Check
-from distsched.text import one_line
+from distsched.tracebacks import one_line
 
 
 @click.group("library")

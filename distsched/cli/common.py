@@ -17,7 +17,8 @@ import redis
 from distsched.client import Scheduler
 from distsched.errors import InvalidArgument, NotFoundError
 from distsched.model import TaskInfo
-from distsched.text import jsonable, one_line, parse_duration, parse_when, redact
+from distsched.text import jsonable, parse_duration, parse_when, redact
+from distsched.tracebacks import one_line
 from distsched.validate import CLUSTER_SCHEMES, cluster_seed
 
 

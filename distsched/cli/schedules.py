@@ -12,17 +12,8 @@ import click
 from distsched.cli.common import connect, connect_existing, duration_option, parse_json, settings_of
 from distsched.client import Scheduler
 from distsched.schedules import MAX_BACKFILL_SLOTS, Overlap, Schedule, ScheduleOptions
-from distsched.text import (
-    duration,
-    iso,
-    json_line,
-    jsonable,
-    one_line,
-    parse_when,
-    relative,
-    show,
-    table,
-)
+from distsched.text import duration, iso, json_line, jsonable, parse_when, relative, show, table
+from distsched.tracebacks import one_line
 
 
 @click.group("schedules")

@@ -9,8 +9,9 @@ import click
 from distsched import views
 from distsched.cli.common import connect, task_named
 from distsched.model import Explanation, Reason, State
-from distsched.text import CUT_CHARS, escape, json_line, jsonable, one_line, relative, show
+from distsched.text import CUT_CHARS, escape, json_line, jsonable, relative, show
 from distsched.times import span
+from distsched.tracebacks import one_line
 
 
 def _quoted(text: str | None, limit: int | None) -> str:

@@ -20,7 +20,7 @@ from distsched.client import Scheduler
 from distsched.errors import InvalidArgument
 from distsched.hooks import validate_hooks
 from distsched.tasks import TaskHandle, Tasks, served_functions
-from distsched.text import one_line
+from distsched.tracebacks import one_line
 from distsched.validate import validate_worker_id
 
 

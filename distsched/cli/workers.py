@@ -6,8 +6,9 @@ import click
 
 from distsched import views
 from distsched.cli.common import connect, require_namespace, task_named
-from distsched.text import duration, json_line, jsonable, one_line, show, table
+from distsched.text import duration, json_line, jsonable, show, table
 from distsched.times import span
+from distsched.tracebacks import one_line
 
 
 @click.command()

@@ -31,7 +31,7 @@ import msgpack
 from distsched import limits
 from distsched.errors import InvalidArgument, ScriptError
 from distsched.model import WORKER_ALIVE_BEATS, AttemptInfo, Order, OrderSetting, State, WorkerInfo
-from distsched.text import exception_line
+from distsched.tracebacks import exception_line
 from distsched.validate import MAX_MS, PRIORITY_MAX, PRIORITY_MIN
 from distsched.wire.payload import _bytes, _text
 
