@@ -62,7 +62,8 @@ def script_of(command: Any, shas: dict[str, str]) -> str | None:
     return None
 
 
-_SERVER_TIME = calls.SERVER_TIME_LUA.encode()
+# SLOWLOG keeps the first 128 bytes of a long argument: its first line is enough.
+_SERVER_TIME = calls.SERVER_TIME_LUA.encode().split(b"\n", 1)[0]
 
 
 def _words(command: Any) -> list[bytes]:
