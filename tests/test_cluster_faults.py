@@ -384,7 +384,9 @@ def test_a_slow_slot_migration_under_load_stops_no_worker_and_loses_nothing(
         wait_for_runs(fleet, 50, 30)
         operator.start()
         started = time.monotonic()
-        moved = cluster.migrate_slot_slowly(slot, target, pause=1.0)
+        # Seconds of MIGRATING window, shorter than the lease (the namespace holds a dozen
+        # keys or so: one moves per pause).
+        moved = cluster.migrate_slot_slowly(slot, target, pause=0.6)
         window = time.monotonic() - started
         assert cluster.owner(slot) is target
         before = len(fleet.runs())

@@ -523,12 +523,17 @@ def page_costs(server: RedisServer, filler: int) -> dict[str, int]:
     return costs
 
 
-def test_every_page_sends_as_many_redis_commands_with_5000_tasks_as_with_20(
+def test_no_page_sends_more_redis_commands_with_5000_tasks_than_with_20(
     own_redis: RedisServer,
 ) -> None:
     small = page_costs(own_redis, 20)
     large = page_costs(own_redis, 5000)
-    assert large == small
+    # Never more with more tasks. A short listing may read one part more than a full one
+    # (the ready list goes on to the fairness keys' entries once the queue ends early).
+    assert large.keys() == small.keys()
+    grown = {page: (small[page], large[page]) for page in small if large[page] > small[page]}
+    assert grown == {}
+    assert all(small[page] - large[page] <= 1 for page in small), (small, large)
     assert max(small.values()) < 100
 
 

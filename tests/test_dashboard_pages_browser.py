@@ -19,6 +19,7 @@ require_extra("selenium")
 require_extra("uvicorn")
 require_extra("starlette")
 
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support import expected_conditions  # noqa: E402
@@ -80,7 +81,13 @@ def click_in_row(browser: WebDriver, attribute: str, value: str, css: str) -> No
     for element in browser.find_elements(By.CSS_SELECTOR, f"tr[{attribute}]"):
         if element.get_attribute(attribute) == value:
             page = browser.find_element(By.TAG_NAME, "html")
-            element.find_element(By.CSS_SELECTOR, css).click()
+            try:
+                element.find_element(By.CSS_SELECTOR, css).click()
+            except WebDriverException as exc:
+                # The click's form post replaced the page before the driver was done with
+                # the button's node: the click happened, the next page is on its way.
+                if "does not belong to the document" not in str(exc):
+                    raise
             WebDriverWait(browser, WAIT_S).until(expected_conditions.staleness_of(page))
             return
     raise AssertionError(f"no row {attribute}={value!r}")
