@@ -145,9 +145,10 @@ def test_four_processes_claim_each_of_2000_tasks_exactly_once(
         for proc in procs:
             assert proc.stdout is not None
             assert proc.stdout.readline().strip() == "ready"
+        start = time.time() + 1.0
         for proc in procs:
             assert proc.stdin is not None
-            proc.stdin.write("go\n")
+            proc.stdin.write(f"go {start}\n")
             proc.stdin.flush()
         results = []
         for proc in procs:

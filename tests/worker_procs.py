@@ -45,7 +45,11 @@ def claim_main(url: str, namespace: str) -> int:
     outcomes: list[str] = []
     try:
         print("ready", flush=True)
-        sys.stdin.readline()
+        # "go <epoch>": every process starts claiming at that moment, so that a process
+        # handed its line first cannot drain the queue before the others read theirs.
+        words = sys.stdin.readline().split()
+        if len(words) > 1:
+            time.sleep(max(0.0, float(words[1]) - time.time()))
         while True:
             # Every task was due before the start and nothing re-enters the queue,
             # so the first empty answer means the queue is drained for good.
