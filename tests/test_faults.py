@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -109,6 +110,9 @@ class CountingScheduler(Scheduler):
 # --------------------------------------------------------------------------- kill -9
 
 
+# It starts 23 worker processes one after another; on a machine busy with something
+# else each start takes seconds, so it gets more than the suite's 120 s.
+@pytest.mark.timeout(360)
 def test_workers_killed_mid_run_lose_no_task_and_every_rerun_follows_a_lease_expiry(
     redis_server: RedisServer, redis_client: redis.Redis, namespace: str
 ) -> None:
