@@ -25,6 +25,8 @@ from distsched.errors import (
 from distsched.model import (
     Admitted,
     BlockedBy,
+    Change,
+    Changed,
     Claim,
     Fired,
     KeyInfo,
@@ -189,10 +191,12 @@ def decode_status(
     dependents: tuple[str, ...] = (),
     blocked_by: BlockedBy | None = None,
     raw_history: Any = None,
+    raw_paused: Any = None,
 ) -> TaskInfo:
     if raw_record is None:
         raise NotFoundError(task_id)
     rec = decode_record(raw_record, task_id)
+    paused_at = decode_paused(raw_paused, rec.state, rec.version)
     if rec.payload is not None:
         raw_payload = rec.payload
     limit: float | None = None
@@ -234,8 +238,11 @@ def decode_status(
         updated_at=rec.updated_ms / 1000.0,
         error=error,
         result=result,
-        # The hold counts in the record as one more awaited dependency.
-        remaining=rec.remaining - placing,
+        # The hold, and the pause of a pending task, count in the record as one more
+        # awaited dependency each.
+        remaining=max(
+            0, rec.remaining - placing - (paused_at is not None and rec.state is State.PENDING)
+        ),
         optional_remaining=rec.optional_remaining,
         placing=bool(placing),
         deps=tuple(d for kind, d in deps_list if kind == "r"),
@@ -244,6 +251,31 @@ def decode_status(
         blocked_by=blocked_by,
         attempts=decode_history(raw_history),
         timeout=limit,
+        paused=paused_at is not None,
+        paused_at=paused_at,
+    )
+
+
+def decode_paused(raw: Any, state: State, version: int) -> float | None:
+    """When a task in ``state`` at ``version`` was paused (epoch seconds), from its
+    entry of the ``paused`` hash (``<version> <paused at ms>``); None when it is not
+    paused: no entry, one of another version, a task not queued, or junk."""
+    if raw is None or state not in (State.READY, State.PENDING):
+        return None
+    fields = _bytes(raw).split(b" ")
+    if len(fields) != 2 or not all(f.isdigit() for f in fields) or int(fields[0]) != version:
+        return None
+    return int(fields[1]) / 1000.0
+
+
+def decode_change(task_id: str, values: Sequence[Any]) -> Changed:
+    """The reply of ``amend.lua`` or ``pause.lua``: outcome, state, version."""
+    outcome, state, version = (_text(v) for v in values)
+    return Changed(
+        task_id,
+        Change(outcome),
+        State(state) if state else None,
+        int(version) if version else None,
     )
 
 
