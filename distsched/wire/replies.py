@@ -60,6 +60,7 @@ from distsched.wire.records import (
     decode_deps_list,
     decode_history,
     decode_order,
+    decode_paused,
     decode_record,
     state_index_member,
 )
@@ -254,18 +255,6 @@ def decode_status(
         paused=paused_at is not None,
         paused_at=paused_at,
     )
-
-
-def decode_paused(raw: Any, state: State, version: int) -> float | None:
-    """When a task in ``state`` at ``version`` was paused (epoch seconds), from its
-    entry of the ``paused`` hash (``<version> <paused at ms>``); None when it is not
-    paused: no entry, one of another version, a task not queued, or junk."""
-    if raw is None or state not in (State.READY, State.PENDING):
-        return None
-    fields = _bytes(raw).split(b" ")
-    if len(fields) != 2 or not all(f.isdigit() for f in fields) or int(fields[0]) != version:
-        return None
-    return int(fields[1]) / 1000.0
 
 
 def decode_change(task_id: str, values: Sequence[Any]) -> Changed:
