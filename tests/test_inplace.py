@@ -273,7 +273,7 @@ def test_bad_arguments_are_refused_before_anything_is_sent_naming_the_field(
         scheduler.pause_task("")
     assert refused.value.field == "task_id"
     with pytest.raises(InvalidArgument) as refused:
-        scheduler.resume_task("a", version=True)  # type: ignore[arg-type]
+        scheduler.resume_task("a", version=True)
     assert refused.value.field == "version"
 
 
