@@ -155,7 +155,10 @@ def test_a_paused_task_is_never_claimed_and_resume_gives_it_back_its_place(
     api.pause_task("d")
     assert claim_ids(api) == []
     assert api.stats()["counts"]["ready"] == 1
-    api.amend("d", priority=3)  # a paused task's record only: resume puts it there
+    # Amended while paused: only its record changes, resume puts it at its new place.
+    assert api.amend("d", priority=3, delay=0).applied
+    assert claim_ids(api) == []
+    assert api.status("d").priority == 3
     api.resume_task("d")
     assert claim_ids(api) == ["d"]
 
