@@ -25,6 +25,7 @@ from distsched.model import Reason
 from distsched.ops.base import once
 from distsched.wire import calls
 from tests.conftest import RedisServer, python_command, subprocess_env
+from tests.test_cli import assert_one_line_error, invoke
 
 PROCS = Path(__file__).with_name("worker_procs.py")
 
@@ -312,6 +313,36 @@ def test_the_scripts_refuse_bad_arguments_naming_the_field_and_write_nothing(
 def test_status_of_an_unknown_task_is_still_not_found(scheduler: Scheduler) -> None:
     with pytest.raises(NotFoundError):
         scheduler.status("nope")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def test_the_command_line_amends_pauses_and_resumes_a_task(
+    redis_server: RedisServer, scheduler: Scheduler, namespace: str
+) -> None:
+    version = scheduler.schedule("a", fn="f", max_attempts=2)
+    result = invoke(redis_server, namespace, "amend", "a", "--priority", "5", "--delay", "1h")
+    assert (result.exit_code, result.stdout) == (0, f"applied ready {version}\n")
+    info = scheduler.status("a")
+    assert info.priority == 5 and info.run_at > time.time() + 3000
+    result = invoke(redis_server, namespace, "pause", "a")
+    assert (result.exit_code, result.stdout) == (0, f"applied ready {version}\n")
+    assert scheduler.status("a").paused
+    result = invoke(redis_server, namespace, "pause", "a")
+    assert (result.exit_code, result.stdout) == (0, f"unchanged ready {version}\n")
+    assert "paused" in invoke(redis_server, namespace, "status", "a").stdout
+    assert "paused" in invoke(redis_server, namespace, "why", "a").stdout
+    result = invoke(redis_server, namespace, "resume", "a", "--version", str(version + 1))
+    assert_one_line_error(result, "'a'", f"version {version}", "nothing changed")
+    result = invoke(redis_server, namespace, "resume", "a", "--version", str(version))
+    assert (result.exit_code, result.stdout) == (0, f"applied ready {version}\n")
+    assert_one_line_error(invoke(redis_server, namespace, "pause", "zz"), "no task 'zz'")
+    result = invoke(redis_server, namespace, "amend", "a", "--max-attempts", "0")
+    assert_one_line_error(result, "--max-attempts")
+    scheduler.cancel("a")
+    result = invoke(redis_server, namespace, "amend", "a", "--priority", "1")
+    assert_one_line_error(result, "'a' is cancelled", "nothing changed")
 
 
 # --------------------------------------------------------------------------- processes
