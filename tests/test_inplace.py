@@ -24,7 +24,7 @@ from distsched.keys import Keys, stripe_of
 from distsched.model import Reason
 from distsched.ops.base import once
 from distsched.wire import calls
-from tests.conftest import RedisServer, python_command, subprocess_env
+from tests.conftest import RedisServer, python_command, require_extra, subprocess_env
 from tests.test_cli import assert_one_line_error, invoke
 
 PROCS = Path(__file__).with_name("worker_procs.py")
@@ -343,6 +343,47 @@ def test_the_command_line_amends_pauses_and_resumes_a_task(
     scheduler.cancel("a")
     result = invoke(redis_server, namespace, "amend", "a", "--priority", "1")
     assert_one_line_error(result, "'a' is cancelled", "nothing changed")
+
+
+# --------------------------------------------------------------------------- dashboard
+
+
+def test_the_dashboard_task_page_shows_a_pause_and_its_buttons_pause_and_resume(
+    scheduler: Scheduler,
+) -> None:
+    require_extra("starlette")
+    require_extra("jinja2")
+    from starlette.testclient import TestClient
+
+    from distsched.dashboard import create_app
+    from tests.test_dashboard import TOKEN, login
+
+    version = scheduler.schedule("a", fn="f")
+    with TestClient(create_app(scheduler, allow_actions=True, token=TOKEN)) as client:
+        csrf = login(client)
+        page = client.get("/task?id=a").text
+        assert 'id="action-pause"' in page and 'data-field="paused">no<' in page
+        reply = client.post(
+            "/actions/pause", data={"id": "a", "csrf": csrf, "version": str(version)}
+        )
+        assert reply.status_code == 200 and "Paused: no worker claims it" in reply.text
+        assert 'id="action-resume"' in reply.text and 'data-field="paused">since' in reply.text
+        assert scheduler.status("a").paused
+        # A page showing another version than the task's: nothing changes.
+        stale = {"id": "a", "csrf": csrf, "version": str(version + 1)}
+        assert "Not possible in the task" in client.post("/actions/resume", data=stale).text
+        assert scheduler.status("a").paused
+        reply = client.post(
+            "/actions/resume", data={"id": "a", "csrf": csrf, "version": str(version)}
+        )
+        assert "Resumed: back in its place" in reply.text
+        assert not scheduler.status("a").paused
+        assert client.post("/actions/pause", data={"id": "zz", "csrf": csrf}).status_code == 404
+        # Without a session, no button and no pause.
+        client.cookies.clear()
+        assert 'id="action-pause"' not in client.get("/task?id=a").text
+        assert client.post("/actions/pause", data={"id": "a", "csrf": csrf}).status_code == 403
+    assert not scheduler.status("a").paused
 
 
 # --------------------------------------------------------------------------- processes
