@@ -205,6 +205,10 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.resume_task`."""
         return await self._drive(self._ops.call(Ops.resume_task, task_id, version))
 
+    async def paused_tasks(self, limit: int = 100) -> list[TaskInfo]:
+        """See :meth:`Scheduler.paused_tasks`."""
+        return await self._drive(self._ops.call(Ops.paused_tasks, limit))
+
     async def retry(self, task_id: str, cascade: bool = True) -> int:
         """See :meth:`Scheduler.retry`."""
         return await self._drive(self._ops.call(Ops.retry, task_id, cascade))

@@ -328,6 +328,16 @@ class Scheduler(BaseScheduler):
         pending one waits only for its dependencies again."""
         return self._drive(self._ops.call(Ops.resume_task, task_id, version))
 
+    def paused_tasks(self, limit: int = 100) -> list[TaskInfo]:
+        """The paused tasks, longest paused first: at most ``limit`` (1 to 1000) per stripe.
+
+        Read from the hash of pauses, examining at most 10 x ``limit`` entries per stripe
+        (entries left by versions that are no longer queued are passed over). A paused
+        ready task is not in ``tasks(state="ready")`` (it has no queue entry); a paused
+        pending one is in ``tasks(state="pending")``, with ``paused`` set.
+        """
+        return self._drive(self._ops.call(Ops.paused_tasks, limit))
+
     def retry(self, task_id: str, cascade: bool = True) -> int:
         """A new version of a failed, cancelled or blocked task; returns its version.
 

@@ -228,6 +228,29 @@ def test_cancel_retry_a_new_version_and_purge_work_on_a_paused_task(
     assert api.pause_task("c").change is Change.NOT_FOUND
 
 
+def test_the_paused_tasks_are_listed_and_the_pending_listing_marks_them(
+    api: Scheduler,
+) -> None:
+    api.schedule("r1", fn="f")
+    api.schedule("r2", fn="f")
+    api.schedule("p", fn="f", deps=["r1"])
+    api.schedule("gone", fn="f")
+    for task_id in ("r2", "p", "gone"):
+        api.pause_task(task_id)
+    api.schedule("gone", fn="f")  # its pause was for the old version
+    listed = api.paused_tasks()
+    assert sorted(i.task_id for i in listed) == ["p", "r2"]
+    assert all(i.paused and i.paused_at is not None for i in listed)
+    pending = api.tasks("pending").items
+    assert [(i.task_id, i.paused, i.remaining) for i in pending] == [("p", True, 1)]
+    ready = [i.task_id for i in api.tasks("ready").items]
+    assert sorted(ready) == ["gone", "r1"]  # a paused ready task has no queue entry
+    assert [i.task_id for i in api.paused_tasks(limit=1)] in (["r2"], ["p"])
+    with pytest.raises(InvalidArgument) as refused:
+        api.paused_tasks(limit=0)
+    assert refused.value.field == "limit"
+
+
 def test_an_expired_deadline_ends_a_paused_task(api: Scheduler) -> None:
     api.schedule("a", fn="f", ttl=0.05)
     api.pause_task("a")
@@ -340,6 +363,11 @@ def test_the_command_line_amends_pauses_and_resumes_a_task(
     assert_one_line_error(invoke(redis_server, namespace, "pause", "zz"), "no task 'zz'")
     result = invoke(redis_server, namespace, "amend", "a", "--max-attempts", "0")
     assert_one_line_error(result, "--max-attempts")
+    invoke(redis_server, namespace, "pause", "a")
+    result = invoke(redis_server, namespace, "paused")
+    assert result.exit_code == 0 and "\na " in result.stdout and "ready" in result.stdout
+    result = invoke(redis_server, namespace, "paused", "--json")
+    assert [i["task_id"] for i in json.loads(result.stdout)["items"]] == ["a"]
     scheduler.cancel("a")
     result = invoke(redis_server, namespace, "amend", "a", "--priority", "1")
     assert_one_line_error(result, "'a' is cancelled", "nothing changed")

@@ -190,6 +190,7 @@ COMMANDS: list[click.Command] = [
     tasks.amend,
     tasks.pause,
     tasks.resume,
+    tasks.paused,
     inspect.status,
     inspect.graph,
     why.why,

@@ -11,7 +11,9 @@ from redis.exceptions import RedisError
 from distsched import views
 from distsched.cli.common import (
     connect,
+    connect_existing,
     duration_option,
+    info_dict,
     parse_json,
     parse_run_at,
     settings_of,
@@ -21,7 +23,7 @@ from distsched.cli.common import (
 from distsched.client import Scheduler
 from distsched.errors import CycleError, UnknownDependencyError
 from distsched.model import Admitted, Change, Changed
-from distsched.text import escape, parse_when
+from distsched.text import CUT_CHARS, escape, json_line, parse_when, relative, show, table
 
 # The options that describe a task, shared by ``schedule`` and ``submit``.
 _task_options = stacked(
@@ -358,3 +360,32 @@ def resume(ctx: click.Context, task_id: str, version: int | None) -> None:
     """Resume paused task ID: back to its place in the queue; print 'applied' (or
     'unchanged' when it was not paused), its state and version."""
     _echo_changed(ctx, connect(ctx).resume_task(task_id, version))
+
+
+@click.command("paused")
+@click.option("--limit", type=int, default=100, show_default=True, help="At most N tasks (1-1000).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the tasks.")
+@click.pass_context
+def paused(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """List the paused tasks, longest paused first (see 'pause')."""
+    scheduler = connect_existing(ctx)
+    infos = scheduler.paused_tasks(limit)
+    if as_json:
+        click.echo(json_line({"items": [info_dict(info) for info in infos]}))
+        return
+    now = scheduler.server_time()
+    header = ["ID", "FN", "STATE", "PRIORITY", "PAUSED"]
+    rows = [
+        [
+            views.show_id(info.task_id, CUT_CHARS),
+            show(info.fn, CUT_CHARS) if info.fn else "-",
+            info.state.value,
+            str(info.priority),
+            relative(info.paused_at or now, now),
+        ]
+        for info in infos
+    ]
+    for line in table([header, *rows]):
+        click.echo(line)
+    if not infos:
+        click.echo("no paused tasks", err=True)

@@ -509,6 +509,7 @@ def _listed_info(
     raw_deps: Any,
     raw_history: Any,
     fn: str | None,
+    raw_paused: Any = None,
 ) -> TaskInfo | None:
     """The TaskInfo of a listed entry, or None when the entry is stale (the task moved
     on, or its record cannot be read) or its function is not ``fn``."""
@@ -529,6 +530,7 @@ def _listed_info(
         lease,
         raw_deps,
         raw_history=raw_history,
+        raw_paused=raw_paused,
     )
     if fn is not None and info.fn != fn:
         return None
