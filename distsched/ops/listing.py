@@ -139,9 +139,15 @@ class Listing(Base):
                     continue
                 try:
                     info = decode_status(
-                        task_id, records[i], payloads[i], results[i], None, deps[i],
-                        raw_history=history[i], raw_paused=paused[i],
-                    )  # fmt: skip
+                        task_id,
+                        records[i],
+                        payloads[i],
+                        results[i],
+                        None,
+                        deps[i],
+                        raw_history=history[i],
+                        raw_paused=paused[i],
+                    )
                 except ScriptError:  # a record that cannot be read: status names it
                     continue
                 if info.paused:
