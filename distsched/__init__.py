@@ -49,6 +49,8 @@ from distsched.errors import (  # noqa: E402
 )
 from distsched.model import (  # noqa: E402
     Admitted,
+    Change,
+    Changed,
     Claim,
     Duration,
     Outcome,
@@ -68,6 +70,8 @@ __all__ = [
     "BusyError",
     "Cancelled",
     "Catchup",
+    "Change",
+    "Changed",
     "Claim",
     "ClosedError",
     "ConflictError",

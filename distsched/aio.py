@@ -182,6 +182,33 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.cancel`."""
         return await self._drive(self._ops.call(Ops.cancel, task_id))
 
+    async def amend(
+        self,
+        task_id: str,
+        *,
+        priority: int | None = None,
+        run_at: float | datetime.datetime | None = None,
+        delay: model.Duration | None = None,
+        max_attempts: int | None = None,
+        version: int | None = None,
+    ) -> model.Changed:
+        """See :meth:`Scheduler.amend`."""
+        return await self._drive(
+            self._ops.call(Ops.amend, task_id, priority, run_at, delay, max_attempts, version)
+        )
+
+    async def pause_task(self, task_id: str, version: int | None = None) -> model.Changed:
+        """See :meth:`Scheduler.pause_task`."""
+        return await self._drive(self._ops.call(Ops.pause_task, task_id, version))
+
+    async def resume_task(self, task_id: str, version: int | None = None) -> model.Changed:
+        """See :meth:`Scheduler.resume_task`."""
+        return await self._drive(self._ops.call(Ops.resume_task, task_id, version))
+
+    async def paused_tasks(self, limit: int = 100) -> list[TaskInfo]:
+        """See :meth:`Scheduler.paused_tasks`."""
+        return await self._drive(self._ops.call(Ops.paused_tasks, limit))
+
     async def retry(self, task_id: str, cascade: bool = True) -> int:
         """See :meth:`Scheduler.retry`."""
         return await self._drive(self._ops.call(Ops.retry, task_id, cascade))

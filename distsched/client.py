@@ -290,6 +290,54 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.call(Ops.cancel, task_id))
 
+    def amend(
+        self,
+        task_id: str,
+        *,
+        priority: int | None = None,
+        run_at: float | datetime.datetime | None = None,
+        delay: model.Duration | None = None,
+        max_attempts: int | None = None,
+        version: int | None = None,
+    ) -> model.Changed:
+        """Change a task in place, without a new version: its ``priority`` or due time
+        (``run_at`` or ``delay``, as :meth:`schedule` takes them) while it is queued
+        (ready or pending), or its ``max_attempts`` while it is queued or running.
+
+        A ready task moves to its new place in the queue and keeps its version, so among
+        tasks of equal due time and priority it keeps its first-in first-out place. A
+        ``max_attempts`` below the attempt that runs now or next is refused
+        (``InvalidArgument``). With ``version``, nothing changes unless it is the task's
+        current version (``Change.CONFLICT``). Every change given is made, or none
+        (``Changed.change`` says which and why).
+        """
+        return self._drive(
+            self._ops.call(Ops.amend, task_id, priority, run_at, delay, max_attempts, version)
+        )
+
+    def pause_task(self, task_id: str, version: int | None = None) -> model.Changed:
+        """Pause a queued (ready or pending) task: it stays queued, counted in its state,
+        but no worker claims it until :meth:`resume_task`. A pending one stays pending
+        when its dependencies finish. Cancel, retry and purge work on it as on any task;
+        a new version of it (scheduled again, retried) is not paused.
+        """
+        return self._drive(self._ops.call(Ops.pause_task, task_id, version))
+
+    def resume_task(self, task_id: str, version: int | None = None) -> model.Changed:
+        """Undo :meth:`pause_task`: a ready task goes back to its place in the queue, a
+        pending one waits only for its dependencies again."""
+        return self._drive(self._ops.call(Ops.resume_task, task_id, version))
+
+    def paused_tasks(self, limit: int = 100) -> list[TaskInfo]:
+        """The paused tasks, longest paused first: at most ``limit`` (1 to 1000) per stripe.
+
+        Read from the hash of pauses, examining at most 10 x ``limit`` entries per stripe
+        (entries left by versions that are no longer queued are passed over). A paused
+        ready task is not in ``tasks(state="ready")`` (it has no queue entry); a paused
+        pending one is in ``tasks(state="pending")``, with ``paused`` set.
+        """
+        return self._drive(self._ops.call(Ops.paused_tasks, limit))
+
     def retry(self, task_id: str, cascade: bool = True) -> int:
         """A new version of a failed, cancelled or blocked task; returns its version.
 

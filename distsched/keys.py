@@ -285,6 +285,12 @@ class Keys:
         return self.prefix + "fairrun"
 
     @property
+    def paused(self) -> str:
+        """Hash: paused task id -> ``<version> <paused at ms>`` (``lua/lib/inplace.lua``);
+        an entry counts only while that version is the task's current, queued one."""
+        return self.prefix + "paused"
+
+    @property
     def served(self) -> str:
         """Hash: function name -> last time (ms, server clock) a live worker said it serves it."""
         return self.prefix + "served"

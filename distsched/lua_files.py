@@ -39,6 +39,8 @@ SCRIPT_NAMES = (
     "order",
     "expire",
     "fairness",
+    "amend",
+    "pause",
 )
 
 # Every key (and the wake and ended channels) of a namespace, by the name scripts declare
@@ -78,6 +80,7 @@ KEY_NAMES = (
     "fairfull",
     "fairkeys",
     "fairrun",
+    "paused",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

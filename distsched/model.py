@@ -53,6 +53,40 @@ class Outcome(str, enum.Enum):
         return self.value
 
 
+class Change(str, enum.Enum):
+    """What ``Scheduler.amend``, ``pause_task`` and ``resume_task`` did to a task."""
+
+    APPLIED = "applied"
+    """The change was made."""
+    UNCHANGED = "unchanged"
+    """Nothing to do: the task was paused already (pause), or was not paused (resume)."""
+    NOT_QUEUED = "not_queued"
+    """Nothing changed: the task is not queued (ready or pending), or for ``max_attempts``
+    not queued or running."""
+    NOT_FOUND = "not_found"
+    """Nothing changed: there is no such task."""
+    CONFLICT = "conflict"
+    """Nothing changed: the ``version`` given is not the task's current one."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Changed:
+    """The answer of ``Scheduler.amend``, ``pause_task`` or ``resume_task``: what was done
+    (``change``), and the task's state and version after the call (None when not found)."""
+
+    task_id: str
+    change: Change
+    state: State | None
+    version: int | None
+
+    @property
+    def applied(self) -> bool:
+        return self.change is Change.APPLIED
+
+
 @dataclass(frozen=True)
 class Claim:
     """A claimed task: the token ``(task_id, version, attempt)`` and what to run.
@@ -171,6 +205,11 @@ class TaskInfo:
     timeout: float | None = None
     """The time limit the task was scheduled with (seconds), None when none: a worker
     then applies the function's or its own default."""
+    paused: bool = False
+    """The task is paused (``Scheduler.pause_task``): queued (ready or pending) but never
+    claimed until ``resume_task``. ``remaining`` does not count the pause."""
+    paused_at: float | None = None
+    """When it was paused (epoch seconds, server clock), None when it is not."""
 
 
 @dataclass(frozen=True)
@@ -643,6 +682,9 @@ class Reason(str, enum.Enum):
     KEY_CAPPED = "key_capped"
     """It is due, but its fairness key ``fair_key`` runs ``key_running`` tasks, its cap
     ``key_cap``."""
+    PAUSED = "paused"
+    """It is queued but paused (``Scheduler.pause_task``) since ``paused_at``: no worker
+    claims it until ``resume_task``."""
     KEY_RATE = "key_rate"
     """It is due, but its fairness key used its rate (``key_rate`` tasks per ``key_per_s``
     seconds): its next token comes at ``key_next_at`` (server clock)."""
@@ -716,6 +758,7 @@ class Explanation:
     key_rate: int | None = None
     key_per_s: float | None = None
     key_next_at: float | None = None
+    paused_at: float | None = None
 
     @property
     def reason(self) -> Reason:

@@ -255,6 +255,8 @@ def describe(info: TaskInfo | None, limit: int | None = CUT_CHARS) -> str:
     if info is None:
         return "not submitted yet"
     state = info.state
+    if info.paused:
+        return f"{state.value} (paused)"
     if state is State.PENDING and info.placing:
         return "pending (held while its dependencies are placed in parts)"
     if state is State.PENDING:
@@ -352,6 +354,7 @@ def _task_json(info: TaskInfo | None) -> dict[str, Any] | None:
         "max_attempts": info.max_attempts,
         "remaining": info.remaining,
         "optional_remaining": info.optional_remaining,
+        "paused": info.paused,
         "error": info.error,
         "blocked_by": None
         if blocked is None

@@ -4,7 +4,7 @@
 --- @keys tasks payloads results done finished meta
 --- @keys edges deps blocked blockedby propagating states history
 --- @keys debounce
---- @keys idle fair fairready fairfull fairkeys fairrun
+--- @keys idle fair fairready fairfull fairkeys fairrun paused
 --
 -- succeeded / failed / cancelled / blocked, terminal for longer than the
 -- retention -> (gone): the record, payload, result, applied tokens, history, dependency
@@ -13,7 +13,7 @@
 -- settled is kept until that ends. A later dependency on a purged id is an
 -- unknown dependency; its old dependents keep their own records.
 --
--- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done, debounce,
+-- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done, debounce, paused,
 -- finished, meta (retention_ms, count:<state>), edges, deps, blocked, blockedby.
 -- Also removes the task's member of states (the per-state index), its history and its
 -- fairness key (fairkeys). It receives idle, fair, fairready, fairfull and fairrun and

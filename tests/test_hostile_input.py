@@ -318,6 +318,20 @@ CALL_CASES = st.one_of(
     ),
     st.one_of(st.integers(max_value=0), st.booleans(), st.floats(), st.text(max_size=2),
               st.none()).map(lambda v: ("n", "ready", (v, W), {})),
+    BAD_ID.map(lambda v: ("task_id", "amend", (v,), {"priority": 1})),
+    BAD_ID.map(lambda v: ("task_id", "pause_task", (v,), {})),
+    BAD_ID.map(lambda v: ("task_id", "resume_task", (v,), {})),
+    st.one_of(st.integers(min_value=2**31), st.integers(max_value=-(2**31) - 1), st.booleans(),
+              st.floats(), st.text(max_size=2)).map(
+        lambda v: ("priority", "amend", ("pend",), {"priority": v})
+    ),
+    st.one_of(st.integers(max_value=0), st.integers(min_value=1_000_001), st.booleans(),
+              st.floats(), st.text(max_size=2)).map(
+        lambda v: ("max_attempts", "amend", ("pend",), {"max_attempts": v})
+    ),
+    st.one_of(st.integers(max_value=-1), st.booleans(), st.floats(), st.text(max_size=2)).map(
+        lambda v: ("version", "pause_task", ("pend",), {"version": v})
+    ),
 )  # fmt: skip
 
 

@@ -39,6 +39,7 @@ from distsched.wire.calls import (
     PROPAGATE_BUDGET,
     Call,
     add_deps_call,
+    amend_call,
     cancel_call,
     claim_call,
     compact_call,
@@ -52,6 +53,7 @@ from distsched.wire.calls import (
     heartbeat_call,
     leave_call,
     order_call,
+    pause_call,
     propagate_call,
     purge_call,
     reap_call,
@@ -170,6 +172,8 @@ def sample_calls() -> dict[str, Call]:
         "order": order_call(keys, model.Order.PRIORITY, 1000),
         "fairness": fairness_call(keys, "key", "tenant", 3, 2),
         "expire": expire_call(keys),
+        "amend": amend_call(keys, "a", priority=1),
+        "pause": pause_call(keys, "pause", "a"),
     }
 
 
@@ -670,6 +674,10 @@ def lifecycle(s: Scheduler) -> None:
     assert s.set_order("default").order is model.Order.DEFAULT
     # Fairness keys: a cap and weight set (the namespace turns fair).
     assert s.set_key("tenant", cap=2, weight=3).weight == 3
+    # In place: d (ready, due in an hour) amended, paused and resumed.
+    assert s.amend("d", priority=5).change is model.Change.APPLIED
+    assert s.pause_task("d").change is model.Change.APPLIED
+    assert s.resume_task("d").change is model.Change.APPLIED
 
 
 @pytest.fixture
@@ -893,7 +901,18 @@ class RecordingScheduler(Scheduler):
         return reply
 
 
-NEVER_PROPAGATE = {"heartbeat", "purge", "forget", "compact", "leave", "recur", "order", "fairness"}
+NEVER_PROPAGATE = {
+    "heartbeat",
+    "purge",
+    "forget",
+    "compact",
+    "leave",
+    "recur",
+    "order",
+    "fairness",
+    "amend",
+    "pause",
+}
 
 
 def test_every_reply_opens_with_the_number_of_propagation_jobs_left(
@@ -1190,7 +1209,8 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     """lua/README.md, "As Redis Functions": rebuilt here from the files and that page."""
     listed = (
         "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
-        "retry add_deps purge forget compact leave recur fire order expire fairness"
+        "retry add_deps purge forget compact leave recur fire order expire fairness "
+        "amend pause"
     )
     order = listed.split(" ")
     assert tuple(order) == SCRIPT_NAMES

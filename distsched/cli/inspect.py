@@ -85,6 +85,10 @@ def _status_lines(
         ("fn", show(info.fn, id_limit) if info.fn else "-"),
         ("args", js(list(info.args))),
         ("kwargs", js(info.kwargs)),
+        (
+            "paused",
+            "-" if info.paused_at is None else f"since {relative(info.paused_at, server_now)}",
+        ),
         ("cancel_requested", "yes" if info.cancel_requested else "no"),
         ("worker", show(info.worker, id_limit) if info.worker else "-"),
         ("lease_deadline", lease),

@@ -1,4 +1,5 @@
-"""Write one task: ``schedule``, ``submit`` (with dependencies) and ``cancel``."""
+"""Write one task: ``schedule``, ``submit`` (with dependencies), ``cancel``, and the
+changes in place ``amend``, ``pause`` and ``resume``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from redis.exceptions import RedisError
 from distsched import views
 from distsched.cli.common import (
     connect,
+    connect_existing,
     duration_option,
+    info_dict,
     parse_json,
     parse_run_at,
     settings_of,
@@ -19,8 +22,8 @@ from distsched.cli.common import (
 )
 from distsched.client import Scheduler
 from distsched.errors import CycleError, UnknownDependencyError
-from distsched.model import Admitted
-from distsched.text import escape, parse_when
+from distsched.model import Admitted, Change, Changed
+from distsched.text import CUT_CHARS, escape, json_line, parse_when, relative, show, table
 
 # The options that describe a task, shared by ``schedule`` and ``submit``.
 _task_options = stacked(
@@ -258,3 +261,131 @@ def cancel(ctx: click.Context, task_id: str) -> None:
     with task_named(ctx, task_id):
         state = scheduler.cancel(task_id)
     click.echo(state.value)
+
+
+_version_option = click.option(
+    "--version",
+    "version",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Change only this version of ID (as status shows it); another is a conflict.",
+)
+
+
+def _echo_changed(ctx: click.Context, changed: Changed) -> None:
+    """Print what a change in place did; anything but a change made (or nothing to do)
+    fails with a line on stderr."""
+    task_id = changed.task_id
+    if changed.change is Change.NOT_FOUND:
+        namespace = settings_of(ctx).namespace
+        raise click.ClickException(f"no task {task_id!r} in namespace {namespace!r}")
+    if changed.change is Change.CONFLICT:
+        raise click.ClickException(
+            f"task {task_id!r} is at version {changed.version}: nothing changed"
+        )
+    if changed.change is Change.NOT_QUEUED:
+        state = changed.state.value if changed.state else "gone"
+        raise click.ClickException(f"task {task_id!r} is {state}: nothing changed")
+    click.echo(f"{changed.change.value} {changed.state} {changed.version}")
+
+
+@click.command()
+@click.argument("task_id", metavar="ID")
+@click.option("--priority", type=int, default=None, help="The new priority.")
+@click.option("--run-at", metavar="WHEN", help="The new due time: as for schedule.")
+@duration_option(
+    "--delay",
+    field="delay",
+    signed=True,
+    help="The new due time from now (server clock): seconds, or 500ms, 30s, 5m, 1h30m, 2d.",
+)
+@click.option(
+    "--max-attempts",
+    type=int,
+    default=None,
+    help="The new attempt budget (a queued or running task; not below the attempt "
+    "that runs now or next).",
+)
+@_version_option
+@click.pass_context
+def amend(
+    ctx: click.Context,
+    task_id: str,
+    priority: int | None,
+    run_at: str | None,
+    delay: float | None,
+    max_attempts: int | None,
+    version: int | None,
+) -> None:
+    """Change task ID in place, without a new version; print 'applied', its state and
+    version.
+
+    The priority and due time change while it is queued (ready or pending): a ready
+    task moves to its new place in the queue, keeping its place among equals. The
+    attempt budget also changes while it runs. A task that is not queued, or another
+    version than --version, is left as it is (exit code 1).
+    """
+    scheduler = connect(ctx)
+    changed = scheduler.amend(
+        task_id,
+        priority=priority,
+        run_at=None if run_at is None else parse_run_at(run_at),
+        delay=delay,
+        max_attempts=max_attempts,
+        version=version,
+    )
+    _echo_changed(ctx, changed)
+
+
+@click.command()
+@click.argument("task_id", metavar="ID")
+@_version_option
+@click.pass_context
+def pause(ctx: click.Context, task_id: str, version: int | None) -> None:
+    """Pause queued task ID: no worker claims it until 'resume'; print 'applied' (or
+    'unchanged' when it was paused), its state and version.
+
+    It stays ready or pending (and counted so); a pending one stays pending when its
+    dependencies finish. cancel, retry and purge work on it as on any task.
+    """
+    _echo_changed(ctx, connect(ctx).pause_task(task_id, version))
+
+
+@click.command()
+@click.argument("task_id", metavar="ID")
+@_version_option
+@click.pass_context
+def resume(ctx: click.Context, task_id: str, version: int | None) -> None:
+    """Resume paused task ID: back to its place in the queue; print 'applied' (or
+    'unchanged' when it was not paused), its state and version."""
+    _echo_changed(ctx, connect(ctx).resume_task(task_id, version))
+
+
+@click.command("paused")
+@click.option("--limit", type=int, default=100, show_default=True, help="At most N tasks (1-1000).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the tasks.")
+@click.pass_context
+def paused(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """List the paused tasks, longest paused first (see 'pause')."""
+    scheduler = connect_existing(ctx)
+    infos = scheduler.paused_tasks(limit)
+    if as_json:
+        click.echo(json_line({"items": [info_dict(info) for info in infos]}))
+        return
+    now = scheduler.server_time()
+    header = ["ID", "FN", "STATE", "PRIORITY", "PAUSED"]
+    rows = [
+        [
+            views.show_id(info.task_id, CUT_CHARS),
+            show(info.fn, CUT_CHARS) if info.fn else "-",
+            info.state.value,
+            str(info.priority),
+            relative(info.paused_at or now, now),
+        ]
+        for info in infos
+    ]
+    for line in table([header, *rows]):
+        click.echo(line)
+    if not infos:
+        click.echo("no paused tasks", err=True)

@@ -150,6 +150,11 @@ def _next(exp: Explanation, limit: int | None) -> str:
     return "it is due and first in line: the next worker with a free slot claims it"
 
 
+def _paused(exp: Explanation, limit: int | None) -> str:
+    since = "" if exp.paused_at is None else f" {relative(exp.paused_at, exp.server_time)}"
+    return f"it was paused{since}: no worker claims it until it is resumed ('distsched resume')"
+
+
 def _not_queued(exp: Explanation, limit: int | None) -> str:
     return "it is ready but has no queue entry (its data was changed outside distsched)"
 
@@ -174,6 +179,7 @@ SENTENCES: dict[Reason, Callable[[Explanation, int | None], str]] = {
     Reason.KEY_RATE: _key_rate,
     Reason.NEXT: _next,
     Reason.NOT_QUEUED: _not_queued,
+    Reason.PAUSED: _paused,
 }
 
 

@@ -42,7 +42,7 @@ from distsched.dashboard.auth import (
     retry_after,
 )
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
-from distsched.model import STATS_TOP_KEYS, State, Stats, stage_counts
+from distsched.model import STATS_TOP_KEYS, Change, State, Stats, stage_counts
 from distsched.text import finite_or_none, iso, jsonable
 
 log = logging.getLogger("distsched.dashboard")
@@ -61,6 +61,8 @@ NOTES = {
     "expired": "Lease expired: the task runs again as a new attempt, or fails.",
     "not-running": "The task holds no lease (it is not running).",
     "conflict": "Not possible in the task's current state.",
+    "paused": "Paused: no worker claims it until it is resumed.",
+    "resumed": "Resumed: back in its place in the queue.",
     "logged-in": "Logged in: actions are enabled.",
     "logged-out": "Logged out.",
     "bulk-retried": "Retried the failed tasks of that page; they left this list.",
@@ -417,8 +419,9 @@ class Dashboard:
         task_id = form.get("id")
         if not isinstance(task_id, str) or not task_id:
             return self.render(request, "error.html", 400, message="No task id given.")
+        version = form.get("version")
         try:
-            done = await self.act_on_task(name, task_id)
+            done = await self.act_on_task(name, task_id, version)
         except NotFoundError:
             return self.render(
                 request, "error.html", 404, message=f"No task {task_id!r} in this namespace."
@@ -430,10 +433,20 @@ class Dashboard:
         log.info("dashboard: %s %r from %s: %s", name, task_id, _peer(request), done)
         return RedirectResponse(self.url(request, "/task", id=task_id, done=done), 303)
 
-    async def act_on_task(self, name: str, task_id: str) -> str | None:
+    async def act_on_task(self, name: str, task_id: str, version: Any = None) -> str | None:
         """Run the action ``name`` on one task; what came of it (the ``done`` the task
-        page shows), or None when there is no such action."""
+        page shows), or None when there is no such action. ``version``: the one the page
+        showed, for pause and resume (another one meanwhile is a conflict)."""
         s = self.scheduler
+        if name in ("pause", "resume"):
+            fenced = int(version) if isinstance(version, str) and version.isdigit() else None
+            method = s.pause_task if name == "pause" else s.resume_task
+            changed = await self.read(method, task_id, fenced)
+            if changed.change is Change.NOT_FOUND:
+                raise NotFoundError(task_id)
+            if changed.change in (Change.APPLIED, Change.UNCHANGED):
+                return "paused" if name == "pause" else "resumed"
+            return "conflict"
         if name == "cancel":
             state = await self.read(s.cancel, task_id)
             if state.terminal and state is not State.CANCELLED:

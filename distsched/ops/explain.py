@@ -29,6 +29,7 @@ from distsched.wire.records import (
     decode_cause,
     decode_deps_list,
     decode_order,
+    decode_paused,
     decode_record,
     fair_delayed_member,
     fair_entries,
@@ -78,6 +79,8 @@ class _Task:
     cause: Any
     root: str | None
     lease: Any
+    paused_at: float | None = None
+    """When the task was paused (``Scheduler.pause_task``), None when it is not."""
 
     @property
     def now_ms(self) -> int:
@@ -89,7 +92,15 @@ class _Task:
 
     @property
     def queued(self) -> bool:
-        return self.rec.state is State.READY
+        """Whether the task has a queue entry to find: ready and not paused."""
+        return self.rec.state is State.READY and self.paused_at is None
+
+    @property
+    def held(self) -> int:
+        """The awaited dependencies the record counts beyond the real ones: the hold of a
+        placement, and the pause of a pending task."""
+        paused = int(self.paused_at is not None and self.rec.state is State.PENDING)
+        return self.placing + paused
 
     @property
     def served(self) -> bool:
@@ -130,6 +141,8 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     replies = iter((yield from ops.read(*reads)) if reads else [])
     error, expired = _ended_error(task.rec, replies)
     place: _Place = (None, None)
+    if task.paused_at is not None and task.rec.state is State.READY:
+        place = (task.rec.run_at_ms / 1000.0, None)
     if task.queued:
         entries = [next(replies) for _ in range(4)]
         place = yield from _queue_place(ops, task, fair_key, entries)
@@ -164,7 +177,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         running=task.running or 0,
         max_running=task.max_running,
         served_at=served_at,
-        remaining=rec.remaining - task.placing,
+        remaining=max(0, rec.remaining - task.held),
         optional_remaining=rec.optional_remaining,
         deps=tuple(deps),
         deps_not_shown=len(task.deps) - len(task.shown) if rec.state is State.PENDING else 0,
@@ -178,6 +191,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         key_per_s=key.per_s,
         key_next_at=key.next_at,
         updated_at=rec.updated_ms / 1000.0,
+        paused_at=task.paused_at,
     )
 
 
@@ -188,13 +202,14 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
     # Payloads are bounded by max_payload_bytes; results are read only for a failed
     # task (a succeeded one's result may be large and says nothing here).
     k = ops.keys
-    record_raw, payload, raw_deps, cause, lease, meta = yield from ops.read(
+    record_raw, payload, raw_deps, cause, lease, meta, paused = yield from ops.read(
         ("HGET", k.tasks, task_id),
         ("HGET", k.payloads, task_id),
         ("HGET", k.deps, task_id),
         ("HGET", k.blocked, task_id),
         ("ZSCORE", k.leases, task_id),
         ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms", "fair"),
+        ("HGET", k.paused, task_id),
     )
     if record_raw is None:
         raise NotFoundError(task_id)
@@ -217,6 +232,7 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
         cause=cause,
         root=_root_of(rec, cause),
         lease=lease,
+        paused_at=decode_paused(paused, rec.state, rec.version),
     )
 
 
@@ -409,6 +425,14 @@ def _reasons(
     if state.terminal:
         return [Reason(state.value), *([Reason.EXPIRED] if expired else [])]
     also_unserved = [Reason.UNSERVED] if unserved else []
+    if task.paused_at is not None:
+        # Paused: held back whatever else holds it; what else would, after.
+        if state is State.PENDING:
+            placing = [Reason.PLACING] if task.placing else []
+            waiting = [Reason.WAITING_ON_DEPS] if task.rec.remaining > task.held else []
+            return [Reason.PAUSED, *placing, *waiting, *also_unserved]
+        not_due = [Reason.NOT_DUE] if due_at is not None and due_at > task.now else []
+        return [Reason.PAUSED, *not_due, *also_unserved]
     if state is State.PENDING:
         placing = [Reason.PLACING] if task.placing else []
         return [*placing, Reason.WAITING_ON_DEPS, *also_unserved]

@@ -96,7 +96,9 @@ class Inspect(Listing):
         reads: list[tuple[Any, ...]] = [("HGET", key, task_id) for key in status_reads(k)]
         reads.append(("ZSCORE", k.leases, task_id))
         reads.append(("ZRANGEBYLEX", k.edges, *edge_range(task_id)))
-        record, payload, result, deps, cause, history, lease, edges = yield from self.read(*reads)
+        record, payload, result, deps, cause, history, paused, lease, edges = yield from self.read(
+            *reads
+        )
         blocked_by = None
         if cause:
             walk = blocked_path(task_id, cause)
@@ -119,6 +121,7 @@ class Inspect(Listing):
             decode_dependents(task_id, edges),
             blocked_by,
             history,
+            paused,
         )
 
     @route.by_id("task_id")

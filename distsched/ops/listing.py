@@ -4,13 +4,17 @@
 ``states`` sorted set, newest first), ready tasks from the ready set of the priority
 order, then the queue (due order), then, in a fair namespace, fairq (the tasks of
 fairness keys other than the default one), running tasks from the leases (lease deadline
-order). ``scan_tasks`` walks every record.
+order). ``scan_tasks`` walks every record. ``paused`` lists the paused tasks from the
+``paused`` hash.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from distsched.errors import InvalidArgument, ScriptError
 from distsched.model import State, TaskInfo, TaskPage, TaskRow
+from distsched.ops import merges
 from distsched.ops import routing as route
 from distsched.ops.base import Base
 from distsched.ops.protocol import Op, _one
@@ -34,7 +38,12 @@ from distsched.wire.replies import (
     _mapping,
     _match_entry,
     _pairs,
+    decode_status,
 )
+
+# Paused tasks one ``paused`` call lists (per stripe): by default, and at most.
+PAUSED_LIST_DEFAULT = 100
+PAUSED_LIST_MAX = 1000
 
 
 class Listing(Base):
@@ -95,6 +104,56 @@ class Listing(Base):
             out.append((entry.task_id, error))
         return out, None if exhausted else entries[-1].cursor
 
+    @route.every(merge=merges.by_paused_at)
+    def paused_tasks(self, limit: object = PAUSED_LIST_DEFAULT) -> Op[list[TaskInfo]]:
+        """The paused tasks (at most ``limit`` per stripe), longest paused first: read from
+        the ``paused`` hash with ``HSCAN``, examining at most ``TASKS_BUDGET_FACTOR`` x
+        ``limit`` entries (left-over entries of versions no longer queued are passed
+        over, so a namespace with many of them may list fewer)."""
+        if not _is_int(limit) or not 1 <= limit <= PAUSED_LIST_MAX:
+            raise InvalidArgument("limit", f"must be an int in [1, {PAUSED_LIST_MAX}]")
+        k = self.keys
+        budget = limit * TASKS_BUDGET_FACTOR
+        ids: dict[str, None] = {}
+        cursor: Any = 0
+        while len(ids) < budget:
+            (reply,) = yield from self.read(
+                ("HSCAN", k.paused, cursor, "COUNT", min(budget, 500)), atomic=False
+            )
+            cursor, flat = reply
+            for field in _mapping(flat):
+                ids.setdefault(_bytes(field).decode("utf-8", "replace"), None)
+            if int(cursor) == 0:
+                break
+        found: list[TaskInfo] = []
+        names = list(ids)[:budget]
+        for start in range(0, len(names), 500):
+            part = names[start : start + 500]
+            reads = [
+                ("HMGET", key, *part)
+                for key in (k.tasks, k.payloads, k.results, k.deps, k.history, k.paused)
+            ]
+            records, payloads, results, deps, history, paused = yield from self.read(*reads)
+            for i, task_id in enumerate(part):
+                if records[i] is None:
+                    continue
+                try:
+                    info = decode_status(
+                        task_id,
+                        records[i],
+                        payloads[i],
+                        results[i],
+                        None,
+                        deps[i],
+                        raw_history=history[i],
+                        raw_paused=paused[i],
+                    )
+                except ScriptError:  # a record that cannot be read: status names it
+                    continue
+                if info.paused:
+                    found.append(info)
+        return merges.by_paused_at([found])[:limit]
+
     @route.striped
     def tasks(
         self, state: object, fn: object = None, limit: object = 50, cursor: object = None
@@ -137,12 +196,13 @@ class Listing(Base):
         ids = [e.task_id for e in entries]
         reads = [("HMGET", key, *ids) for key in (k.tasks, k.payloads, k.results)]
         reads += [("HMGET", k.deps, *ids), ("HMGET", k.history, *ids)]
-        records, payloads, results, deps, history = yield from self.read(*reads)
+        reads.append(("HMGET", k.paused, *ids))
+        records, payloads, results, deps, history, paused = yield from self.read(*reads)
         for i, entry in enumerate(entries):
             if not entry.task_id:
                 continue  # a junk or doubled fairq entry: passed over, nothing to list
             info = _listed_info(
-                st, entry, records[i], payloads[i], results[i], deps[i], history[i], fn
+                st, entry, records[i], payloads[i], results[i], deps[i], history[i], fn, paused[i]
             )
             if info is not None:
                 items.append(info)

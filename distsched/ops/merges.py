@@ -6,7 +6,7 @@ import dataclasses
 import heapq
 from collections.abc import Sequence
 
-from distsched.model import Chores, KeyInfo, MinuteCount
+from distsched.model import Chores, KeyInfo, MinuteCount, TaskInfo
 
 
 def key_infos(infos: Sequence[KeyInfo]) -> KeyInfo:
@@ -53,3 +53,9 @@ def chores(parts: Sequence[Chores]) -> Chores:
         purged=sum(p["purged"] for p in parts),
         trimmed=sum(p["trimmed"] for p in parts),
     )
+
+
+def by_paused_at(parts: Sequence[list[TaskInfo]]) -> list[TaskInfo]:
+    """Paused tasks of several stripes as one list, longest paused first (then by id)."""
+    every = [info for part in parts for info in part]
+    return sorted(every, key=lambda info: (info.paused_at or 0.0, info.task_id))

@@ -7,7 +7,17 @@ from dataclasses import replace
 
 from distsched import limits
 from distsched.errors import ConflictError, InvalidArgument, LeaseLostError
-from distsched.model import Admitted, Chores, Claim, Outcome, State, TaskSpec, Wait, WorkerInfo
+from distsched.model import (
+    Admitted,
+    Changed,
+    Chores,
+    Claim,
+    Outcome,
+    State,
+    TaskSpec,
+    Wait,
+    WorkerInfo,
+)
 from distsched.ops import merges
 from distsched.ops import routing as route
 from distsched.ops.inspect import Inspect
@@ -28,6 +38,7 @@ from distsched.wire.calls import (
     Call,
     _parts,
     add_deps_call,
+    amend_call,
     cancel_call,
     claim_call,
     compact_call,
@@ -37,6 +48,7 @@ from distsched.wire.calls import (
     fail_call,
     forget_call,
     heartbeat_call,
+    pause_call,
     payload_weights,
     placed_in_parts,
     purge_call,
@@ -49,7 +61,12 @@ from distsched.wire.calls import (
 )
 from distsched.wire.payload import _text
 from distsched.wire.records import _count_or_none, _minute_of, decode_kept_claim, encode_worker
-from distsched.wire.replies import decode_claim_reply, decode_outcomes, decode_schedule_reply
+from distsched.wire.replies import (
+    decode_change,
+    decode_claim_reply,
+    decode_outcomes,
+    decode_schedule_reply,
+)
 
 # A batch of reports is checked whole, on stripe 0, before any part of it is sent to its
 # stripe: a bad item refuses all of it, as in an unstriped namespace.
@@ -163,6 +180,38 @@ class Runtime(Inspect):
     def cancel(self, task_id: str) -> Op[State]:
         (state,) = yield from self.run(cancel_call(self.keys, task_id))
         return State(_text(state))
+
+    @route.by_id("task_id")
+    def amend(
+        self,
+        task_id: str,
+        priority: object = None,
+        run_at: object = None,
+        delay: object = None,
+        max_attempts: object = None,
+        version: object = None,
+    ) -> Op[Changed]:
+        call = amend_call(
+            self.keys,
+            task_id,
+            priority=priority,
+            run_at=run_at,
+            delay=delay,
+            max_attempts=max_attempts,
+            version=version,
+        )
+        values = yield from self.run(call)
+        return decode_change(task_id, values)
+
+    @route.by_id("task_id")
+    def pause_task(self, task_id: str, version: object = None) -> Op[Changed]:
+        values = yield from self.run(pause_call(self.keys, "pause", task_id, version))
+        return decode_change(task_id, values)
+
+    @route.by_id("task_id")
+    def resume_task(self, task_id: str, version: object = None) -> Op[Changed]:
+        values = yield from self.run(pause_call(self.keys, "resume", task_id, version))
+        return decode_change(task_id, values)
 
     @route.by_id("task_id")
     def retry(self, task_id: str, cascade: bool) -> Op[int]:

@@ -199,6 +199,57 @@ def schedule_call(
     )
 
 
+def _version_arg(version: object) -> str:
+    """The optional version an in-place change is fenced by ('' for the current one)."""
+    if version is None:
+        return ""
+    if not _is_int(version) or not 0 <= version <= MAX_MS:
+        raise InvalidArgument("version", f"must be an int in [0, {MAX_MS}] or None")
+    return str(version)
+
+
+def amend_call(
+    keys: Keys,
+    task_id: object,
+    *,
+    priority: object = None,
+    run_at: object = None,
+    delay: object = None,
+    max_attempts: object = None,
+    version: object = None,
+) -> Call:
+    """The amend script's call (``lua/amend.lua``): change a task's priority, due time
+    (``run_at`` or ``delay``, as ``schedule`` takes them) or ``max_attempts`` in place."""
+    task_id = validate_task_id(task_id)
+    fenced = _version_arg(version)
+    if priority is not None and (
+        not _is_int(priority) or not PRIORITY_MIN <= priority <= PRIORITY_MAX
+    ):
+        raise InvalidArgument("priority", f"must be an int in [{PRIORITY_MIN}, {PRIORITY_MAX}]")
+    mode, ms = "", ""
+    if run_at is not None or delay is not None:
+        mode, when = time_argument(run_at, delay)
+        ms = str(when)
+    if max_attempts is not None and (
+        not _is_int(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise InvalidArgument("max_attempts", f"must be an int in [1, {MAX_ATTEMPTS_LIMIT}]")
+    if priority is None and not mode and max_attempts is None:
+        raise InvalidArgument("priority", "give priority, run_at, delay or max_attempts")
+    priority_arg = "" if priority is None else str(priority)
+    attempts_arg = "" if max_attempts is None else str(max_attempts)
+    args = [task_id, fenced, priority_arg, mode, ms, attempts_arg]
+    return Call("amend", keys.for_script("amend"), args)
+
+
+def pause_call(keys: Keys, action: str, task_id: object, version: object = None) -> Call:
+    """The pause script's call (``lua/pause.lua``): ``action`` 'pause' or 'resume'."""
+    if action not in ("pause", "resume"):
+        raise InvalidArgument("action", "must be 'pause' or 'resume'")
+    args = [action, validate_task_id(task_id), _version_arg(version)]
+    return Call("pause", keys.for_script("pause"), args)
+
+
 def cancel_call(keys: Keys, task_id: object) -> Call:
     return Call("cancel", keys.for_script("cancel"), [PROPAGATE_BUDGET, validate_task_id(task_id)])
 
@@ -470,7 +521,15 @@ def add_deps_call(
 
 def status_reads(keys: Keys) -> list[str]:
     """The hashes read by ``status`` (HGET of the task id in each), in order."""
-    return [keys.tasks, keys.payloads, keys.results, keys.deps, keys.blocked, keys.history]
+    return [
+        keys.tasks,
+        keys.payloads,
+        keys.results,
+        keys.deps,
+        keys.blocked,
+        keys.history,
+        keys.paused,
+    ]
 
 
 # --------------------------------------------------------------------------- recurring schedules

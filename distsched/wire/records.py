@@ -594,3 +594,15 @@ def decode_kept_claim(raw: bytes) -> tuple[str, list[tuple[str, int, int]]]:
         tokens.append((rest[:length].decode("utf-8"), int(version), int(attempt)))
         rest = rest[length:]
     return head.decode("utf-8"), tokens
+
+
+def decode_paused(raw: Any, state: State, version: int) -> float | None:
+    """When a task in ``state`` at ``version`` was paused (epoch seconds), from its
+    entry of the ``paused`` hash (``<version> <paused at ms>``); None when it is not
+    paused: no entry, one of another version, a task not queued, or junk."""
+    if raw is None or state not in (State.READY, State.PENDING):
+        return None
+    fields = _bytes(raw).split(b" ")
+    if len(fields) != 2 or not all(f.isdigit() for f in fields) or int(fields[0]) != version:
+        return None
+    return int(fields[1]) / 1000.0

@@ -25,6 +25,8 @@ from distsched.errors import (
 from distsched.model import (
     Admitted,
     BlockedBy,
+    Change,
+    Changed,
     Claim,
     Fired,
     KeyInfo,
@@ -58,6 +60,7 @@ from distsched.wire.records import (
     decode_deps_list,
     decode_history,
     decode_order,
+    decode_paused,
     decode_record,
     state_index_member,
 )
@@ -189,10 +192,12 @@ def decode_status(
     dependents: tuple[str, ...] = (),
     blocked_by: BlockedBy | None = None,
     raw_history: Any = None,
+    raw_paused: Any = None,
 ) -> TaskInfo:
     if raw_record is None:
         raise NotFoundError(task_id)
     rec = decode_record(raw_record, task_id)
+    paused_at = decode_paused(raw_paused, rec.state, rec.version)
     if rec.payload is not None:
         raw_payload = rec.payload
     limit: float | None = None
@@ -234,8 +239,11 @@ def decode_status(
         updated_at=rec.updated_ms / 1000.0,
         error=error,
         result=result,
-        # The hold counts in the record as one more awaited dependency.
-        remaining=rec.remaining - placing,
+        # The hold, and the pause of a pending task, count in the record as one more
+        # awaited dependency each.
+        remaining=max(
+            0, rec.remaining - placing - (paused_at is not None and rec.state is State.PENDING)
+        ),
         optional_remaining=rec.optional_remaining,
         placing=bool(placing),
         deps=tuple(d for kind, d in deps_list if kind == "r"),
@@ -244,6 +252,19 @@ def decode_status(
         blocked_by=blocked_by,
         attempts=decode_history(raw_history),
         timeout=limit,
+        paused=paused_at is not None,
+        paused_at=paused_at,
+    )
+
+
+def decode_change(task_id: str, values: Sequence[Any]) -> Changed:
+    """The reply of ``amend.lua`` or ``pause.lua``: outcome, state, version."""
+    outcome, state, version = (_text(v) for v in values)
+    return Changed(
+        task_id,
+        Change(outcome),
+        State(state) if state else None,
+        int(version) if version else None,
     )
 
 
@@ -488,6 +509,7 @@ def _listed_info(
     raw_deps: Any,
     raw_history: Any,
     fn: str | None,
+    raw_paused: Any = None,
 ) -> TaskInfo | None:
     """The TaskInfo of a listed entry, or None when the entry is stale (the task moved
     on, or its record cannot be read) or its function is not ``fn``."""
@@ -508,6 +530,7 @@ def _listed_info(
         lease,
         raw_deps,
         raw_history=raw_history,
+        raw_paused=raw_paused,
     )
     if fn is not None and info.fn != fn:
         return None
