@@ -14,7 +14,16 @@ from typing import Any, Protocol
 
 from distsched.errors import NotFoundError
 from distsched.keys import Keys
-from distsched.model import BlockedBy, DepState, Explanation, Order, OrderSetting, Reason, State
+from distsched.model import (
+    BlockedBy,
+    DepState,
+    Explanation,
+    Order,
+    OrderSetting,
+    Progress,
+    Reason,
+    State,
+)
 from distsched.ops.protocol import Op
 from distsched.validate import validate_task_id
 from distsched.wire.payload import READ_DEPTH, _bytes, _text, decode_payload_trace
@@ -29,6 +38,7 @@ from distsched.wire.records import (
     decode_cause,
     decode_deps_list,
     decode_order,
+    decode_progress,
     decode_record,
     fair_delayed_member,
     fair_entries,
@@ -78,6 +88,7 @@ class _Task:
     cause: Any
     root: str | None
     lease: Any
+    progress: Progress | None = None
 
     @property
     def now_ms(self) -> int:
@@ -178,6 +189,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         key_per_s=key.per_s,
         key_next_at=key.next_at,
         updated_at=rec.updated_ms / 1000.0,
+        progress=task.progress,
     )
 
 
@@ -188,13 +200,14 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
     # Payloads are bounded by max_payload_bytes; results are read only for a failed
     # task (a succeeded one's result may be large and says nothing here).
     k = ops.keys
-    record_raw, payload, raw_deps, cause, lease, meta = yield from ops.read(
+    record_raw, payload, raw_deps, cause, lease, meta, progress = yield from ops.read(
         ("HGET", k.tasks, task_id),
         ("HGET", k.payloads, task_id),
         ("HGET", k.deps, task_id),
         ("HGET", k.blocked, task_id),
         ("ZSCORE", k.leases, task_id),
         ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms", "fair"),
+        ("HGET", k.progress, task_id),
     )
     if record_raw is None:
         raise NotFoundError(task_id)
@@ -217,6 +230,7 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
         cause=cause,
         root=_root_of(rec, cause),
         lease=lease,
+        progress=decode_progress(progress, rec.version),
     )
 
 

@@ -58,6 +58,7 @@ from distsched.wire.records import (
     decode_deps_list,
     decode_history,
     decode_order,
+    decode_progress,
     decode_record,
     state_index_member,
 )
@@ -189,6 +190,7 @@ def decode_status(
     dependents: tuple[str, ...] = (),
     blocked_by: BlockedBy | None = None,
     raw_history: Any = None,
+    raw_progress: Any = None,
 ) -> TaskInfo:
     if raw_record is None:
         raise NotFoundError(task_id)
@@ -244,6 +246,7 @@ def decode_status(
         blocked_by=blocked_by,
         attempts=decode_history(raw_history),
         timeout=limit,
+        progress=decode_progress(raw_progress, rec.version),
     )
 
 
@@ -397,7 +400,8 @@ def task_result(info: TaskInfo) -> Any:
 
 
 def decode_ended(data: bytes | str) -> str | None:
-    """The task id of a notice on the ``ended`` channel (``<state> <id>``), or None."""
+    """The task id of a notice on the ``ended`` channel (``<state> <id>``, or
+    ``progress <id>`` from lua/progress.lua), or None."""
     raw = _bytes(data)
     _, sep, task_id = raw.partition(b" ")
     if not sep:
