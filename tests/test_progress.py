@@ -3,6 +3,7 @@ token, kept across the attempts of one version, shown to waiters without polling
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
@@ -26,7 +27,7 @@ from distsched import (
 from distsched.scripts import source
 from distsched.wire.calls import progress_call
 from tests.cluster_fixtures import wait_until
-from tests.conftest import RedisServer, python_command, subprocess_env
+from tests.conftest import RedisServer, python_command, require_extra, subprocess_env
 from tests.worker_procs import steps_key
 
 
@@ -350,6 +351,39 @@ def test_the_context_outside_a_worker_cannot_report(redis_server: RedisServer) -
     ctx = TaskContext(Claim("job", 1, 1, fn="f", args=(), kwargs={}, priority=0, run_at=0.0))
     with pytest.raises(RuntimeError):
         ctx.report_progress(0.5)
+
+
+def test_status_why_and_the_dashboard_show_a_tasks_progress(
+    redis_server: RedisServer, scheduler: Scheduler, namespace: str
+) -> None:
+    from tests.test_cli import invoke
+
+    claim = _claim_one(scheduler)
+    scheduler.report_progress(claim, 0.4, "2 of 5 <b>files</b>")
+    scheduler.save_checkpoint(claim, [1, 2])
+    status = invoke(redis_server, namespace, "status", "job").stdout
+    (line,) = [line for line in status.splitlines() if line.startswith("progress:")]
+    assert "40% 2 of 5 <b>files</b> (attempt 1," in line
+    assert line.endswith("; checkpoint 3 B kept")
+    data = json.loads(invoke(redis_server, namespace, "status", "job", "--json").stdout)
+    assert data["progress"]["fraction"] == 0.4 and data["progress"]["checkpoint_bytes"] == 3
+    why = invoke(redis_server, namespace, "why", "job").stdout
+    assert "Progress: 40% 2 of 5 <b>files</b> (attempt 1," in why
+    assert scheduler.explain("job").progress == scheduler.progress("job")
+
+    require_extra("starlette")
+    require_extra("jinja2")
+    from markupsafe import escape
+    from starlette.testclient import TestClient
+
+    from distsched.dashboard import create_app
+
+    with TestClient(create_app(scheduler)) as client:
+        page = client.get("/task?id=job").text
+        assert 'data-field="progress"' in page and escape("2 of 5 <b>files</b>") in page
+        # The task page's live refresh carries it.
+        fields = client.get("/api/task", params={"id": "job"}).json()["fields"]
+        assert fields["progress"].startswith("40% 2 of 5 <b>files</b> (attempt 1,")
 
 
 PROCS = Path(__file__).with_name("worker_procs.py")
