@@ -52,6 +52,7 @@ from distsched.wire.calls import (
     heartbeat_call,
     leave_call,
     order_call,
+    progress_call,
     propagate_call,
     purge_call,
     reap_call,
@@ -170,6 +171,7 @@ def sample_calls() -> dict[str, Call]:
         "order": order_call(keys, model.Order.PRIORITY, 1000),
         "fairness": fairness_call(keys, "key", "tenant", 3, 2),
         "expire": expire_call(keys),
+        "progress": progress_call(keys, claim, 0.5, "half", b"\x01"),
     }
 
 
@@ -486,6 +488,7 @@ PUBLISHED_WORDS = {
     "ready": "'ready' on the channel",
     "cancel": "'cancel <version> <id>' on wake",
     "ended": "'<state> <id>' on ended",
+    "progress": "'progress <id>' on ended",
 }
 
 
@@ -495,7 +498,9 @@ def can_publish(code: str) -> set[str]:
     calls = re.findall(r"(?<!function )\bpublish\(([^,]+),\s*([^)]*)", reachable_code(code)[1])
     kinds = set()
     for channel, message in calls:
-        if channel.strip() == "k.ended":
+        if channel.strip() == "k.ended" and message.strip().startswith("'progress "):
+            kinds.add("progress")
+        elif channel.strip() == "k.ended":
             kinds.add("ended")
         elif channel.strip() == "k.wake" and "'cancel" in message:
             kinds.add("cancel")
@@ -613,6 +618,7 @@ def lifecycle(s: Scheduler) -> None:
     a, b = s.ready(2, "w")
     assert (a.task_id, b.task_id) == ("a", "b")
     assert s.heartbeat(a) is False
+    assert s.report_progress(a, 0.5, "half") is Outcome.APPLIED
     assert s.fail(a, "first try") is Outcome.APPLIED
     a2 = s.next("w")
     assert isinstance(a2, Claim) and a2.attempt == 2
@@ -893,7 +899,17 @@ class RecordingScheduler(Scheduler):
         return reply
 
 
-NEVER_PROPAGATE = {"heartbeat", "purge", "forget", "compact", "leave", "recur", "order", "fairness"}
+NEVER_PROPAGATE = {
+    "heartbeat",
+    "purge",
+    "forget",
+    "compact",
+    "leave",
+    "recur",
+    "order",
+    "fairness",
+    "progress",
+}
 
 
 def test_every_reply_opens_with_the_number_of_propagation_jobs_left(
@@ -1190,7 +1206,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     """lua/README.md, "As Redis Functions": rebuilt here from the files and that page."""
     listed = (
         "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
-        "retry add_deps purge forget compact leave recur fire order expire fairness"
+        "retry add_deps purge forget compact leave recur fire order expire fairness progress"
     )
     order = listed.split(" ")
     assert tuple(order) == SCRIPT_NAMES
