@@ -1,5 +1,10 @@
 """Progress and checkpoints of a running task (lua/progress.lua): fenced by the attempt's
-token, kept across the attempts of one version, shown to waiters without polling."""
+token, kept across the attempts of one version, shown to waiters without polling.
+
+Each guarantee has its test: the fence (a stale attempt writes nothing), the version (a new
+version sees neither the old progress nor the old checkpoint), the removal with the task
+(purge and forget), and the resume in real processes (a worker killed mid-run, the next
+attempt in another process does only the steps left)."""
 
 from __future__ import annotations
 
