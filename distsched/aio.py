@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -280,21 +280,33 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.fire_due`."""
         return await self._drive(self._ops.call(Ops.fire_due, limit))
 
-    async def wait(self, task_id: str, timeout: Duration | None = None) -> TaskInfo:
+    async def wait(
+        self,
+        task_id: str,
+        timeout: Duration | None = None,
+        *,
+        on_progress: Callable[[model.Progress], object] | None = None,
+    ) -> TaskInfo:
         """See :meth:`Scheduler.wait` (one subscription per scheduler, a task of the loop
         of its first wait). At most ``subscription.WAIT_IO_CONCURRENCY`` waits of a
         scheduler talk to Redis at once, so that thousands gathered stay within
-        redis.asyncio's connection pool."""
+        redis.asyncio's connection pool. ``on_progress`` is called on the loop."""
         # Checked before the shared subscription is started for nothing.
         validate.validate_task_id(task_id)
         validate.validate_wait_timeout(timeout)
         await self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         async with self._waits.watch(task_id) as waiter:
             return await self._drive(
-                self._ops.call(Ops.wait, task_id, timeout, waiter), self._waits.gate
+                self._ops.call(Ops.wait, task_id, timeout, waiter, on_progress), self._waits.gate
             )
 
-    async def result(self, task_id: str, timeout: Duration | None = None) -> Any:
+    async def result(
+        self,
+        task_id: str,
+        timeout: Duration | None = None,
+        *,
+        on_progress: Callable[[model.Progress], object] | None = None,
+    ) -> Any:
         """See :meth:`Scheduler.result`."""
         # Checked before the shared subscription is started for nothing.
         validate.validate_task_id(task_id)
@@ -302,7 +314,7 @@ class AsyncScheduler(BaseScheduler):
         await self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         async with self._waits.watch(task_id) as waiter:
             return await self._drive(
-                self._ops.call(Ops.result, task_id, timeout, waiter), self._waits.gate
+                self._ops.call(Ops.result, task_id, timeout, waiter, on_progress), self._waits.gate
             )
 
     # ------------------------------------------------------------------ workers
@@ -325,6 +337,18 @@ class AsyncScheduler(BaseScheduler):
     async def next(self, worker_id: str) -> Claim | Wait:
         """See :meth:`Scheduler.next`."""
         return await self._drive(self._ops.next(worker_id))
+
+    async def report_progress(self, claim: Claim, fraction: float, note: str = "") -> Outcome:
+        """See :meth:`Scheduler.report_progress`."""
+        return await self._drive(self._ops.call(Ops.report_progress, claim, fraction, note))
+
+    async def save_checkpoint(self, claim: Claim, value: object) -> Outcome:
+        """See :meth:`Scheduler.save_checkpoint`."""
+        return await self._drive(self._ops.call(Ops.save_checkpoint, claim, value))
+
+    async def checkpoint(self, claim: Claim) -> Any:
+        """See :meth:`Scheduler.checkpoint`."""
+        return await self._drive(self._ops.call(Ops.checkpoint, claim))
 
     async def heartbeat(self, claim: Claim) -> bool:
         """See :meth:`Scheduler.heartbeat`."""
@@ -450,6 +474,10 @@ class AsyncScheduler(BaseScheduler):
     async def status(self, task_id: str) -> TaskInfo:
         """See :meth:`Scheduler.status`."""
         return await self._drive(self._ops.call(Ops.status, task_id))
+
+    async def progress(self, task_id: str) -> model.Progress | None:
+        """See :meth:`Scheduler.progress`."""
+        return await self._drive(self._ops.call(Ops.progress, task_id))
 
     async def stats(self) -> Stats:
         """See :meth:`Scheduler.stats`."""

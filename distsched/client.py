@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -420,7 +420,13 @@ class Scheduler(BaseScheduler):
         safe (each slot fires once)."""
         return self._drive(self._ops.call(Ops.fire_due, limit))
 
-    def wait(self, task_id: str, timeout: Duration | None = None) -> TaskInfo:
+    def wait(
+        self,
+        task_id: str,
+        timeout: Duration | None = None,
+        *,
+        on_progress: Callable[[model.Progress], object] | None = None,
+    ) -> TaskInfo:
         """Block until ``task_id`` has ended (succeeded, failed, cancelled or blocked);
         return its final ``TaskInfo``.
 
@@ -429,27 +435,38 @@ class Scheduler(BaseScheduler):
         publishes a notice, which one subscription per scheduler, shared by all its
         waiting threads, receives. A task that is replaced by a new version while
         waited for is waited for in its new version.
+
+        ``on_progress`` is called, in the waiting thread, with each new ``Progress``
+        the running task reports while it is waited for (each report is announced on
+        the same subscription, so this does not poll either). Reports that follow each
+        other quickly may be seen as one: the callback gets the latest.
         """
         # Checked before the shared subscription is started for nothing.
         validate.validate_task_id(task_id)
         validate.validate_wait_timeout(timeout)
         self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         with self._waits.watch(task_id) as waiter:
-            return self._drive(self._ops.call(Ops.wait, task_id, timeout, waiter))
+            return self._drive(self._ops.call(Ops.wait, task_id, timeout, waiter, on_progress))
 
-    def result(self, task_id: str, timeout: Duration | None = None) -> Any:
+    def result(
+        self,
+        task_id: str,
+        timeout: Duration | None = None,
+        *,
+        on_progress: Callable[[model.Progress], object] | None = None,
+    ) -> Any:
         """``wait``, then the task's result: its stored result when it succeeded.
 
         Otherwise raises ``TaskFailed`` (``.traceback``: the remote error text with its
         traceback), ``TaskCancelled`` or ``TaskBlocked`` (``.root``, ``.path``); and
-        ``Timeout``/``NotFoundError`` as ``wait`` does.
+        ``Timeout``/``NotFoundError`` as ``wait`` does. ``on_progress`` as for ``wait``.
         """
         # Checked before the shared subscription is started for nothing.
         validate.validate_task_id(task_id)
         validate.validate_wait_timeout(timeout)
         self._drive(self._ops.call(Ops.noop))  # the stripes, whose channels it subscribes to
         with self._waits.watch(task_id) as waiter:
-            return self._drive(self._ops.call(Ops.result, task_id, timeout, waiter))
+            return self._drive(self._ops.call(Ops.result, task_id, timeout, waiter, on_progress))
 
     # ------------------------------------------------------------------ workers
 
@@ -494,6 +511,24 @@ class Scheduler(BaseScheduler):
     def heartbeat_many(self, claims: Sequence[Claim]) -> list[bool | None]:
         """Extend many leases in one call: True/False (cancel requested) or None (lost)."""
         return self._drive(self._ops.call(Ops.heartbeat_many, claims))
+
+    def report_progress(self, claim: Claim, fraction: float, note: str = "") -> Outcome:
+        """Report how far ``claim``'s attempt got: ``fraction`` in [0, 1] and a short
+        ``note`` (at most 200 bytes of UTF-8). ``STALE`` (nothing written) when the
+        token is no longer the running attempt. Waiters and ``status`` see it at once.
+        """
+        return self._drive(self._ops.call(Ops.report_progress, claim, fraction, note))
+
+    def save_checkpoint(self, claim: Claim, value: object) -> Outcome:
+        """Keep ``value`` (any msgpack value, at most 64 KiB encoded; None clears it) as
+        the checkpoint of ``claim``'s version: the next attempt of the same version reads
+        it with :meth:`checkpoint`. ``STALE`` (nothing written) when the token is no
+        longer the running attempt."""
+        return self._drive(self._ops.call(Ops.save_checkpoint, claim, value))
+
+    def checkpoint(self, claim: Claim) -> Any:
+        """The last checkpoint an attempt of ``claim``'s version saved; None when none."""
+        return self._drive(self._ops.call(Ops.checkpoint, claim))
 
     def complete(self, claim: Claim, result: object = None) -> Outcome:
         """Report success of ``claim`` (fenced by its token)."""
@@ -673,6 +708,11 @@ class Scheduler(BaseScheduler):
     def status(self, task_id: str) -> TaskInfo:
         """A snapshot of one task; ``NotFoundError`` for an unknown id."""
         return self._drive(self._ops.call(Ops.status, task_id))
+
+    def progress(self, task_id: str) -> model.Progress | None:
+        """The last progress the current version of ``task_id`` reported (None: none);
+        ``NotFoundError`` for an unknown id."""
+        return self._drive(self._ops.call(Ops.progress, task_id))
 
     def stats(self) -> Stats:
         """Counts per state, queue entries vs live ones, leases, capacity, retention."""

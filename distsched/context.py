@@ -6,12 +6,25 @@ import asyncio
 import contextvars
 import enum
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from distsched.errors import Cancelled, LeaseLost
+from distsched.model import Outcome
 
 if TYPE_CHECKING:
     from distsched.model import Claim
+
+
+class ProgressLink(Protocol):
+    """What a context needs to report progress and keep checkpoints: the worker's link
+    to its namespace (:class:`distsched.worker.link.WorkerLink`)."""
+
+    def report_progress(self, claim: Claim, fraction: float, note: str) -> Outcome: ...
+
+    def save_checkpoint(self, claim: Claim, value: object) -> Outcome: ...
+
+    def checkpoint(self, claim: Claim) -> Any: ...
+
 
 _current: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
     "distsched_task", default=None
@@ -44,6 +57,11 @@ class TaskContext:
         self._async_signal: asyncio.Event | None = None
         # The run's time limit in seconds (None: none), set by the worker at the start.
         self._time_limit: float | None = None
+        # How progress and checkpoints reach Redis, set by the worker at the start.
+        self._link: ProgressLink | None = None
+        # The checkpoint as this run knows it: read at its first use, then what it saved.
+        self._checkpoint: Any = None
+        self._checkpoint_read = False
 
     @property
     def task_id(self) -> str:
@@ -135,6 +153,60 @@ class TaskContext:
         except asyncio.TimeoutError:
             return bool(self._reasons)
         return True
+
+    # -- progress and checkpoints
+
+    def report_progress(self, fraction: float, note: str = "") -> None:
+        """Tell waiters, ``status`` and the dashboard how far this run got: ``fraction``
+        in [0, 1] and a short ``note`` (at most 200 bytes of UTF-8). One Redis call,
+        fenced by this attempt's token: raises ``LeaseLost`` (nothing written) when
+        another attempt owns the task now, ``InvalidArgument`` for a bad value. It does
+        not extend the lease: the worker's heartbeat does that."""
+        self._fenced(self._need_link().report_progress(self.claim, fraction, note))
+
+    def save_checkpoint(self, value: object) -> None:
+        """Keep ``value`` (any msgpack value, at most 64 KiB encoded; None clears it)
+        for the next attempt of this version of the task, which reads it as
+        :attr:`checkpoint`: a run that crashes or loses its lease can then resume after
+        its last finished step. Fenced like :meth:`report_progress` (``LeaseLost``)."""
+        self._fenced(self._need_link().save_checkpoint(self.claim, value))
+        self._checkpoint, self._checkpoint_read = value, True
+
+    @property
+    def checkpoint(self) -> Any:
+        """The last checkpoint saved by an attempt of this version (this one included),
+        None when none was: read from Redis at its first use (a blocking call; in an
+        ``async def`` function use :meth:`checkpoint_async`)."""
+        if not self._checkpoint_read:
+            self._checkpoint = self._need_link().checkpoint(self.claim)
+            self._checkpoint_read = True
+        return self._checkpoint
+
+    async def report_progress_async(self, fraction: float, note: str = "") -> None:
+        """The ``async def`` flavour of :meth:`report_progress` (the call runs in a thread)."""
+        await asyncio.to_thread(self.report_progress, fraction, note)
+
+    async def save_checkpoint_async(self, value: object) -> None:
+        """The ``async def`` flavour of :meth:`save_checkpoint`."""
+        await asyncio.to_thread(self.save_checkpoint, value)
+
+    async def checkpoint_async(self) -> Any:
+        """The ``async def`` flavour of :attr:`checkpoint`."""
+        if self._checkpoint_read:
+            return self._checkpoint
+        return await asyncio.to_thread(lambda: self.checkpoint)
+
+    def _need_link(self) -> ProgressLink:
+        if self._link is None:
+            raise RuntimeError("progress and checkpoints need a task run by a distsched worker")
+        return self._link
+
+    def _fenced(self, outcome: Outcome) -> None:
+        if outcome is Outcome.STALE:
+            self._signal_stop(StopReason.LEASE_LOST)
+            raise LeaseLost(
+                f"task {self.task_id!r} attempt {self.attempt} is no longer the running attempt"
+            )
 
     @property
     def timeout_error(self) -> str:

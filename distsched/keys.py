@@ -291,6 +291,19 @@ class Keys:
         return self.prefix + "paused"
 
     @property
+    def progress(self) -> str:
+        """Hash: task id -> the last progress report of its running version,
+        ``<version> <attempt> <updated ms> <fraction|-> <checkpoint bytes|-> <note>``
+        (``lua/progress.lua``)."""
+        return self.prefix + "progress"
+
+    @property
+    def checkpoints(self) -> str:
+        """Hash: task id -> its last checkpoint, ``hex14(version)`` then the msgpack value
+        (empty: none), kept across the attempts of that version (``lua/progress.lua``)."""
+        return self.prefix + "checkpoints"
+
+    @property
     def served(self) -> str:
         """Hash: function name -> last time (ms, server clock) a live worker said it serves it."""
         return self.prefix + "served"

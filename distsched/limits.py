@@ -35,6 +35,10 @@ MAX_REPORTS_PER_CALL = 128
 MAX_ERROR_BYTES = 4 * 1024
 # A worker id.
 MAX_WORKER_ID_BYTES = 256
+# A running task's progress note (``progress.lua``), in bytes of UTF-8.
+MAX_PROGRESS_NOTE_BYTES = 200
+# A running task's checkpoint (``progress.lua``), in bytes as stored (msgpack).
+MAX_CHECKPOINT_BYTES = 64 * 1024
 # A namespace's payload limit: its stored setting (``payload_max`` in meta, set by an
 # admin call), never above the ceiling. The default applies while none is stored.
 DEFAULT_MAX_PAYLOAD_BYTES = 1 << 20

@@ -41,6 +41,7 @@ SCRIPT_NAMES = (
     "fairness",
     "amend",
     "pause",
+    "progress",
 )
 
 # Every key (and the wake and ended channels) of a namespace, by the name scripts declare
@@ -81,6 +82,8 @@ KEY_NAMES = (
     "fairkeys",
     "fairrun",
     "paused",
+    "progress",
+    "checkpoints",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

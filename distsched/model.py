@@ -169,6 +169,27 @@ class AttemptInfo:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """The last progress a running version of a task reported
+    (``current_task().report_progress``, ``Scheduler.report_progress``).
+
+    ``fraction`` is in [0, 1] (None when the version saved a checkpoint but reported
+    no fraction yet), ``note`` a short text (at most 200 bytes of UTF-8), ``attempt``
+    the attempt that reported last, ``updated_at`` when (epoch seconds, server clock),
+    and ``checkpoint_bytes`` the size of the version's checkpoint (None: none saved).
+    Progress and checkpoint belong to one version: they outlive a crashed or lost
+    attempt, and a new version of the task starts without them.
+    """
+
+    version: int
+    attempt: int
+    fraction: float | None
+    note: str
+    updated_at: float
+    checkpoint_bytes: int | None = None
+
+
+@dataclass(frozen=True)
 class TaskInfo:
     """A snapshot of one task (``Scheduler.status``).
 
@@ -210,6 +231,13 @@ class TaskInfo:
     claimed until ``resume_task``. ``remaining`` does not count the pause."""
     paused_at: float | None = None
     """When it was paused (epoch seconds, server clock), None when it is not."""
+    progress: Progress | None = None
+    """The last progress the task's current version reported (None: none yet)."""
+
+    @property
+    def checkpoint_kept(self) -> bool:
+        """Whether the current version keeps a checkpoint for its next attempt."""
+        return bool(self.progress is not None and self.progress.checkpoint_bytes)
 
 
 @dataclass(frozen=True)
@@ -722,6 +750,8 @@ class Explanation:
     - ``blocked_by``, ``root_state`` (a blocked task): the root cause, the path from it
       (at most ``EXPLAIN_LIMIT`` hops read: a longer path starts after its root), and
       the root's state now.
+    - ``progress``: the last progress the current version reported (any state: a task
+      retried after a crash shows how far its last attempt got).
     - ``error``: a failed task's error on one line: for a traceback, its last
       ``Type: message`` line (the exception raised); for a task that expired
       (cancelled, not started by its deadline), ``expired: not started by its deadline``.
@@ -759,6 +789,9 @@ class Explanation:
     key_per_s: float | None = None
     key_next_at: float | None = None
     paused_at: float | None = None
+    progress: Progress | None = None
+    """The last progress the task's current version reported, and the size of the
+    checkpoint it keeps (None: neither)."""
 
     @property
     def reason(self) -> Reason:

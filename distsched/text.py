@@ -350,6 +350,23 @@ def size(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def progress_text(progress: Any, now: float, limit: int | None = CUT_CHARS) -> str:
+    """A task's last progress (``model.Progress``) for people: ``40% step 2 of 5
+    (attempt 1, 3 s ago); checkpoint 12 B``; ``-`` for None."""
+    if progress is None:
+        return "-"
+    parts = []
+    if progress.fraction is not None:
+        parts.append(f"{progress.fraction * 100:.0f}%")
+    if progress.note:
+        parts.append(show(progress.note, limit))
+    text = " ".join(parts) or "no fraction reported"
+    text += f" (attempt {progress.attempt}, {relative(progress.updated_at, now)})"
+    if progress.checkpoint_bytes:
+        text += f"; checkpoint {size(progress.checkpoint_bytes)} kept"
+    return text
+
+
 def preview(text: str, limit: int | None) -> str:
     """``text`` cut to ``limit`` characters (None: all of it), saying how large it is."""
     if limit is None or len(text) <= limit:

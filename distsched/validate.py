@@ -147,6 +147,31 @@ def instant_seconds(value: object, field_name: str) -> float:
     return check_epoch(seconds, field_name)
 
 
+def validate_fraction(fraction: object) -> float:
+    """A progress fraction: a finite number in [0, 1] (not a bool), as a float."""
+    if not _is_number(fraction) or not (
+        math.isfinite(float(fraction)) and 0.0 <= float(fraction) <= 1.0
+    ):
+        raise InvalidArgument("fraction", "must be a number in [0, 1]")
+    return float(fraction)
+
+
+def validate_note(note: object) -> str:
+    """A progress note: a str of at most ``MAX_PROGRESS_NOTE_BYTES`` bytes of UTF-8."""
+    if not isinstance(note, str):
+        raise InvalidArgument("note", f"must be a str, got {type(note).__name__}")
+    try:
+        size = len(note.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument("note", "must be valid UTF-8 (no lone surrogates)") from None
+    if size > limits.MAX_PROGRESS_NOTE_BYTES:
+        raise InvalidArgument(
+            "note",
+            f"must be at most {limits.MAX_PROGRESS_NOTE_BYTES} bytes in UTF-8, got {size}",
+        )
+    return note
+
+
 def _finite(value: object) -> float | None:
     """``value`` as a float when it is a finite number (not a bool) or a ``timedelta``,
     else None."""

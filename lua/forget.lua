@@ -3,7 +3,7 @@
 --- @include forget
 --- @keys tasks payloads results done finished meta
 --- @keys edges deps blocked blockedby propagating states history
---- @keys debounce
+--- @keys debounce progress checkpoints
 --- @keys idle fair fairready fairfull fairkeys fairrun paused
 --
 -- succeeded / failed / cancelled / blocked -> (gone), exactly as purge.lua removes a
@@ -13,10 +13,10 @@
 -- dependents that it ended, is refused: left as it is and counted. An unknown id (for
 -- example one removed already) is skipped, so the same call may be sent again.
 --
--- Reads propagating; writes tasks, payloads, results, done, debounce, paused, finished, meta
--- (count:<state>), edges, deps, blocked, blockedby, states, history, fairkeys. It receives
--- idle, fair, fairready, fairfull and fairrun and touches none of them (a terminal task
--- holds no slot of its fairness key).
+-- Reads propagating; writes tasks, payloads, results, done, debounce, paused, finished,
+-- meta (count:<state>), edges, deps, blocked, blockedby, states, history, fairkeys,
+-- progress, checkpoints. It receives idle, fair, fairready, fairfull and fairrun and touches none
+-- of them (a terminal task holds no slot of its fairness key).
 --
 -- Publishes: nothing.
 --

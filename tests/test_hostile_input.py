@@ -410,6 +410,46 @@ def test_a_bad_claim_result_or_error_is_refused_naming_its_field_and_writes_noth
     refused(redis_client, s, field, calls[entry])
 
 
+BAD_FRACTION = st.one_of(
+    st.floats().filter(lambda f: not 0.0 <= f <= 1.0),
+    st.integers().filter(lambda n: not 0 <= n <= 1),
+    st.booleans(),
+    st.text(max_size=3),
+    st.binary(max_size=3),
+    st.none(),
+)
+BAD_NOTE = st.one_of(
+    st.text(min_size=limits.MAX_PROGRESS_NOTE_BYTES + 1, max_size=260),
+    st.integers(),
+    st.binary(max_size=3),
+    LONE_SURROGATE,
+)
+PROGRESS_CASES = st.one_of(
+    NOT_A_CLAIM.map(lambda c: ("claim", c, 0.5, "")),
+    BAD_ID.map(lambda t: ("claim", forged(task_id=t), 0.5, "")),
+    BAD_COUNTER.map(lambda v: ("claim", forged(version=v), 0.5, "")),
+    BAD_FRACTION.map(lambda f: ("fraction", CURRENT, f, "")),
+    BAD_NOTE.map(lambda n: ("note", CURRENT, 0.5, n)),
+    UNENCODABLE.map(lambda v: ("checkpoint", CURRENT, None, v)),
+    st.just(("checkpoint", CURRENT, None, b"x" * limits.MAX_CHECKPOINT_BYTES)),
+)
+
+
+@FAST
+@given(bad=PROGRESS_CASES)
+def test_a_bad_progress_report_or_checkpoint_is_refused_naming_its_field_and_writes_nothing(
+    busy: Scheduler, redis_client: redis.Redis, bad: tuple[str, Any, Any, Any]
+) -> None:
+    s = busy
+    info = s.status("run")
+    field, claim, fraction, other = bad
+    claim = forged(version=info.version, attempt=info.attempt) if claim is CURRENT else claim
+    if field == "checkpoint":
+        refused(redis_client, s, field, lambda: s.save_checkpoint(claim, other))
+    else:
+        refused(redis_client, s, field, lambda: s.report_progress(claim, fraction, other))
+
+
 # --------------------------------------------------------------------------- valid odd ids
 
 

@@ -45,7 +45,7 @@ def lua_limits() -> dict[str, int]:
 
 def test_the_lua_caps_are_the_python_caps_name_for_name() -> None:
     assert lua_limits() == {name: getattr(limits, name) for name in LIMIT_NAMES}
-    assert len(LIMIT_NAMES) == 17
+    assert len(LIMIT_NAMES) == 19
 
 
 def test_each_cap_is_written_once_per_language() -> None:
@@ -338,6 +338,22 @@ def test_fail_refuses_an_error_text_over_max_error_bytes(
     )
     evalsha(redis_client, s.keys, "fail", *head, *token, "e" * limits.MAX_ERROR_BYTES)
     assert s.status("t").error == "e" * limits.MAX_ERROR_BYTES
+
+
+def test_progress_refuses_a_note_or_checkpoint_over_its_cap_and_takes_one_at_it(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    s.schedule("t", fn="f")
+    [claim] = s.ready(1, "w")
+    token = ["t", claim.version, claim.attempt]
+    note = "n" * (limits.MAX_PROGRESS_NOTE_BYTES + 1)
+    refused(redis_client, s, "MAX_PROGRESS_NOTE_BYTES", "progress", *token, "0.5", note, "0")
+    big = b"c" * (limits.MAX_CHECKPOINT_BYTES + 1)
+    refused(redis_client, s, "MAX_CHECKPOINT_BYTES", "progress", *token, "", "", "1", big)
+    at_cap = ["0.5", note[:-1], "1", big[:-1]]
+    assert evalsha(redis_client, s.keys, "progress", *token, *at_cap) == [0, b"applied"]
+    progress = s.progress("t")
+    assert progress is not None and progress.checkpoint_bytes == limits.MAX_CHECKPOINT_BYTES
 
 
 def test_the_worker_cuts_error_texts_to_the_scripts_cap() -> None:

@@ -54,6 +54,7 @@ from distsched.wire.calls import (
     leave_call,
     order_call,
     pause_call,
+    progress_call,
     propagate_call,
     purge_call,
     reap_call,
@@ -174,6 +175,7 @@ def sample_calls() -> dict[str, Call]:
         "expire": expire_call(keys),
         "amend": amend_call(keys, "a", priority=1),
         "pause": pause_call(keys, "pause", "a"),
+        "progress": progress_call(keys, claim, 0.5, "half", b"\x01"),
     }
 
 
@@ -490,6 +492,7 @@ PUBLISHED_WORDS = {
     "ready": "'ready' on the channel",
     "cancel": "'cancel <version> <id>' on wake",
     "ended": "'<state> <id>' on ended",
+    "progress": "'progress <id>' on ended",
 }
 
 
@@ -499,7 +502,9 @@ def can_publish(code: str) -> set[str]:
     calls = re.findall(r"(?<!function )\bpublish\(([^,]+),\s*([^)]*)", reachable_code(code)[1])
     kinds = set()
     for channel, message in calls:
-        if channel.strip() == "k.ended":
+        if channel.strip() == "k.ended" and message.strip().startswith("'progress "):
+            kinds.add("progress")
+        elif channel.strip() == "k.ended":
             kinds.add("ended")
         elif channel.strip() == "k.wake" and "'cancel" in message:
             kinds.add("cancel")
@@ -617,6 +622,7 @@ def lifecycle(s: Scheduler) -> None:
     a, b = s.ready(2, "w")
     assert (a.task_id, b.task_id) == ("a", "b")
     assert s.heartbeat(a) is False
+    assert s.report_progress(a, 0.5, "half") is Outcome.APPLIED
     assert s.fail(a, "first try") is Outcome.APPLIED
     a2 = s.next("w")
     assert isinstance(a2, Claim) and a2.attempt == 2
@@ -912,6 +918,7 @@ NEVER_PROPAGATE = {
     "fairness",
     "amend",
     "pause",
+    "progress",
 }
 
 
@@ -1210,7 +1217,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     listed = (
         "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
         "retry add_deps purge forget compact leave recur fire order expire fairness "
-        "amend pause"
+        "amend pause progress"
     )
     order = listed.split(" ")
     assert tuple(order) == SCRIPT_NAMES

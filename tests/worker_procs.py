@@ -9,7 +9,9 @@
     Runs a ``Worker`` on the main thread (so SIGTERM/SIGINT trigger its
     shutdown) until signalled, then prints a JSON summary line. Functions:
     ``sleep(seconds, mark)`` counts live executions across the fleet in Redis;
-    ``held(mark)`` never gets past its pool thread before shutdown releases it.
+    ``held(mark)`` never gets past its pool thread before shutdown releases it;
+    ``steps(n, stall_after)`` does n steps from its checkpoint on, noting each
+    (``attempt:step``) in Redis, and its first attempt stalls after ``stall_after``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import redis
 
-from distsched import Scheduler, Worker
+from distsched import Scheduler, Worker, current_task
 from distsched.worker import Job
 from distsched.worker.execution import ThreadPool
 
@@ -36,6 +38,11 @@ def live_key(namespace: str) -> str:
 
 def started_key(namespace: str, mark: str) -> str:
     return f"test:{namespace}:started:{mark}"
+
+
+def steps_key(namespace: str) -> str:
+    """The steps ``steps`` did, ``attempt:step`` in the order done, across the fleet."""
+    return f"test:{namespace}:steps"
 
 
 def claim_main(url: str, namespace: str) -> int:
@@ -112,7 +119,20 @@ def worker_main(url: str, namespace: str, concurrency: int, lease_s: float) -> i
     def held(mark: str = "held") -> None:
         client.incr(started_key(namespace, mark))
 
-    worker = HoldingWorker(s, {"sleep": sleep, "held": held}, concurrency=concurrency, grace=10.0)
+    def steps(n: int, stall_after: int) -> int:
+        ctx = current_task()
+        first = ctx.checkpoint or 0
+        for i in range(first, n):
+            client.rpush(steps_key(namespace), f"{ctx.attempt}:{i}")
+            ctx.save_checkpoint(i + 1)
+            ctx.report_progress((i + 1) / n, f"step {i + 1} of {n}")
+            if ctx.attempt == 1 and i + 1 == stall_after:
+                time.sleep(60)  # the test kills the process here
+        return n - first
+
+    worker = HoldingWorker(
+        s, {"sleep": sleep, "held": held, "steps": steps}, concurrency=concurrency, grace=10.0
+    )
     print("started", flush=True)
     try:
         worker.run()

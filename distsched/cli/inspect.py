@@ -29,6 +29,7 @@ from distsched.text import (
     json_line,
     jsonable,
     preview,
+    progress_text,
     relative,
     show,
 )
@@ -93,6 +94,7 @@ def _status_lines(
         ("worker", show(info.worker, id_limit) if info.worker else "-"),
         ("lease_deadline", lease),
         ("updated_at", relative(info.updated_at, server_now)),
+        ("progress", progress_text(info.progress, server_now, id_limit)),
         ("error", _error_value(info.error, limit)),
         ("result", "-" if info.result is None else js(info.result)),
         ("deps", ids(info.deps)),

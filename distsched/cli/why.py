@@ -9,7 +9,15 @@ import click
 from distsched import views
 from distsched.cli.common import connect, task_named
 from distsched.model import Explanation, Reason, State
-from distsched.text import CUT_CHARS, escape, json_line, jsonable, relative, show
+from distsched.text import (
+    CUT_CHARS,
+    escape,
+    json_line,
+    jsonable,
+    progress_text,
+    relative,
+    show,
+)
 from distsched.times import span
 from distsched.tracebacks import one_line
 
@@ -210,6 +218,8 @@ def _why_lines(exp: Explanation, limit: int | None = CUT_CHARS) -> list[str]:
         lines.append(f"- {SENTENCES.get(reason, _not_queued)(exp, limit)}")
         if reason is Reason.WAITING_ON_DEPS:
             lines += _dep_lines(exp, limit)
+    if exp.progress is not None:
+        lines.append(f"Progress: {progress_text(exp.progress, exp.server_time, limit)}.")
     if not exp.state.terminal and exp.state is not State.RUNNING:
         lines.append(f"{_spent(exp)} spent, {exp.attempts_left} left.")
     return lines

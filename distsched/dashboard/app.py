@@ -43,7 +43,7 @@ from distsched.dashboard.auth import (
 )
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.model import STATS_TOP_KEYS, Change, State, Stats, stage_counts
-from distsched.text import finite_or_none, iso, jsonable
+from distsched.text import finite_or_none, iso, jsonable, progress_text
 
 log = logging.getLogger("distsched.dashboard")
 
@@ -233,7 +233,14 @@ class Dashboard:
             )
 
         return self.render(
-            request, "task.html", page=page, info=page.info, svg=svg, reads=reads, paged=paged
+            request,
+            "task.html",
+            page=page,
+            info=page.info,
+            svg=svg,
+            reads=reads,
+            paged=paged,
+            progress=progress_text(page.info.progress, time.time()),
         )
 
     async def task_text(self, request: Request) -> Response:
@@ -279,6 +286,7 @@ class Dashboard:
             "lease_left": seconds(page.lease_left),
             "reasons": "?" if ex is None else ", ".join(r.value for r in ex.reasons),
             "updated_at": times.relative(info.updated_at, time.time()),
+            "progress": progress_text(info.progress, time.time()),
         }
         return json_response(
             {

@@ -14,7 +14,16 @@ from typing import Any, Protocol
 
 from distsched.errors import NotFoundError
 from distsched.keys import Keys
-from distsched.model import BlockedBy, DepState, Explanation, Order, OrderSetting, Reason, State
+from distsched.model import (
+    BlockedBy,
+    DepState,
+    Explanation,
+    Order,
+    OrderSetting,
+    Progress,
+    Reason,
+    State,
+)
 from distsched.ops.protocol import Op
 from distsched.validate import validate_task_id
 from distsched.wire.payload import READ_DEPTH, _bytes, _text, decode_payload_trace
@@ -30,6 +39,7 @@ from distsched.wire.records import (
     decode_deps_list,
     decode_order,
     decode_paused,
+    decode_progress,
     decode_record,
     fair_delayed_member,
     fair_entries,
@@ -81,6 +91,7 @@ class _Task:
     lease: Any
     paused_at: float | None = None
     """When the task was paused (``Scheduler.pause_task``), None when it is not."""
+    progress: Progress | None = None
 
     @property
     def now_ms(self) -> int:
@@ -192,6 +203,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         key_next_at=key.next_at,
         updated_at=rec.updated_ms / 1000.0,
         paused_at=task.paused_at,
+        progress=task.progress,
     )
 
 
@@ -202,7 +214,7 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
     # Payloads are bounded by max_payload_bytes; results are read only for a failed
     # task (a succeeded one's result may be large and says nothing here).
     k = ops.keys
-    record_raw, payload, raw_deps, cause, lease, meta, paused = yield from ops.read(
+    record_raw, payload, raw_deps, cause, lease, meta, paused, progress = yield from ops.read(
         ("HGET", k.tasks, task_id),
         ("HGET", k.payloads, task_id),
         ("HGET", k.deps, task_id),
@@ -210,6 +222,7 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
         ("ZSCORE", k.leases, task_id),
         ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms", "fair"),
         ("HGET", k.paused, task_id),
+        ("HGET", k.progress, task_id),
     )
     if record_raw is None:
         raise NotFoundError(task_id)
@@ -233,6 +246,7 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
         root=_root_of(rec, cause),
         lease=lease,
         paused_at=decode_paused(paused, rec.state, rec.version),
+        progress=decode_progress(progress, rec.version),
     )
 
 

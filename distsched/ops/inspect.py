@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
-from distsched.errors import InvalidArgument, ScriptError, Timeout
+from distsched.errors import InvalidArgument, NotFoundError, ScriptError, Timeout
 from distsched.model import (
     STATS_TOP_KEYS,
     BlockedBy,
+    Claim,
     Explanation,
     KeyInfo,
     KeyLoad,
     MinuteCount,
     OrderSetting,
     Overview,
+    Progress,
     State,
     Stats,
     TaskInfo,
@@ -35,12 +38,14 @@ from distsched.validate import (
     validate_wait_timeout,
 )
 from distsched.wire.calls import MINUTES_KEEP, SERVER_TIME_LUA, _key_reads, status_reads
-from distsched.wire.payload import _bytes, _text
+from distsched.wire.payload import _bytes, _text, decode_value
 from distsched.wire.records import (
     _count_or_none,
+    checkpoint_bytes,
     decode_dependents,
     decode_order,
     decode_payload_limit,
+    decode_progress,
     decode_record,
     decode_worker,
     edge_range,
@@ -66,6 +71,19 @@ SCHEDULED_FAIR_KEYS = 100
 SCHEDULED_SCAN = 100
 # The largest due time a fairq member holds (FAIR_DUE_MAX in lua/lib/fair.lua).
 FAIR_DUE_MAX = 2**52 - 1
+
+
+class _ProgressSeen:
+    """A wait's progress callback, called once per progress it has not seen yet."""
+
+    def __init__(self, callback: Callable[[Progress], object] | None) -> None:
+        self.callback = callback
+        self.last: Progress | None = None
+
+    def check(self, info: TaskInfo) -> None:
+        if self.callback is not None and info.progress is not None and info.progress != self.last:
+            self.last = info.progress
+            self.callback(info.progress)
 
 
 class Inspect(Listing):
@@ -96,9 +114,18 @@ class Inspect(Listing):
         reads: list[tuple[Any, ...]] = [("HGET", key, task_id) for key in status_reads(k)]
         reads.append(("ZSCORE", k.leases, task_id))
         reads.append(("ZRANGEBYLEX", k.edges, *edge_range(task_id)))
-        record, payload, result, deps, cause, history, paused, lease, edges = yield from self.read(
-            *reads
-        )
+        (
+            record,
+            payload,
+            result,
+            deps,
+            cause,
+            history,
+            paused,
+            progress,
+            lease,
+            edges,
+        ) = yield from self.read(*reads)
         blocked_by = None
         if cause:
             walk = blocked_path(task_id, cause)
@@ -122,10 +149,17 @@ class Inspect(Listing):
             blocked_by,
             history,
             paused,
+            progress,
         )
 
     @route.by_id("task_id")
-    def wait(self, task_id: str, timeout: object, handle: Any) -> Op[TaskInfo]:
+    def wait(
+        self,
+        task_id: str,
+        timeout: object,
+        handle: Any,
+        on_progress: Callable[[Progress], object] | None = None,
+    ) -> Op[TaskInfo]:
         """The task's ``TaskInfo`` once it is terminal; ``Timeout`` after ``timeout``
         seconds (server clock); ``NotFoundError`` for an unknown id.
 
@@ -134,12 +168,20 @@ class Inspect(Listing):
         state is read again, so a task that ends in between still finds the entry and
         is announced on ``ended``; then the op listens (``Listen``), reads again on
         each notice, and registers and reads again at the latest every ``WAIT_REFRESH_S``.
+
+        ``on_progress`` is called with each new ``Progress`` a read finds while the task
+        has not ended (lua/progress.lua announces each report on ``ended`` while the id
+        is in ``waits``, so a report wakes the wait as an end does).
         """
         validate_task_id(task_id)
         limit = validate_wait_timeout(timeout)
+        if on_progress is not None and not callable(on_progress):
+            raise InvalidArgument("on_progress", "must be callable or None")
         info = yield from self.status(task_id)
         if info.state.terminal:
             return info
+        seen = _ProgressSeen(on_progress)
+        seen.check(info)
         deadline: float | None = None
         while True:
             now = yield from self.server_time()
@@ -153,19 +195,50 @@ class Inspect(Listing):
             info = yield from self.status(task_id)
             if info.state.terminal:
                 return info
+            seen.check(info)
             if left is not None and left <= 0:
                 raise Timeout(task_id, float(limit or 0.0))
             if (yield Listen(handle, span)):
                 # Told: the script that ended it removed the entry; read before adding
-                # one again, which would then only expire.
+                # one again, which would then only expire. (A progress notice leaves
+                # the entry: adding it again changes nothing.)
                 info = yield from self.status(task_id)
                 if info.state.terminal:
                     return info
+                seen.check(info)
 
     @route.by_id("task_id")
-    def result(self, task_id: str, timeout: object, handle: Any) -> Op[Any]:
+    def progress(self, task_id: str) -> Op[Progress | None]:
+        """The last progress of ``task_id``'s current version, None when it reported
+        none; ``NotFoundError`` for an unknown id."""
+        validate_task_id(task_id)
+        record, raw = yield from self.read(
+            ("HGET", self.keys.tasks, task_id), ("HGET", self.keys.progress, task_id)
+        )
+        if record is None:
+            raise NotFoundError(task_id)
+        return decode_progress(raw, decode_record(record, task_id).version)
+
+    @route.by_id("claim", route.task_id_of)
+    def checkpoint(self, claim: Claim) -> Op[Any]:
+        """The last checkpoint saved by an attempt of ``claim``'s version (None: none)."""
+        if not isinstance(claim, Claim):
+            raise InvalidArgument("claim", f"must be a Claim, got {type(claim).__name__}")
+        validate_task_id(claim.task_id, "claim")
+        (raw,) = yield from self.read(("HGET", self.keys.checkpoints, claim.task_id))
+        stored = checkpoint_bytes(raw, claim.version)
+        return None if stored is None else decode_value(stored)
+
+    @route.by_id("task_id")
+    def result(
+        self,
+        task_id: str,
+        timeout: object,
+        handle: Any,
+        on_progress: Callable[[Progress], object] | None = None,
+    ) -> Op[Any]:
         """``wait``, then the result of a succeeded task or the error of any other end."""
-        info = yield from self.wait(task_id, timeout, handle)
+        info = yield from self.wait(task_id, timeout, handle, on_progress)
         return task_result(info)
 
     @route.by_id("task_id")

@@ -44,6 +44,7 @@ from distsched.wire.calls import (
     compact_call,
     complete_call,
     confirm_cancel_call,
+    encode_checkpoint,
     expire_call,
     fail_call,
     forget_call,
@@ -51,6 +52,7 @@ from distsched.wire.calls import (
     pause_call,
     payload_weights,
     placed_in_parts,
+    progress_call,
     purge_call,
     reap_call,
     release_call,
@@ -286,6 +288,18 @@ class Runtime(Inspect):
     @route.by_id("claim", route.task_id_of)
     def confirm_cancel(self, claim: Claim) -> Op[Outcome]:
         (outcome,) = yield from self.run(confirm_cancel_call(self.keys, claim))
+        return Outcome(_text(outcome))
+
+    @route.by_id("claim", route.task_id_of)
+    def report_progress(self, claim: Claim, fraction: object, note: object) -> Op[Outcome]:
+        call = progress_call(self.keys, claim, fraction, note)
+        (outcome,) = yield from self.run(call)
+        return Outcome(_text(outcome))
+
+    @route.by_id("claim", route.task_id_of)
+    def save_checkpoint(self, claim: Claim, value: object) -> Op[Outcome]:
+        call = progress_call(self.keys, claim, checkpoint=encode_checkpoint(value))
+        (outcome,) = yield from self.run(call)
         return Outcome(_text(outcome))
 
     @route.every(merge=route.total)

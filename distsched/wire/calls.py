@@ -35,6 +35,8 @@ from distsched.validate import (
     timeout_ms,
     validate_deps,
     validate_fair_key,
+    validate_fraction,
+    validate_note,
     validate_task_id,
     validate_worker_id,
 )
@@ -360,6 +362,48 @@ def _token_values(claims: Sequence[Claim]) -> list[Any]:
     return values
 
 
+def progress_call(
+    keys: Keys,
+    claim: Claim,
+    fraction: object = None,
+    note: object = "",
+    checkpoint: bytes | None = None,
+) -> Call:
+    """The progress script's call for ``claim``'s attempt: a progress report (``fraction``
+    not None, with ``note``) and/or a checkpoint (``checkpoint`` not None: its msgpack
+    bytes, b"" to clear it)."""
+    token = _token_values([claim])
+    note = validate_note(note)
+    if fraction is None:
+        if note:
+            raise InvalidArgument("note", "must come with a fraction")
+        if checkpoint is None:
+            raise InvalidArgument("fraction", "a fraction or a checkpoint is needed")
+        fraction_text = ""
+    else:
+        fraction_text = format(validate_fraction(fraction), ".17g")
+    args: list[Any] = [*token, fraction_text, note]
+    if checkpoint is None:
+        args.append("0")
+    else:
+        if len(checkpoint) > limits.MAX_CHECKPOINT_BYTES:
+            raise InvalidArgument(
+                "checkpoint",
+                f"must be at most {limits.MAX_CHECKPOINT_BYTES} bytes as msgpack "
+                f"(MAX_CHECKPOINT_BYTES), got {len(checkpoint)}",
+            )
+        args += ["1", checkpoint]
+    return Call("progress", keys.for_script("progress"), args)
+
+
+def encode_checkpoint(value: object) -> bytes:
+    """A checkpoint value as stored: msgpack, like a result (b"" for None)."""
+    try:
+        return encode_result(value)
+    except InvalidArgument as exc:
+        raise InvalidArgument("checkpoint", str(exc).partition(": ")[2]) from None
+
+
 def heartbeat_call(keys: Keys, claims: Sequence[Claim], lease_ms: int) -> Call:
     return Call(
         "heartbeat", keys.for_script("heartbeat"), [lease_ms, len(claims), *_token_values(claims)]
@@ -529,6 +573,7 @@ def status_reads(keys: Keys) -> list[str]:
         keys.blocked,
         keys.history,
         keys.paused,
+        keys.progress,
     ]
 
 

@@ -12,6 +12,8 @@ members the client looks up, builds them the way the scripts do):
 - the kept claim of a claim request: ``lua/lib/kept.lua``;
 - worker entries (``workers`` hash): written by the client (``encode_worker``) and
   removed by ``lua/leave.lua``;
+- a running version's progress (``progress`` hash) and checkpoint (``checkpoints``):
+  ``lua/progress.lua``;
 - namespace settings (order, aging, payload limit) in ``meta`` and key rates in
   ``fair``: ``lua/order.lua``, ``lua/lib/payload.lua``, ``lua/fairness.lua``.
 
@@ -30,7 +32,15 @@ import msgpack
 
 from distsched import limits
 from distsched.errors import InvalidArgument, ScriptError
-from distsched.model import WORKER_ALIVE_BEATS, AttemptInfo, Order, OrderSetting, State, WorkerInfo
+from distsched.model import (
+    WORKER_ALIVE_BEATS,
+    AttemptInfo,
+    Order,
+    OrderSetting,
+    Progress,
+    State,
+    WorkerInfo,
+)
 from distsched.tracebacks import exception_line
 from distsched.validate import MAX_MS, PRIORITY_MAX, PRIORITY_MIN
 from distsched.wire.payload import _bytes, _text
@@ -606,3 +616,41 @@ def decode_paused(raw: Any, state: State, version: int) -> float | None:
     if len(fields) != 2 or not all(f.isdigit() for f in fields) or int(fields[0]) != version:
         return None
     return int(fields[1]) / 1000.0
+
+
+_PROGRESS = re.compile(rb"^(\d{1,17}) (\d{1,17}) (\d{1,17}) (\S+) (\S+) (.*)$", re.S)
+
+
+def decode_progress(raw: bytes | None, version: int) -> Progress | None:
+    """The progress entry of version ``version`` of a task (lua/progress.lua), None when
+    there is none, it belongs to another version, or it does not parse:
+    ``<version> <attempt> <updated ms> <fraction|-> <checkpoint bytes|-> <note>``."""
+    if not raw:
+        return None
+    m = _PROGRESS.match(raw)
+    if m is None or int(m[1]) != version:
+        return None
+    try:
+        fraction = None if m[4] == b"-" else float(m[4])
+        size = None if m[5] == b"-" else int(m[5])
+    except ValueError:
+        return None
+    if fraction is not None and not 0.0 <= fraction <= 1.0:
+        return None
+    return Progress(
+        version=version,
+        attempt=int(m[2]),
+        fraction=fraction,
+        note=m[6].decode("utf-8", "replace"),
+        updated_at=int(m[3]) / 1000.0,
+        checkpoint_bytes=size,
+    )
+
+
+def checkpoint_bytes(raw: bytes | None, version: int) -> bytes | None:
+    """The msgpack bytes of version ``version``'s checkpoint (lua/progress.lua): the
+    stored entry is 14 hex digits of its version, then the value; None when there is
+    none, it belongs to another version, or it is empty (cleared)."""
+    if not raw or len(raw) <= 14 or raw[:14] != b"%014x" % version:
+        return None
+    return raw[14:]

@@ -61,6 +61,7 @@ from distsched.wire.records import (
     decode_history,
     decode_order,
     decode_paused,
+    decode_progress,
     decode_record,
     state_index_member,
 )
@@ -193,6 +194,7 @@ def decode_status(
     blocked_by: BlockedBy | None = None,
     raw_history: Any = None,
     raw_paused: Any = None,
+    raw_progress: Any = None,
 ) -> TaskInfo:
     if raw_record is None:
         raise NotFoundError(task_id)
@@ -254,6 +256,7 @@ def decode_status(
         timeout=limit,
         paused=paused_at is not None,
         paused_at=paused_at,
+        progress=decode_progress(raw_progress, rec.version),
     )
 
 
@@ -418,7 +421,8 @@ def task_result(info: TaskInfo) -> Any:
 
 
 def decode_ended(data: bytes | str) -> str | None:
-    """The task id of a notice on the ``ended`` channel (``<state> <id>``), or None."""
+    """The task id of a notice on the ``ended`` channel (``<state> <id>``, or
+    ``progress <id>`` from lua/progress.lua), or None."""
     raw = _bytes(data)
     _, sep, task_id = raw.partition(b" ")
     if not sep:

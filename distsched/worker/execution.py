@@ -278,6 +278,7 @@ class Runner:
         if not self.slots.begin(job):
             return
         fn = self.functions[job.claim.fn]
+        job.ctx._link = self.reporter.link
         token = _set_current(job.ctx)
         try:
             started = self._started(job)
@@ -303,6 +304,7 @@ class Runner:
             return
         fn = self.functions[job.claim.fn]
         job.ctx._bind_loop(loop)
+        job.ctx._link = self.reporter.link
         _set_current(job.ctx)  # this asyncio task's own context: nothing to reset
         started = self._started(job)
         watch = self._watch(job, asyncio.current_task(), loop)

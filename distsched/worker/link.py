@@ -1,7 +1,8 @@
 """What the bundled worker asks of a namespace beyond the public scheduler API.
 
-Pre-encoded completions, lost claim replies, the worker registry, and where wake-ups
-travel: a worker needs them, an application does not, so they live here rather than on
+Pre-encoded completions, lost claim replies, the worker registry, where wake-ups
+travel, and the progress and checkpoints of the functions it runs: a worker needs
+them, an application does not, so they live here rather than on
 :class:`~distsched.client.Scheduler`. The link drives the same operations as the
 scheduler, over the scheduler's connection and stripes.
 """
@@ -35,6 +36,18 @@ class WorkerLink:
         """``complete_many`` with results already msgpack-encoded (b"" for none)."""
         s = self.scheduler
         return s._drive(s._ops.call(Ops.complete_many, reports, encoded=True))
+
+    def report_progress(self, claim: Claim, fraction: float, note: str) -> Outcome:
+        """A running function's progress report (``current_task().report_progress``)."""
+        return self.scheduler.report_progress(claim, fraction, note)
+
+    def save_checkpoint(self, claim: Claim, value: object) -> Outcome:
+        """A running function's checkpoint (``current_task().save_checkpoint``)."""
+        return self.scheduler.save_checkpoint(claim, value)
+
+    def checkpoint(self, claim: Claim) -> Any:
+        """The checkpoint of ``claim``'s version (``current_task().checkpoint``)."""
+        return self.scheduler.checkpoint(claim)
 
     def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
         """Hand back, without spending an attempt, what the claim call ``request_id`` of

@@ -4,7 +4,8 @@
 
 -- Remove terminal task id (t: its record, or nil for one that cannot be read): the
 -- record and its index member, payload, result, applied tokens, history, dependency
--- list, debounce burst, pause entry, fairness key, block cause and every edge to or from it. Its
+-- list, debounce burst, pause entry, fairness key, progress, checkpoint, block cause and
+-- every edge to or from it. Its
 -- dependents keep their own records; a later dependency on the id is an unknown dependency.
 local function remove_task(c, id, t)
   if t then count_move(c, t.state, nil) end
@@ -22,5 +23,7 @@ local function remove_task(c, id, t)
   redis.call('HDEL', k.history, id)
   redis.call('HDEL', k.debounce, id)
   redis.call('HDEL', k.paused, id)
+  redis.call('HDEL', k.progress, id)
+  redis.call('HDEL', k.checkpoints, id)
   redis.call('ZREM', k.finished, id)
 end

@@ -25,6 +25,10 @@ local MAX_CLAIM_REPLY_BYTES = 2097152
 local MAX_REPORTS_PER_CALL = 128
 -- An error text stored by fail.lua.
 local MAX_ERROR_BYTES = 4096
+-- A running task's progress note (progress.lua), in bytes of UTF-8.
+local MAX_PROGRESS_NOTE_BYTES = 200
+-- A running task's checkpoint (progress.lua), in bytes as stored (msgpack).
+local MAX_CHECKPOINT_BYTES = 65536
 -- A worker id (and a claim's request id and wake channel, stored with it).
 local MAX_WORKER_ID_BYTES = 256
 -- A namespace's payload limit while none is stored (meta payload_max), and the most it
