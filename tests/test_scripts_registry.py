@@ -44,6 +44,7 @@ from distsched.wire.calls import (
     compact_call,
     complete_call,
     confirm_cancel_call,
+    dep_results_call,
     expire_call,
     fail_call,
     fairness_call,
@@ -170,6 +171,7 @@ def sample_calls() -> dict[str, Call]:
         "order": order_call(keys, model.Order.PRIORITY, 1000),
         "fairness": fairness_call(keys, "key", "tenant", 3, 2),
         "expire": expire_call(keys),
+        "dep_results": dep_results_call(keys, "a"),
     }
 
 
@@ -648,6 +650,7 @@ def lifecycle(s: Scheduler) -> None:
     s.submit("g", fn="f", deps=["d"])
     s.add_deps("g", ["c"])  # c is cancelled: g is blocked at once
     assert s.status("g").state is State.BLOCKED
+    assert list(s.dependency_results("g")) == ["d", "c"]
     assert s.retry("c", cascade=True) > 0
     assert s.status("g").state is State.PENDING
     assert s.settle() == 0
@@ -893,7 +896,17 @@ class RecordingScheduler(Scheduler):
         return reply
 
 
-NEVER_PROPAGATE = {"heartbeat", "purge", "forget", "compact", "leave", "recur", "order", "fairness"}
+NEVER_PROPAGATE = {
+    "heartbeat",
+    "purge",
+    "forget",
+    "compact",
+    "leave",
+    "recur",
+    "order",
+    "fairness",
+    "dep_results",
+}
 
 
 def test_every_reply_opens_with_the_number_of_propagation_jobs_left(
@@ -1148,8 +1161,20 @@ def test_every_error_code_a_script_raises_is_one_the_client_translates() -> None
     codes = set()
     for text in [*script_files().values(), *library_files().values()]:
         codes.update(re.findall(r"err = '([A-Z]+) ", strip_comments(text)))
-    assert codes == {"BADARG", "BUSY", "CONFLICT", "CORRUPT", "CYCLE", "NOTFOUND", "UNKNOWN"}
+    assert codes == {
+        "BADARG",
+        "BUSY",
+        "CONFLICT",
+        "CORRUPT",
+        "CYCLE",
+        "NOTDEP",
+        "NOTFOUND",
+        "TOOBIG",
+        "UNKNOWN",
+    }
     samples = {
+        "NOTDEP": "NOTDEP 61 62",
+        "TOOBIG": "TOOBIG deps 1001 61",
         "BADARG": "BADARG n must be an integer",
         "BUSY": "BUSY a",
         "CONFLICT": "CONFLICT running a",
@@ -1190,7 +1215,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     """lua/README.md, "As Redis Functions": rebuilt here from the files and that page."""
     listed = (
         "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
-        "retry add_deps purge forget compact leave recur fire order expire fairness"
+        "retry add_deps purge forget compact leave recur fire order expire fairness dep_results"
     )
     order = listed.split(" ")
     assert tuple(order) == SCRIPT_NAMES

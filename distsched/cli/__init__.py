@@ -189,6 +189,7 @@ COMMANDS: list[click.Command] = [
     tasks.cancel,
     inspect.status,
     inspect.graph,
+    inspect.dep_results,
     why.why,
     namespace.stats,
     namespace.retention,

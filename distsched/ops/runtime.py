@@ -7,7 +7,17 @@ from dataclasses import replace
 
 from distsched import limits
 from distsched.errors import ConflictError, InvalidArgument, LeaseLostError
-from distsched.model import Admitted, Chores, Claim, Outcome, State, TaskSpec, Wait, WorkerInfo
+from distsched.model import (
+    Admitted,
+    Chores,
+    Claim,
+    DependencyResult,
+    Outcome,
+    State,
+    TaskSpec,
+    Wait,
+    WorkerInfo,
+)
 from distsched.ops import merges
 from distsched.ops import routing as route
 from distsched.ops.inspect import Inspect
@@ -33,6 +43,7 @@ from distsched.wire.calls import (
     compact_call,
     complete_call,
     confirm_cancel_call,
+    dep_results_call,
     expire_call,
     fail_call,
     forget_call,
@@ -49,7 +60,12 @@ from distsched.wire.calls import (
 )
 from distsched.wire.payload import _text
 from distsched.wire.records import _count_or_none, _minute_of, decode_kept_claim, encode_worker
-from distsched.wire.replies import decode_claim_reply, decode_outcomes, decode_schedule_reply
+from distsched.wire.replies import (
+    decode_claim_reply,
+    decode_dep_results,
+    decode_outcomes,
+    decode_schedule_reply,
+)
 
 # A batch of reports is checked whole, on stripe 0, before any part of it is sent to its
 # stripe: a bad item refuses all of it, as in an unstriped namespace.
@@ -172,6 +188,15 @@ class Runtime(Inspect):
     @route.striped
     def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool) -> Op[None]:
         yield from self.run(add_deps_call(self.keys, task_id, deps, allow_unknown))
+
+    @route.by_id("task_id")
+    def dependency_results(
+        self, task_id: str, ids: Sequence[str] | None = None, version: int | None = None
+    ) -> Op[dict[str, DependencyResult]]:
+        """What ``task_id``'s dependencies (all, or ``ids``) hold now, in one bounded
+        read (lua/dep_results.lua); ``version`` fences it to a running attempt's version."""
+        values = yield from self.run(dep_results_call(self.keys, task_id, ids, version))
+        return decode_dep_results(values)[1]
 
     # -------------------------------------------------------------- workers
 
