@@ -7,6 +7,7 @@ and operators read the same through the scheduler. The bounds are in
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -24,6 +25,8 @@ from distsched import (
 )
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.worker.link import WorkerLink
+from tests.conftest import RedisServer
+from tests.test_cli import assert_one_line_error, invoke
 
 
 def run_by_hand(s: Scheduler, outcomes: dict[str, Any]) -> None:
@@ -192,3 +195,30 @@ def test_a_context_outside_a_worker_says_it_cannot_read(scheduler: Scheduler) ->
         from distsched.wire.replies import dependency_value
 
         dependency_value(DependencyResult("x", False, State.READY, 3))
+
+
+def test_the_dep_results_command_prints_each_dependency_and_refuses_a_stranger(
+    redis_server: RedisServer, scheduler: Scheduler
+) -> None:
+    diamond(scheduler)
+    run_by_hand(scheduler, {"a": {"n": 1}, "b": [1, 2], "c": ValueError("c broke")})
+    shown = invoke(redis_server, scheduler.namespace, "dep-results", "join")
+    assert shown.exit_code == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["a", "b", "c [optional]"]
+    assert lines[0].startswith("a: succeeded (version ") and lines[0].endswith(' {"n": 1}')
+    assert lines[2].startswith("c [optional]: failed") and "ValueError: c broke" in lines[2]
+    as_json = invoke(
+        redis_server, scheduler.namespace, "dep-results", "join", "--id", "b", "--json"
+    )
+    [entry] = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert entry == {
+        "id": "b",
+        "optional": False,
+        "state": "succeeded",
+        "version": entry["version"],
+        "result": [1, 2],
+        "error": None,
+    }
+    refused = invoke(redis_server, scheduler.namespace, "dep-results", "join", "--id", "zz")
+    assert_one_line_error(refused, "'zz' is not a dependency of task 'join'")
