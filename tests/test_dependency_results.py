@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import pytest
+from markupsafe import escape
 
 from distsched import (
     DependencyResult,
@@ -25,7 +26,7 @@ from distsched import (
 )
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.worker.link import WorkerLink
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, require_extra
 from tests.test_cli import assert_one_line_error, invoke
 
 
@@ -222,3 +223,22 @@ def test_the_dep_results_command_prints_each_dependency_and_refuses_a_stranger(
     }
     refused = invoke(redis_server, scheduler.namespace, "dep-results", "join", "--id", "zz")
     assert_one_line_error(refused, "'zz' is not a dependency of task 'join'")
+
+
+def test_the_task_page_shows_what_its_dependencies_hold_as_text(scheduler: Scheduler) -> None:
+    testclient = require_extra("starlette.testclient")
+    require_extra("jinja2")
+    from distsched.dashboard import create_app
+
+    diamond(scheduler)
+    hostile = "<img src=x onerror=alert(1)>"
+    run_by_hand(scheduler, {"a": hostile, "b": [1, 2], "c": ValueError("c <b>broke</b>")})
+    with testclient.TestClient(create_app(scheduler)) as client:
+        page = client.get("/task", params={"id": "join"}).text
+        section = page.split('id="dep-results"')[1].split("</table>")[0]
+        assert section.count("<tr>") == 3
+        assert "<img src=x" not in page and escape(f'"{hostile}"') in section
+        assert "succeeded: <code>[1, 2]</code>" in section
+        assert "(optional)" in section and escape("ValueError: c <b>broke</b>") in section
+        # A task without dependencies has no such section.
+        assert 'id="dep-results"' not in client.get("/task", params={"id": "a"}).text
