@@ -20,6 +20,7 @@ from distsched import (
     Scheduler,
     State,
     TaskFailed,
+    Tasks,
     TaskSpec,
     Worker,
     current_task,
@@ -242,3 +243,29 @@ def test_the_task_page_shows_what_its_dependencies_hold_as_text(scheduler: Sched
         assert "(optional)" in section and escape("ValueError: c <b>broke</b>") in section
         # A task without dependencies has no such section.
         assert 'id="dep-results"' not in client.get("/task", params={"id": "a"}).text
+
+
+typed = Tasks()
+
+
+@typed.task()
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+@typed.task()
+def longest(first: str, second: str) -> str:
+    counts = {dep: word_count.dependency_result(dep) for dep in (first, second)}
+    return max(counts, key=lambda dep: counts[dep])
+
+
+def test_a_typed_task_reads_a_dependencys_result_through_its_handle(scheduler: Scheduler) -> None:
+    typed.bind(scheduler)
+    try:
+        word_count.schedule("short", "one two")
+        word_count.schedule("long", "one two three four")
+        longest.options(deps=["short", "long"]).schedule("pick", "short", "long")
+        Worker(scheduler, typed, concurrency=2).run_until_idle()
+        assert longest.result("pick", timeout=5) == "long"
+    finally:
+        typed.bind(None)
