@@ -219,6 +219,12 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.add_deps`."""
         return await self._drive(self._ops.add_deps(task_id, deps, allow_unknown))
 
+    async def dependency_results(
+        self, task_id: str, ids: Sequence[str] | None = None
+    ) -> dict[str, model.DependencyResult]:
+        """See :meth:`Scheduler.dependency_results`."""
+        return await self._drive(self._ops.call(Ops.dependency_results, task_id, ids))
+
     async def settle(self, budget: int = calls.PROPAGATE_BUDGET) -> int:
         """See :meth:`Scheduler.settle`."""
         return await self._drive(self._ops.call(Ops.settle, budget))

@@ -349,6 +349,22 @@ class Scheduler(BaseScheduler):
         """Add required dependencies to a pending task (``ConflictError`` otherwise)."""
         return self._drive(self._ops.add_deps(task_id, deps, allow_unknown))
 
+    def dependency_results(
+        self, task_id: str, ids: Sequence[str] | None = None
+    ) -> dict[str, model.DependencyResult]:
+        """What ``task_id``'s dependencies hold now, by id, read in one atomic call.
+
+        Every dependency of the task's current version (required and optional, in the
+        order given), or only ``ids``: each entry says the dependency's state, its
+        result when it succeeded, or the error it ended with. One read takes at most
+        ``limits.MAX_DEP_RESULTS`` (1000) dependencies whose results hold at most
+        ``limits.MAX_DEP_RESULT_BYTES`` (2 MiB) together, else
+        ``DependencyResultsTooLarge`` and nothing is read (one id asked alone is read
+        whatever its size). An id that is not a dependency of the task raises
+        ``NotADependencyError``; an unknown task ``NotFoundError``.
+        """
+        return self._drive(self._ops.call(Ops.dependency_results, task_id, ids))
+
     def settle(self, budget: int = calls.PROPAGATE_BUDGET) -> int:
         """Tell waiting dependents about every task that ended, in bounded script calls.
 

@@ -6,13 +6,19 @@ import asyncio
 import contextvars
 import enum
 import threading
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from distsched.errors import Cancelled, LeaseLost
 from distsched.model import Outcome
+from distsched.wire.replies import dependency_value
 
 if TYPE_CHECKING:
-    from distsched.model import Claim
+    from distsched.model import Claim, DependencyResult
+
+# How a context reads its dependencies' results: (task id, version, ids or None for
+# all) -> entries by id. The worker gives each run one (its link to the namespace).
+DependencyReader = Callable[[str, int, "Sequence[str] | None"], "dict[str, DependencyResult]"]
 
 
 class ProgressLink(Protocol):
@@ -62,6 +68,8 @@ class TaskContext:
         # The checkpoint as this run knows it: read at its first use, then what it saved.
         self._checkpoint: Any = None
         self._checkpoint_read = False
+        # Reads the dependencies' results; set by the worker that runs the task.
+        self._dependencies: DependencyReader | None = None
 
     @property
     def task_id(self) -> str:
@@ -207,6 +215,48 @@ class TaskContext:
             raise LeaseLost(
                 f"task {self.task_id!r} attempt {self.attempt} is no longer the running attempt"
             )
+
+    def dependency_results(self, ids: Sequence[str] | None = None) -> dict[str, DependencyResult]:
+        """What this task's dependencies hold now, by id, read in one atomic call.
+
+        Every dependency (required and optional, in the order they were given), or only
+        ``ids``. Each entry (:class:`~distsched.model.DependencyResult`) says the
+        dependency's state and its result when it succeeded, or the error it ended with:
+        an optional dependency that failed is there, marked failed. The result is that
+        of the dependency's current version. One read takes at most 1000 dependencies
+        (``limits.MAX_DEP_RESULTS``) whose results hold at most 2 MiB together
+        (``limits.MAX_DEP_RESULT_BYTES``); beyond either it raises
+        ``DependencyResultsTooLarge`` and reads nothing: read by ``ids`` in parts. An id
+        that is not one of this task's dependencies raises ``NotADependencyError``.
+        """
+        read = self._dependencies
+        if read is None:
+            raise RuntimeError(
+                "this task context has no namespace to read from: "
+                "dependency results are read inside a task run by a distsched Worker"
+            )
+        return read(self.task_id, self.version, None if ids is None else list(ids))
+
+    def dependency_result(self, dep_id: str) -> Any:
+        """The result of dependency ``dep_id`` (read alone, whatever its size).
+
+        Raises ``TaskFailed``, ``TaskCancelled`` or ``TaskBlocked`` when it ended so
+        (an optional dependency may have), ``DependencyUnavailable`` when it has no
+        result now (a new version of it has not ended, or it was purged), and
+        ``NotADependencyError`` when this task does not depend on it.
+        """
+        return dependency_value(self.dependency_results([dep_id])[dep_id])
+
+    async def dependency_results_async(
+        self, ids: Sequence[str] | None = None
+    ) -> dict[str, DependencyResult]:
+        """The ``async def`` flavour of :meth:`dependency_results` (the read runs on a
+        thread, so the event loop goes on meanwhile)."""
+        return await asyncio.to_thread(self.dependency_results, ids)
+
+    async def dependency_result_async(self, dep_id: str) -> Any:
+        """The ``async def`` flavour of :meth:`dependency_result`."""
+        return await asyncio.to_thread(self.dependency_result, dep_id)
 
     @property
     def timeout_error(self) -> str:

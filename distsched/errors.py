@@ -157,3 +157,64 @@ class TaskBlocked(TaskError):
         super().__init__(f"task {task_id!r} is blocked: {because}", task_id, info)
         self.root = root
         self.path = path
+
+
+class NotADependencyError(InvalidArgument):
+    """A task asked for the result of a task it does not depend on.
+
+    A task reads only the results of its own dependencies (those of its current
+    version); ``task_id`` is the task, ``dependency`` the id it asked for.
+    """
+
+    def __init__(self, task_id: str, dependency: str) -> None:
+        super().__init__("ids", f"{dependency!r} is not a dependency of task {task_id!r}")
+        self.task_id = task_id
+        self.dependency = dependency
+
+
+class DependencyResultsTooLarge(DistschedError):
+    """One read of dependency results would be over its bounds; nothing was read.
+
+    ``what`` is ``"deps"`` (the task has more dependencies than one read takes,
+    ``limits.MAX_DEP_RESULTS``) or ``"bytes"`` (the results asked for hold more bytes
+    than one read takes, ``limits.MAX_DEP_RESULT_BYTES``); ``amount`` is how many there
+    are and ``limit`` the bound. Read fewer dependencies by id per call instead.
+    """
+
+    def __init__(self, task_id: str, what: str, amount: int, limit: int) -> None:
+        if what == "deps":
+            detail = (
+                f"task {task_id!r} has {amount} dependencies, more than one read takes "
+                f"({limit}, MAX_DEP_RESULTS): read them by id, at most {limit} per call"
+            )
+        else:
+            detail = (
+                f"the results asked for of task {task_id!r}'s dependencies hold {amount} "
+                f"bytes, more than one read takes ({limit}, MAX_DEP_RESULT_BYTES): read "
+                "fewer of them by id per call"
+            )
+        super().__init__(detail)
+        self.task_id = task_id
+        self.what = what
+        self.amount = amount
+        self.limit = limit
+
+
+class DependencyUnavailable(DistschedError):
+    """A dependency has no result to read: it has not ended (a new version of it runs
+    or waits), or it is gone (purged or forgotten), or its record cannot be read.
+
+    ``dependency`` is its id and ``state`` what it is now (a ``State`` name,
+    ``"missing"`` or ``"corrupt"``).
+    """
+
+    def __init__(self, dependency: str, state: str) -> None:
+        if state == "missing":
+            why = "no longer exists (purged or forgotten)"
+        elif state == "corrupt":
+            why = "has a task record that cannot be read"
+        else:
+            why = f"has no result: its current version is {state}"
+        super().__init__(f"dependency {dependency!r} {why}")
+        self.dependency = dependency
+        self.state = state

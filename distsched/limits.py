@@ -57,3 +57,8 @@ MAX_PAYLOAD_VALUES_PER_CALL = 32768
 MAX_PAYLOAD_DEPTH = 64
 # Pending tasks the cycle check may visit for one call; past it the call is refused.
 MAX_CYCLE_VISITS = 1000
+# Dependencies whose results one ``dep_results`` call reads (a join's whole read), and
+# the bytes of their stored results and errors together: past either the call is refused
+# and reads nothing (one dependency asked alone is read whatever its size).
+MAX_DEP_RESULTS = 1000
+MAX_DEP_RESULT_BYTES = 2 * 1024 * 1024

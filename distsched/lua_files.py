@@ -42,6 +42,7 @@ SCRIPT_NAMES = (
     "amend",
     "pause",
     "progress",
+    "dep_results",
 )
 
 # Every key (and the wake and ended channels) of a namespace, by the name scripts declare

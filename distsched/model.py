@@ -241,6 +241,31 @@ class TaskInfo:
 
 
 @dataclass(frozen=True)
+class DependencyResult:
+    """What one dependency of a task holds now (``Scheduler.dependency_results``,
+    ``TaskContext.dependency_results``).
+
+    ``state`` is the dependency's current state, None when it is gone (purged or
+    forgotten) or its record cannot be read (``error`` then says which); ``version`` is
+    its current version. ``result`` is the decoded result of that version when it
+    succeeded; ``error`` the error text its last attempt stored (a failure, an expiry)
+    or why there is none. ``optional`` says whether the task depends on it optionally.
+    """
+
+    task_id: str
+    optional: bool
+    state: State | None
+    version: int | None
+    result: Any = None
+    error: str | None = None
+
+    @property
+    def succeeded(self) -> bool:
+        """True when the dependency succeeded: ``result`` is its result."""
+        return self.state is State.SUCCEEDED
+
+
+@dataclass(frozen=True)
 class TaskPage:
     """One page of ``Scheduler.tasks``: the tasks, and the cursor of the next page
     (None when there is no more)."""

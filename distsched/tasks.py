@@ -26,6 +26,7 @@ from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, cast, overload
 
+from distsched.context import current_task
 from distsched.errors import DistschedError, InvalidArgument
 from distsched.limits import DEFAULT_MAX_PAYLOAD_BYTES
 from distsched.model import Options, TaskSpec
@@ -102,6 +103,15 @@ class TaskHandle(Generic[P, R]):
     async def result_async(self, task_id: str, timeout: float | None = None) -> R:
         """:meth:`result` through the bound :class:`~distsched.aio.AsyncScheduler`."""
         return cast(R, await self.registry.async_scheduler.result(task_id, timeout))
+
+    def dependency_result(self, dep_id: str) -> R:
+        """Inside a running task: the result of its dependency ``dep_id``, a task of this
+        handle's function, typed (see :meth:`TaskContext.dependency_result`)."""
+        return cast(R, current_task().dependency_result(dep_id))
+
+    async def dependency_result_async(self, dep_id: str) -> R:
+        """The ``async def`` flavour of :meth:`dependency_result`."""
+        return cast(R, await current_task().dependency_result_async(dep_id))
 
     def _options(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return {**self.defaults, "fn": self.name, "args": list(args), "kwargs": kwargs}

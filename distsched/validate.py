@@ -371,6 +371,28 @@ def validate_deps(value: object, field_name: str, task_id: str) -> list[str]:
     return ids
 
 
+def validate_dependency_ids(value: object) -> list[str] | None:
+    """The dependency ids whose results one read asks for (None: every dependency):
+    1 to ``MAX_DEP_RESULTS`` distinct task ids."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidArgument("ids", "must be None or a sequence of task ids")
+    ids = [validate_task_id(dep, "ids") for dep in value]
+    if not ids:
+        raise InvalidArgument("ids", "must name at least one dependency (None reads them all)")
+    if len(ids) > limits.MAX_DEP_RESULTS:
+        raise InvalidArgument(
+            "ids", f"at most {limits.MAX_DEP_RESULTS} ids per read (MAX_DEP_RESULTS)"
+        )
+    seen: set[str] = set()
+    for dep in ids:
+        if dep in seen:
+            raise InvalidArgument("ids", f"{dep!r} is listed twice")
+        seen.add(dep)
+    return ids
+
+
 PURGE_TASKS_MAX = 1000
 
 

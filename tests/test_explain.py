@@ -278,8 +278,8 @@ def test_explain_sends_a_bounded_number_of_point_reads_whatever_the_namespace_ho
     for task_id in ("sink", "queued", "dep-1999"):
         _, commands = recorded(scheduler, scheduler._ops.call(Ops.explain, task_id))
         assert {c[0] for c in commands} <= BOUNDED, commands
-        # 12, and the task's entry of the paused hash.
-        assert len(commands) <= 13
+        # 12, and the task's entries of the paused and progress hashes.
+        assert len(commands) <= 14
         # One HMGET of the shown dependencies at most: its key and EXPLAIN_LIMIT ids.
         assert max(len(c) for c in commands) <= 2 + EXPLAIN_LIMIT
 

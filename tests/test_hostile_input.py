@@ -310,6 +310,10 @@ CALL_CASES = st.one_of(
     st.sampled_from([[], (), ["pend"]]).map(lambda v: ("deps", "add_deps", ("pend", v), {})),
     BAD_BOOL.map(lambda v: ("allow_unknown", "add_deps", ("pend", ["x"]), {"allow_unknown": v})),
     BAD_ID.map(lambda v: ("task_id", "expire_lease", (v,), {})),
+    BAD_ID.map(lambda v: ("task_id", "dependency_results", (v,), {})),
+    st.one_of(BAD_DEPS.filter(lambda v: v is not None), st.just([])).map(
+        lambda v: ("ids", "dependency_results", ("pend", v), {})
+    ),
     st.one_of(st.just(""), NOT_STR, LONE_SURROGATE).map(
         lambda v: ("worker_id", "next", (v,), {})
     ),

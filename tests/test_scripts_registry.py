@@ -45,6 +45,7 @@ from distsched.wire.calls import (
     compact_call,
     complete_call,
     confirm_cancel_call,
+    dep_results_call,
     expire_call,
     fail_call,
     fairness_call,
@@ -176,6 +177,7 @@ def sample_calls() -> dict[str, Call]:
         "amend": amend_call(keys, "a", priority=1),
         "pause": pause_call(keys, "pause", "a"),
         "progress": progress_call(keys, claim, 0.5, "half", b"\x01"),
+        "dep_results": dep_results_call(keys, "a"),
     }
 
 
@@ -658,6 +660,7 @@ def lifecycle(s: Scheduler) -> None:
     s.submit("g", fn="f", deps=["d"])
     s.add_deps("g", ["c"])  # c is cancelled: g is blocked at once
     assert s.status("g").state is State.BLOCKED
+    assert list(s.dependency_results("g")) == ["d", "c"]
     assert s.retry("c", cascade=True) > 0
     assert s.status("g").state is State.PENDING
     assert s.settle() == 0
@@ -919,6 +922,7 @@ NEVER_PROPAGATE = {
     "amend",
     "pause",
     "progress",
+    "dep_results",
 }
 
 
@@ -1174,8 +1178,20 @@ def test_every_error_code_a_script_raises_is_one_the_client_translates() -> None
     codes = set()
     for text in [*script_files().values(), *library_files().values()]:
         codes.update(re.findall(r"err = '([A-Z]+) ", strip_comments(text)))
-    assert codes == {"BADARG", "BUSY", "CONFLICT", "CORRUPT", "CYCLE", "NOTFOUND", "UNKNOWN"}
+    assert codes == {
+        "BADARG",
+        "BUSY",
+        "CONFLICT",
+        "CORRUPT",
+        "CYCLE",
+        "NOTDEP",
+        "NOTFOUND",
+        "TOOBIG",
+        "UNKNOWN",
+    }
     samples = {
+        "NOTDEP": "NOTDEP 61 62",
+        "TOOBIG": "TOOBIG deps 1001 61",
         "BADARG": "BADARG n must be an integer",
         "BUSY": "BUSY a",
         "CONFLICT": "CONFLICT running a",
@@ -1217,7 +1233,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     listed = (
         "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
         "retry add_deps purge forget compact leave recur fire order expire fairness "
-        "amend pause progress"
+        "amend pause progress dep_results"
     )
     order = listed.split(" ")
     assert tuple(order) == SCRIPT_NAMES

@@ -193,6 +193,7 @@ COMMANDS: list[click.Command] = [
     tasks.paused,
     inspect.status,
     inspect.graph,
+    inspect.dep_results,
     why.why,
     namespace.stats,
     namespace.retention,

@@ -1,4 +1,5 @@
-"""Read one task: ``status`` (optionally waiting for its end) and ``graph``."""
+"""Read one task: ``status`` (optionally waiting for its end), ``graph`` and
+``dep-results`` (what its dependencies hold)."""
 
 from __future__ import annotations
 
@@ -242,3 +243,55 @@ def graph(ctx: click.Context, task_id: str, as_json: bool, limit: int, full: boo
         return
     for line in views.render_text(hood, settings_of(ctx).namespace, None if full else CUT_CHARS):
         click.echo(line)
+
+
+@click.command("dep-results")
+@click.argument("task_id", metavar="ID")
+@click.option(
+    "--id",
+    "ids",
+    multiple=True,
+    metavar="DEP",
+    help="Read only this dependency (repeat it); default: every dependency, in one read.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON, one line per dependency.")
+@click.option("--full", is_flag=True, help="Print ids, results and errors whole (not cut).")
+@click.pass_context
+def dep_results(
+    ctx: click.Context, task_id: str, ids: tuple[str, ...], as_json: bool, full: bool
+) -> None:
+    """Show what the dependencies of task ID hold now: state, version, and the
+    result (or the error) of each, as the task reads them (one atomic read of at
+    most 1000 dependencies and 2 MiB of results)."""
+    scheduler = connect(ctx)
+    with task_named(ctx, task_id):
+        entries = scheduler.dependency_results(task_id, list(ids) or None)
+    limit = None if full else PREVIEW_CHARS
+    for dep, entry in entries.items():
+        if as_json:
+            click.echo(
+                json_line(
+                    jsonable(
+                        {
+                            "id": dep,
+                            "optional": entry.optional,
+                            "state": None if entry.state is None else entry.state.value,
+                            "version": entry.version,
+                            "result": entry.result,
+                            "error": entry.error,
+                        }
+                    )
+                )
+            )
+            continue
+        state = "gone" if entry.state is None else entry.state.value
+        kind = " [optional]" if entry.optional else ""
+        shown = views.show_id(dep, None if full else CUT_CHARS)
+        if entry.error is not None:
+            what = _error_value(entry.error, limit)
+        elif entry.succeeded:
+            what = escape(preview(json.dumps(jsonable(entry.result), ensure_ascii=False), limit))
+        else:
+            what = "-"
+        version = "-" if entry.version is None else str(entry.version)
+        click.echo(f"{shown}{kind}: {state} (version {version}) {what}")

@@ -27,8 +27,9 @@ import redis
 
 from distsched import views
 from distsched.client import Scheduler
-from distsched.errors import InvalidArgument, NotFoundError
+from distsched.errors import DependencyResultsTooLarge, InvalidArgument, NotFoundError
 from distsched.model import (
+    DependencyResult,
     Explanation,
     MinuteCount,
     Overview,
@@ -55,6 +56,8 @@ PREVIEW_CHARS = 2000
 SOON_S = 10.0
 # A task page lists dependencies, dependents and attempts a page at a time.
 LIST_PAGE = 100
+# Dependencies whose state and result the task page shows (one bounded read).
+DEP_RESULTS_SHOWN = 20
 ATTEMPTS_PAGE = 20
 # Characters of an id, a function name or a worker id shown before it is cut (the full
 # text has its own link); of an error; of an error summed up on one line; of the end of an
@@ -183,6 +186,8 @@ class TaskDetail:
     hood: views.Neighbourhood
     offsets: Mapping[str, int] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    # What the first DEP_RESULTS_SHOWN dependencies hold, as the task reads them.
+    dep_results: Mapping[str, DependencyResult] = field(default_factory=dict)
 
     @property
     def now(self) -> float:
@@ -286,7 +291,17 @@ def task(
         log.warning("dashboard: no graph around %r", task_id[:SUMMARY_CHARS], exc_info=True)
         problems.append(f"graph: could not be read ({type(exc).__name__})")
         hood = views.Neighbourhood(task_id=task_id, limit=GRAPH_LIMIT, tasks={task_id: info})
-    return TaskDetail(info, explanation, hood, dict(offsets or {}), tuple(problems))
+    shown = [*info.deps, *info.optional_deps][:DEP_RESULTS_SHOWN]
+    results: dict[str, DependencyResult] = {}
+    try:
+        results = scheduler.dependency_results(task_id, shown) if shown else {}
+    except (NotFoundError, redis.RedisError):
+        raise
+    except DependencyResultsTooLarge:
+        problems.append("dependency results: too large to show here (distsched dep-results)")
+    except Exception as exc:  # a new version meanwhile, a result stored by other means
+        problems.append(f"dependency results: could not be read ({type(exc).__name__})")
+    return TaskDetail(info, explanation, hood, dict(offsets or {}), tuple(problems), results)
 
 
 def value_preview(value: Any, limit: int = PREVIEW_CHARS) -> tuple[str, str]:

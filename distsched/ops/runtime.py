@@ -12,6 +12,7 @@ from distsched.model import (
     Changed,
     Chores,
     Claim,
+    DependencyResult,
     Outcome,
     State,
     TaskSpec,
@@ -44,6 +45,7 @@ from distsched.wire.calls import (
     compact_call,
     complete_call,
     confirm_cancel_call,
+    dep_results_call,
     encode_checkpoint,
     expire_call,
     fail_call,
@@ -66,6 +68,7 @@ from distsched.wire.records import _count_or_none, _minute_of, decode_kept_claim
 from distsched.wire.replies import (
     decode_change,
     decode_claim_reply,
+    decode_dep_results,
     decode_outcomes,
     decode_schedule_reply,
 )
@@ -223,6 +226,15 @@ class Runtime(Inspect):
     @route.striped
     def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool) -> Op[None]:
         yield from self.run(add_deps_call(self.keys, task_id, deps, allow_unknown))
+
+    @route.by_id("task_id")
+    def dependency_results(
+        self, task_id: str, ids: Sequence[str] | None = None, version: int | None = None
+    ) -> Op[dict[str, DependencyResult]]:
+        """What ``task_id``'s dependencies (all, or ``ids``) hold now, in one bounded
+        read (lua/dep_results.lua); ``version`` fences it to a running attempt's version."""
+        values = yield from self.run(dep_results_call(self.keys, task_id, ids, version))
+        return decode_dep_results(values)[1]
 
     # -------------------------------------------------------------- workers
 

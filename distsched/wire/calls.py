@@ -33,6 +33,7 @@ from distsched.validate import (
     seconds_to_ms,
     time_argument,
     timeout_ms,
+    validate_dependency_ids,
     validate_deps,
     validate_fair_key,
     validate_fraction,
@@ -539,6 +540,21 @@ def retry_call(keys: Keys, task_id: object, cascade: object) -> Call:
         keys.for_script("retry"),
         [PROPAGATE_BUDGET, validate_task_id(task_id), "1" if cascade else "0"],
     )
+
+
+def dep_results_call(
+    keys: Keys, task_id: object, ids: object = None, version: object = None
+) -> Call:
+    """The dep_results script's call: the results of ``task_id``'s dependencies (all of
+    them, or the ``ids`` given), fenced by ``version`` when given (a running attempt's)."""
+    task_id = validate_task_id(task_id)
+    asked = validate_dependency_ids(ids)
+    if version is not None and (not _is_int(version) or not 1 <= version <= MAX_MS):
+        raise InvalidArgument("version", "must be None or a task version (an integer >= 1)")
+    head = [task_id, "" if version is None else version]
+    if asked is None:
+        return Call("dep_results", keys.for_script("dep_results"), [*head, 0])
+    return Call("dep_results", keys.for_script("dep_results"), [*head, len(asked), *asked])
 
 
 def add_deps_call(

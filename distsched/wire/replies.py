@@ -8,11 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from distsched import limits
 from distsched.errors import (
     BusyError,
     ConflictError,
     CycleError,
+    DependencyResultsTooLarge,
+    DependencyUnavailable,
     InvalidArgument,
+    NotADependencyError,
     NotFoundError,
     PayloadTooLarge,
     ScriptError,
@@ -28,6 +32,7 @@ from distsched.model import (
     Change,
     Changed,
     Claim,
+    DependencyResult,
     Fired,
     KeyInfo,
     Order,
@@ -210,19 +215,7 @@ def decode_status(
         fn, args, kwargs = None, (), {}
     deps_list = decode_deps_list(raw_deps)
     placing = int(bool(deps_list) and deps_list[0][0] == "h")
-    error: str | None = None
-    result: Any = None
-    if raw_result:
-        kind, body = raw_result[:1], raw_result[1:]
-        if kind == b"E":
-            error = body.decode("utf-8", "replace")
-        elif kind == b"R":
-            try:
-                result = decode_value(body)
-            except Exception as exc:
-                error = f"stored result does not decode: {unpack_error(exc)}"
-        else:
-            error = "stored result does not parse"
+    result, error = stored_outcome(raw_result)
     return TaskInfo(
         task_id=task_id,
         state=rec.state,
@@ -347,6 +340,8 @@ def _conflict(rest: str) -> Exception:
         return ConflictError(
             f"task {detail!r} has another version, or its dependencies are all placed"
         )
+    if what == "version":
+        return ConflictError(f"task {detail!r} has another version now")
     if what == "state":
         state, _, task_id = detail.partition(" ")
         return ConflictError(f"task {task_id!r} is {state}")
@@ -385,6 +380,18 @@ def _cycle(rest: str) -> Exception:
     return CycleError(decode_id_list(rest))
 
 
+def _not_a_dependency(rest: str) -> Exception:
+    task_id, dep = decode_id_list(rest)
+    return NotADependencyError(task_id, dep)
+
+
+def _too_big(rest: str) -> Exception:
+    what, amount, hex_task = rest.split(" ")
+    [task_id] = decode_id_list(hex_task)
+    limit = limits.MAX_DEP_RESULTS if what == "deps" else limits.MAX_DEP_RESULT_BYTES
+    return DependencyResultsTooLarge(task_id, what, int(amount), limit)
+
+
 # The error code a script's refusal starts with -> the exception it raises.
 _SCRIPT_ERRORS: dict[str, Callable[[str], Exception]] = {
     "NOTFOUND": _not_found,
@@ -393,6 +400,8 @@ _SCRIPT_ERRORS: dict[str, Callable[[str], Exception]] = {
     "CYCLE": _cycle,
     "UNKNOWN": _unknown_dependency,
     "BADARG": _bad_argument,
+    "NOTDEP": _not_a_dependency,
+    "TOOBIG": _too_big,
 }
 
 
@@ -418,6 +427,75 @@ def task_result(info: TaskInfo) -> Any:
         root = cause.root if cause else None
         raise TaskBlocked(info.task_id, root, cause.path if cause else None, info)
     raise InvalidArgument("info", f"task {info.task_id!r} has not ended ({info.state})")
+
+
+def decode_dep_results(values: Sequence[Any]) -> tuple[int, dict[str, DependencyResult]]:
+    """dep_results.lua's own values: the task's version, and each dependency's entry by
+    id, in the order of the reply (the order the dependencies were given)."""
+    version, count, *rest = values
+    if len(rest) != 5 * int(count):
+        raise ScriptError(f"dep_results: {len(rest)} values for {count} dependencies")
+    entries: dict[str, DependencyResult] = {}
+    for at in range(0, len(rest), 5):
+        raw_id, kind, raw_state, dep_version, stored = rest[at : at + 5]
+        dep = _text(raw_id)
+        entries[dep] = _dependency_entry(
+            dep, _text(kind) == "o", _text(raw_state), int(dep_version), _bytes(stored)
+        )
+    return int(version), entries
+
+
+def _dependency_entry(
+    dep: str, optional: bool, state_name: str, version: int, stored: bytes
+) -> DependencyResult:
+    if state_name in _GONE:
+        return DependencyResult(dep, optional, None, None, None, _GONE[state_name])
+    result, error = stored_outcome(stored)
+    return DependencyResult(dep, optional, State(state_name), version, result, error)
+
+
+# What a dependency entry without a state says, by dep_results.lua's word for it.
+_GONE = {
+    "missing": "no such task (purged or forgotten)",
+    "corrupt": "its task record cannot be read",
+}
+
+
+def stored_outcome(raw: bytes | None) -> tuple[Any, str | None]:
+    """(result, error) of a ``results`` entry: ``R`` + msgpack result, ``E`` + error
+    text; a result that does not decode or an entry that does not parse is an error."""
+    if not raw:
+        return None, None
+    kind, body = raw[:1], raw[1:]
+    if kind == b"E":
+        return None, body.decode("utf-8", "replace")
+    if kind == b"R":
+        try:
+            return decode_value(body), None
+        except Exception as exc:
+            return None, f"stored result does not decode: {unpack_error(exc)}"
+    return None, "stored result does not parse"
+
+
+def dependency_value(entry: DependencyResult) -> Any:
+    """The result of a dependency that succeeded, else the error that says why there is
+    none: ``TaskFailed``, ``TaskCancelled``, ``TaskBlocked`` for one that ended so,
+    ``DependencyUnavailable`` for one that has not ended or is gone."""
+    state = entry.state
+    if state is State.SUCCEEDED:
+        if entry.error is not None:
+            raise ScriptError(f"dependency {entry.task_id!r} succeeded, but {entry.error}")
+        return entry.result
+    if state is State.FAILED:
+        raise TaskFailed(entry.task_id, entry.error)
+    if state is State.CANCELLED:
+        raise TaskCancelled(entry.task_id)
+    if state is State.BLOCKED:
+        raise TaskBlocked(entry.task_id, None, None)
+    if state is None:
+        gone = "corrupt" if entry.error == _GONE["corrupt"] else "missing"
+        raise DependencyUnavailable(entry.task_id, gone)
+    raise DependencyUnavailable(entry.task_id, state.value)
 
 
 def decode_ended(data: bytes | str) -> str | None:

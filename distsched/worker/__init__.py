@@ -302,6 +302,7 @@ class Worker:
             self._limits,
             self.timeouts,
             self.timeout,
+            link.dependency_results,
         )
         self._threads = self.thread_pool_class(runner, concurrency)
         has_async = any(inspect.iscoroutinefunction(f) for f in self.functions.values())

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from distsched import model
-from distsched.context import StopReason, _reset_current, _set_current
+from distsched.context import DependencyReader, StopReason, _reset_current, _set_current
 from distsched.errors import InvalidArgument
 from distsched.hooks import HookChain, RunOutcome
 from distsched.metrics import WorkerMetrics
@@ -252,8 +252,11 @@ class Runner:
         limits: TimeLimits | None = None,
         timeouts: Mapping[str, float | None] | None = None,
         default_timeout: float | None = None,
+        dependencies: DependencyReader | None = None,
     ) -> None:
         self.functions = functions
+        # How a run's context reads its dependencies' results (the worker's link).
+        self.dependencies = dependencies
         self.slots = slots
         self.reporter = reporter
         self.metrics = metrics
@@ -279,6 +282,7 @@ class Runner:
             return
         fn = self.functions[job.claim.fn]
         job.ctx._link = self.reporter.link
+        job.ctx._dependencies = self.dependencies
         token = _set_current(job.ctx)
         try:
             started = self._started(job)
@@ -305,6 +309,7 @@ class Runner:
         fn = self.functions[job.claim.fn]
         job.ctx._bind_loop(loop)
         job.ctx._link = self.reporter.link
+        job.ctx._dependencies = self.dependencies
         _set_current(job.ctx)  # this asyncio task's own context: nothing to reset
         started = self._started(job)
         watch = self._watch(job, asyncio.current_task(), loop)

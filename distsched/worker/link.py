@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from distsched.client import Scheduler
 from distsched.keys import Keys
-from distsched.model import Claim, Outcome, WorkerInfo
+from distsched.model import Claim, DependencyResult, Outcome, WorkerInfo
 from distsched.ops.namespace import Ops
 from distsched.subscription import message_within
 from distsched.wire.calls import IDLE_RECHECK_S
@@ -48,6 +48,15 @@ class WorkerLink:
     def checkpoint(self, claim: Claim) -> Any:
         """The checkpoint of ``claim``'s version (``current_task().checkpoint``)."""
         return self.scheduler.checkpoint(claim)
+
+    def dependency_results(
+        self, task_id: str, version: int, ids: Sequence[str] | None = None
+    ) -> dict[str, DependencyResult]:
+        """What the dependencies of ``task_id`` hold now (all, or ``ids``), for its
+        running attempt of ``version``: ``ConflictError`` once the task has another
+        version (this attempt's dependencies are no longer the task's)."""
+        s = self.scheduler
+        return s._drive(s._ops.call(Ops.dependency_results, task_id, ids, version))
 
     def hand_back_lost_claim(self, worker_id: str, request_id: str) -> int:
         """Hand back, without spending an attempt, what the claim call ``request_id`` of

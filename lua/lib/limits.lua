@@ -47,3 +47,7 @@ local MAX_CYCLE_VISITS = 1000
 -- one schedule call together: checking a payload costs time by the value, not the byte.
 local MAX_PAYLOAD_VALUES = 32768
 local MAX_PAYLOAD_VALUES_PER_CALL = 32768
+-- Dependencies whose results one dep_results call reads, and the bytes of their stored
+-- results and errors together (one dependency asked alone is read whatever its size).
+local MAX_DEP_RESULTS = 1000
+local MAX_DEP_RESULT_BYTES = 2097152
