@@ -39,6 +39,7 @@ SCRIPT_NAMES = (
     "order",
     "expire",
     "fairness",
+    "waitpoint",
 )
 
 # Every key (and the wake and ended channels) of a namespace, by the name scripts declare

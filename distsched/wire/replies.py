@@ -24,6 +24,7 @@ from distsched.errors import (
 )
 from distsched.model import (
     Admitted,
+    AttemptInfo,
     BlockedBy,
     Claim,
     Fired,
@@ -35,6 +36,7 @@ from distsched.model import (
     TaskInfo,
     TaskSpec,
     Wait,
+    WaitpointInfo,
     WaitReason,
 )
 from distsched.validate import PRIORITY_MAX
@@ -203,6 +205,8 @@ def decode_status(
         fn, args, kwargs = None, (), {}
     deps_list = decode_deps_list(raw_deps)
     placing = int(bool(deps_list) and deps_list[0][0] == "h")
+    attempts = decode_history(raw_history)
+    waitpoint = _waitpoint_of(rec, deps_list, attempts)
     error: str | None = None
     result: Any = None
     if raw_result:
@@ -234,16 +238,39 @@ def decode_status(
         updated_at=rec.updated_ms / 1000.0,
         error=error,
         result=result,
-        # The hold counts in the record as one more awaited dependency.
-        remaining=rec.remaining - placing,
+        # The hold (or a waitpoint's wait) counts in the record as one more awaited
+        # dependency.
+        remaining=rec.remaining - placing - (waitpoint is not None),
         optional_remaining=rec.optional_remaining,
         placing=bool(placing),
         deps=tuple(d for kind, d in deps_list if kind == "r"),
         optional_deps=tuple(d for kind, d in deps_list if kind == "o"),
         dependents=dependents,
         blocked_by=blocked_by,
-        attempts=decode_history(raw_history),
+        attempts=attempts,
         timeout=limit,
+        waitpoint=waitpoint,
+    )
+
+
+def _waitpoint_of(
+    rec: Record, deps_list: list[tuple[str, str]], attempts: tuple[AttemptInfo, ...]
+) -> WaitpointInfo | None:
+    """The waitpoint side of a task whose dependency list leads with the wait
+    (lua/lib/deadline.lua), None for any other task."""
+    if not deps_list or deps_list[0][0] != "w" or not deps_list[0][1].isdigit():
+        return None
+    timeout_ms = int(deps_list[0][1])
+    waiting = rec.state is State.PENDING and rec.remaining <= 1 and rec.optional_remaining <= 0
+    by = next(
+        (a.worker or None for a in attempts if a.version == rec.version and a.attempt == 1),
+        None,
+    )
+    return WaitpointInfo(
+        timeout=timeout_ms / 1000.0,
+        waiting=waiting,
+        times_out_at=(rec.updated_ms + timeout_ms) / 1000.0 if waiting else None,
+        by=by,
     )
 
 
@@ -322,6 +349,13 @@ def _conflict(rest: str) -> Exception:
     if what == "placed":
         return ConflictError(
             f"task {detail!r} has another version, or its dependencies are all placed"
+        )
+    if what == "waitpoint":
+        return ConflictError(f"task {detail!r} is not a waitpoint")
+    if what == "dependencies":
+        return ConflictError(
+            f"waitpoint {detail!r} still waits for its own dependencies; it can be "
+            "completed or failed once they have succeeded"
         )
     if what == "state":
         state, _, task_id = detail.partition(" ")
