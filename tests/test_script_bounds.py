@@ -715,3 +715,31 @@ def test_a_fire_call_creates_at_most_max_payload_bytes_per_call_of_payloads(
     refused(redis_client, s, "MAX_PAYLOAD_BYTES_PER_CALL", "fire", *call.args)
     assert fire_slots_per_call(d, size * 2) == 1
     assert s.backfill("x", now - 6, now - 3) == 4
+
+
+# --------------------------------------------------------------------------- waitpoint
+
+
+def test_a_waitpoint_completion_is_bounded_by_the_payload_caps_and_max_error_bytes(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    s.create_waitpoint("w", timeout=60)
+
+    def args(action: str, value: Any) -> list[Any]:
+        return [PROPAGATE_BUDGET, action, "w", "", value, ""]
+
+    most = limits.MAX_PAYLOAD_VALUES
+    # A payload is one msgpack value: an array of most - 1 items is most values.
+    refused(redis_client, s, "MAX_PAYLOAD_VALUES", "waitpoint", *args("complete", pack([1] * most)))
+    deep: Any = 1
+    for _ in range(limits.MAX_PAYLOAD_DEPTH + 1):
+        deep = [deep]
+    refused(redis_client, s, "MAX_PAYLOAD_DEPTH", "waitpoint", *args("complete", pack(deep)))
+    s.set_payload_limit(1000)
+    refused(redis_client, s, "limit 1000", "waitpoint", *args("complete", pack("x" * 1000)))
+    s.set_payload_limit(None)
+    over = "e" * (limits.MAX_ERROR_BYTES + 1)
+    refused(redis_client, s, "MAX_ERROR_BYTES", "waitpoint", *args("fail", over))
+    reply = evalsha(redis_client, s.keys, "waitpoint", *args("complete", pack([1] * (most - 1))))
+    assert reply == [0, b"applied"]
+    assert s.result("w") == [1] * (most - 1)
