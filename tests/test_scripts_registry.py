@@ -59,6 +59,7 @@ from distsched.wire.calls import (
     release_call,
     retry_call,
     schedule_call,
+    waitpoint_call,
 )
 from distsched.wire.records import (
     _STATE_BY_CODE,
@@ -170,6 +171,7 @@ def sample_calls() -> dict[str, Call]:
         "order": order_call(keys, model.Order.PRIORITY, 1000),
         "fairness": fairness_call(keys, "key", "tenant", 3, 2),
         "expire": expire_call(keys),
+        "waitpoint": waitpoint_call(keys, "complete", "a", None, {"ok": True}),
     }
 
 
@@ -1190,7 +1192,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     """lua/README.md, "As Redis Functions": rebuilt here from the files and that page."""
     listed = (
         "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
-        "retry add_deps purge forget compact leave recur fire order expire fairness"
+        "retry add_deps purge forget compact leave recur fire order expire fairness waitpoint"
     )
     order = listed.split(" ")
     assert tuple(order) == SCRIPT_NAMES
