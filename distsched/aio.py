@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -212,6 +212,48 @@ class AsyncScheduler(BaseScheduler):
     async def retry(self, task_id: str, cascade: bool = True) -> int:
         """See :meth:`Scheduler.retry`."""
         return await self._drive(self._ops.call(Ops.retry, task_id, cascade))
+
+    async def create_waitpoint(
+        self,
+        task_id: str,
+        timeout: Duration,
+        *,
+        deps: Sequence[str] = (),
+        optional_deps: Sequence[str] = (),
+        allow_unknown: bool = False,
+        dedupe: bool = False,
+        fn: str = "",
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> int:
+        """See :meth:`Scheduler.create_waitpoint`."""
+        return await self._drive(
+            self._ops.schedule(
+                task_id,
+                {
+                    "waitpoint": timeout,
+                    "deps": deps,
+                    "optional_deps": optional_deps,
+                    "allow_unknown": allow_unknown,
+                    "dedupe": dedupe,
+                    "fn": fn,
+                    "kwargs": kwargs,
+                },
+            )
+        )
+
+    async def complete_waitpoint(
+        self, task_id: str, payload: object = None, *, version: int | None = None, by: str = ""
+    ) -> Outcome:
+        """See :meth:`Scheduler.complete_waitpoint`."""
+        return await self._drive(
+            self._ops.call(Ops.complete_waitpoint, task_id, payload, version, by)
+        )
+
+    async def fail_waitpoint(
+        self, task_id: str, error: str, *, version: int | None = None, by: str = ""
+    ) -> Outcome:
+        """See :meth:`Scheduler.fail_waitpoint`."""
+        return await self._drive(self._ops.call(Ops.fail_waitpoint, task_id, error, version, by))
 
     async def add_deps(
         self, task_id: str, deps: Sequence[str], allow_unknown: bool = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -344,6 +344,71 @@ class Scheduler(BaseScheduler):
         With ``cascade`` the tasks it blocked get new versions too and wait again.
         """
         return self._drive(self._ops.call(Ops.retry, task_id, cascade))
+
+    def create_waitpoint(
+        self,
+        task_id: str,
+        timeout: Duration,
+        *,
+        deps: Sequence[str] = (),
+        optional_deps: Sequence[str] = (),
+        allow_unknown: bool = False,
+        dedupe: bool = False,
+        fn: str = "",
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Create a waitpoint: a task no worker runs, which waits for a call from any
+        service (:meth:`complete_waitpoint`, :meth:`fail_waitpoint`, or the
+        ``waitpoint.lua`` script) and holds no worker slot meanwhile; returns its version.
+
+        It stays ``pending`` until completed (``succeeded``, the payload its result, which
+        its dependents read as any dependency's result), failed, or ``timeout`` seconds
+        pass once it awaits nothing else: then it ends ``failed`` with the error ``timed
+        out waiting for completion`` and its dependents are blocked. With ``deps`` it
+        waits for them first (an approval after a build step) and its timeout counts from
+        when the last succeeded. ``optional_deps``, ``allow_unknown`` and ``dedupe`` are
+        :meth:`schedule`'s; ``fn`` and ``kwargs`` only label it (``fn`` defaults to
+        ``distsched.waitpoint``). Other tasks depend on it
+        as on any task; :meth:`retry` makes a new version that waits again, with its
+        timeout counted afresh.
+        """
+        return self._drive(
+            self._ops.schedule(
+                task_id,
+                {
+                    "waitpoint": timeout,
+                    "deps": deps,
+                    "optional_deps": optional_deps,
+                    "allow_unknown": allow_unknown,
+                    "dedupe": dedupe,
+                    "fn": fn,
+                    "kwargs": kwargs,
+                },
+            )
+        )
+
+    def complete_waitpoint(
+        self, task_id: str, payload: object = None, *, version: int | None = None, by: str = ""
+    ) -> Outcome:
+        """Complete waitpoint ``task_id``: it ends ``succeeded`` with ``payload`` (any
+        msgpack-encodable value) as its result, and its dependents are released.
+
+        Applies once per version: ``APPLIED``; ``DUPLICATE`` when that version was already
+        completed or failed by a call; ``STALE`` for another version than the current one
+        (``version``: None means the current), or one that ended otherwise (timed out,
+        cancelled, blocked). ``by`` names the caller in the task's history.
+        ``ConflictError`` when the task is no waitpoint, or still waits for its own
+        dependencies; ``NotFoundError`` for an unknown id.
+        """
+        return self._drive(self._ops.call(Ops.complete_waitpoint, task_id, payload, version, by))
+
+    def fail_waitpoint(
+        self, task_id: str, error: str, *, version: int | None = None, by: str = ""
+    ) -> Outcome:
+        """Fail waitpoint ``task_id`` with ``error`` (a non-empty text, cut to 4096 bytes):
+        it ends ``failed`` and its dependents are blocked; replies as
+        :meth:`complete_waitpoint`."""
+        return self._drive(self._ops.call(Ops.fail_waitpoint, task_id, error, version, by))
 
     def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool = False) -> None:
         """Add required dependencies to a pending task (``ConflictError`` otherwise)."""

@@ -43,6 +43,7 @@ SCRIPT_NAMES = (
     "pause",
     "progress",
     "dep_results",
+    "waitpoint",
 )
 
 # Every key (and the wake and ended channels) of a namespace, by the name scripts declare

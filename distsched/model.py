@@ -233,6 +233,9 @@ class TaskInfo:
     """When it was paused (epoch seconds, server clock), None when it is not."""
     progress: Progress | None = None
     """The last progress the task's current version reported (None: none yet)."""
+    waitpoint: WaitpointInfo | None = None
+    """Set when the task is a waitpoint (``Scheduler.create_waitpoint``): what it waits
+    for and when it times out; None for a task workers run."""
 
     @property
     def checkpoint_kept(self) -> bool:
@@ -263,6 +266,29 @@ class DependencyResult:
     def succeeded(self) -> bool:
         """True when the dependency succeeded: ``result`` is its result."""
         return self.state is State.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class WaitpointInfo:
+    """The waitpoint side of a task (``TaskInfo.waitpoint``).
+
+    A waitpoint is a task no worker runs: it stays ``pending`` until a call from any
+    service completes it (``succeeded``, the payload its result) or fails it, or it
+    times out (``failed``, error ``timed out waiting for completion``).
+
+    - ``timeout``: seconds it waits for its completion once it awaits nothing else.
+    - ``waiting``: True while the current version waits for its completion (its own
+      dependencies, if any, all settled); False while they are still awaited, and once
+      it ended.
+    - ``times_out_at``: epoch seconds (server clock) when it times out, while waiting.
+    - ``by``: who completed or failed the current version (the ``by`` of the call),
+      None when no call did.
+    """
+
+    timeout: float
+    waiting: bool
+    times_out_at: float | None
+    by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -369,6 +395,11 @@ class TaskSpec:
       (``current_task().cancel_requested``); after the worker's grace the attempt ends
       failed with ``timed out after N s`` and is retried as any failure (README,
       "Time limits").
+    - ``waitpoint``: make the task a waitpoint timing out after that many seconds
+      (``Scheduler.create_waitpoint``): no worker runs it; it waits, pending, for
+      ``Scheduler.complete_waitpoint`` or ``fail_waitpoint`` from any service once its
+      own ``deps`` have succeeded. ``fn`` then only labels it (default
+      ``distsched.waitpoint``); not with ``debounce``, ``deadline`` or ``ttl``.
     """
 
     task_id: str
@@ -391,6 +422,7 @@ class TaskSpec:
     ttl: Duration | None = None
     key: str | None = None
     timeout: Duration | None = None
+    waitpoint: Duration | None = None
 
 
 class Options(TypedDict, total=False):
@@ -412,6 +444,7 @@ class Options(TypedDict, total=False):
     ttl: Duration | None
     key: str | None
     timeout: Duration | None
+    waitpoint: Duration | None
 
 
 class TaskOptions(Options, total=False):
@@ -720,6 +753,11 @@ class Reason(str, enum.Enum):
     WAITING_ON_DEPS = "waiting_on_deps"
     """It is pending: ``remaining`` required (and ``optional_remaining`` optional)
     dependencies have not finished (``deps`` lists their states)."""
+    WAITPOINT = "waitpoint"
+    """It is a waitpoint waiting for an external completion (``complete_waitpoint`` or
+    ``fail_waitpoint`` from any service); it times out at ``waitpoint_times_out_at``
+    (server clock). No worker runs it. Before ``waiting_on_deps``: a waitpoint whose own
+    dependencies have not all succeeded yet; its timeout starts after them."""
     NOT_DUE = "not_due"
     """It is queued and due at ``due_at`` (server clock), later than now."""
     UNSERVED = "unserved"
@@ -817,6 +855,12 @@ class Explanation:
     progress: Progress | None = None
     """The last progress the task's current version reported, and the size of the
     checkpoint it keeps (None: neither)."""
+    root_error: str | None = None
+    """A blocked task's root cause's error line, when that root failed."""
+    waitpoint_timeout: float | None = None
+    """A waitpoint's timeout (seconds); None for a task workers run."""
+    waitpoint_times_out_at: float | None = None
+    """When a waitpoint waiting for its completion times out (server clock)."""
 
     @property
     def reason(self) -> Reason:

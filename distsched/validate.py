@@ -426,3 +426,32 @@ def tasks_limit(limit: object) -> int:
     if not _is_int(limit) or not 1 <= limit <= TASKS_LIMIT_MAX:
         raise InvalidArgument("limit", f"must be an int in [1, {TASKS_LIMIT_MAX}]")
     return int(limit)
+
+
+# The longest a waitpoint waits for its completion (lua/lib/deadline.lua, MAX_WAIT_MS): a year.
+WAITPOINT_TIMEOUT_MAX_MS = 31_536_000_000
+# The label of a waitpoint's payload when none is given: no worker ever runs it.
+WAITPOINT_FN = "distsched.waitpoint"
+
+
+def waitpoint_timeout_ms(value: object) -> int:
+    """A waitpoint's timeout in seconds as whole milliseconds in [1, a year]."""
+    ms = seconds_to_ms(value, "waitpoint", WAITPOINT_TIMEOUT_MAX_MS)
+    if ms < 1:
+        raise InvalidArgument("waitpoint", "timeout must be at least 1 ms")
+    return ms
+
+
+def validate_waitpoint_by(by: object) -> str:
+    """Who completes or fails a waitpoint: '' or text of at most 256 bytes in UTF-8."""
+    if not isinstance(by, str):
+        raise InvalidArgument("by", f"must be a str, got {type(by).__name__}")
+    if not by:
+        return by
+    try:
+        size = len(by.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument("by", "must be valid UTF-8") from None
+    if size > limits.MAX_WORKER_ID_BYTES:
+        raise InvalidArgument("by", f"must be at most {limits.MAX_WORKER_ID_BYTES} bytes in UTF-8")
+    return by

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from distsched import text, times
 from distsched.client import Scheduler
 from distsched.errors import NotFoundError
 from distsched.model import State, TaskInfo, TaskRow
@@ -259,6 +260,8 @@ def describe(info: TaskInfo | None, limit: int | None = CUT_CHARS) -> str:
         return f"{state.value} (paused)"
     if state is State.PENDING and info.placing:
         return "pending (held while its dependencies are placed in parts)"
+    if state is State.PENDING and info.waitpoint is not None and info.waitpoint.waiting:
+        return "pending (a waitpoint waiting for an external completion)"
     if state is State.PENDING:
         waits = [f"{info.remaining} required"] if info.remaining else []
         if info.optional_remaining:
@@ -380,3 +383,22 @@ def render_json(hood: Neighbourhood) -> dict[str, Any]:
         "truncated": hood.truncated,
         "limit": hood.limit,
     }
+
+
+def waitpoint_text(info: TaskInfo, server_now: float) -> str:
+    """What a waitpoint waits for, on one line (``status``, the dashboard's task page)."""
+    wp = info.waitpoint
+    if wp is None:
+        return "-"
+    if wp.waiting and wp.times_out_at is not None:
+        return (
+            f"waiting for an external completion, times out "
+            f"{text.relative(wp.times_out_at, server_now)} (timeout {times.span(wp.timeout)})"
+        )
+    if info.state is State.PENDING:
+        return (
+            "waiting for its own dependencies first, then "
+            f"{times.span(wp.timeout)} for its completion"
+        )
+    by = f" by {show_id(wp.by, CUT_CHARS)}" if wp.by else ""
+    return f"ended {info.state.value}{by} (timeout {times.span(wp.timeout)})"

@@ -50,7 +50,7 @@ local function list_heads(raw)
   while pos <= #raw do
     local kind = string.sub(raw, pos, pos)
     local len = hex3_at(raw, pos + 1)
-    if (kind ~= 'r' and kind ~= 'o' and kind ~= 'h') or not len or len == 0 or pos + 3 + len > #raw then
+    if (kind ~= 'r' and kind ~= 'o' and not NO_EDGE[kind]) or not len or len == 0 or pos + 3 + len > #raw then
       return count, first_len, false
     end
     if count == 0 then first_len = 4 + len end
@@ -99,8 +99,11 @@ return run(function(c)
   end
   local held
   if deps then held = deps[1] ~= nil and deps[1].kind == 'h' else held = string.sub(raw, 1, 1) == 'h' end
-  -- The task's dependencies in total, over every part (the hold is none).
-  if count - (held and 1 or 0) + #ARGV - 3 > MAX_DEPS_PER_TASK then
+  -- A waitpoint's wait leads its list (lib/graph.lua): new dependencies go after it.
+  local lead = string.sub(raw, 1, 1)
+  if deps then lead = deps[1] and deps[1].kind end
+  -- The task's dependencies in total, over every part (the hold and the wait are none).
+  if count - ((held or lead == 'w') and 1 or 0) + #ARGV - 3 > MAX_DEPS_PER_TASK then
     error({ err = 'BADARG deps of ' .. id .. ' at most ' .. MAX_DEPS_PER_TASK
       .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
   end

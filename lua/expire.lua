@@ -12,6 +12,11 @@
 -- propagation budget), with this task as the root of their block cause. Entries of
 -- versions that are no longer queued (started, replaced, ended) are only removed.
 -- The workers' housekeeping calls it; claim.lua expires what it pops by itself.
+-- Waitpoints (lib/deadline.lua, waitpoint.lua): pending -> failed, with the error text
+-- 'timed out waiting for completion', when the member of one whose timeout passed is
+-- reached; its pending dependents become blocked with it as root. The member of a
+-- waitpoint not timed out is scored again for its next look, that of a task that is no
+-- waitpoint any more removed.
 --
 -- Writes tasks, results, finished, meta, deadlines, idle, and for dependents edges,
 -- blocked, blockedby, propagating, queue.
@@ -20,13 +25,14 @@
 --
 -- Publishes: 'ready' on the channels of idle workers (lib/idle.lua), one per dependent
 -- that settling makes claimable; '<state> <id>' on ended for each task it ends that a
--- client waits for, whose waits entry it removes (lib/ended.lua): a task it expires.
+-- client waits for, whose waits entry it removes (lib/ended.lua): a task it expires, a
+-- waitpoint that timed out.
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
 -- ARGV[2] the most deadlines entries to handle in this call (>= 1)
 --
--- Reply: { propagating jobs left, tasks expired }.
+-- Reply: { propagating jobs left, tasks expired (waitpoints timed out included) }.
 -- Cost: O(m log N) for m entries handled, plus the propagation budget.
 
 return run(function(c)
@@ -38,13 +44,18 @@ return run(function(c)
   local members = redis.call('ZRANGEBYSCORE', k.deadlines, '-inf', now, 'LIMIT', 0, limit)
   local expired = 0
   for _, member in ipairs(members) do
-    local version, id = parse_deadline_member(member)
-    local t = version and not id_problem(id) and load_task(id)
-    if t and t.version == version and (t.state == 'pending' or t.state == 'ready') then
-      expire_task(c, id, t, now)
-      expired = expired + 1
+    if string.sub(member, 1, 1) == 'w' then
+      -- A waitpoint's timer (lib/deadline.lua): timed out, or looked at again later.
+      if check_waitpoint(c, string.sub(member, 2), now) then expired = expired + 1 end
     else
-      redis.call('ZREM', k.deadlines, member)
+      local version, id = parse_deadline_member(member)
+      local t = version and not id_problem(id) and load_task(id)
+      if t and t.version == version and (t.state == 'pending' or t.state == 'ready') then
+        expire_task(c, id, t, now)
+        expired = expired + 1
+      else
+        redis.call('ZREM', k.deadlines, member)
+      end
     end
   end
   local left = settle_after_terminal(c, {}, now, budget)

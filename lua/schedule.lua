@@ -30,7 +30,8 @@
 -- set; lib/ranked.lua), reading meta (order, aging_ms).
 --
 -- Also writes debounce (the burst of a task scheduled with debounce; lib/admit.lua)
--- and deadlines (a version's deadline, when it has one; lib/deadline.lua).
+-- and deadlines (a version's deadline, when it has one, or a waitpoint's timer;
+-- lib/deadline.lua).
 -- A spec with key=<hex> turns the namespace fair (meta fair) and, in a fair namespace,
 -- each new version's key is written to fairkeys and its entry goes to fairq (or queue for
 -- the default key), its key into fairready or fairwait (lib/fair.lua).
@@ -51,7 +52,9 @@
 --     r (number of required deps), o (number of optional deps);
 --     then optionally options, each ' dedupe=<window ms>', ' debounce=<max wait ms>'
 --     (not both), ' deadline=<epoch ms>' or ' ttl=<ms>' (not both), ' key=<hex>' (the
---     fairness key), ' hold=1' (held until add_deps.lua's last part lifts it; lib/admit.lua);
+--     fairness key), ' hold=1' (held until add_deps.lua's last part lifts it; lib/admit.lua),
+--     ' wait=<timeout ms>' (a waitpoint: pending until waitpoint.lua ends it, never
+--     claimed, failed when it times out; lib/deadline.lua);
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the caller's largest payload in bytes (>= 1): it can only lower the
@@ -87,7 +90,8 @@
 --   BADARG <field> ...        malformed argument (task_id, priority, max_attempts, backoff,
 --                             run_at, delay, deps, optional_deps, payload of <id>,
 --                             dedupe_window of <id>, debounce of <id>, deadline of <id>,
---                             ttl of <id>, n, or a cap named in its message, ...)
+--                             ttl of <id>, timeout of <id> (wait=), n, or a cap named
+--                             in its message, ...)
 --   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
 --                             stored record that does not parse
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
@@ -147,10 +151,12 @@ return run(function(c)
       error({ err = 'BADARG deps at most ' .. MAX_EDGES_PER_CALL .. ' dependencies per call (MAX_EDGES_PER_CALL)' })
     end
     -- Most tasks have none: they share one empty list (never written to).
-    s.deps = (r + o == 0 and not (opts and opts.hold)) and NO_DEPS or {}
-    -- The hold leads the list (lib/graph.lua): it waits like a dependency nothing settles.
-    local held = (opts and opts.hold) and 1 or 0
-    if held == 1 then s.deps[1] = { kind = 'h', id = id } end
+    s.deps = (r + o == 0 and not (opts and (opts.hold or opts.wait))) and NO_DEPS or {}
+    -- The hold, or a waitpoint's wait, leads the list (lib/graph.lua): it waits like a
+    -- dependency nothing settles.
+    local held = (opts and (opts.hold or opts.wait)) and 1 or 0
+    if opts and opts.hold then s.deps[1] = { kind = 'h', id = id } end
+    if opts and opts.wait then s.deps[1] = { kind = 'w', id = itoa(opts.wait) } end
     pos = pos + 3
     local seen = r + o > 0 and {} or nil
     for j = 1, r + o do
@@ -242,7 +248,7 @@ return run(function(c)
   -- and the batch's own edges (parent -> batch children).
   for _, s in ipairs(specs) do
     for _, d in ipairs(s.deps) do
-      if d.kind ~= 'h' and not batch[d.id] and outside[d.id] == nil then
+      if not NO_EDGE[d.kind] and not batch[d.id] and outside[d.id] == nil then
         outside[d.id] = false
         outside_ids[#outside_ids + 1] = d.id
       end
@@ -257,7 +263,7 @@ return run(function(c)
   local children = {}
   for _, s in ipairs(specs) do
     for _, d in ipairs(s.deps) do
-      if d.kind ~= 'h' then
+      if not NO_EDGE[d.kind] then
         if not batch[d.id] and not outside[d.id] and not s.allow_unknown then
           error({ err = 'UNKNOWN ' .. hex_id(s.id) .. ' ' .. hex_id(d.id) })
         end
@@ -323,6 +329,10 @@ return run(function(c)
       end
       local deadline = s.opts and not s.kept and deadline_of(s.opts, now)
       if deadline then redis.call('ZADD', k.deadlines, deadline, deadline_member(s.version, s.id)) end
+      -- A waitpoint's first check (lib/deadline.lua): its timeout when it awaits nothing else.
+      if s.opts and s.opts.wait and not s.kept then
+        redis.call('ZADD', k.deadlines, now + s.opts.wait, waitpoint_member(s.id))
+      end
     end
     reply[#all_specs + 2] = table.concat(flags)
   end

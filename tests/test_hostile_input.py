@@ -225,6 +225,16 @@ SCHEDULE_CASES = st.one_of(
         lambda ids: ("optional_deps", {"deps": ids, "optional_deps": ids[-1:]})
     ),
     case("allow_unknown", BAD_BOOL),
+    # A waitpoint's timeout: at least 1 ms, at most a year, a finite number of seconds.
+    case(
+        "waitpoint",
+        st.one_of(
+            st.floats(max_value=0.0004),
+            st.floats(min_value=31_536_000.01, allow_infinity=True, allow_nan=False),
+            st.just(float("nan")),
+            st.text(max_size=3),
+        ),
+    ),
 )
 
 

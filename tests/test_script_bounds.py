@@ -829,3 +829,31 @@ def test_results_over_max_dep_result_bytes_are_refused_whole_and_one_is_read_alo
     # One result over the cap by itself is still read whole when asked for alone.
     s.submit("reader", fn="f", deps=["huge"])
     assert s.dependency_results("reader")["huge"].result == "z" * (limits.MAX_DEP_RESULT_BYTES + 1)
+
+
+# --------------------------------------------------------------------------- waitpoint
+
+
+def test_a_waitpoint_completion_is_bounded_by_the_payload_caps_and_max_error_bytes(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    s.create_waitpoint("w", timeout=60)
+
+    def args(action: str, value: Any) -> list[Any]:
+        return [PROPAGATE_BUDGET, action, "w", "", value, ""]
+
+    most = limits.MAX_PAYLOAD_VALUES
+    # A payload is one msgpack value: an array of most - 1 items is most values.
+    refused(redis_client, s, "MAX_PAYLOAD_VALUES", "waitpoint", *args("complete", pack([1] * most)))
+    deep: Any = 1
+    for _ in range(limits.MAX_PAYLOAD_DEPTH + 1):
+        deep = [deep]
+    refused(redis_client, s, "MAX_PAYLOAD_DEPTH", "waitpoint", *args("complete", pack(deep)))
+    s.set_payload_limit(1000)
+    refused(redis_client, s, "limit 1000", "waitpoint", *args("complete", pack("x" * 1000)))
+    s.set_payload_limit(None)
+    over = "e" * (limits.MAX_ERROR_BYTES + 1)
+    refused(redis_client, s, "MAX_ERROR_BYTES", "waitpoint", *args("fail", over))
+    reply = evalsha(redis_client, s.keys, "waitpoint", *args("complete", pack([1] * (most - 1))))
+    assert reply == [0, b"applied"]
+    assert s.result("w") == [1] * (most - 1)

@@ -63,6 +63,7 @@ from distsched.wire.calls import (
     release_call,
     retry_call,
     schedule_call,
+    waitpoint_call,
 )
 from distsched.wire.records import (
     _STATE_BY_CODE,
@@ -178,6 +179,7 @@ def sample_calls() -> dict[str, Call]:
         "pause": pause_call(keys, "pause", "a"),
         "progress": progress_call(keys, claim, 0.5, "half", b"\x01"),
         "dep_results": dep_results_call(keys, "a"),
+        "waitpoint": waitpoint_call(keys, "complete", "a", None, {"ok": True}),
     }
 
 
@@ -1233,7 +1235,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     listed = (
         "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
         "retry add_deps purge forget compact leave recur fire order expire fairness "
-        "amend pause progress dep_results"
+        "amend pause progress dep_results waitpoint"
     )
     order = listed.split(" ")
     assert tuple(order) == SCRIPT_NAMES

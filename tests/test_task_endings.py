@@ -20,6 +20,7 @@ import redis
 from distsched import Scheduler, TaskSpec, model, scripts
 from distsched.keys import Keys
 from distsched.ops import protocol
+from distsched.ops.namespace import Ops
 from distsched.wire import calls, records
 from tests.test_scripts_registry import reachable_code
 
@@ -200,7 +201,34 @@ def endings() -> list[Ending]:
             triggered_once,
             lambda s: s.trigger("sched"),
         ),
+        Ending(
+            "waitpoint",
+            "x",
+            "succeeded",
+            lambda s: s.create_waitpoint("x", timeout=60),
+            lambda s: s.complete_waitpoint("x", {"ok": True}),
+        ),
+        Ending(
+            "waitpoint",
+            "x",
+            "failed",
+            lambda s: s.create_waitpoint("x", timeout=60),
+            lambda s: s.fail_waitpoint("x", "rejected"),
+        ),
+        Ending(
+            "expire",
+            "x",
+            "failed",
+            timed_out_waitpoint,
+            lambda s: s.housekeeping(),
+        ),
     ]
+
+
+def timed_out_waitpoint(s: Scheduler) -> None:
+    """A waitpoint whose timeout has passed: the next housekeeping times it out."""
+    s.create_waitpoint("x", timeout=60)
+    s._drive(s._ops.call(Ops.advance_clock, 61_000))
 
 
 ENDINGS = endings()

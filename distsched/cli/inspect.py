@@ -107,6 +107,7 @@ def _status_lines(
         ),
         ("dependents", ids(info.dependents)),
         ("blocked_by", blocked),
+        *([("waitpoint", views.waitpoint_text(info, server_now))] if info.waitpoint else []),
         *_attempt_lines(info.attempts, limit, server_now),
     ]
 

@@ -87,6 +87,9 @@ def _blocked(exp: Explanation, limit: int | None) -> str:
     if cause is None:
         return "it is blocked; its root cause is not recorded"
     root_state = exp.root_state.value if exp.root_state else "no longer readable"
+    if exp.root_state is State.FAILED and exp.root_error:
+        # What made it fail, on one line: a waitpoint that timed out says so.
+        root_state += f": {_quoted(one_line(exp.root_error), limit)}"
     return (
         f"it is blocked by {views.show_id(cause.root, limit)} ({root_state}), "
         f"via {views.show_path(cause.path, limit)}"
@@ -108,6 +111,20 @@ def _waiting_on_deps(exp: Explanation, limit: int | None) -> str:
     if exp.deps:
         text += ":"
     return text
+
+
+def _waitpoint(exp: Explanation, limit: int | None) -> str:
+    timeout = span(exp.waitpoint_timeout or 0.0)
+    if exp.waitpoint_times_out_at is None:
+        return (
+            "it is a waitpoint: it waits for its own dependencies first, then for an "
+            f"external completion, timing out {timeout} after they succeeded"
+        )
+    return (
+        "it is a waitpoint waiting for an external completion (distsched waitpoint "
+        "complete/fail, or waitpoint.lua from any service), times out "
+        f"{relative(exp.waitpoint_times_out_at, exp.server_time)}; no worker runs it"
+    )
 
 
 def _not_due(exp: Explanation, limit: int | None) -> str:
@@ -179,6 +196,7 @@ SENTENCES: dict[Reason, Callable[[Explanation, int | None], str]] = {
     Reason.BLOCKED: _blocked,
     Reason.PLACING: _placing,
     Reason.WAITING_ON_DEPS: _waiting_on_deps,
+    Reason.WAITPOINT: _waitpoint,
     Reason.NOT_DUE: _not_due,
     Reason.UNSERVED: _unserved,
     Reason.CAPACITY: _capacity,
@@ -220,7 +238,7 @@ def _why_lines(exp: Explanation, limit: int | None = CUT_CHARS) -> list[str]:
             lines += _dep_lines(exp, limit)
     if exp.progress is not None:
         lines.append(f"Progress: {progress_text(exp.progress, exp.server_time, limit)}.")
-    if not exp.state.terminal and exp.state is not State.RUNNING:
+    if not exp.state.terminal and exp.state is not State.RUNNING and exp.waitpoint_timeout is None:
         lines.append(f"{_spent(exp)} spent, {exp.attempts_left} left.")
     return lines
 

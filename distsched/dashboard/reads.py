@@ -194,6 +194,13 @@ class TaskDetail:
         return time.time() if self.explanation is None else self.explanation.server_time
 
     @property
+    def waitpoint(self) -> str | None:
+        """What a waitpoint waits for, on one line; None for a task workers run."""
+        if self.info.waitpoint is None:
+            return None
+        return views.waitpoint_text(self.info, self.now)
+
+    @property
     def lease_left(self) -> float | None:
         deadline = self.info.lease_deadline
         if self.explanation is not None:

@@ -85,6 +85,8 @@ class _Task:
     running: int | None
     placing: int
     """1 while the task is still being placed in parts (its deps list starts ``h``)."""
+    wait_ms: int | None
+    """A waitpoint's timeout in ms (its deps list starts ``w``); None for other tasks."""
     deps: list[tuple[str, str]]
     cause: Any
     root: str | None
@@ -109,14 +111,30 @@ class _Task:
     @property
     def held(self) -> int:
         """The awaited dependencies the record counts beyond the real ones: the hold of a
-        placement, and the pause of a pending task."""
+        placement, a waitpoint's wait, and the pause of a pending task."""
         paused = int(self.paused_at is not None and self.rec.state is State.PENDING)
-        return self.placing + paused
+        return self.placing + paused + (self.wait_ms is not None)
 
     @property
     def served(self) -> bool:
-        """Whether the served hash is read: a pending or ready task of a known function."""
-        return self.fn is not None and self.rec.state in (State.READY, State.PENDING)
+        """Whether the served hash is read: a pending or ready task of a known function
+        (a waitpoint's only labels it: no worker runs it)."""
+        return (
+            self.fn is not None
+            and self.wait_ms is None
+            and self.rec.state in (State.READY, State.PENDING)
+        )
+
+    @property
+    def waiting_for_completion(self) -> bool:
+        """A waitpoint whose current version awaits only its completion."""
+        rec = self.rec
+        return (
+            self.wait_ms is not None
+            and rec.state is State.PENDING
+            and rec.remaining <= 1
+            and rec.optional_remaining <= 0
+        )
 
     @property
     def shown(self) -> list[tuple[str, str]]:
@@ -159,7 +177,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         place = yield from _queue_place(ops, task, fair_key, entries)
     served_at = _served_at(next(replies)) if task.served else None
     deps = _dep_states(task.shown, next(replies)) if task.shown else ()
-    root_state = blocked_by = None
+    root_state = blocked_by = root_error = None
     if task.root is not None:
         root_state = _state_or_none(next(replies), task.root)
         root_error = _error_line(next(replies))
@@ -204,6 +222,11 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         updated_at=rec.updated_ms / 1000.0,
         paused_at=task.paused_at,
         progress=task.progress,
+        root_error=root_error if root_state is State.FAILED else None,
+        waitpoint_timeout=None if task.wait_ms is None else task.wait_ms / 1000.0,
+        waitpoint_times_out_at=(
+            (rec.updated_ms + (task.wait_ms or 0)) / 1000.0 if task.waiting_for_completion else None
+        ),
     )
 
 
@@ -231,6 +254,8 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
     fn = _fn_of(rec, payload)
     deps = decode_deps_list(raw_deps)
     placing = int(bool(deps) and deps[0][0] == "h")
+    wait_ms = int(deps[0][1]) if deps and deps[0][0] == "w" and deps[0][1].isdigit() else None
+    lead = placing or int(bool(deps) and deps[0][0] == "w")
     return _Task(
         task_id=task_id,
         now=now,
@@ -241,7 +266,8 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
         max_running=_count_or_none(meta[0]),
         running=_count_or_none(meta[1]),
         placing=placing,
-        deps=deps[placing:],
+        wait_ms=wait_ms,
+        deps=deps[lead:],
         cause=cause,
         root=_root_of(rec, cause),
         lease=lease,
@@ -448,8 +474,11 @@ def _reasons(
         not_due = [Reason.NOT_DUE] if due_at is not None and due_at > task.now else []
         return [Reason.PAUSED, *not_due, *also_unserved]
     if state is State.PENDING:
+        if task.waiting_for_completion:
+            return [Reason.WAITPOINT]
         placing = [Reason.PLACING] if task.placing else []
-        return [*placing, Reason.WAITING_ON_DEPS, *also_unserved]
+        waitpoint = [Reason.WAITPOINT] if task.wait_ms is not None else []
+        return [*placing, *waitpoint, Reason.WAITING_ON_DEPS, *also_unserved]
     if due_at is None:
         return [Reason.NOT_QUEUED]
     if due_at > task.now:

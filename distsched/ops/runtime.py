@@ -62,6 +62,7 @@ from distsched.wire.calls import (
     schedule_batches,
     schedule_call,
     schedule_values,
+    waitpoint_call,
 )
 from distsched.wire.payload import _text
 from distsched.wire.records import _count_or_none, _minute_of, decode_kept_claim, encode_worker
@@ -221,7 +222,30 @@ class Runtime(Inspect):
     @route.by_id("task_id")
     def retry(self, task_id: str, cascade: bool) -> Op[int]:
         (version,) = yield from self.run(retry_call(self.keys, task_id, cascade))
+        # A retried waitpoint waits again: its timer is scored for the new version now
+        # (lua/lib/deadline.lua; a task that is no waitpoint costs one O(1) call).
+        yield from self.run(waitpoint_call(self.keys, "arm", task_id))
         return int(version)
+
+    @route.by_id("task_id")
+    def complete_waitpoint(
+        self, task_id: str, payload: object, version: object, by: object
+    ) -> Op[Outcome]:
+        call = waitpoint_call(self.keys, "complete", task_id, version, payload, by)
+        if len(call.args[4]) > self.max_payload_bytes:
+            raise InvalidArgument(
+                "payload", f"is {len(call.args[4])} bytes, limit {self.max_payload_bytes}"
+            )
+        (outcome,) = yield from self.run(call)
+        return Outcome(_text(outcome))
+
+    @route.by_id("task_id")
+    def fail_waitpoint(
+        self, task_id: str, error: object, version: object, by: object
+    ) -> Op[Outcome]:
+        call = waitpoint_call(self.keys, "fail", task_id, version, error, by)
+        (outcome,) = yield from self.run(call)
+        return Outcome(_text(outcome))
 
     @route.striped
     def add_deps(self, task_id: str, deps: Sequence[str], allow_unknown: bool) -> Op[None]:

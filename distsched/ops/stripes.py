@@ -227,7 +227,10 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
     def _warn_unserved(self, specs: Sequence[TaskSpec]) -> Op[None]:
         """Warn, once per name, of the functions of ``specs`` that live workers announce
         and none serves; the served functions are read at most every SERVED_CACHE_S."""
-        names = self.served.unchecked(getattr(spec, "fn", None) for spec in specs)
+        # A waitpoint's fn only labels it: no worker is meant to serve it.
+        names = self.served.unchecked(
+            getattr(spec, "fn", None) for spec in specs if getattr(spec, "waitpoint", None) is None
+        )
         if not names:
             return
         if self.served.stale():

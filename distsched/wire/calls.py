@@ -27,6 +27,7 @@ from distsched.validate import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     PURGE_TASKS_MAX,
+    WAITPOINT_FN,
     _finite,
     _is_int,
     instant_seconds,
@@ -39,7 +40,9 @@ from distsched.validate import (
     validate_fraction,
     validate_note,
     validate_task_id,
+    validate_waitpoint_by,
     validate_worker_id,
+    waitpoint_timeout_ms,
 )
 from distsched.wire.payload import encode_payload, encode_result, error_text, payload_values
 from distsched.wire.records import _fair_prefix
@@ -82,7 +85,22 @@ class Call:
 def admission_suffix(spec: TaskSpec) -> str:
     """The option tokens of ``spec``'s schedule-script spec (lua/lib/admit.lua): ''
     when it uses no admission policy, no deadline and no fairness key."""
-    return _policy_suffix(spec) + _deadline_suffix(spec) + _key_suffix(spec.key)
+    return (
+        _policy_suffix(spec) + _deadline_suffix(spec) + _key_suffix(spec.key) + _wait_suffix(spec)
+    )
+
+
+def _wait_suffix(spec: TaskSpec) -> str:
+    """A waitpoint's option (lua/lib/admit.lua): wait=<timeout ms>."""
+    if spec.waitpoint is None:
+        return ""
+    ms = waitpoint_timeout_ms(spec.waitpoint)
+    for name in ("debounce", "deadline", "ttl"):
+        if getattr(spec, name) is not None:
+            raise InvalidArgument(name, "cannot be combined with waitpoint")
+    if len(spec.deps) > PLACE_PART:
+        raise InvalidArgument("deps", f"a waitpoint takes at most {PLACE_PART} dependencies")
+    return f" wait={ms}"
 
 
 def _key_suffix(key: object) -> str:
@@ -161,7 +179,9 @@ def schedule_values(
     if not isinstance(spec.allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
     limit = timeout_ms(spec.timeout)
-    payload = encode_payload(spec.fn, spec.args, spec.kwargs, max_payload_bytes, trace, limit)
+    # A waitpoint's fn only labels it: no worker runs it.
+    fn = spec.fn or (WAITPOINT_FN if spec.waitpoint is not None else spec.fn)
+    payload = encode_payload(fn, spec.args, spec.kwargs, max_payload_bytes, trace, limit)
     # The fixed fields travel as one argument: fewer arguments to encode per task.
     fields = (
         f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
@@ -467,6 +487,51 @@ def reap_call(keys: Keys, task_id: object = _EVERY_LEASE, limit: object = REAP_B
         "reap",
         keys.for_script("reap"),
         [PROPAGATE_BUDGET, BACKOFF_CAP_MS, limit, target],
+    )
+
+
+WAITPOINT_ACTIONS = ("complete", "fail")
+
+
+def waitpoint_call(
+    keys: Keys,
+    action: str,
+    task_id: object,
+    version: object = None,
+    value: object = None,
+    by: object = "",
+) -> Call:
+    """The waitpoint script's call (lua/waitpoint.lua): ``complete`` with ``value`` as
+    its payload (any msgpack-encodable value, None for none), ``fail`` with ``value`` as
+    its error text, for ``version`` (None: the current one); or ``arm`` its timer."""
+    task = validate_task_id(task_id)
+    if action == "arm":
+        return Call("waitpoint", keys.for_script("waitpoint"), [PROPAGATE_BUDGET, "arm", task])
+    if action not in WAITPOINT_ACTIONS:
+        raise InvalidArgument("action", "must be complete or fail")
+    if version is not None and (not _is_int(version) or not 1 <= version <= MAX_MS):
+        raise InvalidArgument("version", "must be None or an int >= 1")
+    data: bytes | str
+    if action == "complete":
+        try:
+            data = encode_result(value)
+        except InvalidArgument:
+            raise InvalidArgument("payload", "cannot be encoded with msgpack") from None
+    else:
+        if not isinstance(value, str) or not value.strip():
+            raise InvalidArgument("error", "must be a non-empty str")
+        data = error_text(value)
+    return Call(
+        "waitpoint",
+        keys.for_script("waitpoint"),
+        [
+            PROPAGATE_BUDGET,
+            action,
+            task,
+            "" if version is None else version,
+            data,
+            validate_waitpoint_by(by),
+        ],
     )
 
 

@@ -433,7 +433,8 @@ def decode_cause(raw: Any) -> tuple[str, str]:
 
 def decode_deps_list(raw: bytes | None) -> list[tuple[str, str]]:
     """Decode a stored dependency list into ``(kind, id)`` pairs, kind 'r' or 'o', or
-    'h' for the hold of a version whose dependencies are still being placed (first).
+    'h' for the hold of a version whose dependencies are still being placed (first), or
+    'w' for a waitpoint's wait, its "id" the timeout in ms (first).
 
     A list with junk in it ends at its first unreadable entry, as in the scripts.
     """
@@ -445,7 +446,7 @@ def decode_deps_list(raw: bytes | None) -> list[tuple[str, str]]:
         kind = chr(raw[pos])
         try:
             size = int(raw[pos + 1 : pos + 4], 16)
-            if kind not in "roh" or size == 0 or pos + 4 + size > len(raw):
+            if kind not in "rohw" or size == 0 or pos + 4 + size > len(raw):
                 break
             out.append((kind, raw[pos + 4 : pos + 4 + size].decode("utf-8")))
         except ValueError:  # UnicodeDecodeError included

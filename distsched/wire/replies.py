@@ -28,6 +28,7 @@ from distsched.errors import (
 )
 from distsched.model import (
     Admitted,
+    AttemptInfo,
     BlockedBy,
     Change,
     Changed,
@@ -42,6 +43,7 @@ from distsched.model import (
     TaskInfo,
     TaskSpec,
     Wait,
+    WaitpointInfo,
     WaitReason,
 )
 from distsched.validate import PRIORITY_MAX
@@ -216,6 +218,8 @@ def decode_status(
     deps_list = decode_deps_list(raw_deps)
     placing = int(bool(deps_list) and deps_list[0][0] == "h")
     result, error = stored_outcome(raw_result)
+    attempts = decode_history(raw_history)
+    waitpoint = _waitpoint_of(rec, deps_list, attempts)
     return TaskInfo(
         task_id=task_id,
         state=rec.state,
@@ -236,8 +240,14 @@ def decode_status(
         result=result,
         # The hold, and the pause of a pending task, count in the record as one more
         # awaited dependency each.
+        # The hold, a waitpoint's wait and the pause of a pending task count in the
+        # record as one more awaited dependency each.
         remaining=max(
-            0, rec.remaining - placing - (paused_at is not None and rec.state is State.PENDING)
+            0,
+            rec.remaining
+            - placing
+            - (waitpoint is not None)
+            - (paused_at is not None and rec.state is State.PENDING),
         ),
         optional_remaining=rec.optional_remaining,
         placing=bool(placing),
@@ -245,11 +255,12 @@ def decode_status(
         optional_deps=tuple(d for kind, d in deps_list if kind == "o"),
         dependents=dependents,
         blocked_by=blocked_by,
-        attempts=decode_history(raw_history),
+        attempts=attempts,
         timeout=limit,
         paused=paused_at is not None,
         paused_at=paused_at,
         progress=decode_progress(raw_progress, rec.version),
+        waitpoint=waitpoint,
     )
 
 
@@ -261,6 +272,27 @@ def decode_change(task_id: str, values: Sequence[Any]) -> Changed:
         Change(outcome),
         State(state) if state else None,
         int(version) if version else None,
+    )
+
+
+def _waitpoint_of(
+    rec: Record, deps_list: list[tuple[str, str]], attempts: tuple[AttemptInfo, ...]
+) -> WaitpointInfo | None:
+    """The waitpoint side of a task whose dependency list leads with the wait
+    (lua/lib/deadline.lua), None for any other task."""
+    if not deps_list or deps_list[0][0] != "w" or not deps_list[0][1].isdigit():
+        return None
+    timeout_ms = int(deps_list[0][1])
+    waiting = rec.state is State.PENDING and rec.remaining <= 1 and rec.optional_remaining <= 0
+    by = next(
+        (a.worker or None for a in attempts if a.version == rec.version and a.attempt == 1),
+        None,
+    )
+    return WaitpointInfo(
+        timeout=timeout_ms / 1000.0,
+        waiting=waiting,
+        times_out_at=(rec.updated_ms + timeout_ms) / 1000.0 if waiting else None,
+        by=by,
     )
 
 
@@ -342,6 +374,13 @@ def _conflict(rest: str) -> Exception:
         )
     if what == "version":
         return ConflictError(f"task {detail!r} has another version now")
+    if what == "waitpoint":
+        return ConflictError(f"task {detail!r} is not a waitpoint")
+    if what == "dependencies":
+        return ConflictError(
+            f"waitpoint {detail!r} still waits for its own dependencies; it can be "
+            "completed or failed once they have succeeded"
+        )
     if what == "state":
         state, _, task_id = detail.partition(" ")
         return ConflictError(f"task {task_id!r} is {state}")

@@ -17,6 +17,10 @@
 --                     (1..256 bytes; lib/fair.lua)
 --   hold=1            the new version is held (pending) until add_deps.lua's last part
 --                     lifts the hold: its dependencies are placed in parts (lib/graph.lua)
+--   wait=<timeout>    the new version is a waitpoint (lib/deadline.lua): pending until
+--                     waitpoint.lua completes or fails it, never claimed; it times out
+--                     (ends failed) <timeout> ms (1..MAX_WAIT_MS) after it starts waiting
+--                     for its completion; not with hold, debounce, deadline or ttl
 -- A spec with no option costs one empty-string comparison.
 --
 -- The burst of a debounced task is kept in the debounce hash (field: task id, value
@@ -30,6 +34,7 @@ local MAX_ADMIT_MS = 9007199254740991
 local MAX_KEY_BYTES = 256
 local OPTION_FIELD = {
   dedupe = 'dedupe_window', debounce = 'debounce', deadline = 'deadline', ttl = 'ttl', hold = 'hold',
+  wait = 'timeout',
 }
 
 -- The options of a spec from the text after its eight fields; nil when there is none.
@@ -52,7 +57,7 @@ local function admission_options(rest, id)
     if pos > #rest then break end
     local a, b, name, value = string.find(rest, '^ (%l+)=(%d+)', pos)
     if not a then
-      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms>, debounce=<max wait ms>, deadline=<epoch ms>, ttl=<ms>, hold=1 or key=<hex>' })
+      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms>, debounce=<max wait ms>, deadline=<epoch ms>, ttl=<ms>, hold=1, wait=<timeout ms> or key=<hex>' })
     end
     if not OPTION_FIELD[name] then
       error({ err = 'BADARG spec of ' .. id .. ' unknown option ' .. name })
@@ -63,6 +68,9 @@ local function admission_options(rest, id)
     local ms = tonumber(value)
     if name == 'hold' and ms ~= 1 then error({ err = 'BADARG hold of ' .. id .. ' must be 1' }) end
     if ms > MAX_ADMIT_MS then error({ err = 'BADARG ' .. field .. ' of ' .. id .. ' out of range' }) end
+    if name == 'wait' and (ms < 1 or ms > MAX_WAIT_MS) then
+      error({ err = 'BADARG timeout of ' .. id .. ' must be in [1, ' .. MAX_WAIT_MS .. '] ms' })
+    end
     opts[name] = ms
     pos = b + 1
   end
@@ -71,6 +79,15 @@ local function admission_options(rest, id)
   end
   if opts.deadline and opts.ttl then
     error({ err = 'BADARG ttl of ' .. id .. ' cannot be combined with deadline' })
+  end
+  if opts.wait then
+    -- A waitpoint is never queued: no run time to debounce, its timeout is its deadline,
+    -- and its dependencies go in one call.
+    for _, other in ipairs({ 'hold', 'debounce', 'deadline', 'ttl' }) do
+      if opts[other] then
+        error({ err = 'BADARG ' .. OPTION_FIELD[other] .. ' of ' .. id .. ' cannot be combined with wait (a waitpoint)' })
+      end
+    end
   end
   return opts
 end

@@ -18,9 +18,17 @@
 -- that nothing settles and has no edge; the last part removes it (add_deps.lua). A new
 -- version made from the stored list (retry, cascade) keeps it, so no version of a
 -- partly placed task can run.
+-- Kind 'w' (the wait, always first, its "id" the timeout in decimal ms) marks a
+-- waitpoint (lib/deadline.lua, waitpoint.lua): it too counts as one required dependency
+-- that nothing settles and has no edge, so no claim ever sees the task; only
+-- waitpoint.lua ends it (completed or failed by a call), or expire.lua (timed out). A
+-- new version made from the stored list keeps it: a retried waitpoint waits again.
 -- Block cause (blocked hash): hex3(#root) .. root .. parent, where parent is the
 -- dependency the block came through; following parents back to root is the path.
 -- blockedby member: hex3(#root) .. root .. child, for each task root blocked.
+
+-- Kinds of list entries that are no dependency: no edge, nothing settles them.
+local NO_EDGE = { h = true, w = true }
 
 local function id_prefix(id)
   return string.format('%03x', #id) .. id
@@ -58,7 +66,7 @@ local function decode_deps(raw)
   while pos <= #raw do
     local kind = string.sub(raw, pos, pos)
     local len = hex3_at(raw, pos + 1)
-    if (kind ~= 'r' and kind ~= 'o' and kind ~= 'h') or not len or len == 0 or pos + 3 + len > #raw then
+    if (kind ~= 'r' and kind ~= 'o' and not NO_EDGE[kind]) or not len or len == 0 or pos + 3 + len > #raw then
       redis.log(redis.LOG_WARNING, 'distsched: ignored the unreadable rest of a dependency list')
       break
     end
@@ -66,6 +74,14 @@ local function decode_deps(raw)
     pos = pos + 4 + len
   end
   return list
+end
+
+-- The timeout (ms) of a waitpoint's dependency list (its leading 'w' entry), or nil
+-- when the list is no waitpoint's.
+local function waitpoint_timeout(list)
+  local first = list[1]
+  if not first or first.kind ~= 'w' then return nil end
+  return tonumber(first.id)
 end
 
 -- (root, parent) of a blocked task, or nil (also for a cause that does not parse).
@@ -127,7 +143,7 @@ end
 -- Forget what an old version of id knew: its edges and its block cause.
 local function clear_version(id)
   for _, d in ipairs(decode_deps(redis.call('HGET', k.deps, id))) do
-    if d.kind ~= 'h' then redis.call('ZREM', k.edges, edge_member(d.id, 'w', d.kind, id), edge_member(d.id, 's', d.kind, id)) end
+    if not NO_EDGE[d.kind] then redis.call('ZREM', k.edges, edge_member(d.id, 'w', d.kind, id), edge_member(d.id, 's', d.kind, id)) end
   end
   redis.call('HDEL', k.deps, id)
   local root = block_cause(id)

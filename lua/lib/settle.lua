@@ -48,8 +48,8 @@ local function write_version(c, id, old, p, deps, now, state_of, version)
   version = version or redis.call('HINCRBY', k.meta, 'seq', '1')
   local remaining, optional, cause, waits = 0, 0, nil, {}
   for j, d in ipairs(deps) do
-    local st = d.kind ~= 'h' and state_of(d.id)
-    if d.kind == 'h' then
+    local st = not NO_EDGE[d.kind] and state_of(d.id)
+    if NO_EDGE[d.kind] then
       remaining = remaining + 1
     elseif d.kind == 'o' then
       if not TERMINAL[st] then optional = optional + 1; waits[j] = true end
@@ -91,7 +91,7 @@ local function write_version(c, id, old, p, deps, now, state_of, version)
   local edges, listed = {}, {}
   for j, d in ipairs(deps) do
     local prefix = id_prefix(d.id)
-    if d.kind ~= 'h' then
+    if not NO_EDGE[d.kind] then
       local flag = (waits[j] and not cause) and 'w' or 's'
       edges[#edges + 1] = 0
       edges[#edges + 1] = prefix .. flag .. d.kind .. id
@@ -155,8 +155,8 @@ end
 local function closes_cycle(id, deps, state_of)
   local children = {}
   for _, d in ipairs(deps) do
-    -- The hold (lib/graph.lua) is no edge: it closes no cycle.
-    local st = d.kind ~= 'h' and state_of(d.id)
+    -- The hold and the wait (lib/graph.lua) are no edges: they close no cycle.
+    local st = not NO_EDGE[d.kind] and state_of(d.id)
     -- Blocked at once: it will await nothing.
     if d.kind == 'r' and TERMINAL[st] and st ~= 'succeeded' then return false end
     if st ~= false and not TERMINAL[st] then children[d.id] = { id } end
