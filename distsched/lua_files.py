@@ -78,6 +78,7 @@ KEY_NAMES = (
     "fairfull",
     "fairkeys",
     "fairrun",
+    "costs",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

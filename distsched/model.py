@@ -171,6 +171,8 @@ class TaskInfo:
     timeout: float | None = None
     """The time limit the task was scheduled with (seconds), None when none: a worker
     then applies the function's or its own default."""
+    cost: int = 1
+    """The units of its fairness key's rate it takes when it starts (``TaskSpec.cost``)."""
 
 
 @dataclass(frozen=True)
@@ -277,6 +279,13 @@ class TaskSpec:
       (``current_task().cancel_requested``); after the worker's grace the attempt ends
       failed with ``timed out after N s`` and is retried as any failure (README,
       "Time limits").
+    - ``cost``: the units of its fairness key's rate limit the task takes when it starts
+      (an int in [1, 10^9], 1 unless given), so that a key's rate counts tokens or
+      requests rather than tasks: with ``set_key(key, rate=40_000, per=60)`` a task of
+      ``cost=1_200`` starts only once its key's bucket holds 1,200 units. A task given no
+      key takes the default key's units. On a key without a rate it changes nothing; a
+      cost above the rate its key has when scheduled is refused (``InvalidArgument``),
+      since it could never start (README, "Tenants and fairness").
     """
 
     task_id: str
@@ -299,6 +308,7 @@ class TaskSpec:
     ttl: Duration | None = None
     key: str | None = None
     timeout: Duration | None = None
+    cost: int = 1
 
 
 class Options(TypedDict, total=False):
@@ -320,6 +330,7 @@ class Options(TypedDict, total=False):
     ttl: Duration | None
     key: str | None
     timeout: Duration | None
+    cost: int
 
 
 class TaskOptions(Options, total=False):
@@ -374,7 +385,9 @@ class KeyInfo:
     still run; ``queued`` its ready tasks (stale entries included until claims drop them);
     ``turn``: ``"ready"`` (takes turns now), ``"waiting"`` (its head is not due yet),
     ``"capped"`` (at its cap) or ``"idle"`` (no ready work); a key over its rate limit
-    (``rate`` tasks started per ``per_s`` seconds) is ``"waiting"`` for its next token.
+    (``rate`` units per ``per_s`` seconds, a task taking its ``cost`` of them, 1 unless
+    given) is ``"waiting"`` until its head task's units are there; ``units`` holds the
+    units available now.
     """
 
     key: str
@@ -388,6 +401,17 @@ class KeyInfo:
     per_s: float | None = None
     head_due_at: float | None = None
     """When its first queued entry is due (epoch seconds, server clock); None: none."""
+    units: int | None = None
+    """The units of its rate limit in its bucket now (None: no rate): a task of cost ``c``
+    (``TaskSpec.cost``) starts once ``c`` are there, and takes them."""
+
+    @property
+    def units_used(self) -> int | None:
+        """The units of its rate taken and not refilled yet (``rate - units``; None: no
+        rate)."""
+        if self.rate is None or self.units is None:
+            return None
+        return max(0, self.rate - self.units)
 
 
 class KeyLoad(TypedDict):
@@ -644,8 +668,13 @@ class Reason(str, enum.Enum):
     """It is due, but its fairness key ``fair_key`` runs ``key_running`` tasks, its cap
     ``key_cap``."""
     KEY_RATE = "key_rate"
-    """It is due, but its fairness key used its rate (``key_rate`` tasks per ``key_per_s``
-    seconds): its next token comes at ``key_next_at`` (server clock)."""
+    """It is due, but its fairness key used its rate (``key_rate`` units per ``key_per_s``
+    seconds, ``key_units`` left): the units its next task takes (its ``cost``, 1 unless
+    given) are there at ``key_next_at`` (server clock)."""
+    COST_OVER_RATE = "cost_over_rate"
+    """Its ``cost`` is more than its fairness key's whole rate (``key_rate`` units, the rate
+    lowered after the task was scheduled): it starts only when the key's bucket is full,
+    and takes all of it."""
 
     def __str__(self) -> str:
         return self.value
@@ -680,6 +709,9 @@ class Explanation:
     - ``blocked_by``, ``root_state`` (a blocked task): the root cause, the path from it
       (at most ``EXPLAIN_LIMIT`` hops read: a longer path starts after its root), and
       the root's state now.
+    - ``fair_key`` (a ready task of a fair namespace) and its key's ``key_running``,
+      ``key_cap``, ``key_rate`` units per ``key_per_s`` seconds and ``key_units`` (the
+      units in its bucket now); ``cost``: the units the task takes when it starts.
     - ``error``: a failed task's error on one line: for a traceback, its last
       ``Type: message`` line (the exception raised); for a task that expired
       (cancelled, not started by its deadline), ``expired: not started by its deadline``.
@@ -716,6 +748,8 @@ class Explanation:
     key_rate: int | None = None
     key_per_s: float | None = None
     key_next_at: float | None = None
+    key_units: int | None = None
+    cost: int = 1
 
     @property
     def reason(self) -> Reason:

@@ -4,7 +4,7 @@
 --- @keys tasks payloads results done finished meta
 --- @keys edges deps blocked blockedby propagating states history
 --- @keys debounce
---- @keys idle fair fairready fairfull fairkeys fairrun
+--- @keys idle fair fairready fairfull fairkeys fairrun costs
 --
 -- succeeded / failed / cancelled / blocked -> (gone), exactly as purge.lua removes a
 -- task past the retention (the record, payload, result, applied tokens, history,
@@ -14,7 +14,8 @@
 -- example one removed already) is skipped, so the same call may be sent again.
 --
 -- Reads propagating; writes tasks, payloads, results, done, debounce, finished, meta
--- (count:<state>), edges, deps, blocked, blockedby, states, history, fairkeys. It receives
+-- (count:<state>), edges, deps, blocked, blockedby, states, history, fairkeys,
+-- costs. It receives
 -- idle, fair, fairready, fairfull and fairrun and touches none of them (a terminal task
 -- holds no slot of its fairness key).
 --

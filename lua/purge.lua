@@ -4,7 +4,7 @@
 --- @keys tasks payloads results done finished meta
 --- @keys edges deps blocked blockedby propagating states history
 --- @keys debounce
---- @keys idle fair fairready fairfull fairkeys fairrun
+--- @keys idle fair fairready fairfull fairkeys fairrun costs
 --
 -- succeeded / failed / cancelled / blocked, terminal for longer than the
 -- retention -> (gone): the record, payload, result, applied tokens, history, dependency
@@ -16,7 +16,7 @@
 -- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done, debounce,
 -- finished, meta (retention_ms, count:<state>), edges, deps, blocked, blockedby.
 -- Also removes the task's member of states (the per-state index), its history and its
--- fairness key (fairkeys). It receives idle, fair, fairready, fairfull and fairrun and
+-- fairness key (fairkeys) and cost (costs). It receives idle, fair, fairready, fairfull and fairrun and
 -- touches none of them (a terminal task holds no slot of its fairness key).
 --
 -- Publishes: nothing.

@@ -8,6 +8,7 @@ read through :mod:`distsched.wire.records`, never by hand.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,7 +27,9 @@ from distsched.wire.records import (
     _error_line,
     _fair_prefix,
     _state_or_none,
+    bucket_units,
     decode_cause,
+    decode_cost,
     decode_deps_list,
     decode_order,
     decode_record,
@@ -78,6 +81,7 @@ class _Task:
     cause: Any
     root: str | None
     lease: Any
+    cost: int = 1
 
     @property
     def now_ms(self) -> int:
@@ -114,6 +118,7 @@ class _KeyState:
     rate: int | None = None
     per_s: float | None = None
     next_at: float | None = None
+    units: int | None = None
 
 
 # (due_at, ahead) of a ready task's queue entry; (None, None) when it has none.
@@ -177,6 +182,8 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         key_rate=key.rate,
         key_per_s=key.per_s,
         key_next_at=key.next_at,
+        key_units=key.units,
+        cost=task.cost,
         updated_at=rec.updated_ms / 1000.0,
     )
 
@@ -188,13 +195,14 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
     # Payloads are bounded by max_payload_bytes; results are read only for a failed
     # task (a succeeded one's result may be large and says nothing here).
     k = ops.keys
-    record_raw, payload, raw_deps, cause, lease, meta = yield from ops.read(
+    record_raw, payload, raw_deps, cause, lease, meta, raw_cost = yield from ops.read(
         ("HGET", k.tasks, task_id),
         ("HGET", k.payloads, task_id),
         ("HGET", k.deps, task_id),
         ("HGET", k.blocked, task_id),
         ("ZSCORE", k.leases, task_id),
         ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms", "fair"),
+        ("HGET", k.costs, task_id),
     )
     if record_raw is None:
         raise NotFoundError(task_id)
@@ -217,6 +225,7 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
         cause=cause,
         root=_root_of(rec, cause),
         lease=lease,
+        cost=decode_cost(raw_cost),
     )
 
 
@@ -314,7 +323,15 @@ def _read_key_state(ops: ExplainReads, fair_key: str | None, now_ms: int) -> Op[
     if fair_key is None:
         return _KeyState()
     fields, waiting = yield from ops.read(
-        ("HMGET", ops.keys.fair, f"run:{fair_key}", f"cap:{fair_key}", "cap", f"rate:{fair_key}"),
+        (
+            "HMGET",
+            ops.keys.fair,
+            f"run:{fair_key}",
+            f"cap:{fair_key}",
+            "cap",
+            f"rate:{fair_key}",
+            f"tb:{fair_key}",
+        ),
         ("ZSCORE", ops.keys.fairwait, fair_key),
     )
     cap = _count_or_none(fields[1])
@@ -324,7 +341,9 @@ def _read_key_state(ops: ExplainReads, fair_key: str | None, now_ms: int) -> Op[
     next_at = None
     if rate is not None and waiting is not None and float(waiting) > now_ms:
         next_at = float(waiting) / 1000.0
-    return _KeyState(_count_or_none(fields[0]) or 0, cap, rate, per_s, next_at)
+    units = bucket_units(fields[3], fields[4], now_ms)
+    whole = None if units is None else math.floor(units + 1e-9)
+    return _KeyState(_count_or_none(fields[0]) or 0, cap, rate, per_s, next_at, whole)
 
 
 # --------------------------------------------------------------------------- queue place
@@ -414,9 +433,10 @@ def _reasons(
         return [*placing, Reason.WAITING_ON_DEPS, *also_unserved]
     if due_at is None:
         return [Reason.NOT_QUEUED]
+    over = [Reason.COST_OVER_RATE] if key.rate is not None and task.cost > key.rate else []
     if due_at > task.now:
-        return [Reason.NOT_DUE, *also_unserved]
-    return [*also_unserved, *_due_reasons(task, ahead, key)]
+        return [Reason.NOT_DUE, *also_unserved, *over]
+    return [*also_unserved, *_due_reasons(task, ahead, key), *over]
 
 
 def _running_reasons(task: _Task, lease_deadline: float | None) -> list[Reason]:

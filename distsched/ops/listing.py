@@ -136,13 +136,13 @@ class Listing(Base):
         k = self.keys
         ids = [e.task_id for e in entries]
         reads = [("HMGET", key, *ids) for key in (k.tasks, k.payloads, k.results)]
-        reads += [("HMGET", k.deps, *ids), ("HMGET", k.history, *ids)]
-        records, payloads, results, deps, history = yield from self.read(*reads)
+        reads += [("HMGET", key, *ids) for key in (k.deps, k.history, k.costs)]
+        records, payloads, results, deps, history, costs = yield from self.read(*reads)
         for i, entry in enumerate(entries):
             if not entry.task_id:
                 continue  # a junk or doubled fairq entry: passed over, nothing to list
             info = _listed_info(
-                st, entry, records[i], payloads[i], results[i], deps[i], history[i], fn
+                st, entry, records[i], payloads[i], results[i], deps[i], history[i], fn, costs[i]
             )
             if info is not None:
                 items.append(info)

@@ -33,6 +33,7 @@ from distsched.validate import (
     seconds_to_ms,
     time_argument,
     timeout_ms,
+    validate_cost,
     validate_deps,
     validate_fair_key,
     validate_task_id,
@@ -78,8 +79,19 @@ class Call:
 
 def admission_suffix(spec: TaskSpec) -> str:
     """The option tokens of ``spec``'s schedule-script spec (lua/lib/admit.lua): ''
-    when it uses no admission policy, no deadline and no fairness key."""
-    return _policy_suffix(spec) + _deadline_suffix(spec) + _key_suffix(spec.key)
+    when it uses no admission policy, no deadline, no fairness key and no cost."""
+    return (
+        _policy_suffix(spec)
+        + _deadline_suffix(spec)
+        + _key_suffix(spec.key)
+        + _cost_suffix(spec.cost)
+    )
+
+
+def _cost_suffix(cost: object) -> str:
+    # A cost of 1 travels as none: the wire of a task without a cost is unchanged.
+    units = validate_cost(cost)
+    return "" if units == 1 else f" cost={units}"
 
 
 def _key_suffix(key: object) -> str:
@@ -226,6 +238,7 @@ def _key_reads(keys: Keys, key: str) -> list[tuple[Any, ...]]:
         f"w:{key}",
         f"run:{key}",
         f"rate:{key}",
+        f"tb:{key}",
     )
     turns = [
         ("ZSCORE", keys.fairready, key),
@@ -470,7 +483,15 @@ def add_deps_call(
 
 def status_reads(keys: Keys) -> list[str]:
     """The hashes read by ``status`` (HGET of the task id in each), in order."""
-    return [keys.tasks, keys.payloads, keys.results, keys.deps, keys.blocked, keys.history]
+    return [
+        keys.tasks,
+        keys.payloads,
+        keys.results,
+        keys.deps,
+        keys.blocked,
+        keys.history,
+        keys.costs,
+    ]
 
 
 # --------------------------------------------------------------------------- recurring schedules

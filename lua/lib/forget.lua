@@ -4,7 +4,7 @@
 
 -- Remove terminal task id (t: its record, or nil for one that cannot be read): the
 -- record and its index member, payload, result, applied tokens, history, dependency
--- list, debounce burst, fairness key, block cause and every edge to or from it. Its
+-- list, debounce burst, fairness key, cost, block cause and every edge to or from it. Its
 -- dependents keep their own records; a later dependency on the id is an unknown dependency.
 local function remove_task(c, id, t)
   if t then count_move(c, t.state, nil) end
@@ -16,6 +16,7 @@ local function remove_task(c, id, t)
   end
   forget_task(id, t)
   redis.call('HDEL', k.fairkeys, id)
+  redis.call('HDEL', k.costs, id)
   redis.call('HDEL', k.payloads, id)
   redis.call('HDEL', k.results, id)
   redis.call('HDEL', k.done, id)
