@@ -22,6 +22,7 @@ from distsched.errors import InvalidArgument
 from distsched.keys import Keys
 from distsched.model import Reason
 from distsched.ops.namespace import Ops
+from distsched.tasks import Tasks
 from tests.conftest import RedisServer, namespace_keys, python_command, subprocess_env
 from tests.test_cli import invoke
 
@@ -119,6 +120,22 @@ def test_a_key_waiting_for_units_does_not_hold_back_another_key(api: Scheduler) 
     )
     assert api.key_info("big").turn == "waiting"
     assert api.key_info("small").units == 0
+
+
+def test_a_typed_task_takes_its_cost_from_its_options(scheduler: Scheduler) -> None:
+    tasks = Tasks(scheduler)
+
+    @tasks.task(key="llm")
+    def summarize(text: str) -> str:
+        return text[:10]
+
+    scheduler.set_key("llm", rate=100, per=HOUR)
+    summarize.options(cost=70).schedule("s1", "a long text")
+    summarize.schedule("s2", "short")
+    assert (scheduler.status("s1").cost, scheduler.status("s2").cost) == (70, 1)
+    with pytest.raises(InvalidArgument) as err:
+        summarize.options(cost=101).schedule("s3", "too long")
+    assert err.value.field == "cost"
 
 
 def test_a_cost_on_a_task_without_a_key_takes_the_default_keys_units(api: Scheduler) -> None:
@@ -222,9 +239,9 @@ def test_a_rate_lowered_below_a_queued_cost_starts_it_on_a_full_bucket_and_expla
 def test_the_cli_schedules_with_a_cost_and_shows_units_and_why(
     redis_server: RedisServer, namespace: str, scheduler: Scheduler
 ) -> None:
-    limited = invoke(redis_server, namespace, "keys", "set", "tok", "--rate", "100", "--per", "1m")
+    limited = invoke(redis_server, namespace, "keys", "set", "tok", "--rate", "100", "--per", "1h")
     assert limited.exit_code == 0, limited.stderr
-    assert "rate 100 per 60 s (100 of 100 units left)" in limited.stdout
+    assert "rate 100 per 3600 s (100 of 100 units left)" in limited.stdout
     for task, cost in (("t1", "70"), ("t2", "40")):
         done = invoke(
             redis_server, namespace, "schedule", task, "--fn", "f", "--key", "tok", "--cost", cost
@@ -241,9 +258,13 @@ def test_the_cli_schedules_with_a_cost_and_shows_units_and_why(
     assert any(line.split() == ["cost:", "40"] for line in status.splitlines()), status
     why = invoke(redis_server, namespace, "why", "t2").stdout
     assert (
-        "waiting for 40 units of the rate of its fairness key 'tok' (100 per 60 s, 30 units left)"
+        "waiting for 40 units of the rate of its fairness key 'tok' (100 per 3600 s, 30 units left)"
         in why
     ), why
+    scheduler.set_key("tok", rate=30, per=3600)
+    lowered = invoke(redis_server, namespace, "why", "t2").stdout
+    assert "its cost of 40 units is more than the whole rate of key 'tok' (30 per 3600 s" in lowered
+    assert "it starts only when the key's bucket is full, and takes all of it" in lowered
 
 
 # ------------------------------------------------------------------------ racing workers
