@@ -138,6 +138,33 @@ def test_a_typed_task_takes_its_cost_from_its_options(scheduler: Scheduler) -> N
     assert err.value.field == "cost"
 
 
+def commands_per_claim(client: redis.Redis, s: Scheduler, claims: int) -> dict[str, int]:
+    """The commands the claim script ran over ``claims`` one-task claims, by name."""
+    client.config_resetstat()
+    for _ in range(claims):
+        assert len(s.claim(1, "w")[0]) == 1
+    stats: dict[str, Any] = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): v["calls"] for name, v in stats.items()}
+
+
+def test_only_a_key_with_a_rate_reads_its_tasks_costs(own_redis: RedisServer) -> None:
+    client = own_redis.client()
+    s = Scheduler(client, namespace="n")
+    s.schedule_many([TaskSpec(f"t{i}", "f", key=f"k{i % 5}") for i in range(40)])
+    s.claim(1, "w")
+    without = commands_per_claim(client, s, 10)
+    for i in range(5):
+        s.set_key(f"k{i}", rate=10**6, per=1)
+    with_rate = commands_per_claim(client, s, 10)
+    # A key with a rate: one HGET of costs (and one HSET of its bucket) more per task.
+    assert with_rate.get("hget", 0) - without.get("hget", 0) == 10
+    assert {k: v for k, v in with_rate.items() if k not in ("hget", "hset")} == {
+        k: v for k, v in without.items() if k not in ("hget", "hset")
+    }
+    s.close()
+    client.close()
+
+
 def test_a_cost_on_a_task_without_a_key_takes_the_default_keys_units(api: Scheduler) -> None:
     api.schedule_many([TaskSpec("free", "f", cost=50)])
     # No rate anywhere: the cost changes nothing.
