@@ -711,7 +711,8 @@ class Explanation:
       the root's state now.
     - ``fair_key`` (a ready task of a fair namespace) and its key's ``key_running``,
       ``key_cap``, ``key_rate`` units per ``key_per_s`` seconds and ``key_units`` (the
-      units in its bucket now); ``cost``: the units the task takes when it starts.
+      units in its bucket now); ``cost``: the units the task takes when it starts (read
+      there, where a key's rate can apply; 1 for other tasks, ``status`` gives any task's).
     - ``error``: a failed task's error on one line: for a traceback, its last
       ``Type: message`` line (the exception raised); for a task that expired
       (cancelled, not started by its deadline), ``expired: not started by its deadline``.

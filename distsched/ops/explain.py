@@ -81,7 +81,6 @@ class _Task:
     cause: Any
     root: str | None
     lease: Any
-    cost: int = 1
 
     @property
     def now_ms(self) -> int:
@@ -130,7 +129,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     validate_task_id(task_id)
     now = yield from ops.server_time()
     task = yield from _read_task(ops, task_id, now)
-    fair_key = yield from _read_fair_key(ops, task)
+    fair_key, cost = yield from _read_fair_key(ops, task)
     reads = _second_reads(ops.keys, task, fair_key)
     replies = iter((yield from ops.read(*reads)) if reads else [])
     error, expired = _ended_error(task.rec, replies)
@@ -149,7 +148,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     key = yield from _read_key_state(ops, fair_key, task.now_ms)
     unserved = task.served and (served_at is None or now - served_at > SERVED_LIVE_S)
     lease_deadline = None if task.lease is None else float(task.lease) / 1000.0
-    reasons = _reasons(task, place, unserved, key, lease_deadline, expired)
+    reasons = _reasons(task, place, unserved, key, lease_deadline, expired, cost)
     rec = task.rec
     return Explanation(
         task_id=task_id,
@@ -183,7 +182,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         key_per_s=key.per_s,
         key_next_at=key.next_at,
         key_units=key.units,
-        cost=task.cost,
+        cost=cost,
         updated_at=rec.updated_ms / 1000.0,
     )
 
@@ -195,14 +194,13 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
     # Payloads are bounded by max_payload_bytes; results are read only for a failed
     # task (a succeeded one's result may be large and says nothing here).
     k = ops.keys
-    record_raw, payload, raw_deps, cause, lease, meta, raw_cost = yield from ops.read(
+    record_raw, payload, raw_deps, cause, lease, meta = yield from ops.read(
         ("HGET", k.tasks, task_id),
         ("HGET", k.payloads, task_id),
         ("HGET", k.deps, task_id),
         ("HGET", k.blocked, task_id),
         ("ZSCORE", k.leases, task_id),
         ("HMGET", k.meta, "max_running", "count:running", "order", "aging_ms", "fair"),
-        ("HGET", k.costs, task_id),
     )
     if record_raw is None:
         raise NotFoundError(task_id)
@@ -225,7 +223,6 @@ def _read_task(ops: ExplainReads, task_id: str, now: float) -> Op[_Task]:
         cause=cause,
         root=_root_of(rec, cause),
         lease=lease,
-        cost=decode_cost(raw_cost),
     )
 
 
@@ -248,12 +245,15 @@ def _root_of(rec: Record, cause: Any) -> str | None:
         return None
 
 
-def _read_fair_key(ops: ExplainReads, task: _Task) -> Op[str | None]:
-    """A ready task's fairness key in a fair namespace ('' for the default key)."""
+def _read_fair_key(ops: ExplainReads, task: _Task) -> Op[tuple[str | None, int]]:
+    """A ready task's fairness key in a fair namespace ('' for the default key) and its
+    cost (units of its key's rate; 1 elsewhere, where no rate applies)."""
     if not (task.queued and task.fair_on):
-        return None
-    (raw_key,) = yield from ops.read(("HGET", ops.keys.fairkeys, task.task_id))
-    return "" if raw_key is None else _text(raw_key)
+        return None, 1
+    raw_key, raw_cost = yield from ops.read(
+        ("HGET", ops.keys.fairkeys, task.task_id), ("HGET", ops.keys.costs, task.task_id)
+    )
+    return ("" if raw_key is None else _text(raw_key)), decode_cost(raw_cost)
 
 
 def _second_reads(k: Keys, task: _Task, fair_key: str | None) -> list[tuple[Any, ...]]:
@@ -419,6 +419,7 @@ def _reasons(
     key: _KeyState,
     lease_deadline: float | None,
     expired: bool,
+    cost: int = 1,
 ) -> list[Reason]:
     """Every reason found, the one that matters most first."""
     state = task.rec.state
@@ -433,7 +434,7 @@ def _reasons(
         return [*placing, Reason.WAITING_ON_DEPS, *also_unserved]
     if due_at is None:
         return [Reason.NOT_QUEUED]
-    over = [Reason.COST_OVER_RATE] if key.rate is not None and task.cost > key.rate else []
+    over = [Reason.COST_OVER_RATE] if key.rate is not None and cost > key.rate else []
     if due_at > task.now:
         return [Reason.NOT_DUE, *also_unserved, *over]
     return [*also_unserved, *_due_reasons(task, ahead, key), *over]
