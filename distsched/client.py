@@ -765,9 +765,10 @@ class Scheduler(BaseScheduler):
         ``cap``: the most tasks of the key running at once, fleet-wide (None: the
         namespace default of ``set_default_key_cap``, if any; 0 holds its tasks). ``weight``:
         its share of claims while several keys have due work (README, "Tenants and
-        fairness"). ``rate``: the most tasks of the key started per ``per`` seconds (a
-        token bucket of ``rate`` tokens on the server clock; None: no limit); a key over
-        its rate is skipped until its next token. Turns the namespace fair if it was not.
+        fairness"). ``rate``: the most units of the key started per ``per`` seconds, a task
+        taking its ``cost`` (1 unless scheduled with one; a token bucket of ``rate`` units on
+        the server clock; None: no limit); a key short of its next task's units is skipped
+        until they are there. Turns the namespace fair if it was not.
         Takes effect at the next claim.
         """
         return self._drive(self._ops.call(Ops.set_key, key, cap, weight, rate, per))

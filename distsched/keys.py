@@ -250,7 +250,8 @@ class Keys:
     def fair(self) -> str:
         """Hash of a fair namespace: ``vt`` (virtual time of the last key served), ``cap``
         (default per-key cap), ``cap:<key>``, ``w:<key>`` (weight), ``run:<key>`` (running
-        count) (``lua/lib/fair.lua``)."""
+        count), ``rate:<key>`` and ``tb:<key>`` (rate limit and token bucket)
+        (``lua/lib/fair.lua``)."""
         return self.prefix + "fair"
 
     @property
@@ -302,6 +303,12 @@ class Keys:
         """Hash: task id -> its last checkpoint, ``hex14(version)`` then the msgpack value
         (empty: none), kept across the attempts of that version (``lua/progress.lua``)."""
         return self.prefix + "checkpoints"
+
+    @property
+    def costs(self) -> str:
+        """Hash: task id -> its cost (units of its fairness key's rate), only for a cost
+        other than 1 (``lua/lib/fair.lua``)."""
+        return self.prefix + "costs"
 
     @property
     def served(self) -> str:

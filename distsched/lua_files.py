@@ -86,6 +86,7 @@ KEY_NAMES = (
     "paused",
     "progress",
     "checkpoints",
+    "costs",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

@@ -236,6 +236,8 @@ class TaskInfo:
     waitpoint: WaitpointInfo | None = None
     """Set when the task is a waitpoint (``Scheduler.create_waitpoint``): what it waits
     for and when it times out; None for a task workers run."""
+    cost: int = 1
+    """The units of its fairness key's rate it takes when it starts (``TaskSpec.cost``)."""
 
     @property
     def checkpoint_kept(self) -> bool:
@@ -400,6 +402,13 @@ class TaskSpec:
       ``Scheduler.complete_waitpoint`` or ``fail_waitpoint`` from any service once its
       own ``deps`` have succeeded. ``fn`` then only labels it (default
       ``distsched.waitpoint``); not with ``debounce``, ``deadline`` or ``ttl``.
+    - ``cost``: the units of its fairness key's rate limit the task takes when it starts
+      (an int in [1, 10^9], 1 unless given), so that a key's rate counts tokens or
+      requests rather than tasks: with ``set_key(key, rate=40_000, per=60)`` a task of
+      ``cost=1_200`` starts only once its key's bucket holds 1,200 units. A task given no
+      key takes the default key's units. On a key without a rate it changes nothing; a
+      cost above the rate its key has when scheduled is refused (``InvalidArgument``),
+      since it could never start (README, "Tenants and fairness").
     """
 
     task_id: str
@@ -423,6 +432,7 @@ class TaskSpec:
     key: str | None = None
     timeout: Duration | None = None
     waitpoint: Duration | None = None
+    cost: int = 1
 
 
 class Options(TypedDict, total=False):
@@ -445,6 +455,7 @@ class Options(TypedDict, total=False):
     key: str | None
     timeout: Duration | None
     waitpoint: Duration | None
+    cost: int
 
 
 class TaskOptions(Options, total=False):
@@ -499,7 +510,9 @@ class KeyInfo:
     still run; ``queued`` its ready tasks (stale entries included until claims drop them);
     ``turn``: ``"ready"`` (takes turns now), ``"waiting"`` (its head is not due yet),
     ``"capped"`` (at its cap) or ``"idle"`` (no ready work); a key over its rate limit
-    (``rate`` tasks started per ``per_s`` seconds) is ``"waiting"`` for its next token.
+    (``rate`` units per ``per_s`` seconds, a task taking its ``cost`` of them, 1 unless
+    given) is ``"waiting"`` until its head task's units are there; ``units`` holds the
+    units available now.
     """
 
     key: str
@@ -513,6 +526,17 @@ class KeyInfo:
     per_s: float | None = None
     head_due_at: float | None = None
     """When its first queued entry is due (epoch seconds, server clock); None: none."""
+    units: int | None = None
+    """The units of its rate limit in its bucket now (None: no rate): a task of cost ``c``
+    (``TaskSpec.cost``) starts once ``c`` are there, and takes them."""
+
+    @property
+    def units_used(self) -> int | None:
+        """The units of its rate taken and not refilled yet (``rate - units``; None: no
+        rate)."""
+        if self.rate is None or self.units is None:
+            return None
+        return max(0, self.rate - self.units)
 
 
 class KeyLoad(TypedDict):
@@ -777,8 +801,13 @@ class Reason(str, enum.Enum):
     """It is queued but paused (``Scheduler.pause_task``) since ``paused_at``: no worker
     claims it until ``resume_task``."""
     KEY_RATE = "key_rate"
-    """It is due, but its fairness key used its rate (``key_rate`` tasks per ``key_per_s``
-    seconds): its next token comes at ``key_next_at`` (server clock)."""
+    """It is due, but its fairness key used its rate (``key_rate`` units per ``key_per_s``
+    seconds, ``key_units`` left): the units its next task takes (its ``cost``, 1 unless
+    given) are there at ``key_next_at`` (server clock)."""
+    COST_OVER_RATE = "cost_over_rate"
+    """Its ``cost`` is more than its fairness key's whole rate (``key_rate`` units, the rate
+    lowered after the task was scheduled): it starts only when the key's bucket is full,
+    and takes all of it."""
 
     def __str__(self) -> str:
         return self.value
@@ -815,6 +844,10 @@ class Explanation:
       the root's state now.
     - ``progress``: the last progress the current version reported (any state: a task
       retried after a crash shows how far its last attempt got).
+    - ``fair_key`` (a ready task of a fair namespace) and its key's ``key_running``,
+      ``key_cap``, ``key_rate`` units per ``key_per_s`` seconds and ``key_units`` (the
+      units in its bucket now); ``cost``: the units the task takes when it starts (read
+      there, where a key's rate can apply; 1 for other tasks, ``status`` gives any task's).
     - ``error``: a failed task's error on one line: for a traceback, its last
       ``Type: message`` line (the exception raised); for a task that expired
       (cancelled, not started by its deadline), ``expired: not started by its deadline``.
@@ -861,6 +894,8 @@ class Explanation:
     """A waitpoint's timeout (seconds); None for a task workers run."""
     waitpoint_times_out_at: float | None = None
     """When a waitpoint waiting for its completion times out (server clock)."""
+    key_units: int | None = None
+    cost: int = 1
 
     @property
     def reason(self) -> Reason:

@@ -39,6 +39,17 @@ DEFAULT_MAX_PAYLOAD_BYTES = limits.DEFAULT_MAX_PAYLOAD_BYTES
 MAX_FAIR_KEY_BYTES = 256
 """The longest fairness key, in UTF-8 bytes (``MAX_KEY_BYTES`` in ``lua/lib/admit.lua``)."""
 
+MAX_COST = 1_000_000_000
+"""The most units of its key's rate one task may take (``MAX_TASK_COST`` in
+``lua/lib/admit.lua``, ``MAX_COST`` in ``lua/lib/fair.lua``); the highest rate is as large."""
+
+
+def validate_cost(cost: object) -> int:
+    """A task's cost: an int in [1, ``MAX_COST``] (units of its fairness key's rate)."""
+    if not isinstance(cost, int) or isinstance(cost, bool) or not 1 <= cost <= MAX_COST:
+        raise InvalidArgument("cost", f"must be an int in [1, {MAX_COST}], got {cost!r}")
+    return cost
+
 
 def validate_fair_key(key: object, *, allow_default: bool = False) -> str:
     """A fairness key: a str of 1..256 UTF-8 bytes ('' for the default key when allowed)."""

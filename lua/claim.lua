@@ -9,7 +9,7 @@
 --- @keys tasks payloads queue leases meta idle claims fires ranked
 --- @keys results finished states propagating deadlines
 --- @keys waits ended
---- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun costs
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
 -- sequence); in a namespace of the priority order (lib/ranked.lua) it first moves the
@@ -34,8 +34,10 @@
 -- for the others; in the priority order ranked for the default key, and for the others
 -- the key's ranked section of fairq, into which the visit first moves the key's due
 -- entries, at most MOVE_MAX per call over all keys: when due entries of the key are left
--- unranked the call stops, 'not_due' with delay 0), one task at a time, each key within its cap and rate limit; keys whose
--- head is not due, at their cap or over their rate leave fairready (for fairwait or
+-- unranked the call stops, 'not_due' with delay 0), one task at a time, each key within its cap and rate limit (a
+-- task takes its cost in units of its key's token bucket, costs hash, read only for a
+-- key with a rate; lib/fair.lua); keys whose head is not due, at their cap or short of
+-- their head's units leave fairready (for fairwait or
 -- fairfull), and the head of fairwait joins the delay hint. At most n + 64 keys are
 -- visited per call ('not_due', delay 0, when that bound stops it); 'capacity' also when
 -- every key with work is at its cap. It writes as it goes; an id no worker can name is
@@ -49,7 +51,7 @@
 -- cancelled as with expire.lua, and its dependents get a propagation job (the reply's
 -- first element then counts the jobs left, as for the scripts that settle).
 --
--- Reads payloads, fires (its head), meta (max_running, count:running, order, aging_ms, fair); writes
+-- Reads costs (a keyed head's cost, only for a key with a rate), payloads, fires (its head), meta (max_running, count:running, order, aging_ms, fair); writes
 -- tasks, queue, leases, meta (count:ready, count:running, timer, timer_at), idle, claims,
 -- ranked; for expired tasks results, finished, states, propagating, deadlines, and waits
 -- (a waited-for task that expired is published on ended, lib/ended.lua); for a task of
@@ -244,12 +246,15 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
         local cap, busy = fair_cap(s[2], s[3]), tonumber(s[1]) or 0
         local weight = tonumber(s[4])
         if not weight or weight <= 0 then weight = 1 end
-        local tokens, next_token = fair_tokens(s[5], s[6], now)
+        -- Only a key with a rate reads its head's cost (costs: tasks of a cost other than 1).
+        local tokens, next_token, units = nil, nil, nil
+        if s[5] then tokens, next_token, units = fair_tokens(s[5], s[6], now, task_cost(id)) end
         if cap and busy >= cap then
           redis.call('ZREM', k.fairready, key)
           redis.call('ZADD', k.fairfull, vt, key)
         elseif next_token then
-          -- Over its rate: the key waits for its next token like a delayed head.
+          -- Fewer units than its head's cost: the key waits for them like a delayed head
+          -- (other keys take their turns meanwhile).
           redis.call('ZREM', k.fairready, key)
           redis.call('ZADD', k.fairwait, next_token, key)
         elseif limit and running + claimed >= limit then
@@ -284,7 +289,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
           redis.call('HINCRBY', k.fair, 'run:' .. key, '1')
           redis.call('HSET', k.fairrun, id, key)
           if tokens then
-            redis.call('HSET', k.fair, 'tb:' .. key, string.format('%.17g %d', tokens - 1, now))
+            redis.call('HSET', k.fair, 'tb:' .. key, string.format('%.17g %d', tokens - units, now))
           end
           served = vt
           -- A key that reached its cap waits in fairfull: claims never visit it there.

@@ -23,8 +23,9 @@
 -- ARGV[3] the cap: an integer in [0, 1000000000] (0 holds the key's tasks), or '' for
 --         none (for 'key': the default cap applies)
 -- ARGV[4] the weight: an integer in [1, 1000000] (ignored for 'default'; send 1)
--- ARGV[5] optional, for 'key': the rate limit, tasks started per interval, an integer in
---         [1, 1000000000]; '' or absent for none
+-- ARGV[5] optional, for 'key': the rate limit, units started per interval (a task takes
+--         its cost, costs hash; lib/fair.lua), an integer in [1, 1000000000]; '' or absent
+--         for none
 -- ARGV[6] with ARGV[5]: the interval in ms, an integer in [1, 86400000]
 --
 -- Reply: { 0, keys moved back from fairfull }

@@ -4,7 +4,7 @@
 --- @keys tasks payloads results done finished meta
 --- @keys edges deps blocked blockedby propagating states history
 --- @keys debounce progress checkpoints
---- @keys idle fair fairready fairfull fairkeys fairrun paused
+--- @keys idle fair fairready fairfull fairkeys fairrun paused costs
 --
 -- succeeded / failed / cancelled / blocked -> (gone), exactly as purge.lua removes a
 -- task past the retention (the record, payload, result, applied tokens, history,
@@ -15,8 +15,8 @@
 --
 -- Reads propagating; writes tasks, payloads, results, done, debounce, paused, finished,
 -- meta (count:<state>), edges, deps, blocked, blockedby, states, history, fairkeys,
--- progress, checkpoints. It receives idle, fair, fairready, fairfull and fairrun and touches none
--- of them (a terminal task holds no slot of its fairness key).
+-- progress, checkpoints, costs. It receives idle, fair, fairready, fairfull and fairrun
+-- and touches none of them (a terminal task holds no slot of its fairness key).
 --
 -- Publishes: nothing.
 --

@@ -4,7 +4,7 @@
 --- @keys tasks payloads results done finished meta
 --- @keys edges deps blocked blockedby propagating states history
 --- @keys debounce progress checkpoints
---- @keys idle fair fairready fairfull fairkeys fairrun paused
+--- @keys idle fair fairready fairfull fairkeys fairrun paused costs
 --
 -- succeeded / failed / cancelled / blocked, terminal for longer than the
 -- retention -> (gone): the record, payload, result, applied tokens, history, dependency
@@ -16,9 +16,9 @@
 -- Reads meta (retention_ms), propagating; writes tasks, payloads, results, done, debounce, paused,
 -- finished, meta (retention_ms, count:<state>), edges, deps, blocked, blockedby.
 -- Also removes the task's member of states (the per-state index), its history, its
--- fairness key (fairkeys), its progress and its checkpoint (progress, checkpoints).
--- It receives idle, fair, fairready, fairfull and fairrun and touches none of them (a
--- terminal task holds no slot of its fairness key).
+-- fairness key (fairkeys), its progress and its checkpoint (progress, checkpoints) and
+-- its cost (costs). It receives idle, fair, fairready, fairfull and fairrun and touches
+-- none of them (a terminal task holds no slot of its fairness key).
 --
 -- Publishes: nothing.
 --

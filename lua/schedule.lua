@@ -7,7 +7,7 @@
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --- @keys debounce deadlines
---- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys fair fairq fairready fairwait fairfull fairkeys fairrun costs
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency
@@ -29,12 +29,15 @@
 -- namespace of the priority order ranked (a task due now goes straight into the ready
 -- set; lib/ranked.lua), reading meta (order, aging_ms).
 --
--- Also writes debounce (the burst of a task scheduled with debounce; lib/admit.lua)
--- and deadlines (a version's deadline, when it has one, or a waitpoint's timer;
--- lib/deadline.lua).
+-- Also writes costs (a task's cost other than 1), debounce (the burst of a task
+-- scheduled with debounce; lib/admit.lua) and deadlines (a version's deadline, when it
+-- has one, or a waitpoint's timer; lib/deadline.lua).
 -- A spec with key=<hex> turns the namespace fair (meta fair) and, in a fair namespace,
 -- each new version's key is written to fairkeys and its entry goes to fairq (or queue for
 -- the default key), its key into fairready or fairwait (lib/fair.lua).
+-- A spec with cost=<units> other than 1 writes its cost to costs (task id -> units); a
+-- new version without one removes an earlier version's. A cost above the rate of the
+-- task's key (fair rate:<key>, read for each spec with a cost) is refused.
 --
 -- Publishes: 'ready' on the channels of idle workers (lib/idle.lua): one per task it
 -- makes due now, or one for a new queue head not due yet; '<state> <id>' on ended for
@@ -55,6 +58,8 @@
 --     fairness key), ' hold=1' (held until add_deps.lua's last part lifts it; lib/admit.lua),
 --     ' wait=<timeout ms>' (a waitpoint: pending until waitpoint.lua ends it, never
 --     claimed, failed when it times out; lib/deadline.lua);
+--     fairness key), ' cost=<units>' (1..1000000000: the units of its key's rate it takes
+--     when it starts; 1 when absent), ' hold=1' (held until add_deps.lua's last part lifts it; lib/admit.lua);
 --   payload (msgpack map);
 --   then r required dependency ids, then o optional ones;
 -- then, optionally, the caller's largest payload in bytes (>= 1): it can only lower the
@@ -92,6 +97,8 @@
 --                             dedupe_window of <id>, debounce of <id>, deadline of <id>,
 --                             ttl of <id>, timeout of <id> (wait=), n, or a cap named
 --                             in its message, ...)
+--                             ttl of <id>, cost of <id> (also: more than the rate of its
+--                             key, when that key has one), n, or a cap named in its message, ...)
 --   CORRUPT task record of <id> <why>   a task of the batch, or a dependency, has a
 --                             stored record that does not parse
 -- Cost: O(n log N + edges), plus the pending descendants of the batch's tasks for the
@@ -172,6 +179,18 @@ return run(function(c)
     end
     batch[id] = s
     specs[i] = s
+  end
+  -- A cost is checked against the rate its key has now (a rate lowered later makes such a
+  -- task wait for a full bucket and take all of it: lib/fair.lua).
+  for _, s in ipairs(specs) do
+    if s.opts and s.opts.cost and s.opts.cost > 1 then
+      local key = s.opts.key or ''
+      local count = tonumber(string.match(redis.call('HGET', k.fair, 'rate:' .. key) or '', '^(%d+) '))
+      if count and s.opts.cost > count then
+        error({ err = 'BADARG cost of ' .. s.id .. ' is ' .. s.opts.cost .. ' units, more than the rate of its key ('
+          .. count .. ' per window): it could never start' })
+      end
+    end
   end
   -- An optional last value: the caller's own payload limit, which can only lower the
   -- namespace's (lib/payload.lua).
@@ -350,6 +369,15 @@ return run(function(c)
       elseif s.old then
         redis.call('HDEL', k.fairkeys, s.id)
       end
+    end
+  end
+  -- Costs (lib/fair.lua): kept only when other than 1, replaced with each new version.
+  for _, s in ipairs(specs) do
+    local cost = s.opts and s.opts.cost
+    if cost and cost > 1 then
+      redis.call('HSET', k.costs, s.id, cost)
+    elseif s.old then
+      redis.call('HDEL', k.costs, s.id)
     end
   end
   local function state_of(id)

@@ -228,6 +228,15 @@ def test_the_keys_page_lists_every_key_idle_ones_included_with_cap_weight_and_ra
     busy = row_of(page, "data-key", "busy")
     assert (cell(busy, "running"), cell(busy, "queued")) == ("1", "2")
     assert (cell(busy, "cap"), cell(busy, "rate")) == ("none", "none")
+    # Units in the bucket of a key with a rate; a task's cost takes them.
+    assert (cell(idle, "units"), cell(busy, "units")) == ("5", "-") and "5 of 5 left" in idle
+    scheduler.schedule("heavy", fn="step", key="idle", cost=4)
+    assert [c.task_id for c in scheduler.claim(1, "w")[0]] == ["heavy"]
+    idle = row_of(read_only.get("/keys").text, "data-key", "idle")
+    # 1 left, and 2.5 a second refill (5 per 2 s) while the page is read.
+    assert cell(idle, "units") in ("1", "2", "3") and "of 5 left" in idle
+    task_page = read_only.get("/task", params={"id": "heavy"}).text
+    assert '<td data-field="cost">4 units of its key\'s rate</td>' in task_page
     hostile = row_of(page, "data-key", HOSTILE_KEY)
     assert cell(hostile, "weight") == "4" and HOSTILE_KEY not in page
     assert links(page).post == []

@@ -655,7 +655,8 @@ def test_the_cli_schedules_keyed_tasks_and_sets_shows_and_lists_keys(
     limited = invoke(redis_server, namespace, "keys", "set", "b", "--rate", "10", "--per", "2s")
     assert (
         limited.stdout.strip()
-        == "'b': cap 5 (default), weight 1, rate 10 per 2 s, running 0, queued 0, idle"
+        == "'b': cap 5 (default), weight 1, rate 10 per 2 s (10 of 10 units left), running 0, "
+        "queued 0, idle"
     )
     assert (scheduler.key_info("b").rate, scheduler.key_info("b").per_s) == (10, 2.0)
     bad = invoke(redis_server, namespace, "keys", "set", "acme", "--cap", "-1")

@@ -84,6 +84,7 @@ def _status_lines(
         ("run_at", run_at),
         ("backoff", f"{info.backoff:g} s"),
         ("timeout", "-" if info.timeout is None else f"{info.timeout:g} s"),
+        ("cost", str(info.cost)),
         ("fn", show(info.fn, id_limit) if info.fn else "-"),
         ("args", js(list(info.args))),
         ("kwargs", js(info.kwargs)),

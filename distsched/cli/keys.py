@@ -21,6 +21,8 @@ def _key_line(info: KeyInfo) -> str:
         shown_cap += " (default)"
     name = repr(info.key) if info.key else "'' (default key)"
     rate = "" if info.rate is None else f", rate {info.rate} per {info.per_s:g} s"
+    if info.rate is not None and info.units is not None:
+        rate += f" ({info.units} of {info.rate} units left)"
     return (
         f"{name}: cap {shown_cap}, weight {info.weight}{rate}, running {info.running}, "
         f"queued {info.queued}, {info.turn}"
@@ -31,7 +33,12 @@ def _key_line(info: KeyInfo) -> str:
 @click.argument("key")
 @click.option("--cap", type=int, default=None, help="Most tasks of KEY running at once.")
 @click.option("--weight", type=int, default=1, show_default=True, help="Share of claims.")
-@click.option("--rate", type=int, default=None, help="Most tasks of KEY started per --per.")
+@click.option(
+    "--rate",
+    type=int,
+    default=None,
+    help="Most units of KEY started per --per (a task takes its --cost, 1 unless given).",
+)
 @duration_option(
     "--per",
     "per_s",

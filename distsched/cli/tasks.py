@@ -103,6 +103,14 @@ _task_options = stacked(
         metavar="KEY",
         help="The fairness key (tenant): keys take turns at the claims (see 'keys').",
     ),
+    click.option(
+        "--cost",
+        type=int,
+        default=1,
+        show_default=True,
+        metavar="UNITS",
+        help="Units of its key's rate the task takes when it starts (tokens, requests).",
+    ),
     duration_option(
         "--timeout",
         field="timeout",
@@ -127,12 +135,14 @@ def _task_keywords(
     deadline: str | None,
     ttl: float | None,
     fair_key: str | None,
+    cost: int,
     timeout: float | None,
 ) -> dict[str, Any]:
     """The options of ``_task_options`` as ``Scheduler.schedule`` keywords."""
     return {
         "timeout": timeout,
         "key": fair_key,
+        "cost": cost,
         "deadline": None if deadline is None else parse_when(deadline, "deadline"),
         "ttl": ttl,
         "dedupe": dedupe,

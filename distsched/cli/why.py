@@ -164,10 +164,27 @@ def _key_capped(exp: Explanation, limit: int | None) -> str:
 def _key_rate(exp: Explanation, limit: int | None) -> str:
     now = exp.server_time
     due = exp.key_next_at or now
+    key = _quoted(exp.fair_key, limit)
+    rate = f"{exp.key_rate} per {exp.key_per_s:g} s"
+    left = "" if exp.key_units is None else f", {_count(exp.key_units, 'unit', 'units')} left"
+    if exp.ahead:
+        # The key waits for the units of the task at its head, not this one's.
+        return (
+            f"its fairness key {key} used its rate of {rate}{left}: next start {relative(due, now)}"
+        )
+    need = min(exp.cost, exp.key_rate or exp.cost)
     return (
-        f"its fairness key {_quoted(exp.fair_key, limit)} used its rate of "
-        f"{exp.key_rate} per {exp.key_per_s:g} s: "
-        f"next start {relative(due, now)}"
+        f"it is waiting for {_count(need, 'unit', 'units')} of the rate of its fairness key "
+        f"{key} ({rate}{left}): it starts {relative(due, now)}"
+    )
+
+
+def _cost_over_rate(exp: Explanation, limit: int | None) -> str:
+    return (
+        f"its cost of {exp.cost} units is more than the whole rate of key "
+        f"{_quoted(exp.fair_key, limit)} ({exp.key_rate} per {exp.key_per_s:g} s, lowered "
+        "since it was scheduled): it starts only when the key's bucket is full, and takes "
+        "all of it"
     )
 
 
@@ -203,6 +220,7 @@ SENTENCES: dict[Reason, Callable[[Explanation, int | None], str]] = {
     Reason.BEHIND: _behind,
     Reason.KEY_CAPPED: _key_capped,
     Reason.KEY_RATE: _key_rate,
+    Reason.COST_OVER_RATE: _cost_over_rate,
     Reason.NEXT: _next,
     Reason.NOT_QUEUED: _not_queued,
     Reason.PAUSED: _paused,

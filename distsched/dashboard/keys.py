@@ -62,6 +62,13 @@ def rate_text(info: KeyInfo) -> str:
     return f"{info.rate:,} per {info.per_s or 1.0:g} s"
 
 
+def units_text(info: KeyInfo) -> str:
+    """``37 of 40 left``, or ``-`` for a key without a rate."""
+    if info.rate is None or info.units is None:
+        return "-"
+    return f"{info.units:,} of {info.rate:,} left"
+
+
 def _whole(form: Any, name: str, *, empty: int | None) -> int | None:
     """A whole number from the form (``empty`` when left blank)."""
     raw = form.get(name)
@@ -109,7 +116,9 @@ class KeyPages:
 
     async def page(self, request: Request) -> Response:
         page = await self.d.read(read, self.d.scheduler)
-        return self.d.render(request, "keys.html", page=page, rate_text=rate_text)
+        return self.d.render(
+            request, "keys.html", page=page, rate_text=rate_text, units_text=units_text
+        )
 
     async def set_key(self, request: Request) -> Response:
         refused = await self.d.refuse(request)

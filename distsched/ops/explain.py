@@ -8,6 +8,7 @@ read through :mod:`distsched.wire.records`, never by hand.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -35,7 +36,9 @@ from distsched.wire.records import (
     _error_line,
     _fair_prefix,
     _state_or_none,
+    bucket_units,
     decode_cause,
+    decode_cost,
     decode_deps_list,
     decode_order,
     decode_paused,
@@ -154,6 +157,7 @@ class _KeyState:
     rate: int | None = None
     per_s: float | None = None
     next_at: float | None = None
+    units: int | None = None
 
 
 # (due_at, ahead) of a ready task's queue entry; (None, None) when it has none.
@@ -165,7 +169,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     validate_task_id(task_id)
     now = yield from ops.server_time()
     task = yield from _read_task(ops, task_id, now)
-    fair_key = yield from _read_fair_key(ops, task)
+    fair_key, cost = yield from _read_fair_key(ops, task)
     reads = _second_reads(ops.keys, task, fair_key)
     replies = iter((yield from ops.read(*reads)) if reads else [])
     error, expired = _ended_error(task.rec, replies)
@@ -186,7 +190,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     key = yield from _read_key_state(ops, fair_key, task.now_ms)
     unserved = task.served and (served_at is None or now - served_at > SERVED_LIVE_S)
     lease_deadline = None if task.lease is None else float(task.lease) / 1000.0
-    reasons = _reasons(task, place, unserved, key, lease_deadline, expired)
+    reasons = _reasons(task, place, unserved, key, lease_deadline, expired, cost)
     rec = task.rec
     return Explanation(
         task_id=task_id,
@@ -219,6 +223,8 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         key_rate=key.rate,
         key_per_s=key.per_s,
         key_next_at=key.next_at,
+        key_units=key.units,
+        cost=cost,
         updated_at=rec.updated_ms / 1000.0,
         paused_at=task.paused_at,
         progress=task.progress,
@@ -295,12 +301,15 @@ def _root_of(rec: Record, cause: Any) -> str | None:
         return None
 
 
-def _read_fair_key(ops: ExplainReads, task: _Task) -> Op[str | None]:
-    """A ready task's fairness key in a fair namespace ('' for the default key)."""
+def _read_fair_key(ops: ExplainReads, task: _Task) -> Op[tuple[str | None, int]]:
+    """A ready task's fairness key in a fair namespace ('' for the default key) and its
+    cost (units of its key's rate; 1 elsewhere, where no rate applies)."""
     if not (task.queued and task.fair_on):
-        return None
-    (raw_key,) = yield from ops.read(("HGET", ops.keys.fairkeys, task.task_id))
-    return "" if raw_key is None else _text(raw_key)
+        return None, 1
+    raw_key, raw_cost = yield from ops.read(
+        ("HGET", ops.keys.fairkeys, task.task_id), ("HGET", ops.keys.costs, task.task_id)
+    )
+    return ("" if raw_key is None else _text(raw_key)), decode_cost(raw_cost)
 
 
 def _second_reads(k: Keys, task: _Task, fair_key: str | None) -> list[tuple[Any, ...]]:
@@ -370,7 +379,15 @@ def _read_key_state(ops: ExplainReads, fair_key: str | None, now_ms: int) -> Op[
     if fair_key is None:
         return _KeyState()
     fields, waiting = yield from ops.read(
-        ("HMGET", ops.keys.fair, f"run:{fair_key}", f"cap:{fair_key}", "cap", f"rate:{fair_key}"),
+        (
+            "HMGET",
+            ops.keys.fair,
+            f"run:{fair_key}",
+            f"cap:{fair_key}",
+            "cap",
+            f"rate:{fair_key}",
+            f"tb:{fair_key}",
+        ),
         ("ZSCORE", ops.keys.fairwait, fair_key),
     )
     cap = _count_or_none(fields[1])
@@ -380,7 +397,9 @@ def _read_key_state(ops: ExplainReads, fair_key: str | None, now_ms: int) -> Op[
     next_at = None
     if rate is not None and waiting is not None and float(waiting) > now_ms:
         next_at = float(waiting) / 1000.0
-    return _KeyState(_count_or_none(fields[0]) or 0, cap, rate, per_s, next_at)
+    units = bucket_units(fields[3], fields[4], now_ms)
+    whole = None if units is None else math.floor(units + 1e-9)
+    return _KeyState(_count_or_none(fields[0]) or 0, cap, rate, per_s, next_at, whole)
 
 
 # --------------------------------------------------------------------------- queue place
@@ -456,6 +475,7 @@ def _reasons(
     key: _KeyState,
     lease_deadline: float | None,
     expired: bool,
+    cost: int = 1,
 ) -> list[Reason]:
     """Every reason found, the one that matters most first."""
     state = task.rec.state
@@ -481,9 +501,10 @@ def _reasons(
         return [*placing, *waitpoint, Reason.WAITING_ON_DEPS, *also_unserved]
     if due_at is None:
         return [Reason.NOT_QUEUED]
+    over = [Reason.COST_OVER_RATE] if key.rate is not None and cost > key.rate else []
     if due_at > task.now:
-        return [Reason.NOT_DUE, *also_unserved]
-    return [*also_unserved, *_due_reasons(task, ahead, key)]
+        return [Reason.NOT_DUE, *also_unserved, *over]
+    return [*also_unserved, *_due_reasons(task, ahead, key), *over]
 
 
 def _running_reasons(task: _Task, lease_deadline: float | None) -> list[Reason]:

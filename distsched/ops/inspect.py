@@ -123,6 +123,7 @@ class Inspect(Listing):
             history,
             paused,
             progress,
+            cost,
             lease,
             edges,
         ) = yield from self.read(*reads)
@@ -150,6 +151,7 @@ class Inspect(Listing):
             history,
             paused,
             progress,
+            cost,
         )
 
     @route.by_id("task_id")
@@ -467,8 +469,9 @@ class Inspect(Listing):
     @route.every(merge=merges.key_infos)
     def key_info(self, key: str) -> Op[KeyInfo]:
         key = validate_fair_key(key, allow_default=True)
+        now_ms = yield from self.now_ms()
         replies = yield from self.read(*_key_reads(self.keys, key))
-        return _decode_key_info(key, replies)
+        return _decode_key_info(key, replies, now_ms)
 
     @route.striped
     def fair_keys(self, limit: int = 100) -> Op[list[KeyInfo]]:
@@ -492,11 +495,12 @@ class Inspect(Listing):
         unique = list(dict.fromkeys(names))[:limit]
         if not unique:
             return []
+        now_ms = yield from self.now_ms()
         per_key = [_key_reads(k, name) for name in unique]
         replies = yield from self.read(*[read for reads in per_key for read in reads])
         infos, at = [], 0
         for name, reads in zip(unique, per_key, strict=True):
-            infos.append(_decode_key_info(name, replies[at : at + len(reads)]))
+            infos.append(_decode_key_info(name, replies[at : at + len(reads)], now_ms))
             at += len(reads)
         return sorted(infos, key=lambda info: (-info.running, -info.queued, info.key))
 

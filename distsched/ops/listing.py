@@ -195,14 +195,22 @@ class Listing(Base):
         k = self.keys
         ids = [e.task_id for e in entries]
         reads = [("HMGET", key, *ids) for key in (k.tasks, k.payloads, k.results)]
-        reads += [("HMGET", k.deps, *ids), ("HMGET", k.history, *ids)]
-        reads.append(("HMGET", k.paused, *ids))
-        records, payloads, results, deps, history, paused = yield from self.read(*reads)
+        reads += [("HMGET", key, *ids) for key in (k.deps, k.history, k.paused, k.costs)]
+        records, payloads, results, deps, history, paused, costs = yield from self.read(*reads)
         for i, entry in enumerate(entries):
             if not entry.task_id:
                 continue  # a junk or doubled fairq entry: passed over, nothing to list
             info = _listed_info(
-                st, entry, records[i], payloads[i], results[i], deps[i], history[i], fn, paused[i]
+                st,
+                entry,
+                records[i],
+                payloads[i],
+                results[i],
+                deps[i],
+                history[i],
+                fn,
+                paused[i],
+                costs[i],
             )
             if info is not None:
                 items.append(info)

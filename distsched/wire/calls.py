@@ -34,6 +34,7 @@ from distsched.validate import (
     seconds_to_ms,
     time_argument,
     timeout_ms,
+    validate_cost,
     validate_dependency_ids,
     validate_deps,
     validate_fair_key,
@@ -84,9 +85,13 @@ class Call:
 
 def admission_suffix(spec: TaskSpec) -> str:
     """The option tokens of ``spec``'s schedule-script spec (lua/lib/admit.lua): ''
-    when it uses no admission policy, no deadline and no fairness key."""
+    when it uses no admission policy, no deadline, no fairness key, no wait and no cost."""
     return (
-        _policy_suffix(spec) + _deadline_suffix(spec) + _key_suffix(spec.key) + _wait_suffix(spec)
+        _policy_suffix(spec)
+        + _deadline_suffix(spec)
+        + _key_suffix(spec.key)
+        + _wait_suffix(spec)
+        + _cost_suffix(spec.cost)
     )
 
 
@@ -101,6 +106,12 @@ def _wait_suffix(spec: TaskSpec) -> str:
     if len(spec.deps) > PLACE_PART:
         raise InvalidArgument("deps", f"a waitpoint takes at most {PLACE_PART} dependencies")
     return f" wait={ms}"
+
+
+def _cost_suffix(cost: object) -> str:
+    # A cost of 1 travels as none: the wire of a task without a cost is unchanged.
+    units = validate_cost(cost)
+    return "" if units == 1 else f" cost={units}"
 
 
 def _key_suffix(key: object) -> str:
@@ -300,6 +311,7 @@ def _key_reads(keys: Keys, key: str) -> list[tuple[Any, ...]]:
         f"w:{key}",
         f"run:{key}",
         f"rate:{key}",
+        f"tb:{key}",
     )
     turns = [
         ("ZSCORE", keys.fairready, key),
@@ -655,6 +667,7 @@ def status_reads(keys: Keys) -> list[str]:
         keys.history,
         keys.paused,
         keys.progress,
+        keys.costs,
     ]
 
 

@@ -42,7 +42,7 @@ from distsched.model import (
     WorkerInfo,
 )
 from distsched.tracebacks import exception_line
-from distsched.validate import MAX_MS, PRIORITY_MAX, PRIORITY_MIN
+from distsched.validate import MAX_COST, MAX_MS, PRIORITY_MAX, PRIORITY_MIN
 from distsched.wire.payload import _bytes, _text
 
 # --------------------------------------------------------------------------- task record
@@ -392,6 +392,35 @@ def _decode_rate(raw: Any) -> tuple[int | None, float | None]:
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
         return None, None
     return int(parts[0]), int(parts[1]) / 1000.0
+
+
+def decode_cost(raw: Any) -> int:
+    """A task's cost from the costs hash (1 when absent or junk, as ``task_cost`` of
+    ``lua/lib/fair.lua`` reads it)."""
+    cost = _count_or_none(raw)
+    if cost is None or cost < 1:
+        return 1
+    return min(cost, MAX_COST)
+
+
+def bucket_units(raw_rate: Any, raw_bucket: Any, now_ms: int) -> float | None:
+    """The units in a key's token bucket at ``now_ms``, as ``fair_tokens`` of
+    ``lua/lib/fair.lua`` reads them (``tb:<key>`` = ``<units> <ms of the last update>``,
+    full while absent); None for a key without a rate."""
+    rate, per_s = _decode_rate(raw_rate)
+    if rate is None or per_s is None or rate < 1 or per_s <= 0:
+        return None
+    units, last = float(rate), now_ms
+    if raw_bucket is not None:
+        parts = _text(raw_bucket).split()
+        try:
+            if len(parts) == 2:
+                units, last = float(parts[0]), int(parts[1])
+        except ValueError:
+            units, last = float(rate), now_ms
+    if now_ms > last:
+        units += (now_ms - last) * rate / (per_s * 1000.0)
+    return min(units, float(rate))
 
 
 def _pair_of(reply: Any) -> tuple[bytes, float]:

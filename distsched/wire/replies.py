@@ -5,6 +5,7 @@ refusal text into the matching :mod:`distsched.errors` exception.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -63,7 +64,9 @@ from distsched.wire.records import (
     _fair_prefix,
     _fairq_entry_due,
     _pair_of,
+    bucket_units,
     decode_cause,
+    decode_cost,
     decode_deps_list,
     decode_history,
     decode_order,
@@ -74,7 +77,7 @@ from distsched.wire.records import (
 )
 
 
-def _decode_key_info(key: str, replies: Sequence[Any]) -> KeyInfo:
+def _decode_key_info(key: str, replies: Sequence[Any], now_ms: int | None = None) -> KeyInfo:
     fields, queued, ready, waiting, full, head = replies[:6]
     turn = "idle"
     if ready is not None:
@@ -111,7 +114,13 @@ def _decode_key_info(key: str, replies: Sequence[Any]) -> KeyInfo:
         turn,
         *_decode_rate(fields[4]),
         head_due_at=head_due,
+        units=None if now_ms is None else _whole_units(bucket_units(fields[4], fields[5], now_ms)),
     )
+
+
+def _whole_units(units: float | None) -> int | None:
+    # A fraction of a unit starts nothing: shown rounded down, as a claim counts it.
+    return None if units is None else math.floor(units + 1e-9)
 
 
 CLAIM_FIELDS = 6
@@ -202,6 +211,7 @@ def decode_status(
     raw_history: Any = None,
     raw_paused: Any = None,
     raw_progress: Any = None,
+    raw_cost: Any = None,
 ) -> TaskInfo:
     if raw_record is None:
         raise NotFoundError(task_id)
@@ -261,6 +271,7 @@ def decode_status(
         paused_at=paused_at,
         progress=decode_progress(raw_progress, rec.version),
         waitpoint=waitpoint,
+        cost=decode_cost(raw_cost),
     )
 
 
@@ -631,6 +642,7 @@ def _listed_info(
     raw_history: Any,
     fn: str | None,
     raw_paused: Any = None,
+    raw_cost: Any = None,
 ) -> TaskInfo | None:
     """The TaskInfo of a listed entry, or None when the entry is stale (the task moved
     on, or its record cannot be read) or its function is not ``fn``."""
@@ -652,6 +664,7 @@ def _listed_info(
         raw_deps,
         raw_history=raw_history,
         raw_paused=raw_paused,
+        raw_cost=raw_cost,
     )
     if fn is not None and info.fn != fn:
         return None

@@ -15,6 +15,8 @@
 --   ttl=<ms>          the same, <ms> after the call (server clock); not with deadline
 --   key=<hex>         the fairness key (tenant) of the new version, its UTF-8 bytes in hex
 --                     (1..256 bytes; lib/fair.lua)
+--   cost=<units>      the units of its fairness key's rate the task takes when it starts
+--                     (1..1000000000; 1 when not given; lib/fair.lua)
 --   hold=1            the new version is held (pending) until add_deps.lua's last part
 --                     lifts the hold: its dependencies are placed in parts (lib/graph.lua)
 --   wait=<timeout>    the new version is a waitpoint (lib/deadline.lua): pending until
@@ -35,7 +37,10 @@ local MAX_KEY_BYTES = 256
 local OPTION_FIELD = {
   dedupe = 'dedupe_window', debounce = 'debounce', deadline = 'deadline', ttl = 'ttl', hold = 'hold',
   wait = 'timeout',
+  cost = 'cost',
 }
+-- The most units one task may take of its key's rate (MAX_COST of lib/fair.lua).
+local MAX_TASK_COST = 1000000000
 
 -- The options of a spec from the text after its eight fields; nil when there is none.
 local function admission_options(rest, id)
@@ -57,7 +62,7 @@ local function admission_options(rest, id)
     if pos > #rest then break end
     local a, b, name, value = string.find(rest, '^ (%l+)=(%d+)', pos)
     if not a then
-      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms>, debounce=<max wait ms>, deadline=<epoch ms>, ttl=<ms>, hold=1, wait=<timeout ms> or key=<hex>' })
+      error({ err = 'BADARG spec of ' .. id .. ' options must be: dedupe=<window ms>, debounce=<max wait ms>, deadline=<epoch ms>, ttl=<ms>, hold=1, wait=<timeout ms>, cost=<units> or key=<hex>' })
     end
     if not OPTION_FIELD[name] then
       error({ err = 'BADARG spec of ' .. id .. ' unknown option ' .. name })
@@ -67,6 +72,9 @@ local function admission_options(rest, id)
     if #value > 16 then error({ err = 'BADARG ' .. field .. ' of ' .. id .. ' out of range' }) end
     local ms = tonumber(value)
     if name == 'hold' and ms ~= 1 then error({ err = 'BADARG hold of ' .. id .. ' must be 1' }) end
+    if name == 'cost' and (ms < 1 or ms > MAX_TASK_COST) then
+      error({ err = 'BADARG cost of ' .. id .. ' must be an integer in [1, ' .. MAX_TASK_COST .. ']' })
+    end
     if ms > MAX_ADMIT_MS then error({ err = 'BADARG ' .. field .. ' of ' .. id .. ' out of range' }) end
     if name == 'wait' and (ms < 1 or ms > MAX_WAIT_MS) then
       error({ err = 'BADARG timeout of ' .. id .. ' must be in [1, ' .. MAX_WAIT_MS .. '] ms' })

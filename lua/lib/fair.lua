@@ -34,8 +34,8 @@
 --
 -- The fair hash: vt, cap (the namespace default cap; absent: none), cap:<key>, w:<key>
 -- (weight, default 1), run:<key> (its running tasks), rate:<key> and tb:<key> (its rate
--- limit and token bucket, fair_tokens below; a key over its rate waits in fairwait until
--- its next token). fairrun maps each running task a
+-- limit and token bucket, fair_tokens below; a key whose head task's cost is more than
+-- the units in its bucket waits in fairwait until they are there). fairrun maps each running task a
 -- fair claim started to its key, so a task leaving running gives its slot back exactly
 -- once, whatever script moves it.
 
@@ -73,14 +73,19 @@ local function fair_cap(own, default)
 end
 
 -- A key's rate limit (fair fields rate:<key> = '<count> <interval ms>', tb:<key> =
--- '<tokens> <ms of the last update>'): a token bucket of `count` tokens refilled at
--- count per interval on the server clock, full at first. Returns (tokens now, nil) when
--- a task may start, (nil, the ms of the next token) when not, (nil, nil) with no limit.
-local function fair_tokens(rate, bucket, now)
+-- '<tokens> <ms of the last update>'): a token bucket of `count` units refilled at
+-- count per interval on the server clock, full at first. A task takes `need` units (its
+-- cost, costs hash; 1 unless given), never more than the whole bucket: a cost above
+-- `count` (a rate lowered after the task was scheduled) waits for a full bucket and
+-- empties it. Returns (units now, nil, units taken) when the task may start, (nil, the ms
+-- at which `need` units are there, units taken) when not, (nil, nil) with no limit.
+local function fair_tokens(rate, bucket, now, need)
   if not rate then return nil, nil end
   local count, interval = string.match(rate, '^(%d+) (%d+)$')
   count, interval = tonumber(count), tonumber(interval)
   if not count or count < 1 or interval < 1 then return nil, nil end
+  need = need or 1
+  if need > count then need = count end
   local tokens, last = count, now
   if bucket then
     local t, l = string.match(bucket, '^(%S+) (%d+)$')
@@ -88,8 +93,18 @@ local function fair_tokens(rate, bucket, now)
   end
   if now > last then tokens = tokens + (now - last) * count / interval end
   if tokens > count then tokens = count end
-  if tokens >= 1 then return tokens, nil end
-  return nil, now + math.max(1, math.ceil((1 - tokens) * interval / count))
+  if tokens >= need then return tokens, nil, need end
+  return nil, now + math.max(1, math.ceil((need - tokens) * interval / count)), need
+end
+
+-- The cost of task id (costs hash: id -> units, only for a cost other than 1), 1 for none
+-- or junk; MAX_COST at most.
+local MAX_COST = 1000000000
+local function task_cost(id)
+  local cost = tonumber(redis.call('HGET', k.costs, id))
+  if not cost or cost < 1 or cost ~= math.floor(cost) then return 1 end
+  if cost > MAX_COST then return MAX_COST end
+  return cost
 end
 
 -- Key has ready work due at `due` (ms): make it served, or waited for.

@@ -4,8 +4,8 @@
 
 -- Remove terminal task id (t: its record, or nil for one that cannot be read): the
 -- record and its index member, payload, result, applied tokens, history, dependency
--- list, debounce burst, pause entry, fairness key, progress, checkpoint, block cause and
--- every edge to or from it. Its
+-- list, debounce burst, pause entry, fairness key, progress, checkpoint, cost, block cause
+-- and every edge to or from it. Its
 -- dependents keep their own records; a later dependency on the id is an unknown dependency.
 local function remove_task(c, id, t)
   if t then count_move(c, t.state, nil) end
@@ -17,6 +17,7 @@ local function remove_task(c, id, t)
   end
   forget_task(id, t)
   redis.call('HDEL', k.fairkeys, id)
+  redis.call('HDEL', k.costs, id)
   redis.call('HDEL', k.payloads, id)
   redis.call('HDEL', k.results, id)
   redis.call('HDEL', k.done, id)
