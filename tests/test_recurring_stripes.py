@@ -139,6 +139,31 @@ def test_a_name_whose_brace_cannot_keep_its_slots_on_its_stripe_is_refused(
         assert s.schedules() == []
 
 
+def test_the_fire_script_refuses_a_bad_slot_id_form_and_writes_nothing(
+    scheduler: Scheduler, redis_client: redis.Redis
+) -> None:
+    from tests.conftest import namespace_keys
+    from tests.test_schedules import FIRE_ARGS
+
+    s = scheduler
+    for name, form in (("s", "braced"), ("s", ""), ("a}b", "tagged")):
+        s.add_schedule(name, "f", interval=60)
+        state: Any = redis_client.hget(s.keys.firing, name)
+        args = [*FIRE_ARGS, form]
+        args[1], args[2] = name, state.split(b"|")[0]
+        before = namespace_keys(redis_client, s.namespace)
+        with pytest.raises(redis.ResponseError, match="^BADARG ids "):
+            s._scripts["fire"](keys=s.keys.for_script("fire"), args=args)
+        assert namespace_keys(redis_client, s.namespace) == before
+    # Tagged, a slot's task is {<name>}@<slot ms>; the form left out, <name>@<slot ms>.
+    state = redis_client.hget(s.keys.firing, "s")
+    for form in ("tagged", "plain"):
+        args = [*FIRE_ARGS, form]
+        args[2], args[3], args[4], args[5] = state.split(b"|")[0], "backfill", "", ""
+        s._scripts["fire"](keys=s.keys.for_script("fire"), args=args)
+    assert {t.task_id for t in s.tasks("ready").items} == {"{s}@1", "s@1"}
+
+
 # ------------------------------------------------------------------ operations
 
 
