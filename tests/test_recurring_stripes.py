@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from distsched import Scheduler, State, TaskSpec
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
@@ -152,7 +153,7 @@ def test_the_fire_script_refuses_a_bad_slot_id_form_and_writes_nothing(
         args = [*FIRE_ARGS, form]
         args[1], args[2] = name, state.split(b"|")[0]
         before = namespace_keys(redis_client, s.namespace)
-        with pytest.raises(redis.ResponseError, match="^BADARG ids "):
+        with pytest.raises(redis.ResponseError, match=r"^BADARG ids "):
             s._scripts["fire"](keys=s.keys.for_script("fire"), args=args)
         assert namespace_keys(redis_client, s.namespace) == before
     # Tagged, a slot's task is {<name>}@<slot ms>; the form left out, <name>@<slot ms>.
@@ -217,6 +218,33 @@ def test_schedules_spread_over_the_stripes_are_listed_paused_resumed_triggered_a
             s.get_schedule(far)
         assert [sc.name for sc in s.schedules()] == sorted(n for n in names if n != far)
         s.clear()
+
+
+def test_due_slots_of_every_stripe_fire_from_one_fire_due_of_the_asyncio_scheduler_too(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    from typing import cast
+
+    from tests.conftest import BlockingAsync
+
+    names = names_on_every_stripe(1)
+    with Scheduler.from_url(redis_server.url, namespace=namespace, stripes=STRIPES) as sync:
+        for name in names:
+            sync.add_schedule(name, "f", interval=60)
+        Harness(sync, {}).advance(61)  # one slot of each due, on its own stripe
+        blocking = BlockingAsync(redis_server.url, namespace=namespace, lease_s=5.0)
+        try:
+            a = cast(Scheduler, blocking)
+            assert [sc.name for sc in a.schedules()] == sorted(names)
+            assert a.fire_due() == len(names)
+            assert a.fire_due() == 0  # fired: each slot once
+            for name in names:
+                run = a.get_schedule(name).last_task
+                assert run is not None and a.status(run).state is State.READY
+                assert stripe_of(run, STRIPES) == stripe_of(name, STRIPES)
+        finally:
+            blocking.shutdown()
+        sync.clear()
 
 
 def test_the_dashboard_lists_the_schedules_of_every_stripe(
@@ -291,7 +319,7 @@ def test_worker_processes_on_a_cluster_fire_each_slot_once_on_the_stripe_of_its_
         s = Scheduler(cluster, namespace=namespace, stripes=STRIPES)
         try:
             # The stripes are three slots: a fire call on one stripe reaches only its own.
-            slots = {cluster.keyslot(s.keys.of_stripe(st).tasks) for st in range(STRIPES)}
+            slots = {key_slot(s.keys.of_stripe(st).tasks.encode()) for st in range(STRIPES)}
             assert len(slots) == STRIPES
             names = names_on_every_stripe(2)
             race_over_slots(cluster, local_cluster.url, s, namespace, names, slots=10, procs=2)
