@@ -338,7 +338,10 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
                 if wait.reason is WaitReason.CAPACITY:
                     full.append(s)
             if len(claims) >= n:
-                return claims, None
+                # A due schedule slot of a stripe is said with the claims, as one stripe
+                # says it: the caller fires, then claims again (a busy fleet fires too).
+                fire = any(w.reason is WaitReason.FIRE for w in waits)
+                return claims, (Wait(WaitReason.FIRE, 0.0) if fire else None)
         if full:
             return claims, (yield from self._wait_when_full(full, waits))
         return claims, combine_waits(waits)
