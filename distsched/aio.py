@@ -280,9 +280,11 @@ class AsyncScheduler(BaseScheduler):
 
         Give ``cron`` (with ``tz``, default ``"UTC"``) or ``interval`` seconds; the other
         options are those of :class:`~distsched.schedules.Schedule`. Each slot's task
-        has the id ``<name>@<slot epoch ms>`` and is created by the workers exactly once.
-        Replacing a schedule keeps its counters and last run. Returns the schedule.
-        Cron needs the ``cron`` extra (``MissingExtraError`` otherwise).
+        has the id ``<name>@<slot epoch ms>`` (in a striped namespace, ``{<name>}@<slot
+        epoch ms>`` unless the name has a ``{tag}``, so that the task shares the
+        schedule's stripe) and is created by the workers exactly once. Replacing a
+        schedule keeps its counters and last run. Returns the schedule. Cron needs the
+        ``cron`` extra (``MissingExtraError`` otherwise).
         """
         return await self._drive(self._ops.call(Ops.add_schedule, name, fn, options))
 
@@ -326,7 +328,7 @@ class AsyncScheduler(BaseScheduler):
 
     async def fire_due(self, limit: int = calls.FIRE_HEADS) -> int:
         """See :meth:`Scheduler.fire_due`."""
-        return await self._drive(self._ops.call(Ops.fire_due, limit))
+        return await self._drive(self._ops.fire_due(limit))
 
     async def wait(
         self,

@@ -446,9 +446,11 @@ class Scheduler(BaseScheduler):
 
         Give ``cron`` (with ``tz``, default ``"UTC"``) or ``interval`` seconds; the other
         options are those of :class:`~distsched.schedules.Schedule`. Each slot's task
-        has the id ``<name>@<slot epoch ms>`` and is created by the workers exactly once.
-        Replacing a schedule keeps its counters and last run. Returns the schedule.
-        Cron needs the ``cron`` extra (``MissingExtraError`` otherwise).
+        has the id ``<name>@<slot epoch ms>`` (in a striped namespace, ``{<name>}@<slot
+        epoch ms>`` unless the name has a ``{tag}``, so that the task shares the
+        schedule's stripe) and is created by the workers exactly once. Replacing a
+        schedule keeps its counters and last run. Returns the schedule. Cron needs the
+        ``cron`` extra (``MissingExtraError`` otherwise).
         """
         return self._drive(self._ops.call(Ops.add_schedule, name, fn, options))
 
@@ -496,10 +498,10 @@ class Scheduler(BaseScheduler):
         return self._drive(self._ops.call(Ops.next_fires, name, n))
 
     def fire_due(self, limit: int = calls.FIRE_HEADS) -> int:
-        """Create the tasks of the due slots of at most ``limit`` schedules: the number
-        created. Workers call it when a claim says a slot is due; racing callers are
-        safe (each slot fires once)."""
-        return self._drive(self._ops.call(Ops.fire_due, limit))
+        """Create the tasks of the due slots of at most ``limit`` schedules (of each
+        stripe, in a striped namespace): the number created. Workers call it when a claim
+        says a slot is due; racing callers are safe (each slot fires once)."""
+        return self._drive(self._ops.fire_due(limit))
 
     def wait(
         self,

@@ -25,6 +25,7 @@ from typing import Any, TypedDict
 import msgpack
 
 from distsched.errors import InvalidArgument, MissingExtraError
+from distsched.keys import hash_tag
 from distsched.model import Duration
 from distsched.validate import (
     BACKOFF_MAX_S,
@@ -317,6 +318,35 @@ def validate_name(name: object) -> str:
     if size > MAX_NAME_BYTES:
         raise InvalidArgument("name", f"must be at most {MAX_NAME_BYTES} bytes in UTF-8")
     return name
+
+
+def tags_slot_ids(name: str, stripes: int) -> bool:
+    """Whether the task ids of ``name``'s slots are ``{<name>}@<slot ms>`` rather than
+    ``<name>@<slot ms>``: in a striped namespace, for a name without a ``{tag}`` of its
+    own, so that every slot's task maps to the schedule's stripe, the stripe of its name
+    (docs, "Recurring tasks", striped namespaces). A name with a tag keeps it in every
+    slot id; a name with a ``}`` and no tag cannot be given one and is refused."""
+    if stripes == 1:
+        return False
+    raw = name.encode("utf-8", "surrogatepass")
+    if hash_tag(name) != raw:
+        return False
+    if "}" in name:
+        raise InvalidArgument(
+            "name",
+            (
+                f"{name!r} has a '}}' but no {{tag}}: in a striped namespace a schedule's "
+                "slot tasks share the stripe of its name, so its name needs a {tag} "
+                "(e.g. '{reports}daily') or no braces"
+            ),
+        )
+    return True
+
+
+def slot_task_id(name: str, slot_ms: int, stripes: int = 1) -> str:
+    """The task id of ``name``'s slot at ``slot_ms`` in a namespace of ``stripes``."""
+    prefix = "{" + name + "}" if tags_slot_ids(name, stripes) else name
+    return f"{prefix}@{slot_ms}"
 
 
 def _seconds(value: object, field_name: str, lo: float, hi: float) -> float:

@@ -13,7 +13,9 @@
 -- started from (ARGV[5]) and its rev the one it read, else the call writes nothing and
 -- replies 'moved' (another worker fired these slots first, or the schedule changed).
 -- So however many workers race, one wins each slot. Each slot's task has the id
--- <name>@<slot ms>; a slot whose task id exists already creates nothing.
+-- <name>@<slot ms>, or {<name>}@<slot ms> when ARGV[13 + 2m] is 'tagged' (a striped
+-- namespace: the id then maps to the stripe of the name, the schedule's stripe, which
+-- this call runs on); a slot whose task id exists already creates nothing.
 --
 -- Overlap policy, when the schedule's last task (trigger and fire modes) is still
 -- pending, ready or running as a slot comes:
@@ -62,11 +64,15 @@
 --          moves and nothing is created, ARGV[9..10] are then not read), then m pairs:
 --          slot time (ms; strictly increasing), the task's run_at (ms; the slot plus its
 --          jitter). Trigger: one pair 'now' 'now'.
+-- ARGV[13 + 2m] optional: the slot ids' form, 'plain' (the default when absent:
+--          <name>@<slot ms>) or 'tagged' ({<name>}@<slot ms>; the name must then hold
+--          no '}', so that the tag is the whole name)
 --
 -- Reply: { propagating jobs left, outcome ('fired' or 'moved'), tasks created,
 --          slots skipped, the last task created or '' }.
 -- Errors (nothing written): BADARG <field> <why> (name, rev, mode, expected_ms,
--- next_ms, missed, policy, spec, priority, max_attempts, backoff, key, payload, m, slot).
+-- next_ms, missed, policy, spec, priority, max_attempts, backoff, key, payload, m, slot,
+-- ids).
 -- Caps (lib/limits.lua): each task created stores the payload, so m slots of it at most
 -- MAX_PAYLOAD_BYTES_PER_CALL (1048576) bytes together, one slot always allowed (BADARG
 -- m ... (MAX_PAYLOAD_BYTES_PER_CALL)); the payload at most MAX_PAYLOAD_VALUES values.
@@ -97,7 +103,19 @@ return run(function(c)
     error({ err = 'BADARG policy must be skip, buffer_one, buffer_all, cancel_previous or allow' })
   end
   local m = int_arg(ARGV[12], 'm', 0, MAX_SLOTS)
-  if #ARGV ~= 12 + 2 * m then error({ err = 'BADARG ARGV length does not match m' }) end
+  if #ARGV ~= 12 + 2 * m and #ARGV ~= 13 + 2 * m then
+    error({ err = 'BADARG ARGV length does not match m' })
+  end
+  local ids = ARGV[13 + 2 * m] or 'plain'
+  if ids ~= 'plain' and ids ~= 'tagged' then
+    error({ err = 'BADARG ids must be plain or tagged' })
+  end
+  if ids == 'tagged' and string.find(name, '}', 1, true) then
+    error({ err = 'BADARG ids tagged needs a name without }' })
+  end
+  -- The task id of a slot: on the stripe of the name when tagged.
+  local prefix = ids == 'tagged' and ('{' .. name .. '}@') or (name .. '@')
+  local function slot_id(slot) return prefix .. string.format('%d', slot) end
   if mode == 'trigger' and m ~= 1 then error({ err = 'BADARG m must be 1 to trigger' }) end
   if mode ~= 'fire' and m < 1 then error({ err = 'BADARG m must be >= 1' }) end
   -- Without slots (all missed, or a definition that cannot be read), only the next fire
@@ -138,7 +156,7 @@ return run(function(c)
       -- The first millisecond from now whose task id is free: two triggers in one
       -- millisecond are two runs.
       slot = now
-      while redis.call('HEXISTS', k.tasks, name .. '@' .. string.format('%d', slot)) == 1 do
+      while redis.call('HEXISTS', k.tasks, slot_id(slot)) == 1 do
         slot = slot + 1
       end
       run_at = now
@@ -170,7 +188,7 @@ return run(function(c)
 
   local created, skipped, cancelled, last_created = 0, 0, {}, ''
   for _, s in ipairs(slots) do
-    local id = name .. '@' .. string.format('%d', s.slot)
+    local id = slot_id(s.slot)
     if redis.call('HEXISTS', k.tasks, id) == 0 then
       local deps, make = {}, true
       local prev = mode ~= 'backfill' and active(f.last) or nil

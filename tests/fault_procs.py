@@ -1,6 +1,7 @@
 """A worker program the fault tests kill, stop and signal as a separate process.
 
 ``python tests/fault_procs.py URL NAMESPACE [--concurrency N] [--lease S] [--grace G]``
+    (URL ``redis://`` or, for a Redis Cluster, ``redis+cluster://``)
     Runs a ``Worker`` on the main thread (so SIGTERM/SIGINT trigger its shutdown),
     prints ``started`` first and, after a clean shutdown, one JSON line with the
     worker's counts. Its task functions write what they see to lists outside the
@@ -35,6 +36,7 @@ from typing import Any
 import redis
 
 from distsched import Claim, Outcome, Scheduler, Worker, current_task
+from distsched.client import client_from_url
 from distsched.worker.link import WorkerLink
 
 
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     ns = args.namespace
     pid = os.getpid()
-    client = redis.Redis.from_url(args.url)
+    # A redis+cluster:// URL names a Redis Cluster (the striped recurring test's).
+    client = client_from_url(args.url, redis.Redis.from_url, redis.RedisCluster.from_url)
     s = ReportingScheduler(client, namespace=ns, lease_s=args.lease)
 
     def token() -> str:

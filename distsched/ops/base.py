@@ -74,6 +74,9 @@ class Base(Shortcuts):
     # The caller's current trace context (W3C headers), sent along with the tasks it
     # schedules; None: none active (distsched.otel.current_trace when tracing is on).
     trace_context: Callable[[], Mapping[str, str] | None] | None = None
+    # The stripe count of the namespace this stripe belongs to (1: unstriped); what a
+    # schedule's slot task ids look like depends on it (distsched.schedules.tags_slot_ids).
+    stripes: int = 1
 
     # -------------------------------------------------------------- plumbing
 

@@ -19,6 +19,7 @@ from distsched.schedules import (
     backfill_slots,
     instant_ms,
     plan_fire,
+    tags_slot_ids,
     validate_name,
 )
 from distsched.schedules import definition as schedule_definition
@@ -38,8 +39,19 @@ from distsched.wire.payload import _bytes, _text, encode_payload
 from distsched.wire.replies import _mapping, _pairs, decode_fired
 
 
+def by_name(answers: list[list[Schedule]]) -> list[Schedule]:
+    """The schedules of every stripe as one list, by name."""
+    return sorted((sc for part in answers for sc in part), key=lambda sc: sc.name)
+
+
 class Recurring(Inspect):
-    """Add, read, change and fire the schedules of a namespace."""
+    """Add, read, change and fire the schedules of a namespace.
+
+    In a striped namespace a schedule lives on the stripe of its name (read as a task
+    id), with its definition, next fire time and firing state, and the tasks of its
+    slots go to that stripe too (:func:`~distsched.schedules.tags_slot_ids`): one fire
+    call on one stripe fires a slot, exactly once, as in an unstriped namespace.
+    """
 
     # -------------------------------------------------------------- definitions
 
@@ -60,21 +72,22 @@ class Recurring(Inspect):
         yield from self.run(recur_put_call(self.keys, d, uuid.uuid4().hex, next_ms))
         return (yield from self.get_schedule(d.name))
 
-    @route.unstriped
+    @route.by_name("name")
     def add_schedule(self, name: str, fn: str, options: Mapping[str, Any]) -> Op[Schedule]:
         validate_name(name)
+        tags_slot_ids(name, self.stripes)  # a name no slot id can keep on its stripe: refused
         now = yield from self.now_ms()
         d = schedule_definition(name, fn, now, options)
         encode_payload(d.fn, d.args, d.kwargs, self.max_payload_bytes, timeout=d.timeout_ms)
         next_ms = None if d.paused else d.timetable().after(now)
         return (yield from self._put_schedule(d, next_ms))
 
-    @route.first
+    @route.by_name("name")
     def get_schedule(self, name: str) -> Op[Schedule]:
         d, state, score = yield from self._load_schedule(validate_name(name))
         return d.info(score, state)
 
-    @route.first
+    @route.every(merge=by_name)
     def schedules(self) -> Op[list[Schedule]]:
         k = self.keys
         defs, states, fires = yield from self.read(
@@ -94,17 +107,17 @@ class Recurring(Inspect):
             out.append(d.info(next_of.get(name), FiringState.decode(state_of.get(name))))
         return sorted(out, key=lambda sc: sc.name)
 
-    @route.first
+    @route.by_name("name")
     def remove_schedule(self, name: str) -> Op[bool]:
         (existed,) = yield from self.run(recur_remove_call(self.keys, name))
         return int(existed) == 1
 
-    @route.first
+    @route.by_name("name")
     def pause_schedule(self, name: str) -> Op[Schedule]:
         d, _, _ = yield from self._load_schedule(validate_name(name))
         return (yield from self._put_schedule(d.replace(paused=True), None))
 
-    @route.unstriped
+    @route.by_name("name")
     def resume_schedule(self, name: str) -> Op[Schedule]:
         """Fire again from the next slot after now (slots while paused are not caught up)."""
         d, _, _ = yield from self._load_schedule(validate_name(name))
@@ -114,20 +127,26 @@ class Recurring(Inspect):
 
     # -------------------------------------------------------------- firing
 
-    @route.unstriped
+    @route.by_name("name")
     def trigger(self, name: str) -> Op[str | None]:
         validate_name(name)
         for _ in range(FIRE_TRIES):
             d, state, _ = yield from self._load_schedule(name)
             call = fire_call(
-                self.keys, d, state.rev, "trigger", [("now", "now")], self.max_payload_bytes
+                self.keys,
+                d,
+                state.rev,
+                "trigger",
+                [("now", "now")],
+                self.max_payload_bytes,
+                tagged=tags_slot_ids(name, self.stripes),
             )
             fired = decode_fired((yield from self.run(call)))
             if not fired.moved:
                 return fired.last_task
         raise ConflictError(f"schedule {name!r} kept changing while it was triggered")
 
-    @route.unstriped
+    @route.by_name("name")
     def backfill(self, name: str, start: object, end: object, limit: int) -> Op[int]:
         validate_name(name)
         if not _is_int(limit) or not 1 <= limit <= MAX_BACKFILL_SLOTS:
@@ -154,7 +173,15 @@ class Recurring(Inspect):
             moved = False
             for first in range(0, len(pairs), per):
                 part = pairs[first : first + per]
-                call = fire_call(self.keys, d, state.rev, "backfill", part, self.max_payload_bytes)
+                call = fire_call(
+                    self.keys,
+                    d,
+                    state.rev,
+                    "backfill",
+                    part,
+                    self.max_payload_bytes,
+                    tagged=tags_slot_ids(name, self.stripes),
+                )
                 fired = decode_fired((yield from self.run(call)))
                 if fired.moved:
                     moved = True
@@ -164,7 +191,7 @@ class Recurring(Inspect):
                 return created
         raise ConflictError(f"schedule {name!r} kept changing while it was backfilled")
 
-    @route.first
+    @route.by_name("name")
     def next_fires(self, name: str, n: int) -> Op[list[float]]:
         if not _is_int(n) or not 1 <= n <= MAX_BACKFILL_SLOTS:
             raise InvalidArgument("n", f"must be an int in [1, {MAX_BACKFILL_SLOTS}]")
@@ -182,9 +209,10 @@ class Recurring(Inspect):
             first = table.after(first)
         return out
 
-    @route.first
+    @route.striped
     def fire_due(self, limit: int = FIRE_HEADS) -> Op[int]:
-        """Fire the due slots of at most ``limit`` schedules; the tasks created."""
+        """Fire the due slots of at most ``limit`` schedules of this stripe; the tasks
+        created (every stripe's: :meth:`~distsched.ops.stripes.StripedOps.fire_due`)."""
         k = self.keys
         clock, heads = yield from self.read(
             ("EVAL", SERVER_TIME_LUA, 1, k.meta),
@@ -247,6 +275,7 @@ class Recurring(Inspect):
                     score,
                     plan.next_ms,
                     plan.missed,
+                    tagged=tags_slot_ids(name, self.stripes),
                 )
             except (ValueError, ImportError) as exc:
                 error = error or exc

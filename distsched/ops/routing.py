@@ -7,8 +7,9 @@ operation of :class:`~distsched.ops.namespace.Ops` on the stripes its route name
 - ``@by_ids("claims", merge=in_order, check=...)``: a batch split by the stripes of
   its ids, each part sent to its stripe and the answers merged; ``check`` refuses a bad
   batch before any part is sent;
-- ``@first``: stripe 0, which holds what is namespace-wide (settings, workers, schedules);
-- ``@unstriped``: stripe 0 of an unstriped namespace, refused in a striped one;
+- ``@by_name("name")``: the stripe of a schedule, the stripe of its name read as a task
+  id (the stripe its slots' tasks go to, :func:`~distsched.schedules.tags_slot_ids`);
+- ``@first``: stripe 0, which holds what is namespace-wide (settings, workers);
 - ``@every(merge=total)``: every stripe in turn, stripe 0 first, the answers merged;
 - ``@striped``: written across stripes in :mod:`distsched.ops.stripes`, not routed.
 
@@ -25,7 +26,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from distsched.errors import ConflictError
 from distsched.keys import Keys, stripe_of
 from distsched.ops.protocol import Op
 
@@ -42,7 +42,6 @@ class Kind(enum.Enum):
     BY_ID = "by_id"
     BY_IDS = "by_ids"
     FIRST = "first"
-    UNSTRIPED = "unstriped"
     EVERY = "every"
     STRIPED = "striped"
 
@@ -106,9 +105,10 @@ def first(fn: F) -> F:
     return _declare(Route(Kind.FIRST))(fn)
 
 
-def unstriped(fn: F) -> F:
-    """Run on stripe 0 of an unstriped namespace; refused in a striped one."""
-    return _declare(Route(Kind.UNSTRIPED))(fn)
+def by_name(param: str) -> Callable[[F], F]:
+    """Run on the stripe of the schedule named in argument ``param``: the stripe of its
+    name as a task id, where every task of its slots goes too."""
+    return _declare(Route(Kind.BY_ID, param))
 
 
 def striped(fn: F) -> F:
@@ -185,12 +185,6 @@ class Router(Generic[S]):
         stripes = yield from self.resolve()
         if len(stripes) == 1 or route.kind is Kind.FIRST:
             return (yield from method(stripes[0], *args, **kwargs))
-        if route.kind is Kind.UNSTRIPED:
-            raise ConflictError(
-                f"namespace {self.keys.namespace!r} is striped ({len(stripes)} stripes): "
-                "recurring schedules need an unstriped namespace (use another namespace "
-                "for them)"
-            )
         if route.kind is Kind.BY_ID:
             task_id = route.of(_argument(route, args, kwargs))
             return (yield from method(stripes[stripe_for(task_id, len(stripes))], *args, **kwargs))

@@ -56,7 +56,13 @@ from distsched.ops.shares import (
     int_or_none,
 )
 from distsched.wire import replies
-from distsched.wire.calls import payload_weights, placed_in_parts, schedule_batches, schedule_call
+from distsched.wire.calls import (
+    FIRE_HEADS,
+    payload_weights,
+    placed_in_parts,
+    schedule_batches,
+    schedule_call,
+)
 
 T = TypeVar("T")
 
@@ -120,9 +126,13 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         self._owed = False
         self.served = ServedCache()
 
-    def _ops_of(self, stripe: int) -> Ops:
+    def _ops_of(self, stripe: int, stripes: int = 1) -> Ops:
         return Ops(
-            self.keys.of_stripe(stripe), self.lease_ms, self.max_payload_bytes, self.trace_context
+            self.keys.of_stripe(stripe),
+            self.lease_ms,
+            self.max_payload_bytes,
+            self.trace_context,
+            stripes,
         )
 
     # -------------------------------------------------------------- the stripe count
@@ -151,23 +161,29 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         want = self.requested if self.requested is not None else have
         if want != have:
             yield from self._change_count(have, want)
-        self._stripes = tuple(self._ops_of(s) for s in range(want))
+        self._stripes = tuple(self._ops_of(s, want) for s in range(want))
         return self._stripes
 
     def _change_count(self, have: int, want: int) -> Op[None]:
-        """Store a new stripe count: only in an empty namespace, since ids map to stripes
-        by their hash modulo the count."""
+        """Store a new stripe count: only in a namespace without tasks or schedules,
+        since ids map to stripes by their hash modulo the count, and a schedule lives on
+        the stripe of its name with the slot tasks it fired (moved, its next slot could
+        fire again beside a task of the old stripe, or not at all)."""
         every = [self._ops_of(s) for s in range(max(have, want))]
         sizes = yield from self.base.read(
-            *(("HLEN", ops.keys.tasks) for ops in every), atomic=False
+            *(("HLEN", ops.keys.tasks) for ops in every),
+            *(("HLEN", ops.keys.schedules) for ops in every),
+            atomic=False,
         )
-        busy = [s for s, size in enumerate(sizes) if int(size)]
-        if busy:
-            raise ConflictError(
-                f"namespace {self.keys.namespace!r} has {have} stripe(s) in Redis and holds "
-                f"tasks (stripe {busy[0]}); it cannot be opened with stripes={want}: open it "
-                f"with stripes={have} or stripes=None, or empty it first (Scheduler.clear())"
-            )
+        for what, part in (("tasks", sizes[: len(every)]), ("schedules", sizes[len(every) :])):
+            busy = [s for s, size in enumerate(part) if int(size)]
+            if busy:
+                raise ConflictError(
+                    f"namespace {self.keys.namespace!r} has {have} stripe(s) in Redis and "
+                    f"holds {what} (stripe {busy[0]}); it cannot be opened with "
+                    f"stripes={want}: open it with stripes={have} or stripes=None, or empty "
+                    "it first (Scheduler.clear(), which removes its schedules too)"
+                )
         meta = self.keys.meta
         (limit_raw, total_raw) = yield from self.base.read(
             ("HGET", meta, "max_running"), ("HGET", meta, STRIPES_MAX_FIELD)
@@ -177,7 +193,7 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
             yield protocol._one(("HDEL", meta, STRIPES_FIELD, STRIPES_MAX_FIELD))
         else:
             yield protocol._one(("HSET", meta, STRIPES_FIELD, want))
-        self._stripes = tuple(self._ops_of(s) for s in range(want))
+        self._stripes = tuple(self._ops_of(s, want) for s in range(want))
         # The namespace-wide max_running moves with the count: whole or in shares.
         for ops in every:
             yield protocol._one(("HDEL", ops.keys.meta, "max_running"))
@@ -325,7 +341,10 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
                 if wait.reason is WaitReason.CAPACITY:
                     full.append(s)
             if len(claims) >= n:
-                return claims, None
+                # A due schedule slot of a stripe is said with the claims, as one stripe
+                # says it: the caller fires, then claims again (a busy fleet fires too).
+                fire = any(w.reason is WaitReason.FIRE for w in waits)
+                return claims, (Wait(WaitReason.FIRE, 0.0) if fire else None)
         if full:
             return claims, (yield from self._wait_when_full(full, waits))
         return claims, combine_waits(waits)
@@ -349,6 +368,25 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         if wait is not None and wait.delay is not None:
             delay = min(delay, wait.delay)
         return Wait(WaitReason.CAPACITY, delay)
+
+    def fire_due(self, limit: int = FIRE_HEADS) -> Op[int]:
+        """Fire the due slots of at most ``limit`` schedules of each stripe (a schedule
+        and the tasks of its slots live on the stripe of its name); the tasks created.
+        What one stripe cannot fire here (the cron extra missing, a time zone...) does not
+        keep the others from firing: it is raised after them if nothing was created."""
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (yield from stripes[0].fire_due(limit))
+        created = 0
+        error: Exception | None = None
+        for ops in stripes:
+            try:
+                created += yield from ops.fire_due(limit)
+            except (ValueError, ImportError) as exc:
+                error = error or exc
+        if error is not None and not created:
+            raise error
+        return created
 
     def wake_channels(self, worker_id: str | None) -> Op[list[str]]:
         """The channels a worker listens on: every stripe's wake channel, and its own

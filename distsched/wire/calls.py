@@ -705,8 +705,11 @@ def fire_call(
     expected_ms: int | None = None,
     next_ms: int | None = None,
     missed: int = 0,
+    tagged: bool = False,
 ) -> Call:
-    """The fire script's call (see lua/fire.lua): ``slots`` are (slot ms, run_at ms)."""
+    """The fire script's call (see lua/fire.lua): ``slots`` are (slot ms, run_at ms);
+    ``tagged``: the slots' task ids are ``{<name>}@<slot ms>`` (a striped namespace,
+    :func:`~distsched.schedules.tags_slot_ids`), else ``<name>@<slot ms>``."""
     payload = encode_payload(d.fn, d.args, d.kwargs, max_payload_bytes, timeout=d.timeout_ms)
     args: list[Any] = [
         PROPAGATE_BUDGET, d.name, rev, mode,
@@ -717,6 +720,8 @@ def fire_call(
     ]  # fmt: skip
     for slot, run_at in slots:
         args += [slot, run_at]
+    if tagged:
+        args.append("tagged")
     return Call("fire", keys.for_script("fire"), args)
 
 
