@@ -28,6 +28,7 @@ from distsched.model import (
     OrderSetting,
     Outcome,
     Overview,
+    Spawn,
     State,
     Stats,
     TaskInfo,
@@ -314,6 +315,10 @@ class AsyncScheduler(BaseScheduler):
     async def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """See :meth:`Scheduler.complete_many`."""
         return await self._drive(self._ops.call(Ops.complete_many, reports))
+
+    async def spawn(self, claim: Claim, spawn: Spawn) -> Outcome:
+        """See :meth:`Scheduler.spawn`."""
+        return await self._drive(self._ops.spawn(claim, spawn))
 
     async def fail(self, claim: Claim, error: object) -> Outcome:
         """See :meth:`Scheduler.fail`."""

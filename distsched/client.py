@@ -31,6 +31,7 @@ from distsched.model import (
     OrderSetting,
     Outcome,
     Overview,
+    Spawn,
     State,
     Stats,
     TaskInfo,
@@ -454,6 +455,15 @@ class Scheduler(BaseScheduler):
     def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """Report many successes in one round trip."""
         return self._drive(self._ops.call(Ops.complete_many, reports))
+
+    def spawn(self, claim: Claim, spawn: Spawn) -> Outcome:
+        """Report success of ``claim`` and add the tasks of ``spawn`` (:class:`Spawn`) in
+        the same atomic step, fenced by its token: a stale or repeated report adds nothing.
+
+        A worker calls this for a function that returns a :class:`Spawn`. Raises
+        ``ConflictError`` when a spawned id exists already (nothing is written).
+        """
+        return self._drive(self._ops.spawn(claim, spawn))
 
     def fail(self, claim: Claim, error: object) -> Outcome:
         """Report that ``claim``'s function raised: retried after backoff while attempts remain."""

@@ -53,3 +53,5 @@ MAX_PAYLOAD_VALUES_PER_CALL = 32768
 MAX_PAYLOAD_DEPTH = 64
 # Pending tasks the cycle check may visit for one call; past it the call is refused.
 MAX_CYCLE_VISITS = 1000
+# Children one spawn (a task completing with Spawn) adds in its one call.
+MAX_SPAWN_CHILDREN = 1000

@@ -39,6 +39,7 @@ SCRIPT_NAMES = (
     "order",
     "expire",
     "fairness",
+    "spawn",
 )
 
 # Every key (and the wake and ended channels) of a namespace, by the name scripts declare
@@ -78,6 +79,11 @@ KEY_NAMES = (
     "fairfull",
     "fairkeys",
     "fairrun",
+    "parents",
+    "spawned",
+    "joins",
+    "window",
+    "windows",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

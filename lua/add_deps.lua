@@ -5,6 +5,7 @@
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- pending -> pending (more awaited), or pending -> blocked when a new dependency
 -- already failed, was cancelled or is blocked. Only a pending task takes new

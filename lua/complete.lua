@@ -8,6 +8,7 @@
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- running -> succeeded, fenced by the token (id, version, attempt): only the
 -- current running attempt is applied. A token already applied before gets

@@ -8,6 +8,7 @@
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.

@@ -6,6 +6,7 @@
 --- @keys edges deps blocked blockedby propagating states deadlines
 --- @keys ranked waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- pending / ready -> cancelled, with the error text 'expired: not started by its
 -- deadline' in results; pending dependents become blocked (settled within the

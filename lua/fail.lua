@@ -8,6 +8,7 @@
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- running -> ready (a new attempt, due after backoff * 2^(attempt-1), capped
 -- at ARGV[2]) while attempts remain and no cancellation was requested;

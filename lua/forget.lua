@@ -5,6 +5,7 @@
 --- @keys edges deps blocked blockedby propagating states history
 --- @keys debounce
 --- @keys idle fair fairready fairfull fairkeys fairrun
+--- @keys parents spawned
 --
 -- succeeded / failed / cancelled / blocked -> (gone), exactly as purge.lua removes a
 -- task past the retention (the record, payload, result, applied tokens, history,

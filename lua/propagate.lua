@@ -5,6 +5,7 @@
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- pending -> ready (last awaited dependency settled) or pending -> blocked (a
 -- required dependency failed, was cancelled or blocked), for the waiting edges of

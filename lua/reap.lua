@@ -6,6 +6,7 @@
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- running -> ready (a new attempt after backoff) while attempts remain and no
 -- cancellation was requested, running -> failed with reason 'lease expired'

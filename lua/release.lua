@@ -7,6 +7,7 @@
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- running -> ready with the attempt given back (no attempt spent), at its own
 -- run_at and priority; running -> cancelled instead when cancellation was

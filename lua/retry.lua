@@ -5,6 +5,7 @@
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- failed / cancelled / blocked -> ready, pending or blocked (as schedule.lua
 -- decides from its dependencies), with attempt 0 and the same payload, run_at,

@@ -8,6 +8,7 @@
 --- @keys waits ended
 --- @keys debounce deadlines
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency

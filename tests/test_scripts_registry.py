@@ -59,6 +59,7 @@ from distsched.wire.calls import (
     release_call,
     retry_call,
     schedule_call,
+    spawn_call,
 )
 from distsched.wire.records import (
     _STATE_BY_CODE,
@@ -170,6 +171,7 @@ def sample_calls() -> dict[str, Call]:
         "order": order_call(keys, model.Order.PRIORITY, 1000),
         "fairness": fairness_call(keys, "key", "tenant", 3, 2),
         "expire": expire_call(keys),
+        "spawn": spawn_call(keys, claim, model.Spawn([TaskSpec("b", "f")]), 1000),
     }
 
 
@@ -462,11 +464,10 @@ def test_the_reach_checker_follows_calls_and_skips_unreachable_functions() -> No
 
 
 # Keys a script still receives, for a wire protocol that does not change, but no longer
-# touches: claim and fairness forget no task, so they remove no fairness key of one;
+# touches: fairness forgets no task, so it removes no fairness key of one;
 # fairness, purge and forget end no running task, so they give no fairness slot back.
 UNTOUCHED_SLOT_KEYS = {"idle", "fair", "fairready", "fairfull", "fairrun"}
 KEPT_FOR_THE_PROTOCOL = {
-    "claim": {"fairkeys"},
     "fairness": {"fairkeys", "fairrun"},
     "purge": UNTOUCHED_SLOT_KEYS,
     "forget": UNTOUCHED_SLOT_KEYS,
@@ -670,6 +671,13 @@ def lifecycle(s: Scheduler) -> None:
     assert s.set_order("default").order is model.Order.DEFAULT
     # Fairness keys: a cap and weight set (the namespace turns fair).
     assert s.set_key("tenant", cap=2, weight=3).weight == 3
+    # A spawn: the parent succeeds, adding a child and a join in the same call.
+    s.schedule("p", fn="f", run_at=1.0)  # due before c, which the retry made ready
+    parent = s.next("w")
+    assert isinstance(parent, Claim) and parent.task_id == "p"
+    spawn = model.Spawn([TaskSpec("p:0", "f")], join=TaskSpec("p:join", "f"))
+    assert s.spawn(parent, spawn) is Outcome.APPLIED
+    assert s.status("p:join").state is State.PENDING
 
 
 @pytest.fixture
@@ -1190,7 +1198,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     """lua/README.md, "As Redis Functions": rebuilt here from the files and that page."""
     listed = (
         "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
-        "retry add_deps purge forget compact leave recur fire order expire fairness"
+        "retry add_deps purge forget compact leave recur fire order expire fairness spawn"
     )
     order = listed.split(" ")
     assert tuple(order) == SCRIPT_NAMES

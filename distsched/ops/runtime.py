@@ -7,7 +7,17 @@ from dataclasses import replace
 
 from distsched import limits
 from distsched.errors import ConflictError, InvalidArgument, LeaseLostError
-from distsched.model import Admitted, Chores, Claim, Outcome, State, TaskSpec, Wait, WorkerInfo
+from distsched.model import (
+    Admitted,
+    Chores,
+    Claim,
+    Outcome,
+    Spawn,
+    State,
+    TaskSpec,
+    Wait,
+    WorkerInfo,
+)
 from distsched.ops import merges
 from distsched.ops import routing as route
 from distsched.ops.inspect import Inspect
@@ -46,6 +56,7 @@ from distsched.wire.calls import (
     schedule_batches,
     schedule_call,
     schedule_values,
+    spawn_call,
 )
 from distsched.wire.payload import _text
 from distsched.wire.records import _count_or_none, _minute_of, decode_kept_claim, encode_worker
@@ -223,6 +234,13 @@ class Runtime(Inspect):
                 out += yield from self.complete_many(part, encoded)
             return out
         return (yield from self._report(call, len(reports)))
+
+    @route.striped
+    def spawn(self, claim: Claim, spawn: Spawn) -> Op[Outcome]:
+        """``claim`` succeeds and adds ``spawn``'s tasks in the same step (lua/spawn.lua)."""
+        call = spawn_call(self.keys, claim, spawn, self.max_payload_bytes)
+        (outcome,) = yield from self.run(call)
+        return Outcome(_text(outcome))
 
     @route.by_ids("reports", route.in_order, route.report_task_id, _check_failures)
     def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> Op[list[Outcome]]:

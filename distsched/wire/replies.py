@@ -323,6 +323,9 @@ def _conflict(rest: str) -> Exception:
         return ConflictError(
             f"task {detail!r} has another version, or its dependencies are all placed"
         )
+    if what == "exists":
+        (task_id,) = decode_id_list(detail)
+        return ConflictError(f"task {task_id!r} exists already: a spawn adds only new tasks")
     if what == "state":
         state, _, task_id = detail.partition(" ")
         return ConflictError(f"task {task_id!r} is {state}")
