@@ -183,6 +183,10 @@ class AsyncScheduler(BaseScheduler):
         """See :meth:`Scheduler.cancel`."""
         return await self._drive(self._ops.call(Ops.cancel, task_id))
 
+    async def cancel_workflow(self, task_id: str) -> int:
+        """See :meth:`Scheduler.cancel_workflow`."""
+        return await self._drive(self._ops.call(Ops.cancel_workflow, task_id))
+
     async def retry(self, task_id: str, cascade: bool = True) -> int:
         """See :meth:`Scheduler.retry`."""
         return await self._drive(self._ops.call(Ops.retry, task_id, cascade))

@@ -291,6 +291,15 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.call(Ops.cancel, task_id))
 
+    def cancel_workflow(self, task_id: str) -> int:
+        """Cancel the whole workflow ``task_id`` belongs to: its root (the first task that
+        spawned) and every task spawned under it, however deep, started or not. Pending
+        and ready tasks end cancelled; running ones are asked to stop (as ``cancel``
+        does), and a spawn they still report adds nothing. Runs in bounded calls, one
+        per task. Returns how many tasks were cancelled or asked to stop.
+        """
+        return self._drive(self._ops.call(Ops.cancel_workflow, task_id))
+
     def retry(self, task_id: str, cascade: bool = True) -> int:
         """A new version of a failed, cancelled or blocked task; returns its version.
 

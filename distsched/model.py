@@ -750,6 +750,9 @@ class Reason(str, enum.Enum):
     KEY_CAPPED = "key_capped"
     """It is due, but its fairness key ``fair_key`` runs ``key_running`` tasks, its cap
     ``key_cap``."""
+    WINDOW = "window"
+    """It is a spawned child waiting for a slot of its parent's window (``workflow``):
+    ``window_running`` of its siblings hold one; it becomes ready when one of them ends."""
     KEY_RATE = "key_rate"
     """It is due, but its fairness key used its rate (``key_rate`` tasks per ``key_per_s``
     seconds): its next token comes at ``key_next_at`` (server clock)."""
@@ -823,6 +826,8 @@ class Explanation:
     key_rate: int | None = None
     key_per_s: float | None = None
     key_next_at: float | None = None
+    workflow: Workflow | None = None
+    """Its parent, root and join when it was spawned; a join's rule and progress."""
 
     @property
     def reason(self) -> Reason:

@@ -12,6 +12,7 @@
 --- @keys waits ended deadlines
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
 --- @keys parents spawned joins window windows
+--- @keys wake
 --
 -- running -> succeeded, exactly as complete.lua ends it, and in the same atomic step the
 -- task's spawn: its children (each a new task, ready) and, when given, a join task
@@ -25,7 +26,8 @@
 -- written): a spawn never replaces a task, so a function that spawns the same ids on
 -- every run cannot add them twice. Every argument is checked before anything is
 -- written (BADARG, nothing written), the token only then: a malformed spawn is refused
--- whatever its token.
+-- whatever its token. A parent whose cancellation was requested (cancel.lua, or its
+-- workflow's cancel) succeeds and spawns nothing.
 --
 -- Writes tasks, leases, results, history, finished, meta, idle, minutes (as complete.lua
 -- for the parent), and for the spawned tasks payloads, queue, ranked, edges, deps,
@@ -38,6 +40,8 @@
 -- frees when max_running was reached, one when a fairness key at its cap gets a slot
 -- back, one per child (and dependent) made claimable; '<state> <id>' on ended when a
 -- client waits for the parent (lib/ended.lua).
+-- 'cancel <version> <id>' on wake for each running child of a first-n join it makes ready
+-- (lib/settle.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -166,6 +170,14 @@ return run(function(c)
   end
   capacity_freed(c, running_before)
   count_minute('s', 1, now)
+
+  -- A task asked to stop (its cancellation, or its workflow's, was requested) succeeds
+  -- as complete.lua would end it, and spawns nothing.
+  if t.cancel == 1 then
+    local reply = { settle_after_terminal(c, { parent }, now, budget), 'applied' }
+    end_call(c)
+    return reply
+  end
 
   -- The spawned tasks: versions in the order given, children ready, the join pending on
   -- every child.

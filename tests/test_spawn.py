@@ -17,6 +17,7 @@ import redis
 from distsched import Claim, JoinRule, Outcome, Scheduler, Spawn, State, TaskSpec
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.keys import Keys
+from distsched.model import Reason
 from tests.conftest import (
     CLI_COMMAND,
     CliProcess,
@@ -24,6 +25,7 @@ from tests.conftest import (
     namespace_keys,
     subprocess_env,
 )
+from tests.test_cli import invoke
 from tests.test_script_bounds import evalsha
 
 
@@ -321,3 +323,134 @@ def test_with_a_window_of_3_no_more_than_3_children_run_at_once_under_a_fleet_an
     assert all(i - 3 < started.index(i) < i + 3 for i in range(12)), started
     assert int(redis_client.get(f"test:{ns}:peak") or 0) <= 3
     assert redis_client.hlen(Keys(ns).windows) == 0 and redis_client.zcard(Keys(ns).window) == 0
+
+
+# --------------------------------------------------------------------------- join rules
+
+
+def fan_out(s: Scheduler, n: int, rule: JoinRule, window: int | None = None) -> dict[str, Claim]:
+    """p spawned n children and a join by ``rule``; every child claimed (by id)."""
+    s.schedule("p", fn="fan")
+    spawn = Spawn(children("p", n), join=TaskSpec("p:join", "gather"), rule=rule, window=window)
+    assert s.spawn(claim_of(s, "p"), spawn) is Outcome.APPLIED
+    return {c.task_id: c for c in s.ready(n, "w")}
+
+
+def progress(s: Scheduler) -> tuple[State, int, int, int]:
+    info = s.status("p:join")
+    assert info.workflow is not None and info.workflow.is_join
+    w = info.workflow
+    return info.state, w.children, w.succeeded, w.failed
+
+
+def test_a_join_with_rule_all_waits_for_every_child_and_a_failed_one_blocks_it(
+    api: Scheduler,
+) -> None:
+    claims = fan_out(api, 3, JoinRule.ALL)
+    api.complete(claims["p:0"])
+    assert progress(api) == (State.PENDING, 3, 1, 0)
+    api.fail(claims["p:1"], "no")
+    assert progress(api) == (State.BLOCKED, 3, 1, 1)
+
+
+def test_a_join_with_rule_any_is_ready_at_the_first_success_and_blocked_when_all_failed(
+    scheduler: Scheduler,
+) -> None:
+    claims = fan_out(scheduler, 3, JoinRule.any())
+    scheduler.fail(claims["p:0"], "no")
+    assert progress(scheduler) == (State.PENDING, 3, 0, 1)
+    scheduler.complete(claims["p:2"])
+    assert progress(scheduler) == (State.READY, 3, 1, 1)
+
+
+def test_a_join_with_rule_any_is_blocked_when_every_child_failed(scheduler: Scheduler) -> None:
+    claims = fan_out(scheduler, 2, JoinRule.any())
+    scheduler.fail(claims["p:0"], "no")
+    assert progress(scheduler) == (State.PENDING, 2, 0, 1)
+    scheduler.fail(claims["p:1"], "no")
+    assert progress(scheduler) == (State.BLOCKED, 2, 0, 2)
+
+
+def test_a_join_with_rule_at_least_k_is_blocked_once_fewer_than_k_can_still_succeed(
+    api: Scheduler,
+) -> None:
+    claims = fan_out(api, 4, JoinRule.at_least(2))
+    api.fail(claims["p:0"], "no")
+    api.fail(claims["p:1"], "no")
+    assert progress(api) == (State.PENDING, 4, 0, 2)  # two can still succeed
+    api.complete(claims["p:2"])
+    assert progress(api) == (State.PENDING, 4, 1, 2)
+    api.fail(claims["p:3"], "no")
+    assert progress(api) == (State.BLOCKED, 4, 1, 3)
+
+
+def test_a_join_with_rule_at_least_k_is_ready_when_k_children_succeeded(api: Scheduler) -> None:
+    claims = fan_out(api, 4, JoinRule.at_least(2))
+    api.complete(claims["p:1"])
+    api.fail(claims["p:0"], "no")
+    api.complete(claims["p:3"])
+    assert progress(api) == (State.READY, 4, 2, 1)
+
+
+def test_a_join_with_rule_first_n_is_ready_at_n_successes_and_cancels_the_rest(
+    api: Scheduler,
+) -> None:
+    # Six children, a window of four: two of them wait for a slot, unstarted.
+    claims = fan_out(api, 6, JoinRule.first(2), window=4)
+    assert sorted(claims) == ["p:0", "p:1", "p:2", "p:3"]
+    api.complete(claims["p:2"])
+    api.complete(claims["p:0"])
+    assert api.status("p:join").state is State.READY
+    # The running children are asked to stop; the waiting ones end cancelled.
+    assert api.status("p:1").cancel_requested and api.status("p:3").cancel_requested
+    assert api.status("p:4").state is State.CANCELLED
+    assert api.status("p:5").state is State.CANCELLED
+    assert api.confirm_cancel(claims["p:1"]) is Outcome.APPLIED
+    assert api.status("p:1").state is State.CANCELLED
+
+
+# --------------------------------------------------------------------------- cancel a workflow
+
+
+def test_cancelling_a_workflow_from_any_task_cancels_its_root_and_every_spawned_task(
+    api: Scheduler,
+) -> None:
+    claims = fan_out(api, 5, JoinRule.ALL, window=2)
+    assert sorted(claims) == ["p:0", "p:1"]  # p:2 .. p:4 wait for a slot, unstarted
+    # p:0 spawns grandchildren; p:1 still runs.
+    assert api.spawn(claims["p:0"], Spawn(children("p:0", 2))) is Outcome.APPLIED
+    # p:0:0, p:0:1, p:1 .. p:4; the join ends blocked by its first cancelled child.
+    assert api.cancel_workflow("p:0:1") == 6
+    for task_id in ("p:0:0", "p:0:1", "p:2", "p:3", "p:4"):
+        assert api.status(task_id).state is State.CANCELLED, task_id
+    assert api.status("p:join").state is State.BLOCKED
+    assert api.status("p").state is State.SUCCEEDED  # ended before: left as it is
+    running = api.status("p:1")
+    assert running.state is State.RUNNING and running.cancel_requested
+    # A run asked to stop that still returns a spawn succeeds and adds nothing.
+    assert api.spawn(claims["p:1"], Spawn(children("p:1", 3))) is Outcome.APPLIED
+    with pytest.raises(NotFoundError):
+        api.status("p:1:0")
+
+
+# --------------------------------------------------------------------------- visible
+
+
+def test_explain_and_the_cli_show_a_childs_parent_a_joins_progress_and_a_window_wait(
+    scheduler: Scheduler, redis_server: RedisServer
+) -> None:
+    claims = fan_out(scheduler, 5, JoinRule.at_least(3), window=2)
+    scheduler.complete(claims["p:0"])
+    exp = scheduler.explain("p:4")
+    assert exp.reasons[0] is Reason.WINDOW
+    assert exp.workflow is not None and exp.workflow.window_running == 2
+    ns = scheduler.namespace
+    why = invoke(redis_server, ns, "why", "p:4").stdout
+    assert "spawned by p; join p:join; waiting for a window slot (2 running, window 2)" in why
+    assert "it waits for a window slot" in why
+    status = invoke(redis_server, ns, "status", "p:join").stdout
+    assert "join (at_least 3): 1 of 5 children succeeded, 0 did not" in status
+    assert (
+        "cancelled or asked to stop" in invoke(redis_server, ns, "cancel", "--workflow", "p").stdout
+    )
+    assert scheduler.status("p:4").state is State.CANCELLED

@@ -14,7 +14,16 @@ from typing import Any, Protocol
 
 from distsched.errors import NotFoundError
 from distsched.keys import Keys
-from distsched.model import BlockedBy, DepState, Explanation, Order, OrderSetting, Reason, State
+from distsched.model import (
+    BlockedBy,
+    DepState,
+    Explanation,
+    Order,
+    OrderSetting,
+    Reason,
+    State,
+    Workflow,
+)
 from distsched.ops.protocol import Op
 from distsched.validate import validate_task_id
 from distsched.wire.payload import READ_DEPTH, _bytes, _text, decode_payload_trace
@@ -58,6 +67,8 @@ class ExplainReads(Protocol):
     def read(self, *commands: tuple[Any, ...], atomic: bool = True) -> Op[list[Any]]: ...
 
     def _blocked_path(self, task_id: str, cause: Any) -> Op[BlockedBy | None]: ...
+
+    def _workflow(self, raw_parent: Any, raw_join: Any, state: State) -> Op[Workflow | None]: ...
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,13 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     lease_deadline = None if task.lease is None else float(task.lease) / 1000.0
     reasons = _reasons(task, place, unserved, key, lease_deadline, expired)
     rec = task.rec
+    raw_parent, raw_join = yield from ops.read(
+        ("HGET", ops.keys.parents, task_id), ("HGET", ops.keys.joins, task_id)
+    )
+    workflow = yield from ops._workflow(raw_parent, raw_join, rec.state)
+    if workflow is not None and workflow.window_waiting:
+        # Held by its parent's window, not by a dependency.
+        reasons = [Reason.WINDOW if r is Reason.WAITING_ON_DEPS else r for r in reasons]
     return Explanation(
         task_id=task_id,
         state=rec.state,
@@ -177,6 +195,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         key_rate=key.rate,
         key_per_s=key.per_s,
         key_next_at=key.next_at,
+        workflow=workflow,
         updated_at=rec.updated_ms / 1000.0,
     )
 

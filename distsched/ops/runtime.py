@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from distsched import limits
-from distsched.errors import ConflictError, InvalidArgument, LeaseLostError
+from distsched.errors import ConflictError, InvalidArgument, LeaseLostError, NotFoundError
 from distsched.model import (
     Admitted,
     Chores,
@@ -22,7 +22,7 @@ from distsched.ops import merges
 from distsched.ops import routing as route
 from distsched.ops.inspect import Inspect
 from distsched.ops.protocol import Commands, Op, _one
-from distsched.validate import _is_int, validate_worker_id
+from distsched.validate import _is_int, validate_task_id, validate_worker_id
 from distsched.wire.calls import (
     EXPIRE_BATCH,
     IDLE_MS,
@@ -59,8 +59,19 @@ from distsched.wire.calls import (
     spawn_call,
 )
 from distsched.wire.payload import _text
-from distsched.wire.records import _count_or_none, _minute_of, decode_kept_claim, encode_worker
+from distsched.wire.records import (
+    _count_or_none,
+    _minute_of,
+    decode_kept_claim,
+    decode_parent_entry,
+    decode_record,
+    encode_worker,
+    id_prefix,
+)
 from distsched.wire.replies import decode_claim_reply, decode_outcomes, decode_schedule_reply
+
+# The spawned tasks of a workflow read per page by ``cancel_workflow``.
+WORKFLOW_PAGE = 500
 
 # A batch of reports is checked whole, on stripe 0, before any part of it is sent to its
 # stripe: a bad item refuses all of it, as in an unstriped namespace.
@@ -174,6 +185,46 @@ class Runtime(Inspect):
     def cancel(self, task_id: str) -> Op[State]:
         (state,) = yield from self.run(cancel_call(self.keys, task_id))
         return State(_text(state))
+
+    @route.by_id("task_id")
+    def cancel_workflow(self, task_id: str) -> Op[int]:
+        """Cancel the workflow of ``task_id``: its root and every task spawned under it
+        (started or not), one ``cancel.lua`` call each, read from ``spawned`` in pages.
+        Returns how many tasks were cancelled or asked to stop."""
+        validate_task_id(task_id)
+        k = self.keys
+        (raw,) = yield from self.read(("HGET", k.parents, task_id))
+        entry = decode_parent_entry(raw)
+        root = entry.root if entry is not None else task_id
+        prefix = id_prefix(root)
+        cursor, end = b"[" + prefix, b"(" + prefix + b"\xff"
+        touched = 0
+        ids = [root]
+        while True:
+            for one in ids:
+                try:
+                    before = yield from self._state_of(one)
+                    state = yield from self.cancel(one)
+                except NotFoundError:
+                    continue
+                if before in (State.PENDING, State.READY, State.RUNNING) and (
+                    state is State.CANCELLED or state is State.RUNNING
+                ):
+                    touched += 1
+            (members,) = yield from self.read(
+                ("ZRANGEBYLEX", k.spawned, cursor, end, "LIMIT", 0, WORKFLOW_PAGE)
+            )
+            if not members:
+                return touched
+            ids = [bytes(m)[len(prefix) :].decode("utf-8", "surrogatepass") for m in members]
+            cursor = b"(" + bytes(members[-1])
+
+    def _state_of(self, task_id: str) -> Op[State]:
+        """The state of ``task_id`` (NotFoundError when it has no record)."""
+        (raw,) = yield from self.read(("HGET", self.keys.tasks, task_id))
+        if raw is None:
+            raise NotFoundError(task_id)
+        return decode_record(raw, task_id).state
 
     @route.by_id("task_id")
     def retry(self, task_id: str, cascade: bool) -> Op[int]:
