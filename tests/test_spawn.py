@@ -454,3 +454,21 @@ def test_explain_and_the_cli_show_a_childs_parent_a_joins_progress_and_a_window_
         "cancelled or asked to stop" in invoke(redis_server, ns, "cancel", "--workflow", "p").stdout
     )
     assert scheduler.status("p:4").state is State.CANCELLED
+
+
+def test_the_dashboards_task_page_shows_the_parent_the_join_and_its_progress(
+    scheduler: Scheduler,
+) -> None:
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from distsched.dashboard import create_app
+
+    claims = fan_out(scheduler, 5, JoinRule.first(2), window=3)
+    scheduler.complete(claims["p:0"])  # p:3 takes its slot; p:4 waits
+    with TestClient(create_app(scheduler)) as client:
+        child = client.get("/task", params={"id": "p:4"}).text
+        join = client.get("/task", params={"id": "p:join"}).text
+    assert 'id="workflow-parent"' in child and 'href="/task?id=p"' in child
+    assert "waiting for a window slot (3 running, window 3)" in child
+    assert "first 2: 1 of 5 children succeeded, 0 did not" in join
