@@ -138,7 +138,11 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     task = yield from _read_task(ops, task_id, now)
     fair_key = yield from _read_fair_key(ops, task)
     reads = _second_reads(ops.keys, task, fair_key)
-    replies = iter((yield from ops.read(*reads)) if reads else [])
+    # Its workflow entries (lib/workflow.lua) travel last in the same round.
+    reads += [("HGET", ops.keys.parents, task_id), ("HGET", ops.keys.joins, task_id)]
+    answers = yield from ops.read(*reads)
+    raw_parent, raw_join = answers[-2:]
+    replies = iter(answers[:-2])
     error, expired = _ended_error(task.rec, replies)
     place: _Place = (None, None)
     if task.queued:
@@ -157,9 +161,6 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     lease_deadline = None if task.lease is None else float(task.lease) / 1000.0
     reasons = _reasons(task, place, unserved, key, lease_deadline, expired)
     rec = task.rec
-    raw_parent, raw_join = yield from ops.read(
-        ("HGET", ops.keys.parents, task_id), ("HGET", ops.keys.joins, task_id)
-    )
     workflow = yield from ops._workflow(raw_parent, raw_join, rec.state)
     if workflow is not None and workflow.window_waiting:
         # Held by its parent's window, not by a dependency.
