@@ -28,6 +28,7 @@ from distsched.model import (
     OrderSetting,
     Outcome,
     Overview,
+    Spawn,
     State,
     Stats,
     TaskInfo,
@@ -208,6 +209,10 @@ class AsyncScheduler(BaseScheduler):
     async def paused_tasks(self, limit: int = 100) -> list[TaskInfo]:
         """See :meth:`Scheduler.paused_tasks`."""
         return await self._drive(self._ops.call(Ops.paused_tasks, limit))
+
+    async def cancel_workflow(self, task_id: str) -> int:
+        """See :meth:`Scheduler.cancel_workflow`."""
+        return await self._drive(self._ops.call(Ops.cancel_workflow, task_id))
 
     async def retry(self, task_id: str, cascade: bool = True) -> int:
         """See :meth:`Scheduler.retry`."""
@@ -415,6 +420,10 @@ class AsyncScheduler(BaseScheduler):
     async def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """See :meth:`Scheduler.complete_many`."""
         return await self._drive(self._ops.call(Ops.complete_many, reports))
+
+    async def spawn(self, claim: Claim, spawn: Spawn) -> Outcome:
+        """See :meth:`Scheduler.spawn`."""
+        return await self._drive(self._ops.spawn(claim, spawn))
 
     async def fail(self, claim: Claim, error: object) -> Outcome:
         """See :meth:`Scheduler.fail`."""

@@ -31,6 +31,7 @@ from distsched.model import (
     OrderSetting,
     Outcome,
     Overview,
+    Spawn,
     State,
     Stats,
     TaskInfo,
@@ -338,6 +339,15 @@ class Scheduler(BaseScheduler):
         """
         return self._drive(self._ops.call(Ops.paused_tasks, limit))
 
+    def cancel_workflow(self, task_id: str) -> int:
+        """Cancel the whole workflow ``task_id`` belongs to: its root (the first task that
+        spawned) and every task spawned under it, however deep, started or not. Pending
+        and ready tasks end cancelled; running ones are asked to stop (as ``cancel``
+        does), and a spawn they still report adds nothing. Runs in bounded calls, one
+        per task. Returns how many tasks were cancelled or asked to stop.
+        """
+        return self._drive(self._ops.call(Ops.cancel_workflow, task_id))
+
     def retry(self, task_id: str, cascade: bool = True) -> int:
         """A new version of a failed, cancelled or blocked task; returns its version.
 
@@ -620,6 +630,15 @@ class Scheduler(BaseScheduler):
     def complete_many(self, reports: Sequence[tuple[Claim, object]]) -> list[Outcome]:
         """Report many successes in one round trip."""
         return self._drive(self._ops.call(Ops.complete_many, reports))
+
+    def spawn(self, claim: Claim, spawn: Spawn) -> Outcome:
+        """Report success of ``claim`` and add the tasks of ``spawn`` (:class:`Spawn`) in
+        the same atomic step, fenced by its token: a stale or repeated report adds nothing.
+
+        A worker calls this for a function that returns a :class:`Spawn`. Raises
+        ``ConflictError`` when a spawned id exists already (nothing is written).
+        """
+        return self._drive(self._ops.spawn(claim, spawn))
 
     def fail(self, claim: Claim, error: object) -> Outcome:
         """Report that ``claim``'s function raised: retried after backoff while attempts remain."""

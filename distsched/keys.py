@@ -311,6 +311,34 @@ class Keys:
         return self.prefix + "costs"
 
     @property
+    def parents(self) -> str:
+        """Hash: spawned task id -> its parent, workflow root, join, kind and order
+        (``lua/lib/workflow.lua``)."""
+        return self.prefix + "parents"
+
+    @property
+    def spawned(self) -> str:
+        """Sorted set (scores 0): ``hex3(len(root)) root id`` for each task spawned in the
+        workflow of ``root``."""
+        return self.prefix + "spawned"
+
+    @property
+    def joins(self) -> str:
+        """Hash: join task id -> ``<rule> <k> <children> <succeeded> <failed> <cursor>``."""
+        return self.prefix + "joins"
+
+    @property
+    def window(self) -> str:
+        """Sorted set (scores 0): ``hex3(len(parent)) parent hex8(order) child`` for each
+        spawned child waiting for a slot of its parent's window."""
+        return self.prefix + "window"
+
+    @property
+    def windows(self) -> str:
+        """Hash: parent id -> ``<window> <children holding a slot>``."""
+        return self.prefix + "windows"
+
+    @property
     def served(self) -> str:
         """Hash: function name -> last time (ms, server clock) a live worker said it serves it."""
         return self.prefix + "served"

@@ -62,3 +62,5 @@ MAX_CYCLE_VISITS = 1000
 # and reads nothing (one dependency asked alone is read whatever its size).
 MAX_DEP_RESULTS = 1000
 MAX_DEP_RESULT_BYTES = 2 * 1024 * 1024
+# Children one spawn (a task completing with Spawn) adds in its one call.
+MAX_SPAWN_CHILDREN = 1000

@@ -44,6 +44,7 @@ SCRIPT_NAMES = (
     "progress",
     "dep_results",
     "waitpoint",
+    "spawn",
 )
 
 # Every key (and the wake and ended channels) of a namespace, by the name scripts declare
@@ -87,6 +88,11 @@ KEY_NAMES = (
     "progress",
     "checkpoints",
     "costs",
+    "parents",
+    "spawned",
+    "joins",
+    "window",
+    "windows",
 )
 
 _INCLUDE = re.compile(r"^--- @include (\S+)\s*$", re.M)

@@ -79,7 +79,8 @@ class WorkerMetrics(WorkerHooks):
         """A function returned or raised after ``duration_s`` seconds."""
 
     def on_outcome(self, kind: str, outcome: Outcome) -> None:
-        """A report was answered. ``kind`` is ``complete``, ``fail`` or ``confirm_cancel``."""
+        """A report was answered. ``kind`` is ``complete``, ``spawn``, ``fail`` or
+        ``confirm_cancel``."""
 
     def on_lease_lost(self, claim: Claim) -> None:
         """A heartbeat found that this worker's claim is no longer current."""
@@ -255,6 +256,7 @@ class PrometheusMetrics(WorkerMetrics):
             self.ready_wait.labels(label)
         self._applied = {
             "complete": self.succeeded,
+            "spawn": self.succeeded,
             "fail": self.failed,
             "confirm_cancel": self.cancelled,
         }

@@ -12,7 +12,7 @@ import datetime as _dt
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, ClassVar, NamedTuple, TypedDict
 
 Duration = float | _dt.timedelta
 """A length of time the API takes: seconds (an int or a float) or a ``datetime.timedelta``."""
@@ -238,6 +238,9 @@ class TaskInfo:
     for and when it times out; None for a task workers run."""
     cost: int = 1
     """The units of its fairness key's rate it takes when it starts (``TaskSpec.cost``)."""
+    workflow: Workflow | None = None
+    """Its parent, workflow root and join when it was spawned (:class:`Spawn`), or for a
+    join its rule and progress; None for a task that was not spawned."""
 
     @property
     def checkpoint_kept(self) -> bool:
@@ -433,6 +436,110 @@ class TaskSpec:
     timeout: Duration | None = None
     waitpoint: Duration | None = None
     cost: int = 1
+
+
+class JoinKind(str, enum.Enum):
+    """When the join task of a spawn (:class:`Spawn`) may run."""
+
+    ALL = "all"
+    """Every child succeeded (a failed child blocks the join, as any failed dependency)."""
+    ANY = "any"
+    """One child succeeded; blocked when every child failed."""
+    AT_LEAST = "at_least"
+    """``count`` children succeeded; blocked once fewer than ``count`` still can."""
+    FIRST = "first"
+    """``count`` children succeeded; the children not ended then are cancelled."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class JoinRule:
+    """A join's rule: :attr:`ALL` (the default), ``JoinRule.any()``,
+    ``JoinRule.at_least(k)`` or ``JoinRule.first(n)``."""
+
+    kind: JoinKind = JoinKind.ALL
+    count: int = 0
+    """The children that must succeed (``at_least`` and ``first``; 1 for ``any``)."""
+
+    ALL: ClassVar[JoinRule]
+
+    @classmethod
+    def any(cls) -> JoinRule:
+        """Ready when one child succeeded; blocked when every child failed."""
+        return cls(JoinKind.ANY, 1)
+
+    @classmethod
+    def at_least(cls, k: int) -> JoinRule:
+        """Ready when ``k`` children succeeded; blocked once fewer than ``k`` still can."""
+        return cls(JoinKind.AT_LEAST, k)
+
+    @classmethod
+    def first(cls, n: int) -> JoinRule:
+        """Ready when ``n`` children succeeded; the children not ended yet are cancelled."""
+        return cls(JoinKind.FIRST, n)
+
+    def __str__(self) -> str:
+        if self.kind is JoinKind.ALL or self.kind is JoinKind.ANY:
+            return str(self.kind)
+        return f"{self.kind} {self.count}"
+
+
+JoinRule.ALL = JoinRule()
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """What a task function returns to end with children (fan-out decided at run time).
+
+    The worker reports the task succeeded and adds ``children`` (each ready at once, or
+    at its own ``run_at``/``delay``) and ``join`` (a task that depends on every child and
+    runs by ``rule``) in one atomic step, fenced by the attempt: an attempt whose lease
+    was lost, or that crashed before reporting, adds nothing, and the next attempt
+    spawns again. Give children ids derived from the parent's (``f"{parent}:{i}"``):
+    spawned ids must be new, so a spawn can never add a task twice.
+
+    - ``children``: :class:`TaskSpec` values with no ``deps``/``optional_deps`` and no
+      ``dedupe``/``debounce``; at most ``MAX_SPAWN_CHILDREN`` (1000).
+    - ``join``: the task that runs after the children (no ``deps`` of its own), or None.
+    - ``rule``: when the join runs: ``JoinRule.ALL`` (every child succeeded), ``any()``,
+      ``at_least(k)`` or ``first(n)`` (the rest cancelled).
+    - ``window``: at most this many children are ready or running at once; the others
+      wait, in the order given, until an earlier one ends (None: no window).
+    - ``result``: the parent's own result (what ``Scheduler.result`` returns).
+    """
+
+    children: Sequence[TaskSpec]
+    _: KW_ONLY
+    join: TaskSpec | None = None
+    rule: JoinRule = JoinRule()
+    window: int | None = None
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """Where a spawned task stands in its workflow (``TaskInfo.workflow``).
+
+    ``parent``: the task whose completion spawned it; ``root``: the workflow's first
+    task; ``join``: the join of its spawn (None: none, or it is the join). For a join,
+    ``rule`` and ``children``/``succeeded``/``failed`` count its children. For a child
+    held by a window, ``window_waiting`` is True and ``window_running`` counts the
+    children of its parent that hold a slot (``window`` of them at most).
+    """
+
+    parent: str
+    root: str
+    join: str | None = None
+    is_join: bool = False
+    rule: JoinRule | None = None
+    children: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    window: int | None = None
+    window_running: int = 0
+    window_waiting: bool = False
 
 
 class Options(TypedDict, total=False):
@@ -800,6 +907,9 @@ class Reason(str, enum.Enum):
     PAUSED = "paused"
     """It is queued but paused (``Scheduler.pause_task``) since ``paused_at``: no worker
     claims it until ``resume_task``."""
+    WINDOW = "window"
+    """It is a spawned child waiting for a slot of its parent's window (``workflow``):
+    ``window_running`` of its siblings hold one; it becomes ready when one of them ends."""
     KEY_RATE = "key_rate"
     """It is due, but its fairness key used its rate (``key_rate`` units per ``key_per_s``
     seconds, ``key_units`` left): the units its next task takes (its ``cost``, 1 unless
@@ -896,6 +1006,8 @@ class Explanation:
     """When a waitpoint waiting for its completion times out (server clock)."""
     key_units: int | None = None
     cost: int = 1
+    workflow: Workflow | None = None
+    """Its parent, root and join when it was spawned; a join's rule and progress."""
 
     @property
     def reason(self) -> Reason:

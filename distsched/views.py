@@ -22,7 +22,7 @@ from typing import Any
 from distsched import text, times
 from distsched.client import Scheduler
 from distsched.errors import NotFoundError
-from distsched.model import State, TaskInfo, TaskRow
+from distsched.model import State, TaskInfo, TaskRow, Workflow
 from distsched.text import CUT_CHARS, error_summary, escape, show
 
 DEFAULT_LIMIT = 200
@@ -402,3 +402,25 @@ def waitpoint_text(info: TaskInfo, server_now: float) -> str:
         )
     by = f" by {show_id(wp.by, CUT_CHARS)}" if wp.by else ""
     return f"ended {info.state.value}{by} (timeout {times.span(wp.timeout)})"
+
+
+def workflow_text(workflow: Workflow, limit: int | None = CUT_CHARS) -> str:
+    """Where a spawned task stands, on one line: its parent and root, its join, a join's
+    rule and progress ("3 of 5 children succeeded"), a windowed child's wait."""
+    parts = [f"spawned by {show_id(workflow.parent, limit)}"]
+    if workflow.root != workflow.parent:
+        parts.append(f"workflow root {show_id(workflow.root, limit)}")
+    if workflow.is_join:
+        rule = workflow.rule if workflow.rule is not None else "all"
+        parts.append(
+            f"join ({rule}): {workflow.succeeded} of {workflow.children} children succeeded, "
+            f"{workflow.failed} did not"
+        )
+    elif workflow.join:
+        parts.append(f"join {show_id(workflow.join, limit)}")
+    if workflow.window_waiting:
+        running, window = workflow.window_running, workflow.window
+        parts.append(f"waiting for a window slot ({running} running, window {window})")
+    elif workflow.window is not None:
+        parts.append(f"window {workflow.window}")
+    return "; ".join(parts)

@@ -5,6 +5,8 @@
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
+--- @keys joins
 --
 -- pending / ready -> cancelled, atomically: a claim racing with it either ran
 -- first (the task is running) or will find it cancelled and drop its entry.

@@ -10,6 +10,7 @@
 --- @keys results finished states propagating deadlines
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun costs
+--- @keys parents window windows
 --
 -- ready -> running. Walks the queue head in order (run_at, -priority,
 -- sequence); in a namespace of the priority order (lib/ranked.lua) it first moves the

@@ -8,6 +8,8 @@
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
+--- @keys wake joins
 --
 -- running (cancel_requested) -> cancelled, fenced by the token as complete.lua.
 -- Pending dependents reached through required edges become blocked.
@@ -21,6 +23,8 @@
 -- frees when max_running was reached, one when a fairness key at its cap gets a slot
 -- back, one per dependent that settling makes claimable; '<state> <id>' on ended for each
 -- task it ends that a client waits for, whose waits entry it removes (lib/ended.lua).
+-- 'cancel <version> <id>' on wake for each running child of a first-n join it makes ready
+-- (lib/settle.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)

@@ -6,6 +6,8 @@
 --- @keys edges deps blocked blockedby propagating states deadlines
 --- @keys ranked waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
+--- @keys wake joins
 --
 -- pending / ready -> cancelled, with the error text 'expired: not started by its
 -- deadline' in results; pending dependents become blocked (settled within the
@@ -27,6 +29,8 @@
 -- that settling makes claimable; '<state> <id>' on ended for each task it ends that a
 -- client waits for, whose waits entry it removes (lib/ended.lua): a task it expires, a
 -- waitpoint that timed out.
+-- 'cancel <version> <id>' on wake for each running child of a first-n join it makes ready
+-- (lib/settle.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)

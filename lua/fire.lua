@@ -6,6 +6,8 @@
 --- @keys edges deps blocked blockedby propagating states fires firing ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
+--- @keys joins
 --
 -- The caller (any worker) reads the head of fires, computes the schedule's slots from
 -- its definition (cron or interval, catch-up window) and sends them here. Fenced:

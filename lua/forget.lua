@@ -5,6 +5,7 @@
 --- @keys edges deps blocked blockedby propagating states history
 --- @keys debounce progress checkpoints
 --- @keys idle fair fairready fairfull fairkeys fairrun paused costs
+--- @keys parents spawned
 --
 -- succeeded / failed / cancelled / blocked -> (gone), exactly as purge.lua removes a
 -- task past the retention (the record, payload, result, applied tokens, history,

@@ -5,6 +5,8 @@
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
+--- @keys wake joins
 --
 -- pending -> ready (last awaited dependency settled) or pending -> blocked (a
 -- required dependency failed, was cancelled or blocked), for the waiting edges of
@@ -18,6 +20,8 @@
 -- Publishes: 'ready' on the channels of idle workers (lib/idle.lua), one per dependent
 -- that settling makes claimable; '<state> <id>' on ended for each task it ends that a
 -- client waits for, whose waits entry it removes (lib/ended.lua): a dependent it blocks.
+-- 'cancel <version> <id>' on wake for each running child of a first-n join it makes ready
+-- (lib/settle.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)

@@ -5,6 +5,7 @@
 --- @keys edges deps blocked blockedby propagating states history
 --- @keys debounce progress checkpoints
 --- @keys idle fair fairready fairfull fairkeys fairrun paused costs
+--- @keys parents spawned
 --
 -- succeeded / failed / cancelled / blocked, terminal for longer than the
 -- retention -> (gone): the record, payload, result, applied tokens, history, dependency

@@ -7,6 +7,8 @@
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
+--- @keys wake joins
 --
 -- running -> ready with the attempt given back (no attempt spent), at its own
 -- run_at and priority; running -> cancelled instead when cancellation was
@@ -24,6 +26,8 @@
 -- per dependent that settling makes claimable; '<state> <id>' on ended for each task it
 -- ends that a client waits for, whose waits entry it removes (lib/ended.lua): a task it
 -- ends cancelled.
+-- 'cancel <version> <id>' on wake for each running child of a first-n join it makes ready
+-- (lib/settle.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)

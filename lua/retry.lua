@@ -5,6 +5,8 @@
 --- @keys edges deps blocked blockedby propagating states ranked
 --- @keys waits ended
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
+--- @keys wake joins
 --
 -- failed / cancelled / blocked -> ready, pending or blocked (as schedule.lua
 -- decides from its dependencies), with attempt 0 and the same payload, run_at,
@@ -22,6 +24,8 @@
 -- version is due now, one per dependent that settling makes claimable; '<state> <id>' on
 -- ended for each task it ends that a client waits for, whose waits entry it removes
 -- (lib/ended.lua): a version blocked at once.
+-- 'cancel <version> <id>' on wake for each running child of a first-n join it makes ready
+-- (lib/settle.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)

@@ -8,6 +8,8 @@
 --- @keys waits ended
 --- @keys debounce deadlines
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun costs
+--- @keys parents window windows
+--- @keys wake joins
 --
 -- (none) / pending / ready / terminal -> ready, pending or blocked:
 --   ready    no unfinished dependency
@@ -43,6 +45,8 @@
 -- makes due now, or one for a new queue head not due yet; '<state> <id>' on ended for
 -- each task it ends that a client waits for, whose waits entry it removes
 -- (lib/ended.lua): a task blocked at once, a dependent it blocks.
+-- 'cancel <version> <id>' on wake for each running child of a first-n join it makes ready
+-- (lib/settle.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)

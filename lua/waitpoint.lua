@@ -8,6 +8,8 @@
 --- @keys edges deps blocked blockedby propagating states history ranked
 --- @keys waits ended deadlines
 --- @keys fair fairq fairready fairwait fairfull fairkeys fairrun
+--- @keys parents window windows
+--- @keys wake joins
 --
 -- A waitpoint is a task scheduled with the option wait=<timeout ms> (schedule.lua,
 -- lib/admit.lua): its dependency list is led by the wait (lib/graph.lua), which counts

@@ -50,7 +50,7 @@ def lua_limits() -> dict[str, int]:
 
 def test_the_lua_caps_are_the_python_caps_name_for_name() -> None:
     assert lua_limits() == {name: getattr(limits, name) for name in LIMIT_NAMES}
-    assert len(LIMIT_NAMES) == 21
+    assert len(LIMIT_NAMES) == 22
 
 
 def test_each_cap_is_written_once_per_language() -> None:
@@ -323,6 +323,25 @@ def test_a_report_call_carries_at_most_max_reports_per_call(
     refused(redis_client, s, "MAX_REPORTS_PER_CALL", name, *args(limits.MAX_REPORTS_PER_CALL + 1))
     reply = evalsha(redis_client, s.keys, name, *args(limits.MAX_REPORTS_PER_CALL))
     assert len(reply) == limits.MAX_REPORTS_PER_CALL + 1
+
+
+def test_a_spawn_adds_at_most_max_spawn_children_per_call(
+    redis_client: redis.Redis, s: Scheduler
+) -> None:
+    s.schedule("p", fn="fan")
+    [claim] = s.ready(1, "w")
+
+    def args(n: int) -> list[Any]:
+        tasks = [[f"p:{i}", "in 0 0 1 0 0 0 0", PAYLOAD] for i in range(n)]
+        head = [PROPAGATE_BUDGET, "p", claim.version, claim.attempt, b"", "all", "0", n]
+        return [*head, *(v for t in tasks for v in t), "p:join", "in 0 0 1 0 0 0 0", PAYLOAD, 1000]
+
+    refused(redis_client, s, "MAX_SPAWN_CHILDREN", "spawn", *args(limits.MAX_SPAWN_CHILDREN + 1))
+    assert evalsha(redis_client, s.keys, "spawn", *args(limits.MAX_SPAWN_CHILDREN)) == [
+        0,
+        b"applied",
+    ]
+    assert s.status("p:join").remaining == limits.MAX_SPAWN_CHILDREN
 
 
 def test_fail_refuses_an_error_text_over_max_error_bytes(

@@ -63,6 +63,7 @@ from distsched.wire.calls import (
     release_call,
     retry_call,
     schedule_call,
+    spawn_call,
     waitpoint_call,
 )
 from distsched.wire.records import (
@@ -180,6 +181,7 @@ def sample_calls() -> dict[str, Call]:
         "progress": progress_call(keys, claim, 0.5, "half", b"\x01"),
         "dep_results": dep_results_call(keys, "a"),
         "waitpoint": waitpoint_call(keys, "complete", "a", None, {"ok": True}),
+        "spawn": spawn_call(keys, claim, model.Spawn([TaskSpec("b", "f")]), 1000),
     }
 
 
@@ -472,11 +474,10 @@ def test_the_reach_checker_follows_calls_and_skips_unreachable_functions() -> No
 
 
 # Keys a script still receives, for a wire protocol that does not change, but no longer
-# touches: claim and fairness forget no task, so they remove no fairness key of one;
+# touches: fairness forgets no task, so it removes no fairness key of one;
 # fairness, purge and forget end no running task, so they give no fairness slot back.
 UNTOUCHED_SLOT_KEYS = {"idle", "fair", "fairready", "fairfull", "fairrun"}
 KEPT_FOR_THE_PROTOCOL = {
-    "claim": {"fairkeys"},
     "fairness": {"fairkeys", "fairrun"},
     "purge": UNTOUCHED_SLOT_KEYS,
     "forget": UNTOUCHED_SLOT_KEYS,
@@ -689,6 +690,13 @@ def lifecycle(s: Scheduler) -> None:
     assert s.amend("d", priority=5).change is model.Change.APPLIED
     assert s.pause_task("d").change is model.Change.APPLIED
     assert s.resume_task("d").change is model.Change.APPLIED
+    # A spawn: the parent succeeds, adding a child and a join in the same call.
+    s.schedule("p", fn="f", run_at=1.0)  # due before c, which the retry made ready
+    parent = s.next("w")
+    assert isinstance(parent, Claim) and parent.task_id == "p"
+    spawn = model.Spawn([TaskSpec("p:0", "f")], join=TaskSpec("p:join", "f"))
+    assert s.spawn(parent, spawn) is Outcome.APPLIED
+    assert s.status("p:join").state is State.PENDING
 
 
 @pytest.fixture
@@ -1235,7 +1243,7 @@ def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> N
     listed = (
         "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
         "retry add_deps purge forget compact leave recur fire order expire fairness "
-        "amend pause progress dep_results waitpoint"
+        "amend pause progress dep_results waitpoint spawn"
     )
     order = listed.split(" ")
     assert tuple(order) == SCRIPT_NAMES

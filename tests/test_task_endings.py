@@ -112,6 +112,14 @@ def endings() -> list[Ending]:
     return [
         Ending("complete", "x", "succeeded", claimed, lambda s: s.complete(claims["x"]), True),
         Ending(
+            "spawn",
+            "x",
+            "succeeded",
+            claimed,
+            lambda s: s.spawn(claims["x"], model.Spawn([TaskSpec("x:0", "f")])),
+            True,
+        ),
+        Ending(
             "fail",
             "x",
             "failed",

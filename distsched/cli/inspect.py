@@ -109,6 +109,11 @@ def _status_lines(
         ("dependents", ids(info.dependents)),
         ("blocked_by", blocked),
         *([("waitpoint", views.waitpoint_text(info, server_now))] if info.waitpoint else []),
+        *(
+            [("workflow", views.workflow_text(info.workflow, id_limit))]
+            if info.workflow is not None
+            else []
+        ),
         *_attempt_lines(info.attempts, limit, server_now),
     ]
 

@@ -259,16 +259,25 @@ def submit(
 
 @click.command()
 @click.argument("task_id", metavar="ID")
+@click.option(
+    "--workflow",
+    is_flag=True,
+    help="Cancel the whole workflow of ID: its root and every task spawned under it.",
+)
 @click.pass_context
-def cancel(ctx: click.Context, task_id: str) -> None:
+def cancel(ctx: click.Context, task_id: str, workflow: bool) -> None:
     """Cancel task ID; print its state after the call.
 
     A queued task is cancelled at once and never runs. A running one prints
     'running': its function is asked to stop and the task ends cancelled
-    when it does.
+    when it does. With --workflow, print how many tasks of its workflow were
+    cancelled or asked to stop.
     """
     scheduler = connect(ctx)
     with task_named(ctx, task_id):
+        if workflow:
+            click.echo(f"{scheduler.cancel_workflow(task_id)} tasks cancelled or asked to stop")
+            return
         state = scheduler.cancel(task_id)
     click.echo(state.value)
 

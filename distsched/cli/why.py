@@ -197,6 +197,15 @@ def _paused(exp: Explanation, limit: int | None) -> str:
     return f"it was paused{since}: no worker claims it until it is resumed ('distsched resume')"
 
 
+def _window(exp: Explanation, limit: int | None) -> str:
+    w = exp.workflow
+    running, window = (w.window_running, w.window) if w is not None else (0, None)
+    return (
+        f"it waits for a window slot ({running} running, window {window}): it becomes ready "
+        "when a child of its parent before it ends"
+    )
+
+
 def _not_queued(exp: Explanation, limit: int | None) -> str:
     return "it is ready but has no queue entry (its data was changed outside distsched)"
 
@@ -224,6 +233,7 @@ SENTENCES: dict[Reason, Callable[[Explanation, int | None], str]] = {
     Reason.NEXT: _next,
     Reason.NOT_QUEUED: _not_queued,
     Reason.PAUSED: _paused,
+    Reason.WINDOW: _window,
 }
 
 
@@ -250,6 +260,8 @@ def _why_lines(exp: Explanation, limit: int | None = CUT_CHARS) -> list[str]:
     """The explanation in plain sentences: a headline, then one line per reason; every
     stored string escaped and cut to ``limit`` characters (None: whole)."""
     lines = [_headline(exp, limit)]
+    if exp.workflow is not None:
+        lines.append(f"- {views.workflow_text(exp.workflow, limit)}")
     for reason in exp.reasons:
         lines.append(f"- {SENTENCES.get(reason, _not_queued)(exp, limit)}")
         if reason is Reason.WAITING_ON_DEPS:

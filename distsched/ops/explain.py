@@ -24,6 +24,7 @@ from distsched.model import (
     Progress,
     Reason,
     State,
+    Workflow,
 )
 from distsched.ops.protocol import Op
 from distsched.validate import validate_task_id
@@ -72,6 +73,8 @@ class ExplainReads(Protocol):
     def read(self, *commands: tuple[Any, ...], atomic: bool = True) -> Op[list[Any]]: ...
 
     def _blocked_path(self, task_id: str, cause: Any) -> Op[BlockedBy | None]: ...
+
+    def _workflow(self, raw_parent: Any, raw_join: Any, state: State) -> Op[Workflow | None]: ...
 
 
 @dataclass(frozen=True)
@@ -171,7 +174,11 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     task = yield from _read_task(ops, task_id, now)
     fair_key, cost = yield from _read_fair_key(ops, task)
     reads = _second_reads(ops.keys, task, fair_key)
-    replies = iter((yield from ops.read(*reads)) if reads else [])
+    # Its workflow entries (lib/workflow.lua) travel last in the same round.
+    reads += [("HGET", ops.keys.parents, task_id), ("HGET", ops.keys.joins, task_id)]
+    answers = yield from ops.read(*reads)
+    raw_parent, raw_join = answers[-2:]
+    replies = iter(answers[:-2])
     error, expired = _ended_error(task.rec, replies)
     place: _Place = (None, None)
     if task.paused_at is not None and task.rec.state is State.READY:
@@ -192,6 +199,10 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
     lease_deadline = None if task.lease is None else float(task.lease) / 1000.0
     reasons = _reasons(task, place, unserved, key, lease_deadline, expired, cost)
     rec = task.rec
+    workflow = yield from ops._workflow(raw_parent, raw_join, rec.state)
+    if workflow is not None and workflow.window_waiting:
+        # Held by its parent's window, not by a dependency.
+        reasons = [Reason.WINDOW if r is Reason.WAITING_ON_DEPS else r for r in reasons]
     return Explanation(
         task_id=task_id,
         state=rec.state,
@@ -225,6 +236,7 @@ def explain_task(ops: ExplainReads, task_id: str) -> Op[Explanation]:
         key_next_at=key.next_at,
         key_units=key.units,
         cost=cost,
+        workflow=workflow,
         updated_at=rec.updated_ms / 1000.0,
         paused_at=task.paused_at,
         progress=task.progress,

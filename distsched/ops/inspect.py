@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from distsched.errors import InvalidArgument, NotFoundError, ScriptError, Timeout
@@ -22,6 +23,7 @@ from distsched.model import (
     Stats,
     TaskInfo,
     WorkerInfo,
+    Workflow,
     priority_bucket,
 )
 from distsched.ops import merges
@@ -43,10 +45,13 @@ from distsched.wire.records import (
     _count_or_none,
     checkpoint_bytes,
     decode_dependents,
+    decode_join_entry,
     decode_order,
+    decode_parent_entry,
     decode_payload_limit,
     decode_progress,
     decode_record,
+    decode_window_entry,
     decode_worker,
     edge_range,
     member_priority,
@@ -114,6 +119,8 @@ class Inspect(Listing):
         reads: list[tuple[Any, ...]] = [("HGET", key, task_id) for key in status_reads(k)]
         reads.append(("ZSCORE", k.leases, task_id))
         reads.append(("ZRANGEBYLEX", k.edges, *edge_range(task_id)))
+        reads.append(("HGET", k.parents, task_id))
+        reads.append(("HGET", k.joins, task_id))
         (
             record,
             payload,
@@ -126,6 +133,8 @@ class Inspect(Listing):
             cost,
             lease,
             edges,
+            parent,
+            join,
         ) = yield from self.read(*reads)
         blocked_by = None
         if cause:
@@ -139,7 +148,7 @@ class Inspect(Listing):
                 blocked_by = done.value
             except ValueError:  # a cause with junk in it: the path is unknown
                 blocked_by = None
-        return decode_status(
+        info = decode_status(
             task_id,
             record,
             payload,
@@ -152,6 +161,34 @@ class Inspect(Listing):
             paused,
             progress,
             cost,
+        )
+        workflow = yield from self._workflow(parent, join, info.state)
+        return info if workflow is None else replace(info, workflow=workflow)
+
+    def _workflow(self, raw_parent: Any, raw_join: Any, state: State) -> Op[Workflow | None]:
+        """Where a task stands in its workflow (its parent, root and join; a join's rule
+        and progress; a windowed child's window), from its ``parents`` and ``joins``
+        entries; None for a task that was not spawned."""
+        entry = decode_parent_entry(raw_parent)
+        if entry is None:
+            return None
+        rule = decode_join_entry(raw_join)
+        window, running = None, 0
+        if entry.flag == "w":
+            (raw_window,) = yield from self.read(("HGET", self.keys.windows, entry.parent))
+            window, running = decode_window_entry(raw_window)
+        return Workflow(
+            parent=entry.parent,
+            root=entry.root,
+            join=entry.join or None,
+            is_join=entry.flag == "j",
+            rule=rule.rule if rule else None,
+            children=rule.total if rule else 0,
+            succeeded=rule.succeeded if rule else 0,
+            failed=rule.failed if rule else 0,
+            window=window,
+            window_running=running,
+            window_waiting=entry.flag == "w" and window is not None and state is State.PENDING,
         )
 
     @route.by_id("task_id")

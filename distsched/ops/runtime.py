@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from distsched import limits
-from distsched.errors import ConflictError, InvalidArgument, LeaseLostError
+from distsched.errors import ConflictError, InvalidArgument, LeaseLostError, NotFoundError
 from distsched.model import (
     Admitted,
     Changed,
@@ -14,6 +14,7 @@ from distsched.model import (
     Claim,
     DependencyResult,
     Outcome,
+    Spawn,
     State,
     TaskSpec,
     Wait,
@@ -23,7 +24,7 @@ from distsched.ops import merges
 from distsched.ops import routing as route
 from distsched.ops.inspect import Inspect
 from distsched.ops.protocol import Commands, Op, _one
-from distsched.validate import _is_int, validate_worker_id
+from distsched.validate import _is_int, validate_task_id, validate_worker_id
 from distsched.wire.calls import (
     EXPIRE_BATCH,
     IDLE_MS,
@@ -62,10 +63,19 @@ from distsched.wire.calls import (
     schedule_batches,
     schedule_call,
     schedule_values,
+    spawn_call,
     waitpoint_call,
 )
 from distsched.wire.payload import _text
-from distsched.wire.records import _count_or_none, _minute_of, decode_kept_claim, encode_worker
+from distsched.wire.records import (
+    _count_or_none,
+    _minute_of,
+    decode_kept_claim,
+    decode_parent_entry,
+    decode_record,
+    encode_worker,
+    id_prefix,
+)
 from distsched.wire.replies import (
     decode_change,
     decode_claim_reply,
@@ -73,6 +83,9 @@ from distsched.wire.replies import (
     decode_outcomes,
     decode_schedule_reply,
 )
+
+# The spawned tasks of a workflow read per page by ``cancel_workflow``.
+WORKFLOW_PAGE = 500
 
 # A batch of reports is checked whole, on stripe 0, before any part of it is sent to its
 # stripe: a bad item refuses all of it, as in an unstriped namespace.
@@ -219,6 +232,45 @@ class Runtime(Inspect):
         values = yield from self.run(pause_call(self.keys, "resume", task_id, version))
         return decode_change(task_id, values)
 
+    def cancel_workflow(self, task_id: str) -> Op[int]:
+        """Cancel the workflow of ``task_id``: its root and every task spawned under it
+        (started or not), one ``cancel.lua`` call each, read from ``spawned`` in pages.
+        Returns how many tasks were cancelled or asked to stop."""
+        validate_task_id(task_id)
+        k = self.keys
+        (raw,) = yield from self.read(("HGET", k.parents, task_id))
+        entry = decode_parent_entry(raw)
+        root = entry.root if entry is not None else task_id
+        prefix = id_prefix(root)
+        cursor, end = b"[" + prefix, b"(" + prefix + b"\xff"
+        touched = 0
+        ids = [root]
+        while True:
+            for one in ids:
+                try:
+                    before = yield from self._state_of(one)
+                    state = yield from self.cancel(one)
+                except NotFoundError:
+                    continue
+                if before in (State.PENDING, State.READY, State.RUNNING) and (
+                    state is State.CANCELLED or state is State.RUNNING
+                ):
+                    touched += 1
+            (members,) = yield from self.read(
+                ("ZRANGEBYLEX", k.spawned, cursor, end, "LIMIT", 0, WORKFLOW_PAGE)
+            )
+            if not members:
+                return touched
+            ids = [bytes(m)[len(prefix) :].decode("utf-8", "surrogatepass") for m in members]
+            cursor = b"(" + bytes(members[-1])
+
+    def _state_of(self, task_id: str) -> Op[State]:
+        """The state of ``task_id`` (NotFoundError when it has no record)."""
+        (raw,) = yield from self.read(("HGET", self.keys.tasks, task_id))
+        if raw is None:
+            raise NotFoundError(task_id)
+        return decode_record(raw, task_id).state
+
     @route.by_id("task_id")
     def retry(self, task_id: str, cascade: bool) -> Op[int]:
         (version,) = yield from self.run(retry_call(self.keys, task_id, cascade))
@@ -310,6 +362,13 @@ class Runtime(Inspect):
                 out += yield from self.complete_many(part, encoded)
             return out
         return (yield from self._report(call, len(reports)))
+
+    @route.striped
+    def spawn(self, claim: Claim, spawn: Spawn) -> Op[Outcome]:
+        """``claim`` succeeds and adds ``spawn``'s tasks in the same step (lua/spawn.lua)."""
+        call = spawn_call(self.keys, claim, spawn, self.max_payload_bytes)
+        (outcome,) = yield from self.run(call)
+        return Outcome(_text(outcome))
 
     @route.by_ids("reports", route.in_order, route.report_task_id, _check_failures)
     def fail_many(self, reports: Sequence[tuple[Claim, object]]) -> Op[list[Outcome]]:

@@ -34,7 +34,9 @@ from distsched.model import (
     Admitted,
     Claim,
     KeyInfo,
+    Outcome,
     Overview,
+    Spawn,
     Stats,
     TaskPage,
     TaskRow,
@@ -312,6 +314,25 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
             self._check_deps([TaskSpec(task_id, deps=deps)], len(stripes))
         ops = stripes[route.stripe_for(task_id, len(stripes))]
         yield from ops.add_deps(task_id, deps, allow_unknown)
+
+    def spawn(self, claim: Claim, spawn: Spawn) -> Op[Outcome]:
+        """A spawn on the parent's stripe: every spawned id must be on it too (its
+        dependencies, the join's edges, live there)."""
+        stripes = yield from self.resolve()
+        if not isinstance(claim, Claim) or not isinstance(claim.task_id, str):
+            return (yield from stripes[0].spawn(claim, spawn))
+        own = route.stripe_for(claim.task_id, len(stripes))
+        if len(stripes) > 1 and isinstance(spawn, Spawn):
+            specs = [*spawn.children, *([spawn.join] if spawn.join is not None else [])]
+            for spec in specs:
+                if isinstance(spec, TaskSpec) and isinstance(spec.task_id, str):
+                    theirs = stripe_of(spec.task_id, len(stripes))
+                    if theirs != own:
+                        raise InvalidArgument(
+                            "children.task_id",
+                            cross_stripe_message(spec.task_id, theirs, claim.task_id, own),
+                        )
+        return (yield from stripes[own].spawn(claim, spawn))
 
     # -------------------------------------------------------------- workers
 

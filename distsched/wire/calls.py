@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from distsched import limits
 from distsched.errors import InvalidArgument
 from distsched.keys import Keys
-from distsched.model import Claim, Order, TaskSpec
+from distsched.model import Claim, JoinKind, JoinRule, Order, Spawn, TaskSpec
 from distsched.schedules import MAX_BACKFILL_SLOTS, Definition, validate_name
 from distsched.validate import (
     BACKOFF_CAP_MS,
@@ -455,6 +455,73 @@ def complete_call(
         keys.for_script("complete"),
         args,
     )
+
+
+def _spawned_values(spec: object, field_name: str, max_payload_bytes: int) -> list[Any]:
+    """One spawned task's values (lua/spawn.lua): a TaskSpec with no dependencies and no
+    dedupe or debounce (a spawned id is always new)."""
+    if not isinstance(spec, TaskSpec):
+        raise InvalidArgument(field_name, f"must hold TaskSpec values, got {type(spec).__name__}")
+    if spec.deps or spec.optional_deps:
+        raise InvalidArgument(
+            f"{field_name}.deps",
+            "a spawned task has no dependencies of its own (the join depends on every child)",
+        )
+    if spec.dedupe or spec.dedupe_window is not None or spec.debounce is not None:
+        raise InvalidArgument(f"{field_name}.dedupe", "a spawned task is always new")
+    return schedule_values(spec, max_payload_bytes)
+
+
+def _join_rule(spawn: Spawn, n: int) -> str:
+    """The join rule as spawn.lua takes it ('' without a join)."""
+    rule = spawn.rule
+    if not isinstance(rule, JoinRule) or not isinstance(rule.kind, JoinKind):
+        raise InvalidArgument(
+            "rule", "must be a JoinRule (JoinRule.ALL, .any(), .at_least(k), .first(n))"
+        )
+    if spawn.join is None:
+        if rule != JoinRule():
+            raise InvalidArgument("rule", "needs a join task")
+        return ""
+    if rule.kind is JoinKind.ALL or rule.kind is JoinKind.ANY:
+        return str(rule.kind)
+    if not _is_int(rule.count) or not 1 <= rule.count <= n:
+        raise InvalidArgument("rule", f"{rule.kind} needs a count in [1, number of children]")
+    return f"{rule.kind} {rule.count}"
+
+
+def spawn_call(keys: Keys, claim: Claim, spawn: object, max_payload_bytes: int) -> Call:
+    """spawn.lua's call: ``claim`` succeeds with ``spawn`` (:class:`Spawn`)."""
+    if not isinstance(spawn, Spawn):
+        raise InvalidArgument("spawn", f"must be a Spawn, got {type(spawn).__name__}")
+    children = spawn.children
+    if isinstance(children, (str, bytes)) or not isinstance(children, Sequence):
+        raise InvalidArgument("children", "must be a sequence of TaskSpec")
+    if not 1 <= len(children) <= limits.MAX_SPAWN_CHILDREN:
+        raise InvalidArgument(
+            "children",
+            f"must hold 1 to {limits.MAX_SPAWN_CHILDREN} tasks per spawn (MAX_SPAWN_CHILDREN)",
+        )
+    args: list[Any] = [PROPAGATE_BUDGET, *_token_values([claim])]
+    args.append(encode_result(spawn.result))
+    args.append(_join_rule(spawn, len(children)))
+    window = spawn.window
+    if window is not None and (not _is_int(window) or not 1 <= window <= len(children)):
+        raise InvalidArgument("window", "must be None or an int in [1, number of children]")
+    args.append(window or 0)
+    args.append(len(children))
+    seen = {claim.task_id}
+    specs = [*children, *([spawn.join] if spawn.join is not None else [])]
+    for i, spec in enumerate(specs):
+        name = "join" if i == len(children) else "children"
+        values = _spawned_values(spec, name, max_payload_bytes)
+        if values[0] in seen:
+            what = "is the parent's own id" if values[0] == claim.task_id else "appears twice"
+            raise InvalidArgument(f"{name}.task_id", f"{values[0]!r} {what}")
+        seen.add(values[0])
+        args.extend(values)
+    args.append(max_payload_bytes)
+    return Call("spawn", keys.for_script("spawn"), args)
 
 
 def fail_call(keys: Keys, reports: Sequence[tuple[Claim, object]]) -> Call:

@@ -35,6 +35,8 @@ from distsched.errors import InvalidArgument, ScriptError
 from distsched.model import (
     WORKER_ALIVE_BEATS,
     AttemptInfo,
+    JoinKind,
+    JoinRule,
     Order,
     OrderSetting,
     Progress,
@@ -684,3 +686,91 @@ def checkpoint_bytes(raw: bytes | None, version: int) -> bytes | None:
     if not raw or len(raw) <= 14 or raw[:14] != b"%014x" % version:
         return None
     return raw[14:]
+
+
+# --------------------------------------------------------------------------- workflows
+
+
+@dataclass(frozen=True)
+class ParentEntry:
+    """A spawned task's field of ``parents`` (lua/lib/workflow.lua)."""
+
+    parent: str
+    root: str
+    join: str
+    flag: str  # 'c' a child, 'w' a child held by a window, 'j' the join
+    order: int
+
+
+_FLAGS = (b"c", b"w", b"j")
+
+
+def decode_parent_entry(raw: Any) -> ParentEntry | None:
+    """The entry of ``parents``, or None (absent, or junk: no entry, as the scripts read it)."""
+    if raw is None:
+        return None
+    data = _bytes(raw)
+    fields: list[str] = []
+    pos = 0
+    try:
+        for _ in range(3):
+            size = int(data[pos : pos + 3], 16)
+            fields.append(data[pos + 3 : pos + 3 + size].decode("utf-8"))
+            pos += 3 + size
+        flag, order = data[pos : pos + 1], data[pos + 1 :]
+        if flag not in _FLAGS or len(order) != 8 or not fields[0] or not fields[1]:
+            return None
+        return ParentEntry(fields[0], fields[1], fields[2], flag.decode(), int(order, 16))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def encode_parent_entry(entry: ParentEntry) -> bytes:
+    """The field of ``parents`` the scripts write for ``entry`` (for tests and readers)."""
+    out = b""
+    for text in (entry.parent, entry.root, entry.join):
+        raw = text.encode("utf-8")
+        out += b"%03x" % len(raw) + raw
+    return out + entry.flag.encode() + b"%08x" % entry.order
+
+
+@dataclass(frozen=True)
+class JoinEntry:
+    """A join's field of ``joins``: its rule and how many of its children ended how."""
+
+    rule: JoinRule
+    total: int
+    succeeded: int
+    failed: int
+
+
+_JOIN_KINDS = {kind.value: kind for kind in JoinKind}
+
+
+def decode_join_entry(raw: Any) -> JoinEntry | None:
+    """``<kind> <k> <total> <succeeded> <failed> <cursor>`` of ``joins``; None when absent
+    or junk."""
+    if raw is None:
+        return None
+    parts = _text(raw).split(" ")
+    if len(parts) != 6 or parts[0] not in _JOIN_KINDS:
+        return None
+    try:
+        count, total, succeeded, failed = (int(p) for p in parts[1:5])
+    except ValueError:
+        return None
+    kind = _JOIN_KINDS[parts[0]]
+    rule = JoinRule() if kind is JoinKind.ALL else JoinRule(kind, count)
+    return JoinEntry(rule, total, succeeded, failed)
+
+
+def decode_window_entry(raw: Any) -> tuple[int | None, int]:
+    """``<window> <holding>`` of ``windows`` (a parent's window and how many of its
+    children hold a slot); (None, 0) when absent or junk."""
+    if raw is None:
+        return None, 0
+    try:
+        window, holding = (int(p) for p in _text(raw).split(" "))
+    except ValueError:
+        return None, 0
+    return window, holding

@@ -392,6 +392,9 @@ def _conflict(rest: str) -> Exception:
             f"waitpoint {detail!r} still waits for its own dependencies; it can be "
             "completed or failed once they have succeeded"
         )
+    if what == "exists":
+        (task_id,) = decode_id_list(detail)
+        return ConflictError(f"task {task_id!r} exists already: a spawn adds only new tasks")
     if what == "state":
         state, _, task_id = detail.partition(" ")
         return ConflictError(f"task {task_id!r} is {state}")

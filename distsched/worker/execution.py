@@ -33,6 +33,7 @@ DEFAULT_TIMEOUT_GRACE_S = 5.0
 # The outcome of a run as the hooks are told, by the report it makes.
 _RUN_OUTCOME = {
     ReportKind.COMPLETE: RunOutcome.SUCCEEDED,
+    ReportKind.SPAWN: RunOutcome.SUCCEEDED,
     ReportKind.FAIL: RunOutcome.FAILED,
     ReportKind.CONFIRM_CANCEL: RunOutcome.CANCELLED,
     ReportKind.RELEASE: RunOutcome.RELEASED,

@@ -17,7 +17,7 @@ from redis.exceptions import RedisClusterException
 from distsched.context import TaskContext
 from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument, LeaseLost
 from distsched.metrics import WorkerMetrics
-from distsched.model import Claim, Outcome, State
+from distsched.model import Claim, Outcome, Spawn, State
 from distsched.wire import payload
 from distsched.worker.common import RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
 from distsched.worker.jobs import Job, Slots
@@ -49,6 +49,7 @@ class ReportKind(str, enum.Enum):
     """What the worker tells Redis about a claim it holds."""
 
     COMPLETE = "complete"  # the function returned: succeeded
+    SPAWN = "spawn"  # the function returned a Spawn: succeeded, its tasks added (value)
     FAIL = "fail"  # the function raised (retried while attempts remain), or bad payload
     CONFIRM_CANCEL = "confirm_cancel"  # the function stopped on a cancel request: cancelled
     RELEASE = "release"  # stopped or never started on the shutdown: back to ready, no attempt
@@ -77,7 +78,8 @@ def outcome_of(ctx: TaskContext, result: Returned | Raised) -> tuple[ReportKind,
 
     - Reached its time limit (and not stopped on a cancel request): failed with
       ``timed out after N s``, whether it then returned or raised.
-    - Returned: succeeded, even if the function was signalled meanwhile.
+    - Returned: succeeded, even if the function was signalled meanwhile; a returned
+      :class:`~distsched.model.Spawn` adds its tasks in the same report.
     - Raised after the lease was lost: failed (the report is stale anyway).
     - Raised ``Cancelled`` after a cancel request: cancelled.
     - Raised anything after the worker's shutdown signalled it: handed back to
@@ -90,6 +92,8 @@ def outcome_of(ctx: TaskContext, result: Returned | Raised) -> tuple[ReportKind,
     if ctx.timed_out and not (isinstance(error, Cancelled) and ctx._cancel_was_requested):
         return ReportKind.FAIL, ctx.timeout_error
     if isinstance(result, Returned):
+        if isinstance(result.value, Spawn):
+            return ReportKind.SPAWN, result.value
         return ReportKind.COMPLETE, result.value
     error = result.error
     if ctx.lease_lost:
@@ -128,7 +132,7 @@ def _log_unrecorded(kind: ReportKind, report: Report, outcome: Outcome) -> None:
         return
     # The function only obeyed the signal when it raised LeaseLost: no news in it.
     exc_info = None if isinstance(report.error, LeaseLost) else report.error
-    what = "result" if kind is ReportKind.COMPLETE else "outcome"
+    what = "result" if kind is ReportKind.COMPLETE or kind is ReportKind.SPAWN else "outcome"
     tasks_log.warning(
         "task %r (%s) version %d attempt %d: the lease was lost before its %s "
         "(%s) was reported; another run owns the task, this one is not recorded",
@@ -173,7 +177,7 @@ def _log_recorded(kind: ReportKind, report: Report, runs_again: bool) -> None:
     claim = report.job.claim
     if kind is ReportKind.FAIL:
         _log_failure(report, runs_again)
-    elif kind is ReportKind.COMPLETE:
+    elif kind is ReportKind.COMPLETE or kind is ReportKind.SPAWN:
         tasks_log.debug(
             "task %r (%s) attempt %d succeeded in %.3fs",
             claim.task_id,
@@ -369,7 +373,7 @@ class Reporter:
             groups.setdefault((report.kind, value), []).append(report)
         batches = [[w.report] for w in waiting if w.alone]
         for (kind, _), reports in groups.items():
-            if kind is ReportKind.CONFIRM_CANCEL:
+            if kind is ReportKind.CONFIRM_CANCEL or kind is ReportKind.SPAWN:
                 batches.extend([r] for r in reports)
             else:
                 batches.extend(
@@ -447,9 +451,17 @@ class Reporter:
             log.error("the scheduler is closed: %d %s reports are dropped", len(reports), kind)
             self.slots.done(r.job for r in reports)
             return
-        except ConflictError:
-            # confirm_cancel refused: Redis holds no cancel request for this run.
-            reason = "stopped on a cancel request that Redis does not hold"
+        except (ConflictError, InvalidArgument) as exc:
+            if kind is ReportKind.SPAWN:
+                # A spawn refused whole (an id that exists, a bad task): nothing was
+                # written, and the run fails saying why.
+                reason = f"spawn refused: {exc}"
+            elif isinstance(exc, InvalidArgument):
+                self._again(reports, tries, exc, transient=False)
+                return
+            else:
+                # confirm_cancel refused: Redis holds no cancel request for this run.
+                reason = "stopped on a cancel request that Redis does not hold"
             failed = Report(reports[0].job, ReportKind.FAIL, reason)
             self._waiting.append(_Waiting(failed, time.monotonic()))
             return
@@ -506,6 +518,8 @@ class Reporter:
         s = self.scheduler
         if kind is ReportKind.COMPLETE:
             return self.link.complete_encoded(_encoded_results(reports))
+        if kind is ReportKind.SPAWN:
+            return [s.spawn(reports[0].job.claim, cast(Spawn, reports[0].value))]
         if kind is ReportKind.FAIL:
             return s.fail_many([(r.job.claim, r.value) for r in reports])
         if kind is ReportKind.CONFIRM_CANCEL:
@@ -534,7 +548,7 @@ class Reporter:
             )
             return
         if (
-            kind is ReportKind.COMPLETE
+            (kind is ReportKind.COMPLETE or kind is ReportKind.SPAWN)
             and not tasks_log.isEnabledFor(logging.DEBUG)
             and all(o is Outcome.APPLIED for o in outcomes)
         ):
@@ -594,9 +608,11 @@ class Reporter:
                 self.slots.count("unserved")
             return
         if outcome is Outcome.APPLIED:
-            key = {ReportKind.COMPLETE: "succeeded", ReportKind.CONFIRM_CANCEL: "cancelled"}.get(
-                kind, "failed"
-            )
+            key = {
+                ReportKind.COMPLETE: "succeeded",
+                ReportKind.SPAWN: "succeeded",
+                ReportKind.CONFIRM_CANCEL: "cancelled",
+            }.get(kind, "failed")
         else:
             key = outcome.value
         self.slots.count(key)

@@ -27,7 +27,7 @@
 
 local EXPIRED_TEXT = 'expired: not started by its deadline'
 local TIMED_OUT_TEXT = 'timed out waiting for completion'
-local WAITPOINT_RECHECK_MS = 3600000
+local WAITPOINT_RECHECK_MS = 60 * 60 * 1000 -- an hour
 -- The longest waitpoint timeout: a year.
 local MAX_WAIT_MS = 31536000000
 

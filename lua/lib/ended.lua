@@ -4,6 +4,7 @@
 --- @include idle
 --- @include counts
 --- @include fair
+--- @include window
 --
 -- A client waiting for a task's outcome (Scheduler.wait) first adds the task id to the
 -- waits sorted set (score: the time, ms, until which it waits; ZADD GT), then reads the
@@ -27,8 +28,9 @@ end
 -- End task id (t: its record) in terminal state `state` at now: a running one gives the
 -- slot of its fairness key back (lib/fair.lua), and the task is counted (count_move), saved
 -- (its member of the per-state index moves with it, lib/record.lua), listed in finished,
--- and noted for tell_waiters.
+-- and noted for tell_waiters. A windowed child passes its slot on (lib/window.lua).
 local function end_task(c, id, t, state, now)
+  window_slot_back(c, id, t, now)
   if t.state == 'running' then fair_slot_back(c, id) end
   count_move(c, t.state, state)
   t.state = state

@@ -1,11 +1,12 @@
 -- lib/forget.lua: removing a terminal task with everything it owns.
 --
 --- @include graph
+--- @include workflow
 
 -- Remove terminal task id (t: its record, or nil for one that cannot be read): the
 -- record and its index member, payload, result, applied tokens, history, dependency
--- list, debounce burst, pause entry, fairness key, progress, checkpoint, cost, block cause
--- and every edge to or from it. Its
+-- list, debounce burst, pause entry, fairness key, progress, checkpoint, cost, block cause,
+-- every edge to or from it, and its parents entry and workflow member when it was spawned. Its
 -- dependents keep their own records; a later dependency on the id is an unknown dependency.
 local function remove_task(c, id, t)
   if t then count_move(c, t.state, nil) end
@@ -27,4 +28,8 @@ local function remove_task(c, id, t)
   redis.call('HDEL', k.progress, id)
   redis.call('HDEL', k.checkpoints, id)
   redis.call('ZREM', k.finished, id)
+  -- A spawned task (lib/workflow.lua) leaves its workflow.
+  local _, root = parse_parent(redis.call('HGET', k.parents, id))
+  if root then redis.call('ZREM', k.spawned, wf_prefix(root) .. id) end
+  redis.call('HDEL', k.parents, id)
 end

@@ -42,6 +42,8 @@ local MAX_PAYLOAD_BYTES_PER_CALL = 1048576
 local MAX_PAYLOAD_DEPTH = 64
 -- Pending tasks the cycle check may visit for one call; past it the call is refused.
 local MAX_CYCLE_VISITS = 1000
+-- Children one spawn (spawn.lua) adds in its one call.
+local MAX_SPAWN_CHILDREN = 1000
 -- msgpack values in one payload (the map itself, every key and every value inside it;
 -- each character outside ASCII in a string counts as one more), and in the payloads of
 -- one schedule call together: checking a payload costs time by the value, not the byte.

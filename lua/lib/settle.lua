@@ -3,6 +3,7 @@
 --- @include graph
 --- @include queue
 --- @include ended
+--- @include workflow
 --
 -- Propagation. When a task becomes terminal, its waiting edges must be settled:
 -- success releases dependents (remaining - 1; ready at 0), any terminal state
@@ -19,6 +20,12 @@
 -- A retry's cascade ('r' job) re-versions only tasks blocked with the retried
 -- task as root and a version below the retry's own: versions come from one
 -- counter, so a task blocked again after the retry is never retried by it.
+-- Joins (lib/workflow.lua) change only how a settled edge counts for a join's record: a
+-- counting rule's join awaits k successes, and a child that fails blocks it only once
+-- fewer than k can still succeed. Each edge is still settled exactly once, so the join's
+-- counts are exact. The 'x' job of a first-n join that became ready cancels the children
+-- not ended yet, walking its dependency list once from a cursor kept in joins; a child it
+-- cancels gets a 'p' job of its own like any task that ends.
 --
 -- The budget of a call (edges settled plus tasks visited) is the script's ARGV
 -- propagation budget (core.PROPAGATE_BUDGET on the Python side), at most
@@ -131,11 +138,19 @@ local function settle_edges(c, p, want, now)
     redis.call('ZREM', k.edges, m)
     redis.call('ZADD', k.edges, '0', edge_member(p, 's', kind, child))
     local ct = load_task(child)
+    -- A join (lib/workflow.lua) counts how its children ended, and settles by its rule.
+    local rule = kind == 'r' and p_state and join_of(child)
+    if rule then
+      if p_state == 'succeeded' then rule.succeeded = rule.succeeded + 1 else rule.failed = rule.failed + 1 end
+      save_join(child, rule)
+    end
     if p_state and ct and ct.state == 'pending' then
       if kind == 'o' then
         ct.optional = ct.optional - 1
       elseif p_state == 'succeeded' then
         ct.remaining = ct.remaining - 1
+      elseif rule and rule.kind ~= 'all' and rule.total - rule.failed >= rule.count then
+        -- A counting rule: enough children can still succeed; it waits on.
       else
         block_task(c, child, ct, root_through(p, p_state), p, now)
         ct = nil
@@ -143,6 +158,8 @@ local function settle_edges(c, p, want, now)
       if ct then
         ct.updated = now
         save_pending(c, child, ct)
+        -- A first-n join that became ready cancels the children not ended yet.
+        if ct.state == 'ready' and rule and rule.kind == 'first' then add_job('x' .. child) end
       end
     end
   end
@@ -247,6 +264,35 @@ local function cascade_retry(c, retried, want, now)
   return cost + steps, done
 end
 
+-- The 'x' job of a first-n join that became ready: cancel its children that have not
+-- ended, at most want of them visited, from its cursor on (lib/workflow.lua). Pending and
+-- ready ones end cancelled (their dependents are told by their own jobs); a running one
+-- gets a cancel request, as cancel.lua asks. Returns (cost, done).
+local function cancel_rest(c, join, want, now)
+  local j = join_of(join)
+  if not j then return 1, true end
+  local deps = decode_deps(redis.call('HGET', k.deps, join))
+  local i = j.cursor + 1
+  local last = math.min(#deps, j.cursor + want)
+  while i <= last do
+    local id = deps[i].id
+    local t = load_task(id)
+    if t and (t.state == 'pending' or t.state == 'ready') then
+      end_task(c, id, t, 'cancelled', now)
+      if has_waiting_edges(id) then needs_propagation(id) end
+    elseif t and t.state == 'running' and t.cancel == 0 then
+      t.cancel = 1
+      save_task(id, t)
+      publish(k.wake, string.format('cancel %d ', t.version) .. id)
+    end
+    i = i + 1
+  end
+  local visited = i - 1 - j.cursor
+  j.cursor = i - 1
+  save_join(join, j)
+  return visited, i > #deps
+end
+
 -- Run the propagating jobs, oldest first, within budget (edges settled plus tasks
 -- visited). Returns the budget used.
 local function propagate(c, budget, now)
@@ -259,6 +305,8 @@ local function propagate(c, budget, now)
     local cost, done
     if string.sub(job, 1, 1) == 'r' then
       cost, done = cascade_retry(c, string.sub(job, 2), want, now)
+    elseif string.sub(job, 1, 1) == 'x' then
+      cost, done = cancel_rest(c, string.sub(job, 2), want, now)
     else
       cost, done = settle_edges(c, string.sub(job, 2), want, now)
     end
