@@ -83,8 +83,8 @@ return run(function(c)
     error({ err = 'BADARG placement must be <version> more|last' })
   end
   local allow_unknown = au == '1'
-  if #ARGV - 3 > MAX_EDGES_PER_CALL then
-    error({ err = 'BADARG deps at most ' .. MAX_EDGES_PER_CALL .. ' dependencies per call (MAX_EDGES_PER_CALL)' })
+  if #ARGV - 3 > LIMITS.MAX_EDGES_PER_CALL then
+    error({ err = 'BADARG deps at most ' .. LIMITS.MAX_EDGES_PER_CALL .. ' dependencies per call (MAX_EDGES_PER_CALL)' })
   end
   -- Every argument is checked before any record is read.
   for i = 4, #ARGV do check_id(ARGV[i], 'deps') end
@@ -107,8 +107,8 @@ return run(function(c)
   local lead = string.sub(raw, 1, 1)
   if deps then lead = deps[1] and deps[1].kind end
   -- The task's dependencies in total, over every part (the hold and the wait are none).
-  if count - ((held or lead == 'w') and 1 or 0) + #ARGV - 3 > MAX_DEPS_PER_TASK then
-    error({ err = 'BADARG deps of ' .. id .. ' at most ' .. MAX_DEPS_PER_TASK
+  if count - ((held or lead == 'w') and 1 or 0) + #ARGV - 3 > LIMITS.MAX_DEPS_PER_TASK then
+    error({ err = 'BADARG deps of ' .. id .. ' at most ' .. LIMITS.MAX_DEPS_PER_TASK
       .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
   end
   if placing and (not held or t.version ~= tonumber(placing)) then

@@ -261,7 +261,7 @@ local function fair_claim(n, now, now_us, max_drop, limit, running, deadlines_on
         elseif limit and running + claimed >= limit then
           reason = 'capacity'
           break
-        elseif claimed > 0 and walk.bytes + claim_size(id, t, corrupt) > MAX_CLAIM_REPLY_BYTES then
+        elseif claimed > 0 and walk.bytes + claim_size(id, t, corrupt) > LIMITS.MAX_CLAIM_REPLY_BYTES then
           -- The reply holds as many payload bytes as one call may carry: call again.
           reason = 'not_due'; delay = 0
           break
@@ -326,27 +326,27 @@ return run(function(c)
   local n = to_int(ARGV[2], 'n')
   local lease_ms = to_int(ARGV[3], 'lease_ms')
   local max_drop = to_int(ARGV[4], 'max_drop')
-  if n < 1 or n > MAX_CLAIM then
-    error({ err = 'BADARG n must be in [1, ' .. MAX_CLAIM .. '] (MAX_CLAIM)' })
+  if n < 1 or n > LIMITS.MAX_CLAIM then
+    error({ err = 'BADARG n must be in [1, ' .. LIMITS.MAX_CLAIM .. '] (MAX_CLAIM)' })
   end
   if lease_ms < 1 then error({ err = 'BADARG lease_ms must be >= 1' }) end
   -- The worker id is stored in every record it claims (and the request id and channel
   -- with it): each within its cap, so no stored value grows with what a caller sends.
-  if not worker or #worker == 0 or #worker > MAX_WORKER_ID_BYTES or not valid_utf8(worker) then
-    error({ err = 'BADARG worker_id must be 1..' .. MAX_WORKER_ID_BYTES
+  if not worker or #worker == 0 or #worker > LIMITS.MAX_WORKER_ID_BYTES or not valid_utf8(worker) then
+    error({ err = 'BADARG worker_id must be 1..' .. LIMITS.MAX_WORKER_ID_BYTES
       .. ' bytes of valid UTF-8 (MAX_WORKER_ID_BYTES)' })
   end
   local channel = ARGV[5] or ''
-  if #channel > 2 * MAX_WORKER_ID_BYTES then
-    error({ err = 'BADARG channel must be at most ' .. 2 * MAX_WORKER_ID_BYTES
+  if #channel > 2 * LIMITS.MAX_WORKER_ID_BYTES then
+    error({ err = 'BADARG channel must be at most ' .. 2 * LIMITS.MAX_WORKER_ID_BYTES
       .. ' bytes (2 * MAX_WORKER_ID_BYTES)' })
   end
   local idle_ms = channel ~= '' and to_int(ARGV[6], 'idle_ms') or 0
 
   -- The same call sent again (a client retrying after a timeout): the same tasks.
   local request = ARGV[7] or ''
-  if #request > MAX_WORKER_ID_BYTES then
-    error({ err = 'BADARG request_id must be at most ' .. MAX_WORKER_ID_BYTES
+  if #request > LIMITS.MAX_WORKER_ID_BYTES then
+    error({ err = 'BADARG request_id must be at most ' .. LIMITS.MAX_WORKER_ID_BYTES
       .. ' bytes (MAX_WORKER_ID_BYTES)' })
   end
   local again = kept_reply(worker, request)
@@ -463,7 +463,7 @@ return run(function(c)
         expiring[#expiring + 1] = { id = id, t = t }
       elseif limit and running >= limit then
         reason = 'capacity'; break
-      elseif claimed > 0 and reply_bytes + claim_size(id, t, quarantine) > MAX_CLAIM_REPLY_BYTES then
+      elseif claimed > 0 and reply_bytes + claim_size(id, t, quarantine) > LIMITS.MAX_CLAIM_REPLY_BYTES then
         -- The reply holds as many payload bytes as one call may carry: call again.
         reason = 'not_due'; delay = 0; break
       else

@@ -34,7 +34,7 @@ return run(function(c)
   local minimum = to_int(ARGV[2], 'minimum')
   if budget < 1 then error({ err = 'BADARG budget must be >= 1' }) end
   -- A budget asks for at most that much work: past the cap it counts as the cap.
-  if budget > MAX_COMPACT_BUDGET then budget = MAX_COMPACT_BUDGET end
+  if budget > LIMITS.MAX_COMPACT_BUDGET then budget = LIMITS.MAX_COMPACT_BUDGET end
   local entries = redis.call('ZCARD', k.queue) + redis.call('ZCARD', k.ranked)
     + redis.call('ZCARD', k.fairq)
   local live = tonumber(redis.call('HGET', k.meta, 'count:ready')) or 0

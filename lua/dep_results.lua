@@ -48,8 +48,8 @@ return run(function(c)
     if version < 1 or version > 9007199254740991 then error({ err = 'BADARG version out of range' }) end
   end
   local n = to_int(ARGV[3], 'n')
-  if n < 0 or n > MAX_DEP_RESULTS then
-    error({ err = 'BADARG n must be in [0, ' .. MAX_DEP_RESULTS .. '] (MAX_DEP_RESULTS)' })
+  if n < 0 or n > LIMITS.MAX_DEP_RESULTS then
+    error({ err = 'BADARG n must be in [0, ' .. LIMITS.MAX_DEP_RESULTS .. '] (MAX_DEP_RESULTS)' })
   end
   if #ARGV ~= 3 + n then error({ err = 'BADARG ARGV expected n dependency ids' }) end
   local asked = {}
@@ -70,7 +70,7 @@ return run(function(c)
   end
   local ids = all
   if n == 0 then
-    if #all > MAX_DEP_RESULTS then
+    if #all > LIMITS.MAX_DEP_RESULTS then
       error({ err = 'TOOBIG deps ' .. #all .. ' ' .. hex_id(id) })
     end
   else
@@ -84,7 +84,7 @@ return run(function(c)
   if #ids > 1 then
     local total = 0
     for _, dep in ipairs(ids) do total = total + redis.call('HSTRLEN', k.results, dep) end
-    if total > MAX_DEP_RESULT_BYTES then
+    if total > LIMITS.MAX_DEP_RESULT_BYTES then
       error({ err = 'TOOBIG bytes ' .. total .. ' ' .. hex_id(id) })
     end
   end

@@ -52,9 +52,9 @@ return run(function(c)
   if #ARGV ~= 3 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
   for i = 1, n do
     local text = ARGV[3 + 4 * i]
-    if #text > MAX_ERROR_BYTES then
+    if #text > LIMITS.MAX_ERROR_BYTES then
       error({ err = string.format('BADARG error of %s is %d bytes, limit %d (MAX_ERROR_BYTES)',
-        ARGV[4 * i], #text, MAX_ERROR_BYTES) })
+        ARGV[4 * i], #text, LIMITS.MAX_ERROR_BYTES) })
     end
   end
   local now = now_ms(c)

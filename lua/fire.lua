@@ -143,10 +143,10 @@ return run(function(c)
     local limit = payload_limit(int_arg(ARGV[11], 'max_payload_bytes', 1, MAX_MS))
     local problem = payload_problem(payload, limit)
     if problem then error({ err = 'BADARG payload ' .. problem }) end
-    if m > 1 and m * #payload > MAX_PAYLOAD_BYTES_PER_CALL then
-      error({ err = 'BADARG m at most ' .. MAX_PAYLOAD_BYTES_PER_CALL
+    if m > 1 and m * #payload > LIMITS.MAX_PAYLOAD_BYTES_PER_CALL then
+      error({ err = 'BADARG m at most ' .. LIMITS.MAX_PAYLOAD_BYTES_PER_CALL
         .. ' bytes of payloads per call (MAX_PAYLOAD_BYTES_PER_CALL): '
-        .. math.floor(MAX_PAYLOAD_BYTES_PER_CALL / #payload) .. ' slots of this payload' })
+        .. math.floor(LIMITS.MAX_PAYLOAD_BYTES_PER_CALL / #payload) .. ' slots of this payload' })
     end
   end
   local now = now_ms(c)

@@ -56,8 +56,8 @@ return run(function(c)
   elseif note ~= '' then
     error({ err = 'BADARG note must come with a fraction' })
   end
-  if #note > MAX_PROGRESS_NOTE_BYTES then
-    error({ err = 'BADARG note must be at most ' .. MAX_PROGRESS_NOTE_BYTES
+  if #note > LIMITS.MAX_PROGRESS_NOTE_BYTES then
+    error({ err = 'BADARG note must be at most ' .. LIMITS.MAX_PROGRESS_NOTE_BYTES
       .. ' bytes (MAX_PROGRESS_NOTE_BYTES)' })
   end
   if not valid_utf8(note) then error({ err = 'BADARG note must be valid UTF-8' }) end
@@ -69,8 +69,8 @@ return run(function(c)
     error({ err = 'BADARG ARGV expected the checkpoint after a flag 1, none after 0' })
   end
   local checkpoint = ARGV[7]
-  if checkpoint and #checkpoint > MAX_CHECKPOINT_BYTES then
-    error({ err = 'BADARG checkpoint must be at most ' .. MAX_CHECKPOINT_BYTES
+  if checkpoint and #checkpoint > LIMITS.MAX_CHECKPOINT_BYTES then
+    error({ err = 'BADARG checkpoint must be at most ' .. LIMITS.MAX_CHECKPOINT_BYTES
       .. ' bytes (MAX_CHECKPOINT_BYTES)' })
   end
   if fraction == '' and not checkpoint then

@@ -118,8 +118,8 @@ return run(function(c)
   local budget = budget_arg(ARGV[1])
   local n = to_int(ARGV[2], 'n')
   if n < 0 then error({ err = 'BADARG n must be >= 0' }) end
-  if n > MAX_TASKS_PER_CALL then
-    error({ err = 'BADARG n at most ' .. MAX_TASKS_PER_CALL .. ' tasks per call (MAX_TASKS_PER_CALL)' })
+  if n > LIMITS.MAX_TASKS_PER_CALL then
+    error({ err = 'BADARG n at most ' .. LIMITS.MAX_TASKS_PER_CALL .. ' tasks per call (MAX_TASKS_PER_CALL)' })
   end
   local edges = 0
   local now = now_ms(c)
@@ -152,14 +152,14 @@ return run(function(c)
     if mode == 'in' then s.run_at = now + s.time end
     r = bounded(r, 'deps', 0, MAX_MS)
     o = bounded(o, 'optional_deps', 0, MAX_MS)
-    if r + o > MAX_DEPS_PER_TASK then
+    if r + o > LIMITS.MAX_DEPS_PER_TASK then
       -- Named as the Python client names it: the list over the cap, else both together.
-      error({ err = 'BADARG ' .. (o > MAX_DEPS_PER_TASK and 'optional_deps' or 'deps') .. ' of '
-        .. id .. ' at most ' .. MAX_DEPS_PER_TASK .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
+      error({ err = 'BADARG ' .. (o > LIMITS.MAX_DEPS_PER_TASK and 'optional_deps' or 'deps') .. ' of '
+        .. id .. ' at most ' .. LIMITS.MAX_DEPS_PER_TASK .. ' dependencies per task (MAX_DEPS_PER_TASK)' })
     end
     edges = edges + r + o
-    if edges > MAX_EDGES_PER_CALL then
-      error({ err = 'BADARG deps at most ' .. MAX_EDGES_PER_CALL .. ' dependencies per call (MAX_EDGES_PER_CALL)' })
+    if edges > LIMITS.MAX_EDGES_PER_CALL then
+      error({ err = 'BADARG deps at most ' .. LIMITS.MAX_EDGES_PER_CALL .. ' dependencies per call (MAX_EDGES_PER_CALL)' })
     end
     -- Most tasks have none: they share one empty list (never written to).
     s.deps = (r + o == 0 and not (opts and (opts.hold or opts.wait))) and NO_DEPS or {}
@@ -214,18 +214,18 @@ return run(function(c)
     end
     payload_bytes = payload_bytes + #s.payload
   end
-  if payload_bytes > MAX_PAYLOAD_BYTES_PER_CALL then
-    error({ err = 'BADARG payload at most ' .. MAX_PAYLOAD_BYTES_PER_CALL
+  if payload_bytes > LIMITS.MAX_PAYLOAD_BYTES_PER_CALL then
+    error({ err = 'BADARG payload at most ' .. LIMITS.MAX_PAYLOAD_BYTES_PER_CALL
       .. ' bytes of payloads per call (MAX_PAYLOAD_BYTES_PER_CALL)' })
   end
   -- Checking a payload costs time by the value: the call's values are capped too.
-  local values_left = MAX_PAYLOAD_VALUES_PER_CALL
+  local values_left = LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
   for _, s in ipairs(specs) do
     local problem, values = payload_problem(s.payload, limit, values_left)
     if problem then error({ err = 'BADARG payload of ' .. s.id .. ' ' .. problem }) end
     values_left = values_left - values
     if values_left < 0 then
-      error({ err = 'BADARG payload at most ' .. MAX_PAYLOAD_VALUES_PER_CALL
+      error({ err = 'BADARG payload at most ' .. LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
         .. ' values of payloads per call (MAX_PAYLOAD_VALUES_PER_CALL)' })
     end
   end

@@ -80,8 +80,8 @@ return run(function(c)
   local result = ARGV[5]
   if not result then error({ err = 'BADARG ARGV length does not match the counts' }) end
   local n = to_int(ARGV[8], 'n')
-  if n < 1 or n > MAX_SPAWN_CHILDREN then
-    error({ err = 'BADARG n must be in [1, ' .. MAX_SPAWN_CHILDREN .. '] children per spawn (MAX_SPAWN_CHILDREN)' })
+  if n < 1 or n > LIMITS.MAX_SPAWN_CHILDREN then
+    error({ err = 'BADARG n must be in [1, ' .. LIMITS.MAX_SPAWN_CHILDREN .. '] children per spawn (MAX_SPAWN_CHILDREN)' })
   end
   local rule = ARGV[6] ~= '' and join_rule_arg(ARGV[6], n)
   local has_join = rule and true or false
@@ -125,19 +125,19 @@ return run(function(c)
       error({ err = 'BADARG payload of ' .. id .. ' ' .. payload_problem(s.payload, limit) })
     end
     payload_bytes = payload_bytes + #s.payload
-    if payload_bytes > MAX_PAYLOAD_BYTES_PER_CALL then
-      error({ err = 'BADARG payload at most ' .. MAX_PAYLOAD_BYTES_PER_CALL
+    if payload_bytes > LIMITS.MAX_PAYLOAD_BYTES_PER_CALL then
+      error({ err = 'BADARG payload at most ' .. LIMITS.MAX_PAYLOAD_BYTES_PER_CALL
         .. ' bytes of payloads per call (MAX_PAYLOAD_BYTES_PER_CALL)' })
     end
     specs[i] = s
   end
-  local values_left = MAX_PAYLOAD_VALUES_PER_CALL
+  local values_left = LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
   for _, s in ipairs(specs) do
     local problem, values = payload_problem(s.payload, limit, values_left)
     if problem then error({ err = 'BADARG payload of ' .. s.id .. ' ' .. problem }) end
     values_left = values_left - values
     if values_left < 0 then
-      error({ err = 'BADARG payload at most ' .. MAX_PAYLOAD_VALUES_PER_CALL
+      error({ err = 'BADARG payload at most ' .. LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
         .. ' values of payloads per call (MAX_PAYLOAD_VALUES_PER_CALL)' })
     end
   end

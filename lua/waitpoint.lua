@@ -40,6 +40,8 @@
 -- that settling makes claimable; '<state> <id>' on ended for each task it ends that a
 -- client waits for, whose waits entry it removes (lib/ended.lua): the waitpoint, a
 -- dependent blocked by it.
+-- 'cancel <version> <id>' on wake for each running child of a first-n join it makes ready
+-- (lib/settle.lua).
 --
 -- ARGV[1] propagation budget: the most edges to settle in this call (>= 1; a larger
 --         one than MAX_PROPAGATE_BUDGET, 250, counts as that)
@@ -93,24 +95,24 @@ return run(function(c)
         error({ err = string.format('BADARG payload is %d bytes, limit %d', #value, limit) })
       end
       if value ~= '' then
-        local stop, why = skip(new_walk(MAX_PAYLOAD_VALUES), value, 1)
+        local stop, why = skip(new_walk(LIMITS.MAX_PAYLOAD_VALUES), value, 1)
         if stop ~= #value + 1 then
           local reason = 'must be one msgpack value, every string valid UTF-8'
-          if why == 'many' then reason = 'has more than ' .. MAX_PAYLOAD_VALUES .. ' values (MAX_PAYLOAD_VALUES)' end
-          if why == 'deep' then reason = 'nests deeper than ' .. MAX_PAYLOAD_DEPTH .. ' levels (MAX_PAYLOAD_DEPTH)' end
+          if why == 'many' then reason = 'has more than ' .. LIMITS.MAX_PAYLOAD_VALUES .. ' values (MAX_PAYLOAD_VALUES)' end
+          if why == 'deep' then reason = 'nests deeper than ' .. LIMITS.MAX_PAYLOAD_DEPTH .. ' levels (MAX_PAYLOAD_DEPTH)' end
           error({ err = 'BADARG payload ' .. reason })
         end
       end
     else
       if value == '' then error({ err = 'BADARG error must not be empty' }) end
-      if #value > MAX_ERROR_BYTES then
-        error({ err = string.format('BADARG error is %d bytes, limit %d (MAX_ERROR_BYTES)', #value, MAX_ERROR_BYTES) })
+      if #value > LIMITS.MAX_ERROR_BYTES then
+        error({ err = string.format('BADARG error is %d bytes, limit %d (MAX_ERROR_BYTES)', #value, LIMITS.MAX_ERROR_BYTES) })
       end
       if not valid_utf8(value) then error({ err = 'BADARG error must be valid UTF-8' }) end
     end
     by = ARGV[6]
-    if #by > MAX_WORKER_ID_BYTES or not valid_utf8(by) then
-      error({ err = 'BADARG by must be valid UTF-8 of at most ' .. MAX_WORKER_ID_BYTES .. ' bytes' })
+    if #by > LIMITS.MAX_WORKER_ID_BYTES or not valid_utf8(by) then
+      error({ err = 'BADARG by must be valid UTF-8 of at most ' .. LIMITS.MAX_WORKER_ID_BYTES .. ' bytes' })
     end
   end
   local t = load_given(id)

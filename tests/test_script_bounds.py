@@ -45,7 +45,7 @@ LIMIT_NAMES = [name for name in dir(limits) if name.isupper()]
 
 def lua_limits() -> dict[str, int]:
     text = (scripts.lua_dir() / "lib" / "limits.lua").read_text("utf-8")
-    return {m[0]: int(m[1]) for m in re.findall(r"^local (\w+) = (\d+)$", text, re.M)}
+    return {m[0]: int(m[1]) for m in re.findall(r"^  (\w+) = (\d+),$", text, re.M)}
 
 
 def test_the_lua_caps_are_the_python_caps_name_for_name() -> None:

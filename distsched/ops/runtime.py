@@ -232,6 +232,7 @@ class Runtime(Inspect):
         values = yield from self.run(pause_call(self.keys, "resume", task_id, version))
         return decode_change(task_id, values)
 
+    @route.by_id("task_id")
     def cancel_workflow(self, task_id: str) -> Op[int]:
         """Cancel the workflow of ``task_id``: its root and every task spawned under it
         (started or not), one ``cancel.lua`` call each, read from ``spawned`` in pages.

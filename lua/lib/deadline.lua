@@ -29,7 +29,7 @@ local EXPIRED_TEXT = 'expired: not started by its deadline'
 local TIMED_OUT_TEXT = 'timed out waiting for completion'
 local WAITPOINT_RECHECK_MS = 60 * 60 * 1000 -- an hour
 -- The longest waitpoint timeout: a year.
-local MAX_WAIT_MS = 31536000000
+local MAX_WAIT_MS = 365 * 24 * 60 * 60 * 1000 -- a year
 
 local function deadline_member(version, id)
   return string.format('%014x', version) .. id

@@ -160,7 +160,7 @@ end
 -- each id in hex (hex_id), separated by spaces. The walk reads at most MAX_CYCLE_VISITS
 -- dependents' records (lib/limits.lua); past that the call is refused (BADARG deps, see
 -- CYCLE_TOO_WIDE), so that no call holds Redis for a large pending graph.
-local CYCLE_TOO_WIDE = 'BADARG deps cycle check visited more than ' .. MAX_CYCLE_VISITS
+local CYCLE_TOO_WIDE = 'BADARG deps cycle check visited more than ' .. LIMITS.MAX_CYCLE_VISITS
   .. ' pending tasks (MAX_CYCLE_VISITS): give a task its dependencies before other pending'
   .. ' tasks depend on it (schedule a graph dependencies first), or add them in calls'
   .. ' whose tasks have fewer pending dependents'
@@ -171,14 +171,14 @@ local function check_cycles(starts, batch, children)
     local out = {}
     local prefix = id_prefix(x) .. 'w'
     -- One more than the visits left: reading past the bound refuses the call.
-    local most = MAX_CYCLE_VISITS - visits + 1
+    local most = LIMITS.MAX_CYCLE_VISITS - visits + 1
     local found = {}
     for _, m in ipairs(redis.call('ZRANGEBYLEX', k.edges, '[' .. prefix, '(' .. prefix .. '\255',
                                   'LIMIT', '0', itoa(most))) do
       local c = string.sub(m, #prefix + 2)
       if not batch[c] then
         visits = visits + 1
-        if visits > MAX_CYCLE_VISITS then error({ err = CYCLE_TOO_WIDE }) end
+        if visits > LIMITS.MAX_CYCLE_VISITS then error({ err = CYCLE_TOO_WIDE }) end
         found[#found + 1] = c
       end
     end

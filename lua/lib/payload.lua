@@ -100,7 +100,7 @@ local function skip(w, p, pos, depth)
       local kind, n, at = head(p, pos)
       if not kind then return nil end
       if kind == 'map' or kind == 'array' then
-        if base + level > MAX_PAYLOAD_DEPTH then return nil, 'deep' end
+        if base + level > LIMITS.MAX_PAYLOAD_DEPTH then return nil, 'deep' end
         -- An empty one opens no level.
         if n > 0 then
           level = level + 1
@@ -142,9 +142,9 @@ end
 -- never above PAYLOAD_CEILING_BYTES; asked, a caller's own limit (optional), only lowers it.
 local function payload_limit(asked)
   local stored = tonumber(redis.call('HGET', k.meta, 'payload_max'))
-  local limit = DEFAULT_MAX_PAYLOAD_BYTES
+  local limit = LIMITS.DEFAULT_MAX_PAYLOAD_BYTES
   if stored and stored >= 1 and stored == math.floor(stored) then limit = stored end
-  if limit > PAYLOAD_CEILING_BYTES then limit = PAYLOAD_CEILING_BYTES end
+  if limit > LIMITS.PAYLOAD_CEILING_BYTES then limit = LIMITS.PAYLOAD_CEILING_BYTES end
   if asked and asked < limit then limit = asked end
   return limit
 end
@@ -212,7 +212,7 @@ end
 -- past it the walk stops and replies nil, most + 1 (the caller names the call's cap).
 local function payload_problem(p, limit, most)
   if #p > limit then return string.format('is %d bytes, limit %d (payload_max)', #p, limit) end
-  local cap = MAX_PAYLOAD_VALUES
+  local cap = LIMITS.MAX_PAYLOAD_VALUES
   if most and most < cap then cap = most end
   local fine, got = payload_fine(p, cap)
   if fine then return nil, got end
@@ -221,11 +221,11 @@ local function payload_problem(p, limit, most)
     after, why = skip(new_walk(cap), p, 1)
   end
   if why == 'many' then
-    if cap < MAX_PAYLOAD_VALUES then return nil, cap + 1 end
-    return 'has more than ' .. MAX_PAYLOAD_VALUES .. ' values (MAX_PAYLOAD_VALUES)'
+    if cap < LIMITS.MAX_PAYLOAD_VALUES then return nil, cap + 1 end
+    return 'has more than ' .. LIMITS.MAX_PAYLOAD_VALUES .. ' values (MAX_PAYLOAD_VALUES)'
   end
   if why == 'deep' then
-    return 'nests arrays and maps more than ' .. MAX_PAYLOAD_DEPTH .. ' deep (MAX_PAYLOAD_DEPTH)'
+    return 'nests arrays and maps more than ' .. LIMITS.MAX_PAYLOAD_DEPTH .. ' deep (MAX_PAYLOAD_DEPTH)'
   end
   if after ~= #p + 1 then return 'must be one valid msgpack value' end
   -- A valid value of at most cap values: the walks below end.

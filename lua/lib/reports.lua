@@ -8,8 +8,8 @@
 -- n of a report call: at most MAX_REPORTS_PER_CALL.
 local function reports_arg(value)
   local n = to_int(value, 'n')
-  if n < 0 or n > MAX_REPORTS_PER_CALL then
-    error({ err = 'BADARG n must be in [0, ' .. MAX_REPORTS_PER_CALL
+  if n < 0 or n > LIMITS.MAX_REPORTS_PER_CALL then
+    error({ err = 'BADARG n must be in [0, ' .. LIMITS.MAX_REPORTS_PER_CALL
       .. '] reports per call (MAX_REPORTS_PER_CALL)' })
   end
   return n

@@ -36,7 +36,7 @@
 local function budget_arg(value)
   local budget = to_int(value, 'budget')
   if budget < 1 then error({ err = 'BADARG budget must be >= 1' }) end
-  return math.min(budget, MAX_PROPAGATE_BUDGET)
+  return math.min(budget, LIMITS.MAX_PROPAGATE_BUDGET)
 end
 
 -- Write a new version of id (old: its current record or nil) with parameters p
