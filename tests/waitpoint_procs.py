@@ -47,6 +47,11 @@ WAITPOINT_KEYS = [
     "fairfull",
     "fairkeys",
     "fairrun",
+    "parents",
+    "window",
+    "windows",
+    "wake",
+    "joins",
 ]
 
 
