@@ -15,7 +15,7 @@ from distsched import limits, scripts, validate
 from distsched.client import Scheduler
 from distsched.errors import DistschedError
 from distsched.keys import Keys
-from distsched.model import Claim, TaskSpec
+from distsched.model import Claim, JoinRule, Spawn, TaskSpec
 from distsched.schedules import MAX_BACKFILL_SLOTS
 from distsched.tools.bench.slowlog import argv_head, is_script_client, text_of
 from distsched.wire import payload, records, replies
@@ -392,6 +392,58 @@ def case_schedules(p: Probe) -> None:
     )
 
 
+def case_workflows(p: Probe) -> None:
+    """amend, pause, progress, dep_results, waitpoint, spawn: a task moved and paused in a
+    full queue, a checkpoint at its cap, a join reading MAX_DEP_RESULTS results at the
+    byte cap, a waitpoint completed with a payload, a spawn of MAX_SPAWN_CHILDREN children
+    with a window and a counting join."""
+    queued = p.fill("q", p.n(limits.MAX_TASKS_PER_CALL * 4))
+    p.measure(
+        "amend",
+        f"a task moved in a queue of {len(queued):,}",
+        lambda: p.s.amend(queued[-1], priority=9),
+    )
+    p.measure("pause", "a queued task paused", lambda: p.s.pause_task(queued[-1]))
+    p.measure("pause", "a queued task resumed", lambda: p.s.resume_task(queued[-1]))
+    p.s.clear()
+    n = p.n(limits.MAX_DEP_RESULTS)
+    size = limits.MAX_DEP_RESULT_BYTES // n - 4
+    parents = p.fill("p", n)
+    done = 0
+    while done < n:
+        claims = p.claim_all(min(limits.MAX_REPORTS_PER_CALL, n - done))
+        if not claims:
+            break
+        p.run(complete_call(p.keys, [(c, "x" * size) for c in claims]))
+        done += len(claims)
+    p.s.submit("join", fn=FN, deps=parents)
+    p.measure(
+        "dep_results",
+        f"a join over {n:,} results at the byte cap",
+        lambda: p.s.dependency_results("join"),
+    )
+    p.s.clear()
+    (running,) = p.claim_all(len(p.fill("run", 1)))
+    checkpoint = "c" * (limits.MAX_CHECKPOINT_BYTES - 8)
+    p.measure(
+        "progress", "a checkpoint at its cap", lambda: p.s.save_checkpoint(running, checkpoint)
+    )
+    p.s.create_waitpoint("approve", 3600, deps=[])
+    p.fill("after", 1, deps=["approve"])
+    p.measure(
+        "waitpoint",
+        "a completion with a payload, releasing a dependent",
+        lambda: p.s.complete_waitpoint("approve", {"ok": True}),
+    )
+    children = [TaskSpec(f"spawned:{i}", FN) for i in range(p.n(limits.MAX_SPAWN_CHILDREN))]
+    spawn = Spawn(children, join=TaskSpec("spawned:join", FN), rule=JoinRule.at_least(1), window=10)
+    p.measure(
+        "spawn",
+        f"{len(children):,} children with a window and a join",
+        lambda: p.s.spawn(running, spawn),
+    )
+
+
 CASES: dict[str, Callable[[Probe], None]] = {
     "batch": case_batch,
     "claim": case_claim,
@@ -402,6 +454,7 @@ CASES: dict[str, Callable[[Probe], None]] = {
     "compact": case_compact,
     "order": case_order,
     "leases": case_leases,
+    "workflows": case_workflows,
     "schedules": case_schedules,
 }
 
