@@ -218,17 +218,7 @@ return run(function(c)
     error({ err = 'BADARG payload at most ' .. LIMITS.MAX_PAYLOAD_BYTES_PER_CALL
       .. ' bytes of payloads per call (MAX_PAYLOAD_BYTES_PER_CALL)' })
   end
-  -- Checking a payload costs time by the value: the call's values are capped too.
-  local values_left = LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
-  for _, s in ipairs(specs) do
-    local problem, values = payload_problem(s.payload, limit, values_left)
-    if problem then error({ err = 'BADARG payload of ' .. s.id .. ' ' .. problem }) end
-    values_left = values_left - values
-    if values_left < 0 then
-      error({ err = 'BADARG payload at most ' .. LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
-        .. ' values of payloads per call (MAX_PAYLOAD_VALUES_PER_CALL)' })
-    end
-  end
+  check_call_payloads(specs, limit)
 
   -- The current records of the whole batch, read in slices of one HMGET each.
   for first = 1, n, 1000 do

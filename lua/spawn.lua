@@ -131,16 +131,7 @@ return run(function(c)
     end
     specs[i] = s
   end
-  local values_left = LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
-  for _, s in ipairs(specs) do
-    local problem, values = payload_problem(s.payload, limit, values_left)
-    if problem then error({ err = 'BADARG payload of ' .. s.id .. ' ' .. problem }) end
-    values_left = values_left - values
-    if values_left < 0 then
-      error({ err = 'BADARG payload at most ' .. LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
-        .. ' values of payloads per call (MAX_PAYLOAD_VALUES_PER_CALL)' })
-    end
-  end
+  check_call_payloads(specs, limit)
 
   -- The token: a stale or repeated report writes nothing, its spawn included.
   local t = load_task(parent)

@@ -259,3 +259,19 @@ local function payload_problem(p, limit, most)
   if not fn then return 'field fn must be a non-empty string' end
   return nil
 end
+
+-- Refuse a call whose payloads (specs[i].payload, each for specs[i].id) break `limit` or
+-- hold more than MAX_PAYLOAD_VALUES_PER_CALL values together: checking a payload costs
+-- time by the value, so the call's values are capped too.
+local function check_call_payloads(specs, limit)
+  local values_left = LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
+  for _, s in ipairs(specs) do
+    local problem, values = payload_problem(s.payload, limit, values_left)
+    if problem then error({ err = 'BADARG payload of ' .. s.id .. ' ' .. problem }) end
+    values_left = values_left - values
+    if values_left < 0 then
+      error({ err = 'BADARG payload at most ' .. LIMITS.MAX_PAYLOAD_VALUES_PER_CALL
+        .. ' values of payloads per call (MAX_PAYLOAD_VALUES_PER_CALL)' })
+    end
+  end
+end
