@@ -79,12 +79,14 @@ def alive(pid: int) -> bool:
 def test_a_worker_process_killed_under_load_is_replaced_and_no_task_is_lost(
     fast: Scheduler, supervised: Callable[..., Supervised]
 ) -> None:
-    ids = [f"job{i}" for i in range(300)]
-    fast.schedule_many([TaskSpec(i, "work", args=[0.02], max_attempts=5) for i in ids])
+    # Runs of 0.2 s keep each process's 4 slots busy whatever the machine's load: the
+    # claim between two runs takes milliseconds, so the victim dies holding claims.
+    ids = [f"job{i}" for i in range(150)]
+    fast.schedule_many([TaskSpec(i, "work", args=[0.2], max_attempts=5) for i in ids])
     sup = supervised("tests.procs_app:FUNCS", 2, "--concurrency", "4", "--grace", "5")
     wait_until(lambda: len(worker_pids(fast)) == 2, 30, "two registered worker processes")
     first = worker_pids(fast)
-    wait_until(lambda: fast.stats()["counts"]["succeeded"] >= 30, 30, "some tasks done")
+    wait_until(lambda: fast.stats()["counts"]["succeeded"] >= 24, 30, "some tasks done")
     victim = min(first)
     os.kill(victim, signal.SIGKILL)
 

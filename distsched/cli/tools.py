@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import redis
 
 from distsched.cli.common import (
     Duration,
@@ -21,6 +22,7 @@ from distsched.cli.common import (
     settings_of,
 )
 from distsched.errors import DistschedError
+from distsched.tracebacks import one_line
 
 
 def _given_url_checked(ctx: click.Context, override: str | None) -> str | None:
@@ -80,7 +82,14 @@ def demo(
             ) from None
         options = DashboardOptions(bind, port)
     url = _given_url_checked(ctx, demo_url)
-    if not run_demo(url, click.echo, options):
+    try:
+        ok = run_demo(url, click.echo, options)
+    except redis.ConnectionError as exc:
+        if url is not None:
+            raise
+        # Not the URL of the settings (never used here): the server the demo started.
+        raise click.ClickException(f"lost the demo's embedded Redis: {one_line(exc)}") from None
+    if not ok:
         leave(ctx, Exit.FAILED)
 
 

@@ -38,6 +38,8 @@ HOST = "127.0.0.1"
 START_TIMEOUT_S = 10.0
 # A free port can be taken by another process between our probe and the server's bind.
 PORT_ATTEMPTS = 3
+# How much one read of the in-process server's sockets takes at most.
+CHUNK_BYTES = 64 * 1024
 
 INSTALL_HINT = (
     "install Redis so that 'redis-server' is on PATH, or run: pip install 'distsched[embedded]'"
@@ -157,16 +159,54 @@ def _import_fakeredis() -> Any:
     return fakeredis
 
 
+class _ChunkReader:
+    """A socket's reader whose ``readline`` hands over whatever has arrived, up to 64 KiB.
+
+    fakeredis's handler feeds its parser one line at a time, and the parser joins each
+    piece onto what it holds so far: a command carrying text of many lines (the
+    Functions library, 2 MB in some 50,000 lines) took seconds to read. Its loop reads
+    b"" as "nothing yet" (then waits on the socket) or, once the socket is readable,
+    as the end; a non-blocking read with nothing there gives None, read as b"".
+    """
+
+    __slots__ = ("_file",)
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+
+    def readline(self) -> bytes:
+        data: bytes | None = self._file.read1(CHUNK_BYTES)
+        return data or b""
+
+    def fileno(self) -> int:
+        return int(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _handler_class(base: type[Any]) -> type[Any]:
+    """fakeredis's connection handler, with TCP_NODELAY and reads by the chunk."""
+
+    class Handler(base):  # type: ignore[misc]
+        # TCP_NODELAY on the server side: a reply written in pieces would otherwise
+        # wait for the client's delayed ACK, ~40 ms for every pipelined call.
+        disable_nagle_algorithm = True
+        rfile: Any
+
+        def setup(self) -> None:
+            super().setup()
+            self.rfile = _ChunkReader(self.rfile)
+
+    return Handler
+
+
 @contextmanager
 def _fakeredis_server(why: str) -> Iterator[EmbeddedRedis]:
     fakeredis = _import_fakeredis()
     # Port 0: the kernel picks a free port at bind time, so there is no race to lose.
     server = fakeredis.TcpFakeServer((HOST, 0))
-    # TCP_NODELAY on the server side: a reply written in pieces would otherwise wait
-    # for the client's delayed ACK, ~40 ms for every pipelined call.
-    server.RequestHandlerClass = type(
-        "NoDelayHandler", (server.RequestHandlerClass,), {"disable_nagle_algorithm": True}
-    )
+    server.RequestHandlerClass = _handler_class(server.RequestHandlerClass)
     port = int(server.server_address[1])
     thread = threading.Thread(
         target=server.serve_forever,
