@@ -30,6 +30,7 @@ import enum
 import functools
 import hashlib
 import logging
+import re
 import threading
 from collections.abc import Generator, Sequence
 from typing import Any
@@ -138,17 +139,62 @@ def function_name(name: str) -> str:
     return f"{library_name()}_{name}"
 
 
-def _function_block(name: str) -> str:
-    """Script ``name`` as one ``do ... end`` block of the library.
+# The most top-level names the library parts of one block may declare together: Lua
+# allows 200 locals per function, and a block adds three of its own and the script's.
+BLOCK_LOCALS = 180
 
-    The block declares ``KEYS``, ``ARGV`` and ``k`` as locals (Functions allow no
-    globals), then the library parts and the script's own definitions, run once when
-    the library loads; the script's body becomes a local function, and the registered
-    callback binds the call's keys and arguments, then runs the body as EVALSHA would.
-    ``k`` is one table per block whose fields each call sets: building a table of some
-    25 keys on every call cost more than the smallest transitions do.
-    Each script keeps its own copy of the parts in its own block: no block holds more
-    locals than the script assembled for EVALSHA does (Lua allows 200 per function).
+_TOP_LEVEL_LOCAL = re.compile(r"^local (?:function (\w+)|([\w, ]+?)\s*(?:=|$))", re.M)
+
+
+def top_level_names(text: str) -> tuple[str, ...]:
+    """The names a library part declares at its top level (``local`` at column 0)."""
+    names: list[str] = []
+    for match in _TOP_LEVEL_LOCAL.finditer(text):
+        function, variables = match.groups()
+        names += [function] if function else [v.strip() for v in variables.split(",") if v.strip()]
+    return tuple(names)
+
+
+@functools.cache
+def library_blocks() -> tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]:
+    """The library's blocks in order, each as (its parts in load order, its scripts).
+
+    Scripts go in :data:`SCRIPT_NAMES` order; one joins the block before it when that
+    block's parts and its own declare at most :data:`BLOCK_LOCALS` top-level names
+    together, and starts a block of its own otherwise. A block's parts are those of its
+    scripts, resolved as for one script from their ``@include`` lines taken script by
+    script. Every part is defined once per block rather than once per script: the
+    library is about a fifth of the size, and loads that much faster.
+    """
+    grouped: list[list[str]] = []
+    for name in SCRIPT_NAMES:
+        if grouped:
+            joined = {part for member in [*grouped[-1], name] for part in includes(member)}
+            if sum(len(top_level_names(part_text(part))) for part in joined) <= BLOCK_LOCALS:
+                grouped[-1].append(name)
+                continue
+        grouped.append([name])
+    blocks = []
+    for members in grouped:
+        direct = [part for name in members for part in parse_directives(script_text(name)).includes]
+        parts = resolve_includes(direct)
+        declared = [name for part in parts for name in top_level_names(part_text(part))]
+        twice = sorted({name for name in declared if declared.count(name) > 1})
+        if twice:
+            # Sharing a block, a later part would change what an earlier one's name means.
+            raise ValueError(f"library parts declare the same names: {' '.join(twice)}")
+        blocks.append((parts, tuple(members)))
+    return tuple(blocks)
+
+
+def _function_block(name: str) -> str:
+    """Script ``name`` inside its library block: its definitions, then its registration.
+
+    The script's body becomes a local function, and the registered callback binds the
+    call's keys and arguments to the block's ``KEYS``, ``ARGV`` and ``k``, then runs the
+    body as EVALSHA would. ``k`` is the script's own table, whose fields each call sets:
+    building a table of some 25 keys on every call cost more than the smallest
+    transitions do.
     """
     text = script_text(name)
     keys = script_keys(name)
@@ -157,20 +203,18 @@ def _function_block(name: str) -> str:
         raise ValueError(f"{name}.lua must end with one 'return run(function(c) ... end)'")
     targets = ", ".join(f"k.{key}" for key in keys)
     values = ", ".join(f"keys[{i}]" for i in range(1, len(keys) + 1))
-    parts = [part_text(part) for part in includes(name)]
     return "\n".join(
         [
             "do",
-            "local KEYS, ARGV, k = nil, nil, {}",
-            *parts,
             head,
             "local function body(c)",
             tail[: -len(_BODY_END)] + "end",
+            "local its_keys = {}",
             f"redis.register_function{{function_name = '{function_name(name)}', "
             "callback = function(keys, args)",
             f"  if #keys ~= {len(keys)} then return redis.error_reply("
             f"'BADARG KEYS expected {len(keys)}: {' '.join(keys)}') end",
-            "  KEYS, ARGV = keys, args",
+            "  KEYS, ARGV, k = keys, args, its_keys",
             f"  {targets} = {values}",
             "  return run(body)",
             "end}",
@@ -182,8 +226,13 @@ def _function_block(name: str) -> str:
 @functools.cache
 def library() -> str:
     """The text of the Redis Functions library (``FUNCTION LOAD``) holding every script."""
-    blocks = [_function_block(name) for name in SCRIPT_NAMES]
-    return "\n".join([f"#!lua name={library_name()}", *blocks]) + "\n"
+    lines = [f"#!lua name={library_name()}"]
+    for parts, members in library_blocks():
+        lines += ["do", "local KEYS, ARGV, k = nil, nil, {}"]
+        lines += [part_text(part) for part in parts]
+        lines += [_function_block(name) for name in members]
+        lines.append("end")
+    return "\n".join(lines) + "\n"
 
 
 class Recovery(enum.Enum):

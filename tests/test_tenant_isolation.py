@@ -324,9 +324,9 @@ EVIL_PAYLOAD = "'\\129\\162fn\\164evil'"
 
 def tampered_library() -> str:
     text = scripts.library()
-    line = "  KEYS, ARGV = keys, args\n"
+    line = "  KEYS, ARGV, k = keys, args, its_keys\n"
     assert text.count(line) == len(scripts.SCRIPT_NAMES)
-    # schedule is the first block: ARGV[5] is the payload of its first task.
+    # schedule is the first script: ARGV[5] is the payload of its first task.
     return text.replace(line, f"  if #args >= 5 then args[5] = {EVIL_PAYLOAD} end\n" + line, 1)
 
 
