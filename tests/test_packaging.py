@@ -7,6 +7,7 @@ and importing the CLI loads none of the tools.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -217,12 +218,17 @@ def test_importing_the_cli_loads_no_tool_and_no_dashboard() -> None:
     assert [m for m in loaded if m.startswith(("distsched.tools", "distsched.dashboard"))] == []
 
 
+@functools.cache
+def _loaded_by_the_package() -> frozenset[str]:
+    return frozenset(_loaded_after("import distsched"))
+
+
 # A __main__ module is a program: importing it runs it.
 @pytest.mark.parametrize("module", sorted(m for m in _modules() if not m.endswith(".__main__")))
 def test_every_module_imports_alone_and_loads_nothing_above_its_layer(module: str) -> None:
     # Importing any module runs the package's __init__ first, and what it loads (the
     # public API) comes with every import.
-    package = set(_loaded_after("import distsched"))
+    package = _loaded_by_the_package()
     loaded = _loaded_after(f"import {module}")
     above = [m for m in loaded if m not in package and _layer(m) > _layer(module)]
     assert module in loaded
