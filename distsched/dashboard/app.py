@@ -41,6 +41,7 @@ from distsched.dashboard.auth import (
     check_token,
     retry_after,
 )
+from distsched.dashboard.events import TaskNotices
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.model import STATS_TOP_KEYS, Change, State, Stats, stage_counts
 from distsched.text import finite_or_none, iso, jsonable, progress_text
@@ -104,6 +105,7 @@ class Dashboard:
         self.owns = owns
         self.signer = Signer(token, scheduler.namespace) if token is not None else None
         self.limiter = LoginLimiter()
+        self.notices = TaskNotices(scheduler)
         self.trusted_origins = frozenset(trusted_origins)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -296,6 +298,17 @@ class Dashboard:
                 "svgs": {"graph": graph.render(page.hood, self.task_link(request))},
             }
         )
+
+    async def task_events(self, request: Request) -> Response:
+        """Server-sent events: ``progress`` at each report of the task, ``ended`` at its end."""
+        task_id = request.query_params.get("id", "")
+        try:
+            await self.read(self.scheduler.progress, task_id)
+        except NotFoundError:
+            return json_response({"error": "not found"}, 404)
+        except InvalidArgument:
+            return json_response({"error": "no task can have that id"}, 400)
+        return self.notices.response(task_id)
 
     async def tasks(self, request: Request) -> Response:
         q = request.query_params
@@ -769,6 +782,7 @@ def create_app(
         ("/task", d.task, "task"),
         ("/task/text", d.task_text, "task_text"),
         ("/api/task", d.task_api, "task_api"),
+        ("/api/task/events", d.task_events, "task_events"),
         ("/leases", d.leases, "leases"),
         ("/workers", d.workers, "workers"),
         ("/login", d.login_form, "login_form"),

@@ -5,6 +5,7 @@
 (function () {
   "use strict";
   var PERIOD_MS = 2000;
+  var PUSHED_PERIOD_MS = 10000;
   var drawn = new WeakMap(); // element -> the SVG source it shows
 
   function apply(root, reply) {
@@ -33,10 +34,29 @@
     });
   }
 
+  // An element that also has data-events="URL" listens to that server-sent event
+  // stream (the task's progress reports and its end): each notice refreshes it at once,
+  // and while the stream is open the timed refresh slows to every ten seconds.
   function poll(root) {
     var url = root.getAttribute("data-poll");
     var live = document.getElementById("live");
+    var period = PERIOD_MS;
+    var timer = null;
+    var busy = false;
+    var again = false;
+    function show(text, cls) {
+      if (!live) return;
+      live.hidden = false;
+      live.textContent = text;
+      live.className = cls;
+    }
     function tick() {
+      clearTimeout(timer);
+      if (busy) {
+        again = true; // a notice during a read: read once more after it
+        return;
+      }
+      busy = true;
       fetch(url, { credentials: "same-origin", cache: "no-store" })
         .then(function (r) {
           if (!r.ok) throw new Error("HTTP " + r.status);
@@ -44,24 +64,40 @@
         })
         .then(function (reply) {
           apply(root, reply);
-          if (live) {
-            live.hidden = false;
-            live.textContent = "live";
-            live.className = "live";
-          }
+          show("live", "live");
         })
         .catch(function () {
-          if (live) {
-            live.hidden = false;
-            live.textContent = "disconnected";
-            live.className = "live down";
-          }
+          show("disconnected", "live down");
         })
         .finally(function () {
-          setTimeout(tick, PERIOD_MS);
+          busy = false;
+          if (again) {
+            again = false;
+            tick();
+          } else {
+            timer = setTimeout(tick, period);
+          }
         });
     }
-    setTimeout(tick, PERIOD_MS);
+    timer = setTimeout(tick, period);
+    var events = root.getAttribute("data-events");
+    if (events && window.EventSource) {
+      var source = new EventSource(events, { withCredentials: true });
+      source.addEventListener("open", function () {
+        period = PUSHED_PERIOD_MS;
+      });
+      source.addEventListener("error", function () {
+        period = PERIOD_MS;
+      });
+      source.addEventListener("progress", tick);
+      ["ended", "gone", "stopped"].forEach(function (kind) {
+        source.addEventListener(kind, function () {
+          source.close(); // nothing more will come: back to the timed refresh
+          period = PERIOD_MS;
+          tick();
+        });
+      });
+    }
   }
 
   // A form marked data-confirm="QUESTION" is sent only once the user confirms.
