@@ -277,3 +277,35 @@ def test_an_operator_switches_namespace_and_stays_on_the_same_page(
         for s in (one, other):
             s.clear()
             s.close()
+
+
+# Below the page's timed refresh while its stream is open (10 s): only a push is this quick.
+PUSHED_S = 6.0
+
+
+def test_a_task_page_shows_each_progress_report_as_it_is_pushed_and_then_the_end(
+    browser: WebDriver,  # noqa: F811
+    scheduler: Scheduler,
+    shot: Shot,
+) -> None:
+    scheduler.schedule("encode", fn="f")
+    claims, _ = scheduler.claim(1, "w1")
+    app = create_app(scheduler)
+    notices = app.state.dashboard.notices
+    server = Server(app)
+    try:
+        browser.get(server.url + "/task?id=encode")
+        # The page of a running task listens to its stream of notices.
+        WebDriverWait(browser, WAIT_S).until(lambda _b: notices._open == 1)
+        scheduler.report_progress(claims[0], 0.5, "half way")
+        WebDriverWait(browser, PUSHED_S).until(lambda b: "half way" in text_of(b, "progress"))
+        shot("progress-pushed")
+        scheduler.report_progress(claims[0], 0.75, "three quarters")
+        WebDriverWait(browser, PUSHED_S).until(lambda b: "three quarters" in text_of(b, "progress"))
+        scheduler.complete(claims[0], None)
+        WebDriverWait(browser, PUSHED_S).until(lambda b: text_of(b, "state") == "succeeded")
+        # Nothing more will come: the page closed its stream.
+        WebDriverWait(browser, WAIT_S).until(lambda _b: notices._open == 0)
+        shot("ended")
+    finally:
+        server.close()
