@@ -188,17 +188,13 @@ class _ChunkReader:
 def _handler_class(base: type[Any]) -> type[Any]:
     """fakeredis's connection handler, with TCP_NODELAY and reads by the chunk."""
 
-    class Handler(base):  # type: ignore[misc]
-        # TCP_NODELAY on the server side: a reply written in pieces would otherwise
-        # wait for the client's delayed ACK, ~40 ms for every pipelined call.
-        disable_nagle_algorithm = True
-        rfile: Any
+    def setup(self: Any) -> None:
+        base.setup(self)
+        self.rfile = _ChunkReader(self.rfile)
 
-        def setup(self) -> None:
-            super().setup()
-            self.rfile = _ChunkReader(self.rfile)
-
-    return Handler
+    # TCP_NODELAY on the server side: a reply written in pieces would otherwise wait for
+    # the client's delayed ACK, ~40 ms for every pipelined call.
+    return type("ChunkHandler", (base,), {"disable_nagle_algorithm": True, "setup": setup})
 
 
 @contextmanager
