@@ -288,7 +288,8 @@ def test_a_worker_whose_stderr_nobody_reads_keeps_draining_within_the_bound_and_
     drops = [line for line in err.splitlines() if "log records were dropped" in line]
     assert drops, err[-2000:]
     assert "WARNING distsched.worker.logs" in drops[0]
-    assert " stopped (" in err.splitlines()[-1]
+    # The stop summary is written; a last count of drops may follow it as the sink drains.
+    assert [line for line in err.splitlines() if " stopped (" in line], err[-2000:]
 
 
 class Blocked(logging.Handler):
