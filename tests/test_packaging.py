@@ -196,6 +196,48 @@ def test_no_module_imports_a_module_of_a_layer_above_its_own() -> None:
     assert wrong == []
 
 
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import one another in a circle (Tarjan's algorithm)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        for imported in sorted(graph[module]):
+            if imported not in order:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], order[imported])
+        if low[module] == order[module]:
+            group = [stack.pop()]
+            while group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return found
+
+
+def test_no_modules_import_one_another_in_a_circle() -> None:
+    # Imports made only for type checking count too: a circle there is still two modules
+    # that cannot be read, or moved, one without the other.
+    modules = _modules()
+    graph = {m: _imports(path, set(modules)) - {m} for m, path in modules.items()}
+    assert _circles(graph) == []
+
+
+def test_the_circle_check_finds_a_circle_through_three_modules() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [["a", "b", "c"]]
+
+
 def _loaded_after(statement: str) -> list[str]:
     out = subprocess.run(
         [

@@ -42,6 +42,7 @@ from distsched.dashboard.auth import (
     retry_after,
 )
 from distsched.dashboard.events import TaskNotices
+from distsched.dashboard.pages import Handler
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.model import STATS_TOP_KEYS, Change, State, Stats, stage_counts
 from distsched.text import finite_or_none, iso, jsonable, progress_text
@@ -51,7 +52,6 @@ log = logging.getLogger("distsched.dashboard")
 HERE = Path(__file__).resolve().parent
 
 T = TypeVar("T")
-Handler = Callable[[Request], Awaitable[Response]]
 
 # What an action's redirect says, by code: fixed texts, so a link cannot make the page
 # say anything else.

@@ -11,46 +11,28 @@ POSTs from other sites refused) wrap them as they wrap every route.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from distsched.client import Scheduler
+from distsched.dashboard.pages import Pages
 from distsched.errors import InvalidArgument
 from distsched.model import FailureGroup
 from distsched.ops.failures import FAILURES_BATCH_MAX, merge_groups
 
 log = logging.getLogger("distsched.dashboard")
 
-T = TypeVar("T")
 
 # Failed tasks one page load groups at most (two reads of FAILURES_BATCH_MAX).
 WINDOW = 2 * FAILURES_BATCH_MAX
 # Failed tasks read per step of a retry or removal of a group.
 ACTION_BATCH = 200
 
-Handler = Callable[[Request], Coroutine[Any, Any, Response]]
 # The group actions (the last part of their path) and what each one's redirect reports.
 ACTIONS = {"retry": "retried", "purge": "purged"}
-
-
-class Pages(Protocol):
-    """What this page needs of the dashboard (its ``Dashboard``)."""
-
-    scheduler: Scheduler
-
-    def url(self, request: Request, path: str, **query: Any) -> str: ...
-
-    def render(
-        self, request: Request, template: str, status_code: int = 200, **context: Any
-    ) -> Response: ...
-
-    async def read(self, fn: Callable[..., T], *args: Any) -> T: ...
-
-    async def refuse(self, request: Request) -> Response | None: ...
 
 
 @dataclass(frozen=True)

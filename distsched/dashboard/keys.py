@@ -7,17 +7,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from distsched.client import Scheduler
+from distsched.dashboard.pages import Handler, Pages
 from distsched.errors import InvalidArgument
 from distsched.model import KeyInfo
-
-if TYPE_CHECKING:
-    from distsched.dashboard.app import Dashboard, Handler
 
 log = logging.getLogger("distsched.dashboard")
 
@@ -111,7 +109,7 @@ def settings(form: Any) -> tuple[str, int | None, int, int | None, float]:
 class KeyPages:
     """The routes of the keys page and of its form."""
 
-    def __init__(self, dashboard: Dashboard) -> None:
+    def __init__(self, dashboard: Pages) -> None:
         self.d = dashboard
 
     async def page(self, request: Request) -> Response:

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from distsched.client import Scheduler
+from distsched.dashboard.pages import Handler, Pages
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.schedules import Schedule
-
-if TYPE_CHECKING:
-    from distsched.dashboard.app import Dashboard, Handler
 
 log = logging.getLogger("distsched.dashboard")
 
@@ -53,7 +50,7 @@ def status(schedule: Schedule) -> str:
 class SchedulePages:
     """The routes of the schedules page and its actions."""
 
-    def __init__(self, dashboard: Dashboard) -> None:
+    def __init__(self, dashboard: Pages) -> None:
         self.d = dashboard
 
     async def page(self, request: Request) -> Response:
