@@ -93,7 +93,7 @@ def test_streams_beyond_the_bound_are_refused_and_the_page_keeps_its_timed_refre
         scheduler.complete(claim, None)
         assert got.get(timeout=NOTICE_S) == "ended"
     # The closed stream gave its place back.
-    assert app.state.dashboard.notices._open == 0
+    assert app.state.dashboard.notices.open_streams == 0
 
 
 def test_only_the_page_of_a_task_not_ended_listens_for_notices(scheduler: Scheduler) -> None:

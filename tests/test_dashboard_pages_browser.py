@@ -296,7 +296,7 @@ def test_a_task_page_shows_each_progress_report_as_it_is_pushed_and_then_the_end
     try:
         browser.get(server.url + "/task?id=encode")
         # The page of a running task listens to its stream of notices.
-        WebDriverWait(browser, WAIT_S).until(lambda _b: notices._open == 1)
+        WebDriverWait(browser, WAIT_S).until(lambda _b: notices.open_streams == 1)
         scheduler.report_progress(claims[0], 0.5, "half way")
         WebDriverWait(browser, PUSHED_S).until(lambda b: "half way" in text_of(b, "progress"))
         shot("progress-pushed")
@@ -305,7 +305,7 @@ def test_a_task_page_shows_each_progress_report_as_it_is_pushed_and_then_the_end
         scheduler.complete(claims[0], None)
         WebDriverWait(browser, PUSHED_S).until(lambda b: text_of(b, "state") == "succeeded")
         # Nothing more will come: the page closed its stream.
-        WebDriverWait(browser, WAIT_S).until(lambda _b: notices._open == 0)
+        WebDriverWait(browser, WAIT_S).until(lambda _b: notices.open_streams == 0)
         shot("ended")
     finally:
         server.close()

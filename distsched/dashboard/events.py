@@ -46,6 +46,11 @@ class TaskNotices:
         self._open = 0
         self._lock = threading.Lock()
 
+    @property
+    def open_streams(self) -> int:
+        """How many notice streams are open now."""
+        return self._open
+
     def response(self, task_id: str) -> Response:
         """The event stream of ``task_id`` (known to exist), or 503 when too many are open."""
         with self._lock:
