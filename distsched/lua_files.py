@@ -19,6 +19,7 @@ from pathlib import Path
 # Every script, in the order the Functions library holds them (lua/README.md).
 SCRIPT_NAMES = (
     "schedule",
+    "enqueue",
     "cancel",
     "claim",
     "heartbeat",

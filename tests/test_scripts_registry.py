@@ -46,6 +46,7 @@ from distsched.wire.calls import (
     complete_call,
     confirm_cancel_call,
     dep_results_call,
+    enqueue_call,
     expire_call,
     fail_call,
     fairness_call,
@@ -156,6 +157,7 @@ def sample_calls() -> dict[str, Call]:
     every_second = schedules.definition("s", "f", 0, {"interval": 1.0})
     return {
         "schedule": schedule_call(keys, [TaskSpec("a", "f")], 1000),
+        "enqueue": enqueue_call(keys, [TaskSpec("a", "f")], 1000),
         "cancel": cancel_call(keys, "a"),
         "claim": claim_call(keys, "w", 1, 1000),
         "heartbeat": heartbeat_call(keys, [claim], 1000),
@@ -921,6 +923,7 @@ class RecordingScheduler(Scheduler):
 
 
 NEVER_PROPAGATE = {
+    "enqueue",
     "heartbeat",
     "purge",
     "forget",
@@ -1241,8 +1244,8 @@ def test_the_readme_lists_each_scripts_includes_and_keys_as_its_header_declares(
 def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> None:
     """lua/README.md, "As Redis Functions": rebuilt here from the files and that page."""
     listed = (
-        "schedule cancel claim heartbeat complete fail confirm_cancel release reap propagate "
-        "retry add_deps purge forget compact leave recur fire order expire fairness "
+        "schedule enqueue cancel claim heartbeat complete fail confirm_cancel release reap "
+        "propagate retry add_deps purge forget compact leave recur fire order expire fairness "
         "amend pause progress dep_results waitpoint spawn"
     )
     order = listed.split(" ")

@@ -9,8 +9,9 @@ it over their connections, so its logic is written once, whatever the I/O model.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis import exceptions as redis_exceptions
@@ -64,6 +65,22 @@ class Shortcuts:
         return (yield from self.admit_many([task_spec(task_id, options)]))[0]
 
 
+class LeanPath:
+    """Whether plain tasks go to enqueue.lua first: not for a while after the namespace
+    said that its settings (fairness, the priority order) need schedule.lua."""
+
+    CLOSED_S = 30.0
+
+    def __init__(self) -> None:
+        self._closed_until = 0.0
+
+    def open(self) -> bool:
+        return time.monotonic() >= self._closed_until
+
+    def close(self) -> None:
+        self._closed_until = time.monotonic() + self.CLOSED_S
+
+
 @dataclass(frozen=True)
 class Base(Shortcuts):
     """The operations of one namespace, with the scheduler's settings (pure, no I/O)."""
@@ -77,6 +94,8 @@ class Base(Shortcuts):
     # The stripe count of the namespace this stripe belongs to (1: unstriped); what a
     # schedule's slot task ids look like depends on it (distsched.schedules.tags_slot_ids).
     stripes: int = 1
+    # Shared by the copies of these operations (dataclasses.replace keeps it).
+    lean: LeanPath = field(default_factory=LeanPath, compare=False, repr=False)
 
     # -------------------------------------------------------------- plumbing
 

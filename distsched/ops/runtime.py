@@ -48,10 +48,12 @@ from distsched.wire.calls import (
     confirm_cancel_call,
     dep_results_call,
     encode_checkpoint,
+    enqueue_call,
     expire_call,
     fail_call,
     forget_call,
     heartbeat_call,
+    is_plain,
     pause_call,
     payload_weights,
     placed_in_parts,
@@ -80,6 +82,7 @@ from distsched.wire.replies import (
     decode_change,
     decode_claim_reply,
     decode_dep_results,
+    decode_enqueue_reply,
     decode_outcomes,
     decode_schedule_reply,
 )
@@ -120,6 +123,15 @@ class Runtime(Inspect):
 
     @route.striped
     def admit_many(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted]]:
+        if (
+            self.lean.open()
+            and isinstance(specs, (list, tuple))
+            and specs
+            and all(map(is_plain, specs))
+        ):
+            admitted = yield from self._enqueue(specs)
+            if admitted is not None:
+                return admitted
         batches = schedule_batches(specs)
         if len(batches) > 1:
             return (yield from self._admit_in_batches(specs, batches))
@@ -155,6 +167,22 @@ class Runtime(Inspect):
             if admitted[i].created:
                 yield from self._place_rest(specs[i], admitted[i].version, rests[i])
         return admitted
+
+    def _enqueue(self, specs: Sequence[TaskSpec]) -> Op[list[Admitted] | None]:
+        """Plain tasks the short way (lua/enqueue.lua); None when they need schedule.lua
+        (nothing was written) or more than one call."""
+        if len(specs) > limits.MAX_TASKS_PER_CALL:
+            return None
+        trace = self.trace_context() if self.trace_context is not None else None
+        call = enqueue_call(self.keys, specs, self.max_payload_bytes, trace)
+        if len(specs) > 1 and len(schedule_batches(specs, payload_weights(call))) > 1:
+            return None
+        outcome = decode_enqueue_reply(specs, (yield from self.run(call)))
+        if isinstance(outcome, str):
+            if outcome == "settings":
+                self.lean.close()
+            return None
+        return outcome
 
     def _admit_in_batches(
         self, specs: Sequence[TaskSpec], batches: list[list[int]]

@@ -233,6 +233,46 @@ def schedule_call(
     )
 
 
+def is_plain(spec: object) -> bool:
+    """Whether ``spec`` is a plain task, which :func:`enqueue_call` can take: no
+    dependency and no option (dedupe, debounce, deadline, ttl, key, waitpoint, cost)."""
+    return (
+        type(spec) is TaskSpec
+        and not spec.deps
+        and not spec.optional_deps
+        and spec.dedupe is False
+        and spec.dedupe_window is None
+        and spec.debounce is None
+        and spec.deadline is None
+        and spec.ttl is None
+        and spec.key is None
+        and spec.waitpoint is None
+        and spec.cost == 1
+    )
+
+
+def enqueue_call(
+    keys: Keys,
+    specs: Sequence[TaskSpec],
+    max_payload_bytes: int,
+    trace: Mapping[str, str] | None = None,
+) -> Call:
+    """The enqueue script's call (``lua/enqueue.lua``) for plain specs (:func:`is_plain`),
+    checked as :func:`schedule_call` checks them."""
+    args: list[Any] = [len(specs)]
+    seen: set[str] = set()
+    for spec in specs:
+        task_id, fields, payload = schedule_values(spec, max_payload_bytes, trace)
+        if task_id in seen:
+            raise InvalidArgument("task_id", f"{task_id!r} appears twice in one batch")
+        seen.add(task_id)
+        # A plain spec's fields end with allow_unknown and two counts of 0: enqueue.lua
+        # takes the five before them.
+        args += (task_id, fields.rsplit(" ", 3)[0], payload)
+    args.append(max_payload_bytes)
+    return Call("enqueue", keys.for_script("enqueue"), args)
+
+
 def _version_arg(version: object) -> str:
     """The optional version an in-place change is fenced by ('' for the current one)."""
     if version is None:
@@ -837,10 +877,10 @@ def call_payloads(call: Call) -> list[bytes]:
 
 
 def payload_weights(call: Call) -> list[tuple[int, int]]:
-    """(bytes, values) of each payload a schedule call carries, in order: the values are
-    counted only when the bytes of the call (each payload's bound on its values) exceed
-    ``MAX_PAYLOAD_VALUES_PER_CALL``."""
-    payloads = call_payloads(call)
+    """(bytes, values) of each payload a schedule or enqueue call carries, in order: the
+    values are counted only when the bytes of the call (each payload's bound on its
+    values) exceed ``MAX_PAYLOAD_VALUES_PER_CALL``."""
+    payloads = call.args[3::3] if call.script == "enqueue" else call_payloads(call)
     sizes = [len(p) for p in payloads]
     if sum(sizes) <= limits.MAX_PAYLOAD_VALUES_PER_CALL:
         return list(zip(sizes, sizes, strict=True))

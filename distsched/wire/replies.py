@@ -582,6 +582,18 @@ def decode_schedule_reply(specs: Sequence[TaskSpec], values: Sequence[Any]) -> l
     ]
 
 
+def decode_enqueue_reply(specs: Sequence[TaskSpec], values: Sequence[Any]) -> list[Admitted] | str:
+    """The :class:`Admitted` of each task from enqueue.lua's own values, or why the tasks
+    must go to schedule.lua instead (``'settings'`` or ``'tasks'``; nothing was written)."""
+    if len(values) == 2 and isinstance(values[0], (bytes, str)):
+        if _text(values[0]) != "schedule":
+            raise ScriptError(f"enqueue: unexpected reply {values!r}")
+        return _text(values[1])
+    if len(values) != len(specs):
+        raise ScriptError(f"enqueue: {len(values)} values for {len(specs)} tasks")
+    return [Admitted(spec.task_id, int(v), True) for spec, v in zip(specs, values, strict=True)]
+
+
 def split_reply(script: str, reply: Sequence[Any]) -> tuple[int, list[Any]]:
     """(ids still propagating, the script's own values) of a script reply.
 

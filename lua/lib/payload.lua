@@ -84,6 +84,17 @@ local function text_fine(w, p, first, last)
   return true
 end
 
+-- The position after a string of n bytes at `at` (its header read), counted as one value
+-- of walk w; nil when it is cut short, not valid UTF-8 or past w's values.
+local function str_after(w, p, at, n)
+  w.left = w.left - 1
+  local after = at + n
+  if w.left < 0 or after - 1 > #p then return nil end
+  local wide = string.find(p, '[\128-\255]', at)
+  if wide and wide < after and not text_fine(w, p, wide, after - 1) then return nil end
+  return after
+end
+
 local function skip(w, p, pos, depth)
   -- left[level]: the values still to read in each open array or map (level 1: the value
   -- at pos itself); a value read at level L is at depth base + L.
@@ -125,7 +136,8 @@ end
 
 -- Whether the value at pos is nil or an integer in [1, MAX_TIMEOUT_MS] (the optional
 -- timeout key: the task's time limit in ms), in any msgpack integer encoding.
-local MAX_TIMEOUT_MS = 2592000000
+-- MAX_TIMEOUT_MS is 2592000000 (30 days), written as a literal below: the library
+-- parts' top-level names are few (lua/README.md, "As Redis Functions").
 local function timeout_fine(p, pos)
   local b, n = string.byte(p, pos), nil
   if b == 192 or (b >= 1 and b < 128) then return true end
@@ -134,14 +146,16 @@ local function timeout_fine(p, pos)
   elseif b >= 208 and b <= 211 and (string.byte(p, pos + 1) or 128) < 128 then
     n = be_uint(p, pos + 1, 2 ^ (b - 208))
   end
-  return n ~= nil and n >= 1 and n <= MAX_TIMEOUT_MS
+  return n ~= nil and n >= 1 and n <= 2592000000
 end
 
 -- The namespace's payload limit: its stored setting (meta payload_max, written by
 -- an admin; DEFAULT_MAX_PAYLOAD_BYTES while none is stored or it is not a count),
 -- never above PAYLOAD_CEILING_BYTES; asked, a caller's own limit (optional), only lowers it.
-local function payload_limit(asked)
-  local stored = tonumber(redis.call('HGET', k.meta, 'payload_max'))
+-- stored_text: the meta field when the caller has read it already (false: not set).
+local function payload_limit(asked, stored_text)
+  if stored_text == nil then stored_text = redis.call('HGET', k.meta, 'payload_max') end
+  local stored = tonumber(stored_text)
   local limit = LIMITS.DEFAULT_MAX_PAYLOAD_BYTES
   if stored and stored >= 1 and stored == math.floor(stored) then limit = stored end
   if limit > LIMITS.PAYLOAD_CEILING_BYTES then limit = LIMITS.PAYLOAD_CEILING_BYTES end
@@ -165,16 +179,25 @@ local function payload_fine(p, most)
   for _ = 1, n do
     local key_kind, key_len, key_at = head(p, pos)
     if not key_kind then return false end
-    local value_at, why = skip(w, p, pos, 2)
-    if not value_at then return false, why end
+    local value_at, why, key = nil, nil, nil
+    if key_kind == 'str' then
+      -- A string key (the usual kind) is read here rather than by skip: one value.
+      value_at = str_after(w, p, key_at, key_len)
+      if not value_at then return false, w.left < 0 and 'many' or nil end
+      key = string.sub(p, key_at, value_at - 1)
+    else
+      value_at, why = skip(w, p, pos, 2)
+      if not value_at then return false, why end
+    end
     local vkind, vn, vat = head(p, value_at)
     if not vkind then return false end
-    local key = key_kind == 'str' and string.sub(p, key_at, key_at + key_len - 1)
     local is_nil = string.byte(p, value_at) == 192
     local after = nil
     if key == 'fn' then
       if vkind ~= 'str' or vn == 0 then return false end
       fn = true
+      after = str_after(w, p, vat, vn)
+      if not after then return false, w.left < 0 and 'many' or nil end
     elseif key == 'args' and not is_nil and vkind ~= 'array' then
       return false
     elseif key == 'timeout' and not timeout_fine(p, value_at) then

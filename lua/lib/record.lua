@@ -284,6 +284,20 @@ local function encode_task(t)
   return packed
 end
 
+-- encode_task of a new version that is ready at its first attempt, from its values
+-- rather than a record table (enqueue.lua writes one per task).
+local function encode_ready(version, max_attempts, backoff_ms, run_at, priority, now, payload)
+  if not packs() then
+    return encode_task({ state = 'ready', version = version, attempt = 0, max_attempts = max_attempts,
+      backoff_ms = backoff_ms, run_at = run_at, priority = priority, cancel = 0, updated = now,
+      remaining = 0, optional = 0, worker = '', payload = payload })
+  end
+  local packed = cmsgpack.pack(STATE_CODE.ready, version, 0, max_attempts, backoff_ms, run_at, priority,
+    0, now - run_at, 0, 0, '')
+  if payload then return packed .. payload end
+  return packed
+end
+
 -- Write record t of id, and move its member of the per-state index (t.indexed: the
 -- member it had when read, false for none) when the state or the time changed.
 local function save_task(id, t)
@@ -310,8 +324,8 @@ local function call_many(command, key, args)
   end
 end
 
-local function queue_member(t, id)
-  return string.format('%08x%014x', 2147483647 - t.priority, t.version) .. id
+local function queue_member(t, id, version)
+  return string.format('%08x%014x', 2147483647 - t.priority, version or t.version) .. id
 end
 
 -- Split a queue member back into (version, id); (nil, id) when its head is not the

@@ -29,6 +29,7 @@ from distsched.wire.calls import (
     compact_call,
     complete_call,
     confirm_cancel_call,
+    enqueue_call,
     expire_call,
     fail_call,
     forget_call,
@@ -172,7 +173,8 @@ class Probe:
 
 def case_batch(p: Probe) -> None:
     """schedule: a full batch with a full load of edges, then again (replacing each
-    task, so its old edges go too); payloads at the value and byte caps."""
+    task, so its old edges go too); payloads at the value and byte caps (schedule and
+    enqueue)."""
     tasks = p.n(limits.MAX_TASKS_PER_CALL)
     per = min(EDGES_PER_TASK, tasks, max(1, limits.MAX_EDGES_PER_CALL // tasks))
     targets = p.fill("t", tasks, delay=FAR_DELAY_S)
@@ -198,6 +200,15 @@ def case_batch(p: Probe) -> None:
     specs = [TaskSpec(f"m{i}", FN, args=args, delay=FAR_DELAY_S) for i in range(tasks)]
     call = schedule_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
     p.measure_call(f"{tasks:,} tasks, payloads of {values:,} values and {size:,} bytes each", call)
+    # The short way for plain tasks checks the same payloads: its costliest inputs.
+    specs = [TaskSpec(f"e{i}", FN, args=args, delay=FAR_DELAY_S) for i in range(tasks)]
+    call = enqueue_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    p.measure_call(
+        f"{tasks:,} plain tasks, payloads of {values:,} values and {size:,} bytes each", call
+    )
+    specs = [TaskSpec("ev0", FN, args=[1] * (most - 5), delay=FAR_DELAY_S)]
+    call = enqueue_call(p.keys, specs, limits.DEFAULT_MAX_PAYLOAD_BYTES)
+    p.measure_call(f"1 plain task, a payload of {most:,} one-byte values", call)
     size = limits.DEFAULT_MAX_PAYLOAD_BYTES
     big = max(1, limits.MAX_PAYLOAD_BYTES_PER_CALL // size)
     specs = [TaskSpec(f"p{i}", FN, args=text_args(size, 6), delay=FAR_DELAY_S) for i in range(big)]
