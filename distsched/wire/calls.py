@@ -157,13 +157,11 @@ def _policy_suffix(spec: TaskSpec) -> str:
     return f" dedupe={window}"
 
 
-def schedule_values(
-    spec: TaskSpec,
-    max_payload_bytes: int,
-    trace: Mapping[str, str] | None = None,
-    hold: bool = False,
-) -> list[Any]:
-    """Validate one task and return its schedule-script values (see lua/schedule.lua)."""
+def _plain_values(
+    spec: TaskSpec, max_payload_bytes: int, trace: Mapping[str, str] | None
+) -> tuple[str, str, bytes]:
+    """Validate what every task has and return (task id, the spec's first five fields,
+    payload): the whole of a plain task (:func:`is_plain`)."""
     task_id = validate_task_id(spec.task_id)
     mode, ms = time_argument(spec.run_at, spec.delay)
     if not _is_int(spec.priority) or not PRIORITY_MIN <= spec.priority <= PRIORITY_MAX:
@@ -173,6 +171,24 @@ def schedule_values(
     backoff = _finite(spec.backoff)
     if backoff is None or not 0 <= backoff <= BACKOFF_MAX_S:
         raise InvalidArgument("backoff", f"must be a number of seconds in [0, {BACKOFF_MAX_S:g}]")
+    limit = timeout_ms(spec.timeout)
+    # A waitpoint's fn only labels it: no worker runs it.
+    fn = spec.fn or (WAITPOINT_FN if spec.waitpoint is not None else spec.fn)
+    payload = encode_payload(fn, spec.args, spec.kwargs, max_payload_bytes, trace, limit)
+    fields = (
+        f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
+    )
+    return task_id, fields, payload
+
+
+def schedule_values(
+    spec: TaskSpec,
+    max_payload_bytes: int,
+    trace: Mapping[str, str] | None = None,
+    hold: bool = False,
+) -> list[Any]:
+    """Validate one task and return its schedule-script values (see lua/schedule.lua)."""
+    task_id, fields, payload = _plain_values(spec, max_payload_bytes, trace)
     required = validate_deps(spec.deps, "deps", task_id)
     optional = validate_deps(spec.optional_deps, "optional_deps", task_id)
     both = set(required) & set(optional)
@@ -189,13 +205,8 @@ def schedule_values(
         )
     if not isinstance(spec.allow_unknown, bool):
         raise InvalidArgument("allow_unknown", "must be a bool")
-    limit = timeout_ms(spec.timeout)
-    # A waitpoint's fn only labels it: no worker runs it.
-    fn = spec.fn or (WAITPOINT_FN if spec.waitpoint is not None else spec.fn)
-    payload = encode_payload(fn, spec.args, spec.kwargs, max_payload_bytes, trace, limit)
     # The fixed fields travel as one argument: fewer arguments to encode per task.
-    fields = (
-        f"{mode} {ms} {spec.priority} {spec.max_attempts} {seconds_to_ms(spec.backoff, 'backoff')}"
+    fields += (
         f" {1 if spec.allow_unknown else 0} {len(required)} {len(optional)}"
         f"{admission_suffix(spec)}{' hold=1' if hold else ''}"
     )
@@ -238,8 +249,11 @@ def is_plain(spec: object) -> bool:
     dependency and no option (dedupe, debounce, deadline, ttl, key, waitpoint, cost)."""
     return (
         type(spec) is TaskSpec
+        and type(spec.deps) is tuple
         and not spec.deps
+        and type(spec.optional_deps) is tuple
         and not spec.optional_deps
+        and spec.allow_unknown is False
         and spec.dedupe is False
         and spec.dedupe_window is None
         and spec.debounce is None
@@ -247,6 +261,7 @@ def is_plain(spec: object) -> bool:
         and spec.ttl is None
         and spec.key is None
         and spec.waitpoint is None
+        and type(spec.cost) is int
         and spec.cost == 1
     )
 
@@ -262,13 +277,11 @@ def enqueue_call(
     args: list[Any] = [len(specs)]
     seen: set[str] = set()
     for spec in specs:
-        task_id, fields, payload = schedule_values(spec, max_payload_bytes, trace)
+        task_id, fields, payload = _plain_values(spec, max_payload_bytes, trace)
         if task_id in seen:
             raise InvalidArgument("task_id", f"{task_id!r} appears twice in one batch")
         seen.add(task_id)
-        # A plain spec's fields end with allow_unknown and two counts of 0: enqueue.lua
-        # takes the five before them.
-        args += (task_id, fields.rsplit(" ", 3)[0], payload)
+        args += (task_id, fields, payload)
     args.append(max_payload_bytes)
     return Call("enqueue", keys.for_script("enqueue"), args)
 
