@@ -17,6 +17,7 @@ import redis.asyncio as aredis
 from redis.exceptions import RedisClusterException, RedisError
 
 from distsched import limits, model, validate
+from distsched.batching import AsyncBatchingProducer
 from distsched.client import BaseScheduler, client_from_url
 from distsched.model import (
     Chores,
@@ -178,6 +179,11 @@ class AsyncScheduler(BaseScheduler):
     async def admit_many(self, specs: Sequence[TaskSpec]) -> list[model.Admitted]:
         """See :meth:`Scheduler.admit_many`."""
         return await self._drive(self._ops.admit_many(specs))
+
+    def batching(self, window_s: float = 0.0, max_tasks: int = 500) -> AsyncBatchingProducer:
+        """See :meth:`Scheduler.batching`: ``await producer.schedule(...)`` from many
+        coroutines of one event loop."""
+        return AsyncBatchingProducer(self, window_s, max_tasks)
 
     async def cancel(self, task_id: str) -> State:
         """See :meth:`Scheduler.cancel`."""

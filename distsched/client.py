@@ -19,6 +19,7 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from distsched import limits, model, otel, validate
+from distsched.batching import BatchingProducer
 from distsched.errors import ClosedError, InvalidArgument
 from distsched.keys import Keys
 from distsched.model import (
@@ -282,6 +283,17 @@ class Scheduler(BaseScheduler):
     def admit_many(self, specs: Sequence[TaskSpec]) -> list[model.Admitted]:
         """``schedule_many``, telling for each task whether a new version was written."""
         return self._drive(self._ops.admit_many(specs))
+
+    def batching(self, window_s: float = 0.0, max_tasks: int = 500) -> BatchingProducer:
+        """A producer whose ``schedule`` calls, from many threads, are sent together.
+
+        For a service that enqueues one task per request: calls that arrive while a
+        batch is in flight go together in the next one (at most ``max_tasks``; a call
+        also waits up to ``window_s`` for others to join it), each caller still
+        returning its own version, or raising its own error, once its task is written.
+        An idle producer adds no delay. Close it (or use ``with``) before the scheduler.
+        """
+        return BatchingProducer(self, window_s, max_tasks)
 
     def cancel(self, task_id: str) -> State:
         """Cancel a task; return its state after the call.

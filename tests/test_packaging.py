@@ -112,6 +112,7 @@ LAYERS: list[set[str]] = [
         "distsched",
         "distsched.client",
         "distsched.aio",
+        "distsched.batching",
         "distsched.context",
         "distsched.metrics",
         "distsched.hooks",
