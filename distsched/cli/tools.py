@@ -112,7 +112,7 @@ def _parse_sections(ctx: click.Context, param: click.Parameter, value: str) -> t
 _BENCH_SIZES: tuple[tuple[str, Any, str], ...] = (
     ("--evalsha-calls", int, "(a) EVALSHA calls, sequential and pipelined."),
     ("--pipeline", int, "(a) EVALSHA calls per pipeline."),
-    ("--schedule-calls", int, "(b) schedule calls, one task each."),
+    ("--schedule-calls", int, "(b) schedule calls, one task each; also the tasks per feature."),
     ("--enqueue-tasks", int, "(b) tasks enqueued with schedule_many."),
     ("--batch", int, "Tasks per schedule_many call, everywhere."),
     ("--tasks", int, "(c) no-op tasks drained end to end."),

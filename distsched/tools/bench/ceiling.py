@@ -9,7 +9,7 @@ from distsched.tools.bench.harness import Bench
 
 def run(bench: Bench) -> None:
     cfg = bench.config
-    bench.phase(1, "ceiling: EVALSHA of 'return 1' from one client")
+    bench.phase("ceiling", "ceiling: EVALSHA of 'return 1' from one client")
     sha = bench.client.script_load("return 1")
     for _ in range(100):
         bench.client.evalsha(sha, 0)

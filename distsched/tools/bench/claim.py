@@ -22,7 +22,7 @@ FAIR_KEYS_MAX = 10_000
 def run(bench: Bench) -> None:
     cfg = bench.config
     sizes = sorted(set(cfg.claim_sizes))
-    bench.phase(5, f"claim rate with {', '.join(f'{n:,}' for n in sizes)} tasks queued")
+    bench.phase("claim", f"claim rate with {', '.join(f'{n:,}' for n in sizes)} tasks queued")
     by_order: dict[str, list[dict[str, Any]]] = {}
     for order in ORDERS:
         for size in sizes:

@@ -9,8 +9,8 @@ from distsched.errors import InvalidArgument
 from distsched.validate import MAX_DEPS
 
 SECTIONS = (
-    "ceiling", "enqueue", "e2e", "lateness", "claim", "dag", "memory", "wake", "dashboard",
-    "fairness", "profile", "worst",
+    "ceiling", "enqueue", "features", "e2e", "lateness", "claim", "dag", "memory", "wake",
+    "dashboard", "fairness", "profile", "worst",
 )  # fmt: skip
 
 

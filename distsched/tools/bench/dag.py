@@ -29,7 +29,7 @@ GRAPH_PART = 1_000
 def run(bench: Bench) -> None:
     cfg = bench.config
     bench.phase(
-        6,
+        "dag",
         f"dependencies: a {cfg.chain:,}-task chain, a {cfg.fanout:,}-wide "
         f"fan-out/fan-in, {cfg.dependents:,} dependents released and blocked",
     )

@@ -27,7 +27,7 @@ DASHBOARD_POLL_S = 1.0
 def run(bench: Bench) -> None:
     cfg = bench.config
     bench.phase(
-        9,
+        "dashboard",
         f"dashboard: Redis commands per page with {DASHBOARD_FEW:,} and "
         f"{cfg.dashboard_tasks:,} tasks; {cfg.dashboard_drain:,} tasks drained while polled",
     )

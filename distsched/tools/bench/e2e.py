@@ -9,7 +9,7 @@ from distsched.tools.bench.procs import ANOOP, NOOP
 def run(bench: Bench) -> None:
     cfg = bench.config
     bench.phase(
-        3,
+        "e2e",
         f"end to end: {cfg.tasks:,} no-op tasks, worker processes of {cfg.concurrency} threads",
     )
     runs = []

@@ -15,7 +15,7 @@ from distsched.wire.payload import encode_payload
 
 def run(bench: Bench) -> None:
     cfg = bench.config
-    bench.phase(2, "enqueue: schedule one task per call, then schedule_many")
+    bench.phase("enqueue", "enqueue: schedule one task per call, then schedule_many")
     single_ns, batch_ns = bench.namespace("single"), bench.namespace("batched")
     with bench.scheduler(single_ns) as s:
         s.schedule("warm-up", fn=NOOP)

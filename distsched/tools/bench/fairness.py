@@ -26,7 +26,7 @@ FAIR_CLAIM_BATCH = 100
 def run(bench: Bench) -> None:
     cfg = bench.config
     bench.phase(
-        10,
+        "fairness",
         f"fairness: {FAIR_LIGHT_KEYS} light keys behind {cfg.fair_heavy:,} queued tasks "
         f"of one key, on and off; shares of {cfg.fair_claims:,} claims",
     )

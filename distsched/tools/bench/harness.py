@@ -140,9 +140,9 @@ class Bench:
         finally:
             scheduler.close()
 
-    def phase(self, index: int, title: str) -> None:
+    def phase(self, section: str, title: str) -> None:
         self._phase_started = time.perf_counter()
-        log.info("[%d/%d] %s", index, len(SECTIONS), title)
+        log.info("[%d/%d] %s", SECTIONS.index(section) + 1, len(SECTIONS), title)
 
     def step(self, text: str) -> None:
         elapsed = time.perf_counter() - self._phase_started

@@ -17,7 +17,7 @@ SLOT_INTERVAL_S = 0.1
 def run(bench: Bench) -> None:
     cfg = bench.config
     bench.phase(
-        4,
+        "lateness",
         f"lateness: {cfg.delayed:,} tasks due over "
         f"[{cfg.delay_min:g}, {cfg.delay_max:g}] s, one worker process",
     )

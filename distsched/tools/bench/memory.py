@@ -10,7 +10,7 @@ from distsched.tools.bench.procs import NOOP
 
 def run(bench: Bench) -> None:
     cfg = bench.config
-    bench.phase(7, f"memory: {cfg.memory_tasks:,} queued no-op tasks")
+    bench.phase("memory", f"memory: {cfg.memory_tasks:,} queued no-op tasks")
     namespace = bench.namespace("memory")
     with bench.scheduler(namespace) as s:
         s.schedule("warm-up", fn=NOOP)  # the namespace's fixed keys are not per task

@@ -26,7 +26,7 @@ def run(bench: Bench) -> None:
     cfg = bench.config
     n = cfg.profile_tasks
     bench.phase(
-        11,
+        "profile",
         f"profile: Redis time per script (SLOWLOG), {n:,} schedule calls, "
         "then those tasks drained by one worker process",
     )

@@ -19,6 +19,7 @@ from distsched.tools.bench import (
     e2e,
     enqueue,
     fairness,
+    features,
     lateness,
     memory,
     profile,
@@ -36,6 +37,7 @@ Echo = Callable[[str], None]
 RUNS: dict[str, Callable[[Bench], None]] = {
     "ceiling": ceiling.run,
     "enqueue": enqueue.run,
+    "features": features.run,
     "e2e": e2e.run,
     "lateness": lateness.run,
     "claim": claim.run,

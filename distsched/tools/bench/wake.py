@@ -27,7 +27,7 @@ WAKE_CONCURRENCY = 2
 def run(bench: Bench) -> None:
     cfg = bench.config
     sizes = ", ".join(str(n) for n in cfg.wake_processes)
-    bench.phase(8, f"wake: {cfg.wake_tasks:,} tasks one at a time, {sizes} idle processes")
+    bench.phase("wake", f"wake: {cfg.wake_tasks:,} tasks one at a time, {sizes} idle processes")
     results = [_wake_run(bench, n) for n in cfg.wake_processes]
     bench.sections["wake"] = {"tasks": cfg.wake_tasks, "runs": results}
     base = results[0]

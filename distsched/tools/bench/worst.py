@@ -207,7 +207,7 @@ def _run(
 def run(bench: Bench) -> None:
     cfg = bench.config
     bench.phase(
-        12,
+        "worst",
         f"worst: the longest call of each script at the caps (scale {cfg.worst_scale:g}, "
         f"{cfg.worst_repeats} runs each)",
     )
