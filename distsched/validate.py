@@ -66,10 +66,13 @@ def validate_fair_key(key: object, *, allow_default: bool = False) -> str:
     return key
 
 
+_TASK_OPTIONS = frozenset(TaskOptions.__annotations__)
+
+
 def task_spec(task_id: str, options: Mapping[str, Any]) -> TaskSpec:
     """The :class:`TaskSpec` of ``schedule(task_id, **options)``; unknown options are refused."""
-    unknown = sorted(set(options) - set(TaskOptions.__annotations__))
-    if unknown:
+    if not _TASK_OPTIONS.issuperset(options):
+        unknown = sorted(set(options) - _TASK_OPTIONS)
         raise InvalidArgument(unknown[0], "is not a task option")
     return TaskSpec(task_id, **options)
 
