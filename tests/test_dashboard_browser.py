@@ -38,12 +38,14 @@ require_extra("starlette")
 
 import uvicorn  # noqa: E402
 from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.remote.webelement import WebElement  # noqa: E402
-from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from distsched.dashboard import create_app  # noqa: E402
@@ -141,6 +143,29 @@ def text_of(browser: WebDriver, element_id: str) -> str:
     raise AssertionError(f"#{element_id} kept changing under the test")
 
 
+def gone_from_the_document(exc: WebDriverException) -> bool:
+    """Whether ``exc`` is Chromium saying, while a page is replaced, that a node of the old
+    page is no longer in the document (an inspector error rather than a stale element)."""
+    return "does not belong to the document" in str(exc)
+
+
+def page_left(page: WebElement) -> Callable[[WebDriver], bool]:
+    """A wait condition: the page whose ``html`` element is ``page`` has been replaced."""
+
+    def left(_: WebDriver) -> bool:
+        try:
+            page.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if gone_from_the_document(exc):
+                return True
+            raise
+        return False
+
+    return left
+
+
 def follow(browser: WebDriver, by: str, value: str) -> None:
     """Click what leads to another page and wait until the browser has left this one.
 
@@ -148,8 +173,14 @@ def follow(browser: WebDriver, by: str, value: str) -> None:
     the new page takes a while), e.g. the note of the previous action.
     """
     page: WebElement = browser.find_element(By.TAG_NAME, "html")
-    browser.find_element(by, value).click()
-    WebDriverWait(browser, WAIT_S).until(expected_conditions.staleness_of(page))
+    try:
+        browser.find_element(by, value).click()
+    except WebDriverException as exc:
+        # The page was replaced before the driver was done with the node: the click
+        # happened, the next page is on its way.
+        if not gone_from_the_document(exc):
+            raise
+    WebDriverWait(browser, WAIT_S).until(page_left(page))
 
 
 def wait_for(browser: WebDriver, element_id: str) -> None:
@@ -334,3 +365,32 @@ def test_a_form_on_another_port_of_the_same_host_cannot_act_even_with_the_csrf_t
     finally:
         other.close()
         dashboard.close()
+
+
+class _OldPage:
+    """An element of a page being replaced, as the driver answers for it."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+
+    def is_enabled(self) -> bool:
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+def test_a_node_chromium_calls_out_of_the_document_means_the_page_was_left() -> None:
+    inspector = WebDriverException(
+        'unknown error: unhandled inspector error: {"code":-32000,'
+        '"message":"Node with given id does not belong to the document"}'
+    )
+    old: Any = _OldPage(inspector)
+    no_browser: Any = None  # the condition reads only the element
+    assert page_left(old)(no_browser)
+    stale: Any = _OldPage(StaleElementReferenceException("stale"))
+    assert page_left(stale)(no_browser)
+    still: Any = _OldPage(None)
+    assert not page_left(still)(no_browser)
+    other: Any = _OldPage(WebDriverException("invalid session id"))
+    with pytest.raises(WebDriverException):
+        page_left(other)(no_browser)

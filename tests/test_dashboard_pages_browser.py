@@ -22,7 +22,6 @@ require_extra("starlette")
 from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support import expected_conditions  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from distsched.dashboard import create_app, create_multi_app  # noqa: E402
@@ -35,6 +34,8 @@ from tests.test_dashboard_browser import (  # noqa: E402
     artifacts,  # noqa: F401 (a fixture)
     browser,  # noqa: F401 (a fixture)
     follow,
+    gone_from_the_document,
+    page_left,
     text_of,
     wait_for,
 )
@@ -86,9 +87,9 @@ def click_in_row(browser: WebDriver, attribute: str, value: str, css: str) -> No
             except WebDriverException as exc:
                 # The click's form post replaced the page before the driver was done with
                 # the button's node: the click happened, the next page is on its way.
-                if "does not belong to the document" not in str(exc):
+                if not gone_from_the_document(exc):
                     raise
-            WebDriverWait(browser, WAIT_S).until(expected_conditions.staleness_of(page))
+            WebDriverWait(browser, WAIT_S).until(page_left(page))
             return
     raise AssertionError(f"no row {attribute}={value!r}")
 
