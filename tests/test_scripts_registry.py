@@ -1365,3 +1365,15 @@ def test_library_parts_only_define_and_register_nothing() -> None:
                 assert not re.search(rf"^\s*{name}\s*=[^=]", strip_comments(other), re.M), (
                     f"{other_name} assigns {name} of {file_name}"
                 )
+
+
+def test_the_call_examples_of_the_wire_protocol_name_the_keys_each_script_declares() -> None:
+    text = (LUA / "README.md").read_text("utf-8")
+    examples = re.findall(
+        r"```\n(EVALSHA <sha of the assembled (\w+)\.lua> (\d+)\n.*?)```", text, re.S
+    )
+    assert {name for _, name, _ in examples} >= {"schedule", "enqueue"}
+    for block, name, count in examples:
+        named = re.findall(r"ds:\{NS\}:(\w+)", block)
+        assert int(count) == len(named), name
+        assert tuple(named) == scripts.script_keys(name), name
