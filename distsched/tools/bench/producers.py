@@ -7,8 +7,11 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from distsched import Scheduler
+import redis
+
+from distsched import Scheduler, scripts
 from distsched.tools.bench.procs import NOOP
 from distsched.validate import task_spec
 from distsched.wire.calls import enqueue_call
@@ -27,14 +30,21 @@ class Batched:
     p99_ms: float
 
 
-def build_us(s: Scheduler, calls: int) -> float:
-    """Microseconds of Python to check one plain task and build its script call, without
-    sending it: what a ``schedule`` costs its caller besides the client library's I/O."""
+def build_us(s: Scheduler, client: redis.Redis, calls: int) -> float:
+    """Microseconds of Python to check one plain task, build its script call and pack it
+    as the bytes the client sends (hiredis packs where installed), without sending it:
+    what a ``schedule`` costs its caller besides the round trip."""
     options = {"fn": NOOP, "args": [1]}
-    started = time.thread_time()
-    for i in range(calls):
-        enqueue_call(s.keys, [task_spec(f"p{i}", options)], s.max_payload_bytes)
-    return (time.thread_time() - started) / calls * 1e6
+    function = scripts.function_name("enqueue")
+    connection: Any = client.connection_pool.get_connection()
+    try:
+        started = time.thread_time()
+        for i in range(calls):
+            call = enqueue_call(s.keys, [task_spec(f"p{i}", options)], s.max_payload_bytes)
+            connection.pack_command("FCALL", function, len(call.keys), *call.keys, *call.args)
+        return (time.thread_time() - started) / calls * 1e6
+    finally:
+        client.connection_pool.release(connection)
 
 
 def one_call_cpu_us(s: Scheduler, prefix: str, calls: int) -> float:
