@@ -117,6 +117,28 @@ def deliver(
     return outcomes
 
 
+class Settles(Protocol):
+    """Where one caller's outcome goes: a ``concurrent.futures`` or an asyncio future."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Admitted, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
+
+
+def settle(batch: Sequence[Waiting[Any]], outcomes: list[Outcome]) -> None:
+    """Give each caller of ``batch`` its outcome (a caller gone already is skipped)."""
+    for waiting, outcome in zip(batch, outcomes, strict=True):
+        done: Settles = waiting.done
+        if done.done():
+            continue  # its caller was cancelled
+        if isinstance(outcome, BaseException):
+            done.set_exception(outcome)
+        else:
+            done.set_result(outcome)
+
+
 class BatchingProducer:
     """``schedule`` from many threads, sent in batches (module docs).
 
@@ -192,11 +214,7 @@ class BatchingProducer:
                 except StopIteration as stop:
                     outcomes: list[Outcome] = stop.value
                     break
-            for waiting, outcome in zip(batch, outcomes, strict=True):
-                if isinstance(outcome, BaseException):
-                    waiting.done.set_exception(outcome)
-                else:
-                    waiting.done.set_result(outcome)
+            settle(batch, outcomes)
 
 
 class AsyncBatchingProducer:
@@ -263,10 +281,4 @@ class AsyncBatchingProducer:
                 except StopIteration as stop:
                     outcomes: list[Outcome] = stop.value
                     break
-            for waiting, outcome in zip(batch, outcomes, strict=True):
-                if waiting.done.done():
-                    continue  # its caller was cancelled
-                if isinstance(outcome, BaseException):
-                    waiting.done.set_exception(outcome)
-                else:
-                    waiting.done.set_result(outcome)
+            settle(batch, outcomes)
