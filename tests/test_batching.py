@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -126,8 +127,9 @@ def test_calls_for_one_id_are_applied_in_the_order_they_arrived(scheduler: Sched
             target=lambda: first.append(producer.schedule("x", fn="f", args=[1]))
         )
         thread.start()
-        while not producer._queue:  # the first call is queued before the second is made
-            pass
+        # The first call is made (queued, or already sent) before the second.
+        while not producer._queue and not first:
+            time.sleep(0.001)
         second = producer.schedule("x", fn="f", args=[2])
         thread.join()
     assert second == first[0] + 1
@@ -140,8 +142,8 @@ def test_close_sends_what_was_accepted_and_refuses_later_calls(scheduler: Schedu
     out: list[int] = []
     thread = threading.Thread(target=lambda: out.append(producer.schedule("a", fn="f")))
     thread.start()
-    while not producer._queue:
-        pass
+    while not producer._queue and not out:
+        time.sleep(0.001)
     producer.close()
     thread.join()
     assert scheduler.status("a").version == out[0]
