@@ -24,6 +24,7 @@ SCRIPT_NAMES = (
     "claim",
     "heartbeat",
     "complete",
+    "finish",
     "fail",
     "confirm_cancel",
     "release",

@@ -1,9 +1,6 @@
 -- complete.lua: report a batch of claims as succeeded.
 --
---- @include settle
---- @include reports
---- @include tokens
---- @include attempt
+--- @include succeed
 --- @keys tasks results queue leases finished meta idle
 --- @keys edges deps blocked blockedby propagating states history minutes ranked
 --- @keys waits ended
@@ -47,26 +44,7 @@ return run(function(c)
   local budget = budget_arg(ARGV[1])
   local n = reports_arg(ARGV[2])
   if #ARGV ~= 2 + 4 * n then error({ err = 'BADARG ARGV expected 4 values per report' }) end
-  local now = now_ms(c)
-  local running_before = running_count(c)
-  local ended = {}
-  local reply = each_report(3, 4, n, function(id, t, at, version, attempt)
-    if not t then return unapplied_outcome(id, version, attempt) end
-    leave_running(id, t, now, 'succeeded', nil)
-    end_task(c, id, t, 'succeeded', now)
-    if ARGV[at] ~= '' then
-      redis.call('HSET', k.results, id, 'R' .. ARGV[at])
-    elseif t.attempt > 1 then
-      -- An earlier attempt's error must not show on a task that succeeded. A first
-      -- attempt has none: every new version starts without a result (write_version).
-      redis.call('HDEL', k.results, id)
-    end
-    ended[#ended + 1] = id
-    return 'applied'
-  end)
-  capacity_freed(c, running_before)
-  count_minute('s', #ended, now)
-  reply[1] = settle_after_terminal(c, ended, now, budget)
+  local reply = succeed_reports(c, budget, n)
   end_call(c)
   return reply
 end)

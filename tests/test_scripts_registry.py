@@ -50,6 +50,7 @@ from distsched.wire.calls import (
     expire_call,
     fail_call,
     fairness_call,
+    finish_call,
     fire_call,
     forget_call,
     heartbeat_call,
@@ -79,6 +80,7 @@ from distsched.wire.records import (
     parse_queue_member,
 )
 from distsched.wire.replies import decode_id_list, translate_error
+from distsched.worker.link import WorkerLink
 from tests.conftest import RedisServer
 
 LUA = lua_dir()
@@ -162,6 +164,7 @@ def sample_calls() -> dict[str, Call]:
         "claim": claim_call(keys, "w", 1, 1000),
         "heartbeat": heartbeat_call(keys, [claim], 1000),
         "complete": complete_call(keys, [(claim, None)]),
+        "finish": finish_call(keys, [(claim, None)], claim_call(keys, "w", 1, 1000)),
         "fail": fail_call(keys, [(claim, "x")]),
         "confirm_cancel": confirm_cancel_call(keys, claim),
         "release": release_call(keys, [claim]),
@@ -635,6 +638,9 @@ def lifecycle(s: Scheduler) -> None:
     assert isinstance(a2, Claim) and a2.attempt == 2
     assert s.complete(a2, {"ok": True}) is Outcome.APPLIED
     assert s.complete(a2) is Outcome.DUPLICATE
+    # A report with the next claim in the same call (the worker's way): nothing is due.
+    outcomes, got, _ = WorkerLink(s).complete_and_claim([(a2, b"")], 1, "w")
+    assert (outcomes, got) == ([Outcome.DUPLICATE], [])
     assert s.cancel("b") is State.RUNNING
     assert s.heartbeat(b) is True
     assert s.confirm_cancel(b) is Outcome.APPLIED
@@ -1244,7 +1250,7 @@ def test_the_readme_lists_each_scripts_includes_and_keys_as_its_header_declares(
 def test_the_function_library_is_built_as_the_wire_protocol_document_says() -> None:
     """lua/README.md, "As Redis Functions": rebuilt here from the files and that page."""
     listed = (
-        "schedule enqueue cancel claim heartbeat complete fail confirm_cancel release reap "
+        "schedule enqueue cancel claim heartbeat complete finish fail confirm_cancel release reap "
         "propagate retry add_deps purge forget compact leave recur fire order expire fairness "
         "amend pause progress dep_results waitpoint spawn"
     )

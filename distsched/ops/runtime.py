@@ -51,6 +51,7 @@ from distsched.wire.calls import (
     enqueue_call,
     expire_call,
     fail_call,
+    finish_call,
     forget_call,
     heartbeat_call,
     is_plain,
@@ -83,6 +84,7 @@ from distsched.wire.replies import (
     decode_claim_reply,
     decode_dep_results,
     decode_enqueue_reply,
+    decode_finish_reply,
     decode_outcomes,
     decode_schedule_reply,
 )
@@ -355,6 +357,27 @@ class Runtime(Inspect):
         call = claim_call(self.keys, worker_id, n, self.lease_ms, listening, request_id)
         reply = yield from self.run(call)
         return decode_claim_reply(reply)
+
+    @route.striped
+    def finish(
+        self,
+        reports: Sequence[tuple[Claim, object]],
+        n: int,
+        worker_id: str,
+        listening: bool = False,
+        request_id: str | None = None,
+        encoded: bool = False,
+    ) -> Op[tuple[list[Outcome], list[Claim], Wait | None]]:
+        """Report ``reports`` as succeeded (as :meth:`complete_many`, at most
+        ``MAX_REPORTS_PER_CALL``) and claim up to ``n`` tasks (as :meth:`claim`), in one
+        script call (lua/finish.lua): their outcomes, the claims, and why fewer than ``n``."""
+        if not isinstance(listening, bool):
+            raise InvalidArgument("listening", "must be a bool")
+        if _is_int(n) and n > limits.MAX_CLAIM:
+            n = limits.MAX_CLAIM
+        claim = claim_call(self.keys, worker_id, n, self.lease_ms, listening, request_id)
+        call = finish_call(self.keys, reports, claim, encoded=encoded)
+        return decode_finish_reply(len(reports), (yield from self.run(call)))
 
     @route.by_ids("claims", route.in_order, route.task_id_of, _check_heartbeats)
     def heartbeat_many(self, claims: Sequence[Claim]) -> Op[list[bool | None]]:

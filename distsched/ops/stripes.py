@@ -336,6 +336,26 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
 
     # -------------------------------------------------------------- workers
 
+    def finish(
+        self,
+        reports: Sequence[tuple[Claim, object]],
+        n: int,
+        worker_id: str,
+        listening: bool = False,
+        request_id: str | None = None,
+        encoded: bool = False,
+    ) -> Op[tuple[list[Outcome], list[Claim], Wait | None]]:
+        """One call in a namespace of one stripe; over several, the reports go to their
+        stripes and the claim takes its turn over them, as apart."""
+        stripes = yield from self.resolve()
+        if len(stripes) == 1:
+            return (
+                yield from stripes[0].finish(reports, n, worker_id, listening, request_id, encoded)
+            )
+        outcomes = yield from self.call(Ops.complete_many, reports, encoded)
+        claims, wait = yield from self.claim(n, worker_id, listening, request_id)
+        return outcomes, claims, wait
+
     def claim(
         self, n: int, worker_id: str, listening: bool = False, request_id: str | None = None
     ) -> Op[tuple[list[Claim], Wait | None]]:

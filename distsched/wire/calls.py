@@ -510,6 +510,20 @@ def complete_call(
     )
 
 
+def finish_call(
+    keys: Keys,
+    reports: Sequence[tuple[Claim, object]],
+    claim: Call,
+    encoded: bool = False,
+) -> Call:
+    """The finish script's call (``lua/finish.lua``): ``reports`` as :func:`complete_call`
+    sends them, then the arguments of ``claim`` (a :func:`claim_call`)."""
+    if claim.script != "claim":
+        raise InvalidArgument("claim", "must be a claim call")
+    done = complete_call(keys, reports, encoded)
+    return Call("finish", keys.for_script("finish"), [*done.args, *claim.args])
+
+
 def _spawned_values(spec: object, field_name: str, max_payload_bytes: int) -> list[Any]:
     """One spawned task's values (lua/spawn.lua): a TaskSpec with no dependencies and no
     dedupe or debounce (a spawned id is always new)."""

@@ -514,6 +514,17 @@ _GONE = {
 }
 
 
+def decode_finish_reply(
+    reports: int, values: Sequence[Any]
+) -> tuple[list[Outcome], list[Claim], Wait | None]:
+    """finish.lua's own values: the outcome of each of its ``reports``, then what its claim
+    got (as :func:`decode_claim_reply`)."""
+    if len(values) < reports + 3:
+        raise ScriptError(f"finish: {len(values)} values for {reports} reports and a claim")
+    claims, wait = decode_claim_reply(values[reports:])
+    return decode_outcomes(values[:reports]), claims, wait
+
+
 def stored_outcome(raw: bytes | None) -> tuple[Any, str | None]:
     """(result, error) of a ``results`` entry: ``R`` + msgpack result, ``E`` + error
     text; a result that does not decode or an entry that does not parse is an error."""

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from distsched.client import Scheduler
 from distsched.keys import Keys
-from distsched.model import Claim, DependencyResult, Outcome, WorkerInfo
+from distsched.model import Claim, DependencyResult, Outcome, Wait, WorkerInfo
 from distsched.ops.namespace import Ops
 from distsched.subscription import message_within
 from distsched.wire.calls import IDLE_RECHECK_S
@@ -36,6 +36,22 @@ class WorkerLink:
         """``complete_many`` with results already msgpack-encoded (b"" for none)."""
         s = self.scheduler
         return s._drive(s._ops.call(Ops.complete_many, reports, encoded=True))
+
+    def complete_and_claim(
+        self,
+        reports: Sequence[tuple[Claim, bytes]],
+        n: int,
+        worker_id: str,
+        request_id: str | None = None,
+    ) -> tuple[list[Outcome], list[Claim], Wait | None]:
+        """``complete_encoded`` of ``reports``, then a claim of up to ``n`` tasks for this
+        listening worker, in one call where the namespace has one stripe."""
+        s = self.scheduler
+        return s._drive(
+            s._ops.finish(
+                reports, n, worker_id, listening=True, request_id=request_id, encoded=True
+            )
+        )
 
     def report_progress(self, claim: Claim, fraction: float, note: str) -> Outcome:
         """A running function's progress report (``current_task().report_progress``)."""

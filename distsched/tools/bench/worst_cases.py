@@ -32,6 +32,7 @@ from distsched.wire.calls import (
     enqueue_call,
     expire_call,
     fail_call,
+    finish_call,
     forget_call,
     heartbeat_call,
     leave_call,
@@ -241,7 +242,8 @@ def case_claim(p: Probe) -> None:
 def case_reports(p: Probe) -> None:
     """heartbeat, release, complete, fail: MAX_REPORTS_PER_CALL claims in one call, each
     task with a dependent (settled by the call) and errors of MAX_ERROR_BYTES; then
-    forget and purge of as many terminal tasks as they take."""
+    forget and purge of as many terminal tasks as they take; finish with both halves at
+    their caps."""
     count = p.n(limits.MAX_REPORTS_PER_CALL)
     ids = p.fill("r", count)
     p.one_dependent_each(ids)
@@ -267,6 +269,18 @@ def case_reports(p: Probe) -> None:
     )
     purge = purge_call(p.keys, validate.PURGE_TASKS_MAX, retention_s=0)
     p.measure_call(f"limit {validate.PURGE_TASKS_MAX:,}, {2 * count:,} ended tasks", purge)
+    # Both halves at their caps in one call: as many reports, each releasing a dependent,
+    # then a claim of MAX_CLAIM with that many due tasks behind them.
+    ids = p.fill("g", count)
+    p.one_dependent_each(ids)
+    claims = p.claim_all(count)
+    due = p.n(limits.MAX_CLAIM)
+    p.fill("h", due)
+    claim = claim_call(p.keys, WORKER, limits.MAX_CLAIM, LEASE_MS)
+    both = finish_call(p.keys, [(c, None) for c in claims], claim)
+    p.measure_call(
+        f"{len(claims):,} reports each releasing a dependent, then n={limits.MAX_CLAIM:,}", both
+    )
 
 
 def case_fanout(p: Probe) -> None:
