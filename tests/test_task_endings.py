@@ -22,6 +22,7 @@ from distsched.keys import Keys
 from distsched.ops import protocol
 from distsched.ops.namespace import Ops
 from distsched.wire import calls, records
+from distsched.worker.link import WorkerLink
 from tests.test_scripts_registry import reachable_code
 
 KEY = "tenant"
@@ -111,6 +112,14 @@ def endings() -> list[Ending]:
 
     return [
         Ending("complete", "x", "succeeded", claimed, lambda s: s.complete(claims["x"]), True),
+        Ending(
+            "finish",
+            "x",
+            "succeeded",
+            claimed,
+            lambda s: WorkerLink(s).complete_and_claim([(claims["x"], b"")], 1, "w"),
+            True,
+        ),
         Ending(
             "spawn",
             "x",
