@@ -425,6 +425,16 @@ def namespace_keys(client: redis.Redis, namespace: str) -> dict[bytes, object]:
     return out
 
 
+def script_calls(client: redis.Redis) -> int:
+    """The script calls the server has run so far: FCALL and EVALSHA (and EVAL, and
+    their read-only forms) together, whichever way the scripts are sent."""
+    stats: Any = client.info("commandstats")
+    return sum(
+        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+        for name in ("fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval", "eval_ro")
+    )
+
+
 @contextmanager
 def running(worker: Worker, grace: float = 5.0) -> Iterator[threading.Thread]:
     """Run ``worker`` on its own thread; stop it and check that ``run()`` returned cleanly."""

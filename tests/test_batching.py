@@ -10,25 +10,16 @@ from collections import deque
 from typing import Any
 
 import pytest
-import redis
 
 from distsched import Scheduler, State
 from distsched.aio import AsyncScheduler
 from distsched.batching import Waiting, deliver, next_batch
 from distsched.errors import ClosedError, ConflictError, InvalidArgument, NotFoundError
 from distsched.model import Admitted, TaskSpec
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, script_calls
 
 THREADS = 32
 EACH = 40
-
-
-def script_calls(client: redis.Redis) -> int:
-    stats: Any = client.info("commandstats")
-    return sum(
-        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
-        for name in ("fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval", "eval_ro")
-    )
 
 
 def test_calls_from_many_threads_go_in_fewer_script_calls_each_returning_its_own_version(

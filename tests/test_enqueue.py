@@ -20,7 +20,7 @@ from distsched.keys import Keys
 from distsched.ops import protocol
 from distsched.ops.base import once
 from distsched.wire.calls import Call, enqueue_call, fail_call, schedule_call
-from tests.conftest import RedisServer, namespace_keys
+from tests.conftest import RedisServer, namespace_keys, script_calls
 
 # An epoch-ms instant in the future: 'at' times make the two scripts' writes comparable.
 LATER_MS = 4_000_000_000_000
@@ -44,15 +44,6 @@ def rec(redis_client: redis.Redis, namespace: str) -> Iterator[Recording]:
     s = Recording(redis_client, namespace=namespace)
     yield s
     s.close()
-
-
-def script_commands(client: redis.Redis) -> int:
-    """The script calls the server has run: FCALL, EVALSHA and EVAL together."""
-    stats: Any = client.info("commandstats")
-    return sum(
-        int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
-        for name in ("fcall", "fcall_ro", "evalsha", "evalsha_ro", "eval", "eval_ro")
-    )
 
 
 def send(s: Scheduler, call: Call) -> list[Any]:
@@ -136,9 +127,9 @@ def test_a_plain_schedule_is_one_call_of_the_short_script(
 ) -> None:
     rec.schedule("warm", fn="f")
     rec.calls.clear()
-    before = script_commands(redis_client)
+    before = script_calls(redis_client)
     version = rec.schedule("a", fn="f", args=[1], delay=0)
-    assert script_commands(redis_client) - before == 1
+    assert script_calls(redis_client) - before == 1
     assert rec.calls == ["enqueue"]
     status = rec.status("a")
     assert (status.state, status.version) == (State.READY, version)

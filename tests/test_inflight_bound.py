@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, current_task
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait, Worker, current_task
 from distsched.worker.link import WorkerLink
 from distsched.worker.logs import LOG_QUEUE_MAX, NonBlockingHandler
 from tests.conftest import CLI_COMMAND, REPO_ROOT, RedisServer, running, subprocess_env
@@ -192,11 +192,24 @@ class FailingReports(Scheduler):
 class FailingCompletions(WorkerLink):
     """Completions fail with the other reports of a ``FailingReports`` scheduler."""
 
-    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
+    def cut_off(self) -> None:
         s = self.scheduler
         if isinstance(s, FailingReports) and s.down.is_set():
             raise redis.ConnectionError("reports cut off")
+
+    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
+        self.cut_off()
         return super().complete_encoded(reports)
+
+    def complete_and_claim(
+        self,
+        reports: Sequence[tuple[Claim, bytes]],
+        n: int,
+        worker_id: str,
+        request_id: str | None = None,
+    ) -> tuple[list[Outcome], list[Claim], Wait | None]:
+        self.cut_off()
+        return super().complete_and_claim(reports, n, worker_id, request_id)
 
 
 class FailingReportsWorker(Worker):

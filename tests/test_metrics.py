@@ -231,17 +231,28 @@ def test_a_worker_exports_its_outcomes_latencies_and_the_namespace_gauges(
 
 
 class ReplyLostLink(WorkerLink):
-    """The first completion is applied by Redis but its reply never arrives, as when a
-    connection drops mid-call: the worker sends it again and hears 'duplicate'."""
+    """The first completion (alone or with the worker's next claim) is applied by Redis
+    but its reply never arrives, as when a connection drops mid-call: the worker sends
+    it again and hears 'duplicate'."""
 
     lost = False
 
-    def complete_encoded(self, reports: Any) -> Any:
-        outcomes = super().complete_encoded(reports)
+    def lose_the_first(self) -> None:
         if not self.lost:
             self.lost = True
             raise redis.ConnectionError("connection reset after the reply was sent")
+
+    def complete_encoded(self, reports: Any) -> Any:
+        outcomes = super().complete_encoded(reports)
+        self.lose_the_first()
         return outcomes
+
+    def complete_and_claim(
+        self, reports: Any, n: int, worker_id: str, request_id: str | None = None
+    ) -> Any:
+        replied = super().complete_and_claim(reports, n, worker_id, request_id)
+        self.lose_the_first()
+        return replied
 
 
 class ReplyLostWorker(Worker):

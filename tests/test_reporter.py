@@ -11,7 +11,7 @@ from typing import ClassVar
 import pytest
 import redis
 
-from distsched import Claim, Outcome, Scheduler, State, Worker
+from distsched import Claim, Outcome, Scheduler, State, Wait, Worker
 from distsched.errors import ScriptError
 from distsched.keys import Keys
 from distsched.worker.link import WorkerLink
@@ -60,15 +60,29 @@ def test_an_outcome_redis_refuses_is_sent_again_until_applied_not_dropped(
 
 
 class RefusingLink(WorkerLink):
-    """Refuses every completion batch that holds a task named in ``refused``."""
+    """Refuses every completion batch that holds a task named in ``refused``, whether
+    it is sent alone or with the worker's next claim."""
 
     refused: ClassVar[set[str]] = set()
 
-    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
+    def refuse(self, reports: Sequence[tuple[Claim, bytes]]) -> None:
         bad = [c.task_id for c, _ in reports if c.task_id in self.refused]
         if bad:
             raise ScriptError(f"CORRUPT task record of {bad[0]}")
+
+    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
+        self.refuse(reports)
         return super().complete_encoded(reports)
+
+    def complete_and_claim(
+        self,
+        reports: Sequence[tuple[Claim, bytes]],
+        n: int,
+        worker_id: str,
+        request_id: str | None = None,
+    ) -> tuple[list[Outcome], list[Claim], Wait | None]:
+        self.refuse(reports)
+        return super().complete_and_claim(reports, n, worker_id, request_id)
 
 
 class RefusingWorker(Worker):

@@ -246,12 +246,18 @@ class Bench:
         return last, problems
 
     def drain(
-        self, section: str, namespace: str, scheduler: Scheduler, ids: Sequence[str], processes: int
+        self,
+        section: str,
+        namespace: str,
+        scheduler: Scheduler,
+        ids: Sequence[str],
+        processes: int,
+        concurrency: int | None = None,
     ) -> dict[str, Any]:
-        """Run queued tasks ``ids`` with worker processes; time from first start to last end."""
-        procs = WorkerProcesses(
-            self.url, namespace, processes, self.config.concurrency, self.workdir
-        )
+        """Run queued tasks ``ids`` with worker processes (of ``concurrency`` threads, the
+        configured number by default); time from first start to last end."""
+        threads = self.config.concurrency if concurrency is None else concurrency
+        procs = WorkerProcesses(self.url, namespace, processes, threads, self.workdir)
         try:
             procs.start()
             cpu_before = self.cpu_us()
@@ -270,7 +276,7 @@ class Bench:
         seconds = end - start
         return {
             "processes": processes,
-            "concurrency": self.config.concurrency,
+            "concurrency": threads,
             "tasks": len(ids),
             "drain_s": seconds,
             "tasks_per_s": len(ids) / seconds if seconds > 0 else None,
