@@ -103,13 +103,9 @@ class ReportingLink(WorkerLink):
         return outcomes
 
     def complete_and_claim(
-        self,
-        reports: Sequence[tuple[Claim, bytes]],
-        n: int,
-        worker_id: str,
-        request_id: str | None = None,
+        self, reports: Sequence[tuple[Claim, bytes]], *claim: Any
     ) -> tuple[list[Outcome], list[Claim], Wait | None]:
-        outcomes, claims, wait = super().complete_and_claim(reports, n, worker_id, request_id)
+        outcomes, claims, wait = super().complete_and_claim(reports, *claim)
         log_reports(self.scheduler, "complete", [claim for claim, _ in reports], outcomes)
         return outcomes, claims, wait
 

@@ -148,13 +148,9 @@ class LosesTheFirstReply(WorkerLink):
     lost = 0
 
     def complete_and_claim(
-        self,
-        reports: Sequence[tuple[Claim, bytes]],
-        n: int,
-        worker_id: str,
-        request_id: str | None = None,
+        self, reports: Sequence[tuple[Claim, bytes]], *claim: Any
     ) -> tuple[list[Outcome], list[Claim], Wait | None]:
-        replied = super().complete_and_claim(reports, n, worker_id, request_id)
+        replied = super().complete_and_claim(reports, *claim)
         if not LosesTheFirstReply.lost and replied[1]:
             LosesTheFirstReply.lost = len(replied[1])
             raise redis.ConnectionError("connection reset after the reply was sent")

@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -202,14 +203,10 @@ class FailingCompletions(WorkerLink):
         return super().complete_encoded(reports)
 
     def complete_and_claim(
-        self,
-        reports: Sequence[tuple[Claim, bytes]],
-        n: int,
-        worker_id: str,
-        request_id: str | None = None,
+        self, reports: Sequence[tuple[Claim, bytes]], *claim: Any
     ) -> tuple[list[Outcome], list[Claim], Wait | None]:
         self.cut_off()
-        return super().complete_and_claim(reports, n, worker_id, request_id)
+        return super().complete_and_claim(reports, *claim)
 
 
 class FailingReportsWorker(Worker):

@@ -247,10 +247,8 @@ class ReplyLostLink(WorkerLink):
         self.lose_the_first()
         return outcomes
 
-    def complete_and_claim(
-        self, reports: Any, n: int, worker_id: str, request_id: str | None = None
-    ) -> Any:
-        replied = super().complete_and_claim(reports, n, worker_id, request_id)
+    def complete_and_claim(self, reports: Any, *claim: Any) -> Any:
+        replied = super().complete_and_claim(reports, *claim)
         self.lose_the_first()
         return replied
 

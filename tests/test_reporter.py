@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 import redis
@@ -75,14 +75,10 @@ class RefusingLink(WorkerLink):
         return super().complete_encoded(reports)
 
     def complete_and_claim(
-        self,
-        reports: Sequence[tuple[Claim, bytes]],
-        n: int,
-        worker_id: str,
-        request_id: str | None = None,
+        self, reports: Sequence[tuple[Claim, bytes]], *claim: Any
     ) -> tuple[list[Outcome], list[Claim], Wait | None]:
         self.refuse(reports)
-        return super().complete_and_claim(reports, n, worker_id, request_id)
+        return super().complete_and_claim(reports, *claim)
 
 
 class RefusingWorker(Worker):

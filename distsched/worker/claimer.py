@@ -7,7 +7,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from distsched.metrics import WorkerMetrics
@@ -74,21 +75,30 @@ class Claimer:
             if n <= 0:
                 return None
             self._short = None
-            request = self.lost or uuid.uuid4().hex
-            started = time.monotonic()
-            try:
+            with self._request() as request:
+                started = time.monotonic()
                 claims, wait = self.scheduler.claim(
                     n, self.worker_id, listening=True, request_id=request
                 )
-            except TRANSIENT:
-                # The call may have run with only its reply lost.
-                self.lost = request
-                raise
-            self.lost = None
-            self.metrics.on_claimed(len(claims), time.monotonic() - started)
-            if claims:
-                self.dispatch(claims)
+            self._took(claims, started)
             return claims, wait, started
+
+    @contextmanager
+    def _request(self) -> Iterator[str]:
+        """The request id of a claim call: the last one's when its reply was lost."""
+        request = self.lost or uuid.uuid4().hex
+        try:
+            yield request
+        except TRANSIENT:
+            # The call may have run with only its reply lost: the next is sent with its id.
+            self.lost = request
+            raise
+        self.lost = None
+
+    def _took(self, claims: list[Claim], started: float) -> None:
+        self.metrics.on_claimed(len(claims), time.monotonic() - started)
+        if claims:
+            self.dispatch(claims)
 
     def take_short(self) -> ShortClaim | None:
         """The answer of a report-and-claim call that came up short since the consumer's
@@ -110,21 +120,14 @@ class Claimer:
             n = self.slots.free_after(jobs)
             if self._left or n <= 0:
                 return None
-            request = self.lost or uuid.uuid4().hex
             # A wake-up from here on may be for something this claim misses.
             self.wake.clear()
-            started = time.monotonic()
-            try:
+            with self._request() as request:
+                started = time.monotonic()
                 outcomes, claims, wait = self.link.complete_and_claim(
                     reports, n, self.worker_id, request
                 )
-            except TRANSIENT:
-                self.lost = request
-                raise
-            self.lost = None
-            self.metrics.on_claimed(len(claims), time.monotonic() - started)
-            if claims:
-                self.dispatch(claims)
+            self._took(claims, started)
             self._short = None if wait is None else ShortClaim(wait, started)
             return outcomes
         finally:
