@@ -35,7 +35,7 @@ from typing import Any
 
 import redis
 
-from distsched import Claim, Outcome, Scheduler, Wait, Worker, current_task
+from distsched import Claim, Outcome, Scheduler, Worker, current_task
 from distsched.client import client_from_url
 from distsched.worker.link import WorkerLink
 
@@ -94,20 +94,12 @@ class ReportingScheduler(Scheduler):
 
 
 class ReportingLink(WorkerLink):
-    """Logs the completions the worker sends pre-encoded, alone or with its next
-    claim, with their answers."""
+    """Logs the completions the worker sends pre-encoded, with their answers."""
 
     def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
         outcomes = super().complete_encoded(reports)
         log_reports(self.scheduler, "complete", [claim for claim, _ in reports], outcomes)
         return outcomes
-
-    def complete_and_claim(
-        self, reports: Sequence[tuple[Claim, bytes]], *claim: Any
-    ) -> tuple[list[Outcome], list[Claim], Wait | None]:
-        outcomes, claims, wait = super().complete_and_claim(reports, *claim)
-        log_reports(self.scheduler, "complete", [claim for claim, _ in reports], outcomes)
-        return outcomes, claims, wait
 
 
 class ReportingWorker(Worker):

@@ -141,8 +141,7 @@ def check_profile(report: dict[str, Any], tasks: int) -> None:
     schedule, drain = profile["schedule"], profile["drain"]
     # A plain task takes the short script, one call each.
     assert schedule["scripts"]["enqueue"]["calls"] == tasks
-    # Succeeded tasks are reported by the calls that claim the next ones.
-    assert {"claim", "finish"} <= set(drain["scripts"])
+    assert {"claim", "complete"} <= set(drain["scripts"])
     assert drain["exactly_once_problems"] == []
     for phase in (schedule, drain):
         total = sum(script["us"] for script in phase["scripts"].values())
@@ -154,7 +153,7 @@ def check_profile(report: dict[str, Any], tasks: int) -> None:
     assert "schedule: Redis time per call (enqueue)" in names
     assert "  of which the script's own Lua" in names
     assert any(name.startswith("drain: claim (") for name in names), names
-    assert any(name.startswith("drain: finish (") for name in names), names
+    assert any(name.startswith("drain: complete (") for name in names), names
     assert "  Lua of the scripts, per drained task" in names
 
 

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import redis
 
-from distsched import Scheduler, State, TaskSpec, Wait, Worker, current_task
+from distsched import Scheduler, State, TaskSpec
 from distsched.errors import InvalidArgument
 from distsched.model import Claim, Outcome, WaitReason
 from distsched.ops.base import once
 from distsched.wire.calls import Call, claim_call, finish_call
 from distsched.wire.replies import decode_finish_reply
-from distsched.worker.link import WorkerLink
-from tests.cluster_fixtures import wait_until
-from tests.conftest import RedisServer, running, script_calls
+from tests.conftest import script_calls
 
 
 def finish(
@@ -110,73 +107,3 @@ def test_a_fair_namespace_claims_by_key_after_the_report(scheduler: Scheduler) -
     _, outcomes, claims, _ = finish(scheduler, [(first, None)], 2)
     assert outcomes == [Outcome.APPLIED]
     assert sorted(c.key for c in claims if c.key) == ["x", "y"]
-
-
-# --------------------------------------------------------------------------- the worker
-
-# The script calls of a worker's life besides its claims and reports: the announcement
-# of its functions, its registry entry and its removal, leaving the idle set, a first
-# heartbeat, the claim that finds the queue empty.
-WORKER_CALLS = 12
-
-
-def test_a_one_thread_worker_spends_one_script_call_per_succeeded_task(
-    own_redis: RedisServer,
-) -> None:
-    """Each report claims the next task: one round trip per task, not a claim and a
-    report; and every task still runs exactly once."""
-    client = own_redis.client()
-    n = 60
-    ran: list[str] = []
-    with Scheduler.from_url(own_redis.url, namespace="w", lease_s=30.0) as s:
-        s.schedule_many([TaskSpec(f"t{i}", "f") for i in range(n)])
-        worker = Worker(s, {"f": lambda: ran.append(current_task().task_id)}, concurrency=1)
-        before = script_calls(client)
-        worker.run_until_idle()
-        calls = script_calls(client) - before
-        assert sorted(ran) == sorted(f"t{i}" for i in range(n))
-        assert s.stats()["counts"]["succeeded"] == n
-    assert worker.counts["succeeded"] == n
-    assert calls <= n + WORKER_CALLS, f"{calls} script calls for {n} tasks"
-    client.close()
-
-
-class LosesTheFirstReply(WorkerLink):
-    """The first report-and-claim call runs in Redis (its report applied, its tasks
-    claimed) but its reply never arrives, as when the connection drops mid-call."""
-
-    lost = 0
-
-    def complete_and_claim(
-        self, reports: Sequence[tuple[Claim, bytes]], *claim: Any
-    ) -> tuple[list[Outcome], list[Claim], Wait | None]:
-        replied = super().complete_and_claim(reports, *claim)
-        if not LosesTheFirstReply.lost and replied[1]:
-            LosesTheFirstReply.lost = len(replied[1])
-            raise redis.ConnectionError("connection reset after the reply was sent")
-        return replied
-
-
-class LosingWorker(Worker):
-    link_class = LosesTheFirstReply
-
-
-def test_tasks_claimed_by_a_report_whose_reply_was_lost_run_at_once_not_after_their_lease(
-    redis_server: RedisServer, namespace: str
-) -> None:
-    """The next claim is sent with the lost call's request id: it answers with the tasks
-    that call claimed, which run then, each once; nothing waits for a lease to lapse."""
-    LosesTheFirstReply.lost = 0
-    ran: list[str] = []
-    with Scheduler.from_url(redis_server.url, namespace=namespace, lease_s=60.0) as s:
-        ids = [f"t{i}" for i in range(8)]
-        s.schedule_many([TaskSpec(i, "f") for i in ids])
-        worker = LosingWorker(s, {"f": lambda: ran.append(current_task().task_id)}, concurrency=2)
-        with running(worker):
-            wait_until(
-                lambda: all(s.status(i).state is State.SUCCEEDED for i in ids), 15,
-                "every task to succeed well within its 60 s lease",
-            )  # fmt: skip
-        assert LosesTheFirstReply.lost > 0
-        assert sorted(ran) == sorted(ids)
-        assert all(s.status(i).attempt == 1 for i in ids)

@@ -11,12 +11,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Wait, Worker, current_task
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, current_task
 from distsched.worker.link import WorkerLink
 from distsched.worker.logs import LOG_QUEUE_MAX, NonBlockingHandler
 from tests.conftest import CLI_COMMAND, REPO_ROOT, RedisServer, running, subprocess_env
@@ -193,20 +192,11 @@ class FailingReports(Scheduler):
 class FailingCompletions(WorkerLink):
     """Completions fail with the other reports of a ``FailingReports`` scheduler."""
 
-    def cut_off(self) -> None:
+    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
         s = self.scheduler
         if isinstance(s, FailingReports) and s.down.is_set():
             raise redis.ConnectionError("reports cut off")
-
-    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
-        self.cut_off()
         return super().complete_encoded(reports)
-
-    def complete_and_claim(
-        self, reports: Sequence[tuple[Claim, bytes]], *claim: Any
-    ) -> tuple[list[Outcome], list[Claim], Wait | None]:
-        self.cut_off()
-        return super().complete_and_claim(reports, *claim)
 
 
 class FailingReportsWorker(Worker):

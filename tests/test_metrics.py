@@ -231,26 +231,17 @@ def test_a_worker_exports_its_outcomes_latencies_and_the_namespace_gauges(
 
 
 class ReplyLostLink(WorkerLink):
-    """The first completion (alone or with the worker's next claim) is applied by Redis
-    but its reply never arrives, as when a connection drops mid-call: the worker sends
-    it again and hears 'duplicate'."""
+    """The first completion is applied by Redis but its reply never arrives, as when a
+    connection drops mid-call: the worker sends it again and hears 'duplicate'."""
 
     lost = False
 
-    def lose_the_first(self) -> None:
+    def complete_encoded(self, reports: Any) -> Any:
+        outcomes = super().complete_encoded(reports)
         if not self.lost:
             self.lost = True
             raise redis.ConnectionError("connection reset after the reply was sent")
-
-    def complete_encoded(self, reports: Any) -> Any:
-        outcomes = super().complete_encoded(reports)
-        self.lose_the_first()
         return outcomes
-
-    def complete_and_claim(self, reports: Any, *claim: Any) -> Any:
-        replied = super().complete_and_claim(reports, *claim)
-        self.lose_the_first()
-        return replied
 
 
 class ReplyLostWorker(Worker):

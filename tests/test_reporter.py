@@ -6,12 +6,12 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import pytest
 import redis
 
-from distsched import Claim, Outcome, Scheduler, State, Wait, Worker
+from distsched import Claim, Outcome, Scheduler, State, Worker
 from distsched.errors import ScriptError
 from distsched.keys import Keys
 from distsched.worker.link import WorkerLink
@@ -60,25 +60,15 @@ def test_an_outcome_redis_refuses_is_sent_again_until_applied_not_dropped(
 
 
 class RefusingLink(WorkerLink):
-    """Refuses every completion batch that holds a task named in ``refused``, whether
-    it is sent alone or with the worker's next claim."""
+    """Refuses every completion batch that holds a task named in ``refused``."""
 
     refused: ClassVar[set[str]] = set()
 
-    def refuse(self, reports: Sequence[tuple[Claim, bytes]]) -> None:
+    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
         bad = [c.task_id for c, _ in reports if c.task_id in self.refused]
         if bad:
             raise ScriptError(f"CORRUPT task record of {bad[0]}")
-
-    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
-        self.refuse(reports)
         return super().complete_encoded(reports)
-
-    def complete_and_claim(
-        self, reports: Sequence[tuple[Claim, bytes]], *claim: Any
-    ) -> tuple[list[Outcome], list[Claim], Wait | None]:
-        self.refuse(reports)
-        return super().complete_and_claim(reports, *claim)
 
 
 class RefusingWorker(Worker):

@@ -13,9 +13,7 @@ A :class:`Worker` is made of small parts, one job each, most on a thread of its 
   :class:`~distsched.worker.execution.Runner`, which calls the worker's hooks
   (:mod:`distsched.hooks`) around each run and turns the end of any run into its
   report;
-- :class:`~distsched.worker.reports.Reporter`: sends outcomes in batches; a batch of
-  successes claims the slots it frees in the same call, through the
-  :class:`~distsched.worker.claimer.Claimer` that all claims of the worker go through;
+- :class:`~distsched.worker.reports.Reporter`: sends outcomes in batches;
 - :class:`~distsched.worker.listener.Listener`: the wake-up subscription, and cancel
   requests delivered at once;
 - :class:`~distsched.worker.heartbeat.Heartbeat`: leases, cancel and lease-loss
@@ -51,7 +49,6 @@ from distsched.hooks import HookChain, validate_hooks
 from distsched.metrics import WorkerMetrics
 from distsched.model import Duration
 from distsched.tasks import TaskHandle, Tasks, served_functions
-from distsched.worker.claimer import Claimer
 from distsched.worker.common import TRANSIENT
 from distsched.worker.consumer import Consumer
 from distsched.worker.execution import (
@@ -279,10 +276,7 @@ class Worker:
         self._slots = Slots(concurrency, max_unsent)
         link = self.link_class(scheduler)
         self._served = ServedFunctions(link, self.functions, self.unserved_timeout)
-        self._claimer = Claimer(
-            link, self.worker_id, self._slots, self.metrics, self._stopping, self._wake
-        )
-        self._reporter = Reporter(link, self._slots, self.metrics, self._served, self._claimer)
+        self._reporter = Reporter(link, self._slots, self.metrics, self._served)
         self._registration = Registration(
             link, self.worker_id, self.functions, concurrency, self.heartbeat_s, self._slots
         )
@@ -327,7 +321,6 @@ class Worker:
             self.metrics,
             self._stopping,
             self._wake,
-            self._claimer,
         )
         self._signals = SignalHandlers(
             self.worker_id, self.stop, self._grace_now, lambda: len(self._slots.held())

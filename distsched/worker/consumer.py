@@ -7,14 +7,14 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
-from distsched.model import Claim, Wait, WaitReason
+from distsched.model import Claim, WaitReason
 from distsched.wire.calls import IDLE_RECHECK_S
-from distsched.worker.claimer import Claimer
 from distsched.worker.common import TRANSIENT, backoff
 from distsched.worker.execution import LoopPool, ThreadPool
 from distsched.worker.jobs import Phase, Slots
@@ -51,10 +51,6 @@ class Consumer:
     event (set by the listener when a script sends it ``ready``), with the server's
     delay hint as timeout when it is the one idle worker waiting for the next entry,
     and at most ``IDLE_RECHECK_S``.
-
-    Slots that succeeded tasks free are claimed by the reports of those tasks (see
-    :class:`~distsched.worker.claimer.Claimer`): the consumer claims for them only once
-    those reports were sent, and waits on a report's answer when it came up short.
     """
 
     def __init__(
@@ -69,7 +65,6 @@ class Consumer:
         metrics: WorkerMetrics,
         stopping: threading.Event,
         wake: threading.Event,
-        claimer: Claimer,
     ) -> None:
         self.link = link
         self.scheduler = link.scheduler
@@ -82,8 +77,8 @@ class Consumer:
         self.metrics = metrics
         self.stopping = stopping
         self.wake = wake
-        self.claimer = claimer
-        claimer.dispatch = self.dispatch_many
+        # The request id of the last claim call when its reply never came.
+        self.lost: str | None = None
         self.fire_retry = backoff()
         self.fruitless = 0
         # Which functions are ``async def`` (asked once per name).
@@ -101,39 +96,40 @@ class Consumer:
     def _claim_loop(self) -> None:
         retry = backoff()
         while not self.stopping.is_set():
-            self.wait_free()
+            free = self.wait_free()
             if self.stopping.is_set():
                 break
-            short = self.claimer.take_short()
-            if short is not None:
-                # A report claimed for these slots since, and came up short: its answer
-                # is this loop's, as if its own claim had come up short.
-                claims: list[Claim] = []
-                wait: Wait | None = short.wait
-                started = short.sent
-            else:
-                # A wake-up from here on means the claim below may have missed something.
-                self.wake.clear()
-                try:
-                    claimed = self.claimer.claim()
-                except ClosedError:
-                    break
-                except TRANSIENT as exc:
-                    pause = next(retry)
-                    log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
-                    self.stopping.wait(pause)
-                    continue
-                except Exception:
-                    # Not a passing fault (an ACL refusal, a script error): the worker stays
-                    # up, and tries again after a pause, which grows while the error lasts.
-                    pause = next(retry)
-                    log.exception("claim failed; retrying in %.2fs", pause)
-                    self.stopping.wait(pause)
-                    continue
-                retry = backoff()
-                if claimed is None:
-                    continue
-                claims, wait, started = claimed
+            # A wake-up from here on means the claim below may have missed something.
+            self.wake.clear()
+            # A call whose reply never came is sent again as it was: if it ran, the
+            # script answers with the tasks it claimed then, instead of claiming more.
+            request = self.lost or uuid.uuid4().hex
+            try:
+                started = time.monotonic()
+                claims, wait = self.scheduler.claim(
+                    free, self.worker_id, listening=True, request_id=request
+                )
+                self.metrics.on_claimed(len(claims), time.monotonic() - started)
+                self.lost = None
+            except ClosedError:
+                break
+            except TRANSIENT as exc:
+                # The call may have run with only its reply lost.
+                self.lost = request
+                pause = next(retry)
+                log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
+                self.stopping.wait(pause)
+                continue
+            except Exception:
+                # Not a passing fault (an ACL refusal, a script error): the worker stays
+                # up, and tries again after a pause, which grows while the error lasts.
+                pause = next(retry)
+                log.exception("claim failed; retrying in %.2fs", pause)
+                self.stopping.wait(pause)
+                continue
+            retry = backoff()
+            if claims:
+                self.dispatch_many(claims)
             if wait is not None and wait.reason is WaitReason.FIRE:
                 # A schedule's slot is due: every worker that sees it may fire it (one
                 # wins each slot), then claims again, the slot's task among the rest.
@@ -203,9 +199,14 @@ class Consumer:
 
     def leave(self) -> None:
         """Take this worker out of the idle set, so that no wake-up is sent to it any more,
-        and hand back what a claim whose reply was lost took."""
+        and drop the tokens its last claim kept (handing them back if its reply was lost)."""
         try:
-            self.claimer.leave()
+            if self.lost is not None:
+                # Stopping before a lost claim reply was recovered: hand its tasks back.
+                self.link.hand_back_lost_claim(self.worker_id, self.lost)
+                self.lost = None
+            # If it was the one idle worker waiting for the next entry, that passes on.
+            self.scheduler.leave(self.worker_id)
         except Exception as exc:
             # Its entry expires by itself within wire.calls.IDLE_MS.
             log.warning("could not leave the idle set: %s", exc)

@@ -389,7 +389,7 @@ class Runner:
     def _report(self, job: Job, ended: _Ended) -> None:
         # The slot is free first: the report may land (and the job be let go) at once.
         # The job is held, and heartbeated, until then.
-        self.slots.end(job, claims_next=ended.kind is ReportKind.COMPLETE)
+        self.slots.end(job)
         try:
             self.metrics.on_finished(job.claim, ended.duration)
         except Exception:

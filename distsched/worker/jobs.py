@@ -12,17 +12,11 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from distsched.context import StopReason, TaskContext
 from distsched.model import Claim
-
-# How long the slots that succeeded tasks free are left to their reports, which claim
-# them in the same call (lua/finish.lua), before the consumer claims them itself. A
-# report goes out within a round trip; this is for a reporter held up.
-REPORT_CLAIM_WAIT_S = 0.2
 
 
 class Phase(enum.Enum):
@@ -45,9 +39,6 @@ class Job:
     # Set when its report is on the wire: a heartbeat that then finds the token gone
     # most likely raced with that very report, not with a lost lease.
     sent: bool = False
-    # Its function succeeded and its report will claim the worker's next tasks: until
-    # that report is sent, the consumer leaves the free slots to it.
-    claims_next: bool = False
 
     def __post_init__(self) -> None:
         self.ctx = TaskContext(self.claim)
@@ -72,9 +63,6 @@ class Slots:
         self.cond = threading.Condition()
         self._jobs: dict[tuple[str, int, int], Job] = {}
         self._in_phase = dict.fromkeys(Phase, 0)
-        # When each job with ``claims_next`` whose report was not sent yet ended, oldest
-        # first (by token).
-        self._claiming: OrderedDict[tuple[str, int, int], float] = OrderedDict()
         self.peak_running = 0
         # Functions still running after their attempt was reported timed out: each
         # keeps its slot until it returns (a thread cannot be killed).
@@ -130,35 +118,11 @@ class Slots:
             self.peak_running = max(self.peak_running, self._in_phase[Phase.RUNNING])
             return True
 
-    def end(self, job: Job, claims_next: bool = False) -> None:
-        """The function returned: its slot is free; the job stays until its report lands.
-        With ``claims_next`` its report will claim the next tasks (one call for both), so
-        the consumer does not claim for the free slots until that report was sent."""
+    def end(self, job: Job) -> None:
+        """The function returned: its slot is free; the job stays until its report lands."""
         with self.cond:
             if job.phase is Phase.RUNNING and job.claim.token in self._jobs:
-                if claims_next:
-                    job.claims_next = True
-                    self._claiming[job.claim.token] = time.monotonic()
                 self._move(job, Phase.REPORTING)
-
-    def reports_sent(self, jobs: Iterable[Job]) -> None:
-        """The reports of ``jobs`` were sent, whatever the answer: the consumer claims
-        again for the slots they did not fill."""
-        with self.cond:
-            for job in jobs:
-                if job.claims_next:
-                    job.claims_next = False
-                    self._claiming.pop(job.claim.token, None)
-            self.cond.notify_all()
-
-    def free_after(self, jobs: Iterable[Job]) -> int:
-        """The free slots once the functions of ``jobs`` have all returned: what a report
-        of theirs may claim."""
-        with self.cond:
-            returning = sum(
-                1 for j in jobs if j.phase is Phase.RUNNING and j.claim.token in self._jobs
-            )
-            return max(0, self._free() + returning)
 
     def overran(self, job: Job) -> None:
         """``job``'s function outlived its time limit: its attempt is being reported, and
@@ -181,9 +145,6 @@ class Slots:
             for job in jobs:
                 if self._jobs.pop(job.claim.token, None) is not None:
                     self._in_phase[job.phase] -= 1
-                if job.claims_next:
-                    job.claims_next = False
-                    self._claiming.pop(job.claim.token, None)
             self.cond.notify_all()
 
     def release_unstarted(self) -> list[Job]:
@@ -264,34 +225,16 @@ class Slots:
 
     # -- waiting
 
-    def _left_to_reports(self, now: float) -> float:
-        """How much longer the free slots are left to the reports that will claim them
-        (0: the consumer claims them)."""
-        if not self._claiming:
-            return 0.0
-        oldest = next(iter(self._claiming.values()))
-        return max(0.0, oldest + REPORT_CLAIM_WAIT_S - now)
-
     def wait_free(self, stopping: threading.Event, limit: float | None = None) -> int:
-        """Block until a slot is free for the consumer to claim, ``stopping`` is set or
-        ``limit`` seconds passed; return the free slots (0 when none came in time).
-
-        Slots that succeeded tasks free are left to their reports, which claim them in
-        the same call, for up to ``REPORT_CLAIM_WAIT_S``: a reporter held up (a slow
-        log sink, Redis refusing its calls) does not hold the claims up longer."""
+        """Block until a slot is free, ``stopping`` is set or ``limit`` seconds passed;
+        return the free slots (0 when none came in time)."""
         deadline = None if limit is None else time.monotonic() + limit
         with self.cond:
-            while not stopping.is_set():
-                now = time.monotonic()
-                deferred = self._left_to_reports(now)
-                if self._free() > 0 and not deferred:
-                    break
-                left = 1.0 if deadline is None else min(1.0, deadline - now)
+            while self._free() <= 0 and not stopping.is_set():
+                left = 1.0 if deadline is None else min(1.0, deadline - time.monotonic())
                 if left <= 0:
                     break
-                self.cond.wait(min(left, deferred) if deferred else left)
-            if self._left_to_reports(time.monotonic()):
-                return 0
+                self.cond.wait(left)
             return max(0, self._free())
 
     def wait_idle(self, timeout: float) -> bool:

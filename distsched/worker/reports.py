@@ -16,11 +16,9 @@ from redis.exceptions import RedisClusterException
 
 from distsched.context import TaskContext
 from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgument, LeaseLost
-from distsched.limits import MAX_REPORTS_PER_CALL
 from distsched.metrics import WorkerMetrics
 from distsched.model import Claim, Outcome, Spawn, State
 from distsched.wire import payload
-from distsched.worker.claimer import Claimer
 from distsched.worker.common import RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
 from distsched.worker.jobs import Job, Slots
 from distsched.worker.link import WorkerLink
@@ -250,11 +248,8 @@ class Reporter:
         slots: Slots,
         metrics: WorkerMetrics,
         served: ServedFunctions,
-        claimer: Claimer | None = None,
     ) -> None:
         self.link = link
-        # Claims the next tasks with the reports of succeeded ones (None: reports only).
-        self.claimer = claimer
         self.scheduler = link.scheduler
         self.slots = slots
         self.metrics = metrics
@@ -316,11 +311,6 @@ class Reporter:
                 log.exception("sending reports failed")
                 self._waiting.extend(due)
                 self._waiting.extend(_Waiting(r, time.monotonic() + RETRY_MAX_S) for r in fresh)
-            finally:
-                # Sent once, whatever came of it: the consumer claims for the slots that
-                # these reports did not fill (those sent again later claim nothing).
-                if fresh:
-                    self.slots.reports_sent(r.job for r in fresh)
             if stop is not None:
                 if not self._waiting and self._queue.empty():
                     return
@@ -386,9 +376,9 @@ class Reporter:
             if kind is ReportKind.CONFIRM_CANCEL or kind is ReportKind.SPAWN:
                 batches.extend([r] for r in reports)
             else:
-                # Successes go by the most one report-and-claim call takes.
-                size = MAX_REPORTS_PER_CALL if kind is ReportKind.COMPLETE else REPORT_BATCH
-                batches.extend(reports[i : i + size] for i in range(0, len(reports), size))
+                batches.extend(
+                    reports[i : i + REPORT_BATCH] for i in range(0, len(reports), REPORT_BATCH)
+                )
         for batch in batches:
             self._send(batch, [tries.get(id(r)) for r in batch])
 
@@ -527,13 +517,7 @@ class Reporter:
     def _call(self, kind: ReportKind, reports: list[Report]) -> list[Outcome]:
         s = self.scheduler
         if kind is ReportKind.COMPLETE:
-            encoded = _encoded_results(reports)
-            if self.claimer is not None:
-                # The slots these tasks free are claimed in the same call, when that can be.
-                outcomes = self.claimer.report_and_claim(encoded, [r.job for r in reports])
-                if outcomes is not None:
-                    return outcomes
-            return self.link.complete_encoded(encoded)
+            return self.link.complete_encoded(_encoded_results(reports))
         if kind is ReportKind.SPAWN:
             return [s.spawn(reports[0].job.claim, cast(Spawn, reports[0].value))]
         if kind is ReportKind.FAIL:

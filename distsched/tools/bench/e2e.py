@@ -5,15 +5,7 @@ from __future__ import annotations
 from distsched.tools.bench.harness import Bench
 from distsched.tools.bench.procs import ANOOP, NOOP
 
-# One thread: a task costs one call (its report claims the next) and the next task runs
-# while that call is out, so the rate is near one task per sequential script call.
-ONE_THREAD_TARGET = ">= 0.8x seq EVALSHA"
-
-
-def _met(ratio: float, rate: float, threads: int) -> bool:
-    if threads == 1:
-        return ratio >= 0.8
-    return rate >= 27_000 and ratio >= 3.5
+TARGET = ">= 27,000/s and >= 3.5x seq EVALSHA"
 
 
 def run(bench: Bench) -> None:
@@ -31,13 +23,13 @@ def run(bench: Bench) -> None:
     ):
         kind = "async def" if fn == ANOOP else "def"
         label = f"{processes} worker process{'es' if processes > 1 else ''}, {kind}"
-        target = ">= 27,000/s and >= 3.5x seq EVALSHA"
+        target: str | None = TARGET
         tasks = cfg.tasks
         if threads == 1:
-            # One task at a time: each costs at least a round trip, so this run says
-            # how many a task costs (one claim and one report, or one call for both).
+            # One task at a time: what one task costs on its own, the claim, the run and
+            # the report in turn (no target: the figure to compare the others with).
             label += ", 1 thread"
-            target = ONE_THREAD_TARGET
+            target = None
             tasks = max(1, cfg.tasks // 3)
         namespace = bench.namespace(f"e2e{processes}{fn}{threads}")
         with bench.scheduler(namespace) as s:
@@ -62,7 +54,7 @@ def run(bench: Bench) -> None:
             ratio=ratio,
             ratio_to="seq EVALSHA",
             target=target,
-            met=None if ratio is None else _met(ratio, rate, threads),
+            met=None if ratio is None or target is None else rate >= 27_000 and ratio >= 3.5,
             cpu_us=cpu,
         )
         bench.row_at_most("e2e", f"  Redis CPU per drained task ({label})", cpu, "us", 12.0)
