@@ -129,7 +129,7 @@ class LocalCluster:
                     # Replicas in sync at once, not after the default 5 s of waiting.
                     "--repl-diskless-sync-delay", "0",
                     *tls_args,
-                    port=free_port() if tls is not None else cluster_port(),
+                    pick_port=free_port if tls is not None else cluster_port,
                 )  # fmt: skip
                 self.nodes.append(Node(server, tls_port=tls_port))
             self.redis_cli(

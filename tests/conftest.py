@@ -189,6 +189,10 @@ def _die_with_parent() -> Callable[[], None] | None:
 _PR_SET_PDEATHSIG = 1
 
 
+# How many ports a RedisServer tries before it gives up.
+PORT_TRIES = 5
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -204,23 +208,40 @@ class RedisServer:
         port: int | None = None,
         appendonly: bool = False,
         config: Path | None = None,
+        pick_port: Callable[[], int] = free_port,
     ) -> None:
         """``config`` is a configuration file to start with; its persistence settings
-        then stand (else: no snapshots, AOF as ``appendonly`` says)."""
+        then stand (else: no snapshots, AOF as ``appendonly`` says). Without ``port`` it
+        listens on one ``pick_port`` gives, another if that one is taken meanwhile."""
         self.binary = require_redis_server()
         self.config = config
-        self.port = port or free_port()
+        self.port = port or pick_port()
         self.dir = Path(tempfile.mkdtemp(prefix="distsched-redis-"))
         self.extra = list(extra)
         self.appendonly = appendonly
         self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
+        for _ in range(PORT_TRIES):
+            if self._start_once():
+                return
+            if port:
+                break
+            self.port = pick_port()
+        raise RuntimeError(f"port {self.port} is taken by another server")
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
+        """Start the server again on its port (after :meth:`stop` or :meth:`kill`)."""
+        if not self._start_once():
+            raise RuntimeError(f"port {self.port} is taken by another server")
+
+    def _start_once(self) -> bool:
+        """Start the server; False when another one answers on its port. A port found
+        free may be taken by another process before the server binds it (a test run
+        beside another on one machine), and a ping would then reach that one: the
+        process id tells them apart."""
         persistence = ["--save", "", "--appendonly", "yes" if self.appendonly else "no"]
         args = [
             self.binary,
@@ -245,12 +266,20 @@ class RedisServer:
         while True:
             try:
                 with self._admin() as admin:
-                    admin.ping()
-                return
+                    pid = int(admin.info("server")["process_id"])
             except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server on port {self.port} did not start") from None
-                time.sleep(0.02)
+                pid = None
+            if pid == self.proc.pid:
+                return True
+            if pid is not None or self.proc.poll() is not None:
+                # Another server answers there, or ours exited (its port was taken).
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                self.proc.wait(10)
+                return False
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {self.port} did not start")
+            time.sleep(0.02)
 
     def _admin(self) -> redis.Redis:
         # No retries: redis-py's default policy retries a refused connection for seconds,

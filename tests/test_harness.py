@@ -66,3 +66,34 @@ def test_a_missing_extra_skips_with_its_name_outside_ci(monkeypatch: pytest.Monk
 
 def test_an_installed_extra_is_returned_as_its_module() -> None:
     assert require_extra("json") is json
+
+
+def test_a_server_whose_port_another_takes_first_moves_to_a_port_of_its_own() -> None:
+    """Two test runs on one machine: a port found free is taken by the other's server
+    before this one binds it. The ping would reach the other server; the process id
+    tells them apart, and this one starts again elsewhere."""
+    other = conftest.RedisServer()
+    ports = iter([other.port, conftest.free_port()])
+    server = conftest.RedisServer(pick_port=lambda: next(ports))
+    try:
+        assert server.port != other.port
+        assert server.proc is not None
+        with server.client() as client:
+            assert int(client.info("server")["process_id"]) == server.proc.pid
+        with other.client() as client:
+            assert client.ping()
+    finally:
+        server.close()
+        other.close()
+
+
+def test_a_server_restarted_on_its_own_port_refuses_a_port_another_took() -> None:
+    server = conftest.RedisServer()
+    server.stop()
+    other = conftest.RedisServer(port=server.port)
+    try:
+        with pytest.raises(RuntimeError, match="taken by another server"):
+            server.start()
+    finally:
+        other.close()
+        server.close()
