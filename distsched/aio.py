@@ -14,6 +14,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis.asyncio as aredis
+from redis.asyncio.cluster import ClusterNode
 from redis.exceptions import RedisClusterException, RedisError
 
 from distsched import limits, model, validate
@@ -90,7 +91,12 @@ class AsyncScheduler(BaseScheduler):
         stripes: int | None = None,
     ) -> AsyncScheduler:
         """See :meth:`Scheduler.from_url`."""
-        client = client_from_url(url, aredis.Redis.from_url, aredis.RedisCluster.from_url)
+        client = client_from_url(
+            url,
+            aredis.Redis.from_url,
+            aredis.RedisCluster.from_url,
+            ClusterNode,
+        )
         scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes, stripes)
         scheduler._owns_client = True
         return scheduler

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -100,13 +101,20 @@ class BaseScheduler:
             raise ClosedError("the scheduler is closed")
 
 
-def client_from_url(url: str, single: Any, cluster: Any) -> Any:
-    """A redis-py client for ``url`` (validated): ``single(url)``, or ``cluster(seed)`` for
-    a ``redis+cluster://`` / ``rediss+cluster://`` URL (sync or asyncio factories)."""
+def client_from_url(url: str, single: Any, cluster: Any, node: Any) -> Any:
+    """A redis-py client for ``url`` (validated): ``single(url)``, or for a
+    ``redis+cluster://`` / ``rediss+cluster://`` URL ``cluster(first seed's URL,
+    startup_nodes=[node(host, port) of each other seed])`` (sync or asyncio classes)."""
     url = validate.validate_url(url)
-    seed = validate.cluster_seed(url)
+    seeds = validate.cluster_seeds(url)
     try:
-        return single(url) if seed is None else cluster(seed)
+        if seeds is None:
+            return single(url)
+        others = []
+        for seed in seeds[1:]:
+            parsed = urllib.parse.urlsplit(seed)
+            others.append(node(parsed.hostname, parsed.port or 6379))
+        return cluster(seeds[0], startup_nodes=others) if others else cluster(seeds[0])
     except ValueError as exc:
         raise InvalidArgument("url", str(exc)) from None
 
@@ -161,7 +169,7 @@ class Scheduler(BaseScheduler):
         ``redis+cluster://host:port`` and ``rediss+cluster://`` a Redis Cluster through
         any one of its nodes. User names and passwords go in the URL as usual.
         """
-        client = client_from_url(url, redis.Redis.from_url, RedisCluster.from_url)
+        client = client_from_url(url, redis.Redis.from_url, RedisCluster.from_url, ClusterNode)
         try:
             scheduler = cls(client, namespace, lease_s, max_running, max_payload_bytes, stripes)
         except BaseException:

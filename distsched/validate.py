@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeGuard
 
@@ -248,12 +249,36 @@ CLUSTER_SCHEMES = {"redis+cluster://": "redis://", "rediss+cluster://": "rediss:
 URL_SCHEMES = ("redis://", "rediss://", "unix://", *CLUSTER_SCHEMES)
 
 
-def cluster_seed(url: str) -> str | None:
-    """The plain ``redis://``/``rediss://`` URL of a cluster URL's seed node, else None."""
+# One seed of a cluster URL: a host name, an IPv4 address or a bracketed IPv6 one, with
+# an optional port.
+_SEED = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+)(:[0-9]{1,5})?")
+
+
+def cluster_seeds(url: str) -> list[str] | None:
+    """The plain ``redis://``/``rediss://`` URL of each seed node of a cluster URL, else
+    None. Several seeds go comma-separated where one host would
+    (``redis+cluster://user:pw@h1:7000,h2:7000/0?opt=1``); each gets the user
+    information, path and query of the URL."""
     for scheme, plain in CLUSTER_SCHEMES.items():
         if url.startswith(scheme):
-            return plain + url[len(scheme) :]
+            rest = url[len(scheme) :]
+            end = min((i for i in map(rest.find, "/?#") if i != -1), default=len(rest))
+            userinfo, at, hosts = rest[:end].rpartition("@")
+            prefix = plain + userinfo + at
+            seeds = hosts.split(",")
+            for seed in seeds:
+                if not _SEED.fullmatch(seed):
+                    raise InvalidArgument(
+                        "url", f"each seed of a cluster URL is host or host:port, got {seed!r}"
+                    )
+            return [prefix + seed + rest[end:] for seed in seeds]
     return None
+
+
+def cluster_seed(url: str) -> str | None:
+    """The plain URL of a cluster URL's first seed node, else None."""
+    seeds = cluster_seeds(url)
+    return None if seeds is None else seeds[0]
 
 
 def validate_url(url: object) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -11,10 +12,12 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster
 
-from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, scripts
+from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, scripts, validate
 from distsched.aio import AsyncScheduler
+from distsched.errors import InvalidArgument
 from distsched.keys import Keys
 from tests.cluster_fixtures import LocalCluster, close_cluster_client
+from tests.conftest import free_port
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +125,48 @@ def test_both_schedulers_reach_a_cluster_through_one_seed_node_url(
             assert (await a.stats())["counts"]["cancelled"] == 1
 
     asyncio.run(story())
+
+
+def test_both_schedulers_reach_a_cluster_through_any_live_seed_of_a_url_listing_several(
+    cluster: RedisCluster,
+) -> None:
+    """Seeds go comma-separated where one host would; the first here answers nothing."""
+    dead = free_port()
+    seed = cluster.get_nodes()[0]  # type: ignore[no-untyped-call]
+    url = f"redis+cluster://127.0.0.1:{dead},{seed.host}:{seed.port}/0"
+    with Scheduler.from_url(url, namespace="seeds") as s:
+        s.schedule("a", fn="f")
+        assert s.status("a").state is State.READY
+
+    async def story() -> None:
+        async with AsyncScheduler.from_url(url, namespace="seeds") as a:
+            assert await a.cancel("a") is State.CANCELLED
+
+    asyncio.run(story())
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("redis+cluster://h1:7000,,h2:7000", "got ''"),
+        ("redis+cluster://h1:7000,h2:port", "got 'h2:port'"),
+        ("redis+cluster://h1:7000,[::1:7000", "got '[::1:7000'"),
+    ],
+)
+def test_a_cluster_url_with_a_malformed_seed_is_refused_naming_the_url(url: str, why: str) -> None:
+    with pytest.raises(
+        InvalidArgument, match=f"url: each seed of a cluster URL .*{re.escape(why)}"
+    ):
+        Scheduler.from_url(url)
+
+
+def test_each_seed_of_a_cluster_url_keeps_its_user_path_and_query() -> None:
+    url = "rediss+cluster://u:p%40w@h1:7000,[::1]:7001,h3/0?ssl_ca_certs=/ca.crt"
+    assert validate.cluster_seeds(url) == [
+        "rediss://u:p%40w@h1:7000/0?ssl_ca_certs=/ca.crt",
+        "rediss://u:p%40w@[::1]:7001/0?ssl_ca_certs=/ca.crt",
+        "rediss://u:p%40w@h3/0?ssl_ca_certs=/ca.crt",
+    ]
 
 
 def test_a_worker_on_a_cluster_fires_a_schedule_each_slot_once(cluster: RedisCluster) -> None:

@@ -24,10 +24,12 @@ from typing import Any, NoReturn
 
 import msgpack
 import pytest
+import redis
 
 from distsched import Scheduler, State, Worker, scripts, validate
 from distsched.keys import KEY_NAMES, MAX_NAMESPACE_BYTES, Keys
-from tests.conftest import IN_CI, RedisServer, running, stored_payload
+from tests.cluster_fixtures import LocalCluster, close_cluster_client
+from tests.conftest import IN_CI, RedisServer, free_port, running, stored_payload
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 NODE_TIMEOUT_S = 60
@@ -58,9 +60,9 @@ def node() -> str:
     return node_bin
 
 
-def run_producer(node: str, server: RedisServer, namespace: str, mode: str) -> dict[str, Any]:
+def run_producer(node: str, url: str, namespace: str, mode: str) -> dict[str, Any]:
     proc = subprocess.run(
-        [node, str(NODE_DIR / "producer.js"), server.url, namespace, mode],
+        [node, str(NODE_DIR / "producer.js"), url, namespace, mode],
         cwd=NODE_DIR,
         capture_output=True,
         text=True,
@@ -81,8 +83,34 @@ def wait_until(done: Callable[[], bool], seconds: float = 30.0) -> None:
 def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_runs(
     node: str, own_redis: RedisServer
 ) -> None:
-    namespace = "node"
-    enqueued = run_producer(node, own_redis, namespace, "enqueue")
+    client = own_redis.client()
+    try:
+        check_node_producer(node, own_redis.url, client, "node")
+    finally:
+        client.close()
+
+
+def test_the_node_producer_works_against_a_redis_cluster_given_two_seeds_one_of_them_down(
+    node: str,
+) -> None:
+    """Scripts loaded on NOSCRIPT on every master, MOVED followed by the client, and a
+    cluster URL of several seeds: the first names no live node."""
+    cluster = LocalCluster(masters=3, replicas=0)
+    try:
+        url = f"redis+cluster://127.0.0.1:{free_port()},{cluster.seed.address}"
+        client = redis.RedisCluster(host="127.0.0.1", port=cluster.seed.port)
+        try:
+            check_node_producer(node, url, client, "node")
+        finally:
+            close_cluster_client(client)
+    finally:
+        cluster.close()
+
+
+def check_node_producer(
+    node: str, url: str, client: redis.Redis | redis.RedisCluster, namespace: str
+) -> None:
+    enqueued = run_producer(node, url, namespace, "enqueue")
 
     versions = enqueued["versions"]
     assert versions["sum"] < versions["hi"] < versions["bare"] < versions["parent"]
@@ -126,11 +154,7 @@ def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_run
     assert refusals["kwargs"]["message"] == "BADARG payload of odd field kwargs must be a map"
     assert enqueued["unchanged_after_refusals"] is True
     # `bare` was sent with kwargs undefined, which the encoder wrote as nil.
-    client = own_redis.client()
-    try:
-        raw: Any = stored_payload(client, Keys(namespace), "bare")
-    finally:
-        client.close()
+    raw: Any = stored_payload(client, Keys(namespace), "bare")
     assert msgpack.unpackb(raw, raw=False) == {"fn": "add", "args": [4, 5], "kwargs": None}
 
     received: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
@@ -147,7 +171,7 @@ def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_run
         return f"hello {kwargs['name']}"
 
     ran = ("sum", "hi", "bare", "parent", "child", "gate")
-    s = Scheduler.from_url(own_redis.url, namespace=namespace, lease_s=5.0)
+    s = Scheduler.from_url(url, namespace=namespace, lease_s=5.0)
     try:
         worker = Worker(s, {"add": add, "greet": greet}, concurrency=2)
         with running(worker):
@@ -172,7 +196,7 @@ def test_a_node_producer_following_the_document_enqueues_tasks_that_a_worker_run
     order = [args for _, args, _ in received]
     assert order.index((1,)) < order.index((7,))
 
-    report = run_producer(node, own_redis, namespace, "report")
+    report = run_producer(node, url, namespace, "report")
     states = {task: record["state"] for task, record in report["records"].items()}
     assert states == {
         "sum": "s", "hi": "s", "bare": "s", "parent": "s", "child": "s", "gate": "s",

@@ -100,8 +100,13 @@ class Producer {
     } catch (err) {
       if (!String(err.message).startsWith('NOSCRIPT')) throw err;
       this.counts.noscript += 1;
-      const sha = await this.redis.script('LOAD', s.text);
-      if (sha !== s.sha) throw new Error(`SCRIPT LOAD of ${name} returned ${sha}, expected ${s.sha}`);
+      // On a cluster the script goes to every master: the one that answered is among them,
+      // and a failover or a reshard may move the namespace's slot to any other.
+      const nodes = this.redis instanceof Redis.Cluster ? this.redis.nodes('master') : [this.redis];
+      for (const node of nodes) {
+        const sha = await node.script('LOAD', s.text);
+        if (sha !== s.sha) throw new Error(`SCRIPT LOAD of ${name} returned ${sha}, expected ${s.sha}`);
+      }
       return this.redis.evalsha(s.sha, s.keys.length, ...s.keys, ...args);
     }
   }
@@ -289,14 +294,36 @@ async function report(p) {
   return out;
 }
 
+// A client for a redis:// URL, or for a Redis Cluster given as
+// redis+cluster://[user:password@]host:port[,host:port...]: ioredis follows MOVED and ASK
+// itself, and every key of a namespace is in one slot (its {namespace} hash tag).
+function connect(url) {
+  // No retries behind the caller's back: a failed call must show.
+  const options = { maxRetriesPerRequest: 0, enableOfflineQueue: true, lazyConnect: true };
+  const cluster = /^(rediss?)\+cluster:\/\/(?:([^@/]*)@)?([^/?]+)/.exec(url);
+  if (!cluster) return new Redis(url, options);
+  const [, scheme, auth, hosts] = cluster;
+  const seeds = hosts.split(',').map((hostPort) => {
+    const at = hostPort.lastIndexOf(':');
+    return { host: hostPort.slice(0, at).replace(/^\[|\]$/g, ''), port: Number(hostPort.slice(at + 1)) };
+  });
+  const redisOptions = { ...options };
+  if (auth) {
+    const [username, password] = auth.includes(':') ? auth.split(/:(.*)/s) : [undefined, auth];
+    if (username) redisOptions.username = decodeURIComponent(username);
+    redisOptions.password = decodeURIComponent(password);
+  }
+  if (scheme === 'rediss') redisOptions.tls = {};
+  return new Redis.Cluster(seeds, { redisOptions, enableOfflineQueue: true, lazyConnect: true });
+}
+
 async function main() {
   const [url, namespace, mode] = process.argv.slice(2);
   if (!url || !namespace || !['enqueue', 'report'].includes(mode)) {
     process.stderr.write('usage: node producer.js <redis url> <namespace> enqueue|report\n');
     process.exit(2);
   }
-  // No retries behind the caller's back: a failed call must show.
-  const redis = new Redis(url, { maxRetriesPerRequest: 0, enableOfflineQueue: true, lazyConnect: true });
+  const redis = connect(url);
   await redis.connect();
   try {
     const p = new Producer(redis, namespace);
