@@ -119,9 +119,9 @@ return run(function(c)
   local added, states = {}, {}
   for i = 4, #ARGV do
     local d = ARGV[i]
-    if d == id then error({ err = 'BADARG deps: ' .. id .. ' depends on itself' }) end
+    if d == id then error({ err = 'BADARG deps ' .. id .. ' depends on itself' }) end
     if seen[d] or (not deps and has_edge_to(d, id)) then
-      error({ err = 'BADARG deps: ' .. d .. ' is already a dependency' })
+      error({ err = 'BADARG deps ' .. d .. ' is already a dependency' })
     end
     seen[d] = true
     local dt = load_given(d)

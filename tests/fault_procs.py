@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     ns = args.namespace
     pid = os.getpid()
     # A redis+cluster:// URL names a Redis Cluster (the striped recurring test's).
-    client = client_from_url(args.url, redis.Redis.from_url, redis.RedisCluster.from_url)
+    client = client_from_url(
+        args.url, redis.Redis.from_url, redis.RedisCluster.from_url, redis.cluster.ClusterNode
+    )
     s = ReportingScheduler(client, namespace=ns, lease_s=args.lease)
 
     def token() -> str:

@@ -1383,3 +1383,20 @@ def test_the_call_examples_of_the_wire_protocol_name_the_keys_each_script_declar
         named = re.findall(r"ds:\{NS\}:(\w+)", block)
         assert int(count) == len(named), name
         assert tuple(named) == scripts.script_keys(name), name
+
+
+# An error a script raises: a code in capitals, then for BADARG the field (a word, no
+# punctuation of its own) and the reason, the one shape every client reads.
+_RAISED = re.compile(r"err = '(BADARG) ([^' ]*)")
+
+
+def test_every_bad_argument_a_script_raises_names_its_field_in_one_shape() -> None:
+    """``-BADARG <field> <why>``: a field followed by a colon (``deps:``) would be read as
+    another field by a client that splits on the first space."""
+    shapes = []
+    for path in sorted(Path(str(lua_dir())).rglob("*.lua")):
+        for code, field in _RAISED.findall(path.read_text("utf-8")):
+            shapes.append((path.name, code, field))
+    assert shapes, "no BADARG found: the pattern no longer matches the scripts"
+    odd = [s for s in shapes if s[2] and not re.fullmatch(r"[A-Za-z_][A-Za-z_0-9.]*", s[2])]
+    assert odd == []

@@ -418,7 +418,7 @@ def _bad_argument(rest: str) -> Exception:
     if field_name == "payload" and detail.endswith("(payload_max)"):
         # Over the namespace's stored limit, lower than this client's own.
         return PayloadTooLarge("payload", detail)
-    return InvalidArgument(field_name.rstrip(":"), detail)
+    return InvalidArgument(field_name, detail)
 
 
 def _not_found(rest: str) -> Exception:
