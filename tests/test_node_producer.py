@@ -28,6 +28,7 @@ import redis
 
 from distsched import Scheduler, State, Worker, scripts, validate
 from distsched.keys import KEY_NAMES, MAX_NAMESPACE_BYTES, Keys
+from distsched.lua_files import SCRIPT_NAMES, script_keys
 from tests.cluster_fixtures import LocalCluster, close_cluster_client
 from tests.conftest import IN_CI, RedisServer, free_port, running, stored_payload
 
@@ -246,6 +247,21 @@ def test_the_document_describes_every_key_of_a_namespace() -> None:
         assert f"| `{getattr(keys, name)}` |" in data, name
     described = re.findall(r"^\| `ds:\{NS\}:(\w+)` \|", data, re.M)
     assert sorted(described) == sorted(names)
+
+
+def test_the_keys_table_and_every_call_example_give_each_script_its_own_keys() -> None:
+    """What a producer copies from the page: the KEYS of each script in order, and the
+    number of keys of every ``EVALSHA``/``FCALL`` line shown."""
+    table = dict(re.findall(r"^\| ((?:`\w+`(?:, )?)+) \| ([a-z ]+) \|$", README, re.M))
+    listed: dict[str, tuple[str, ...]] = {}
+    for names, keys in table.items():
+        for name in re.findall(r"`(\w+)`", names):
+            listed[name] = tuple(keys.split())
+    assert {n: listed.get(n) for n in SCRIPT_NAMES} == {n: script_keys(n) for n in SCRIPT_NAMES}
+    examples = re.findall(r"EVALSHA <(\w+) sha> (\d+) ", README)
+    assert examples, "no EVALSHA example found: the pattern no longer matches the page"
+    for name, count in examples:
+        assert int(count) == len(script_keys(name)), name
 
 
 def test_the_document_names_every_meta_field_the_scripts_use() -> None:
