@@ -15,22 +15,27 @@ compose files and manifests are checked for structure only (``kubectl apply
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from distsched import Scheduler, State
+from distsched import Scheduler, State, TaskSpec
+from distsched.exporter import serve_depth
 from distsched.text import parse_duration
 from tests.cluster_fixtures import require_redis_cli, wait_until
 from tests.conftest import (
     IN_CI,
     REPO_ROOT,
+    RedisServer,
     require_extra,
     require_redis_server,
     subprocess_env,
@@ -267,6 +272,78 @@ def test_the_dashboard_actions_overlay_takes_its_token_from_a_secret() -> None:
         "DISTSCHED_REDIS_URL": {"name": "distsched-redis", "key": "url"},
         "DISTSCHED_DASHBOARD_TOKEN": {"name": "distsched-dashboard", "key": "token"},
     }
+
+
+K8S_AUTOSCALE = DEPLOY / "k8s" / "autoscale"
+
+
+def scaled_object_trigger() -> dict[str, Any]:
+    (trigger,) = k8s_objects(K8S_AUTOSCALE)[("ScaledObject", "distsched-worker")]["spec"][
+        "triggers"
+    ]
+    metadata: dict[str, Any] = trigger["metadata"]
+    return metadata
+
+
+def test_keda_scales_the_workers_from_zero_on_what_the_exporter_serves() -> None:
+    objects = {**k8s_objects(K8S_BASE), **k8s_objects(K8S_AUTOSCALE)}
+    scaled = objects[("ScaledObject", "distsched-worker")]["spec"]
+    worker = objects[("Deployment", scaled["scaleTargetRef"]["name"])]
+    assert scaled["minReplicaCount"] == 0
+    (trigger,) = scaled["triggers"]
+    assert trigger["type"] == "metrics-api"
+    # The URL reaches the exporter's Service, whose port leads to the exporter's port.
+    url = urllib.parse.urlsplit(trigger["metadata"]["url"])
+    service = objects[("Service", url.hostname)]["spec"]
+    (port,) = service["ports"]
+    assert url.port == port["port"] and url.path == "/depth"
+    exporter = objects[("Deployment", "distsched-exporter")]["spec"]["template"]
+    assert service["selector"] == exporter["metadata"]["labels"]
+    (container,) = exporter["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert int(str(option(container["args"], "--port"))) == ports[port["targetPort"]]
+    assert container["args"][0] == "exporter" and option(container["args"], "--bind") == "0.0.0.0"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/depth"
+    # The namespace the workers serve, the busy count, one worker per --concurrency tasks.
+    namespace = env_file(K8S_BASE / "config.env")["DISTSCHED_NAMESPACE"]
+    assert trigger["metadata"]["valueLocation"] == f"namespaces.{namespace}.busy"
+    (worker_container,) = worker["spec"]["template"]["spec"]["containers"]
+    concurrency = option(worker_container["args"], "--concurrency")
+    assert trigger["metadata"]["targetValue"] == concurrency
+    # The exporter is held to what every container of the base is.
+    assert exporter["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["resources"]["requests"]["cpu"]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    url_env = {e["name"]: e for e in container["env"]}["DISTSCHED_REDIS_URL"]
+    assert url_env["valueFrom"]["secretKeyRef"] == {"name": "distsched-redis", "key": "url"}
+
+
+def test_the_value_keda_reads_is_a_number_the_exporter_serves(own_redis: RedisServer) -> None:
+    """valueLocation, read as KEDA reads it (a dotted path into the JSON), on a real
+    exporter of the namespace the workers serve."""
+    namespace = env_file(K8S_BASE / "config.env")["DISTSCHED_NAMESPACE"]
+    with Scheduler.from_url(own_redis.url, namespace=namespace) as s:
+        s.schedule_many([TaskSpec(f"t{i}", "f") for i in range(3)])
+        server = serve_depth([s], 0)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/depth") as response:
+                value: Any = json.load(response)
+        finally:
+            server.close()
+    for part in scaled_object_trigger()["valueLocation"].split("."):
+        value = value[part]
+    assert value == 3
+
+
+def test_kubectl_kustomize_builds_the_autoscale_overlay_on_the_base() -> None:
+    docs = rendered(K8S_AUTOSCALE)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == [
+        "ConfigMap", "Deployment", "Deployment", "Deployment", "ScaledObject", "Service",
+        "Service",
+    ]  # fmt: skip
+    for d in docs:
+        assert d["metadata"]["labels"]["app.kubernetes.io/part-of"] == "distsched"
 
 
 # ------------------------------------------------------------------------ secrets

@@ -115,6 +115,7 @@ LAYERS: list[set[str]] = [
         "distsched.batching",
         "distsched.context",
         "distsched.metrics",
+        "distsched.exporter",
         "distsched.hooks",
         "distsched.otel",
         "distsched.subscription",
