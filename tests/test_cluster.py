@@ -16,7 +16,8 @@ from distsched import Claim, Outcome, Scheduler, State, TaskSpec, Worker, script
 from distsched.aio import AsyncScheduler
 from distsched.errors import InvalidArgument
 from distsched.keys import Keys
-from tests.cluster_fixtures import LocalCluster, close_cluster_client
+from distsched.ops.protocol import NOT_RUN_WAIT_S
+from tests.cluster_fixtures import LocalCluster, close_cluster_client, namespace_in_slot
 from tests.conftest import free_port
 
 
@@ -167,6 +168,47 @@ def test_each_seed_of_a_cluster_url_keeps_its_user_path_and_query() -> None:
         "rediss://u:p%40w@[::1]:7001/0?ssl_ca_certs=/ca.crt",
         "rediss://u:p%40w@h3/0?ssl_ca_certs=/ca.crt",
     ]
+
+
+def test_schedules_wait_for_a_slot_on_the_move_instead_of_failing_and_each_lands_once(
+    three_masters: LocalCluster,
+) -> None:
+    """While the namespace's keys move one by one to another master, a script call meets
+    TRYAGAIN (some of its keys are not on the old owner): it is sent again until the
+    slot has moved, within NOT_RUN_WAIT_S, and runs once."""
+    source = three_masters.masters()[0]
+    target = three_masters.masters()[1]
+    namespace = namespace_in_slot(three_masters.first_slot(source), "move")
+    slot = three_masters.slot_of(namespace)
+    with Scheduler.from_url(three_masters.url, namespace=namespace) as s:
+        s.schedule_many([TaskSpec(f"before{i}", "f") for i in range(3)])
+        s.schedule("dep", fn="f", deps=["before0"])  # the graph's keys move too
+        moved: list[int] = []
+        moving = threading.Thread(
+            target=three_masters.migrate_slot_slowly,
+            args=(slot, target, 0.3, moved.append),
+            daemon=True,
+        )
+        moving.start()
+        versions: list[int] = []
+        slowest = 0.0
+        while moving.is_alive():
+            started = time.monotonic()
+            versions.append(s.schedule(f"during{len(versions)}", fn="f"))
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.05)
+        moving.join()
+        assert three_masters.owner(slot) is target and len(moved) >= 5
+        assert versions == sorted(versions)
+        # A script names keys that do not exist yet, so the slot's old owner answers
+        # TRYAGAIN for the whole window: a call sent then waited (longer than one key's
+        # move) for the slot to land, and did not fail.
+        assert slowest > 0.3
+        assert slowest < NOT_RUN_WAIT_S
+        for i in range(len(versions)):
+            info = s.status(f"during{i}")
+            assert (info.state, info.version) == (State.READY, versions[i])
+        assert s.stats()["counts"]["ready"] == 3 + len(versions)
 
 
 def test_a_worker_on_a_cluster_fires_a_schedule_each_slot_once(cluster: RedisCluster) -> None:

@@ -20,7 +20,15 @@ from distsched.errors import BusyError, InvalidArgument, ScriptError, Unavailabl
 from distsched.keys import Keys
 from distsched.model import Admitted, Claim, TaskSpec, Wait
 from distsched.ops import routing as route
-from distsched.ops.protocol import READ_RETRY_PAUSES, Commands, Op, Sleep
+from distsched.ops.protocol import (
+    NOT_RUN_PAUSES_S,
+    NOT_RUN_WAIT_S,
+    READ_RETRY_PAUSES,
+    Commands,
+    Op,
+    Sleep,
+    not_run,
+)
 from distsched.validate import _is_int, task_spec
 from distsched.wire.calls import PROPAGATE_BUDGET, Call, propagate_call
 from distsched.wire.payload import _bytes
@@ -104,13 +112,24 @@ class Base(Shortcuts):
         """Run one script; settle the dependents it left; return its own values.
 
         A task still settling its dependents cannot get a new version (``BUSY``):
-        settle and send again, which always makes progress.
+        settle and send again, which always makes progress. A call refused before it
+        ran while a cluster moves the namespace's slot or fails over (``TRYAGAIN``,
+        ``CLUSTERDOWN``, ...) is sent again after a pause, for up to ``NOT_RUN_WAIT_S``
+        in all, instead of failing at once.
         """
+        waited, pause = 0.0, NOT_RUN_PAUSES_S[0]
         while True:
             try:
                 reply = yield call
             except BusyError:
                 yield from self.settle(PROPAGATE_BUDGET)
+                continue
+            except Unavailable as exc:
+                if not not_run(exc) or waited >= NOT_RUN_WAIT_S:
+                    raise
+                yield Sleep(pause)
+                waited += pause
+                pause = min(pause * 2, NOT_RUN_PAUSES_S[1])
                 continue
             left, values = split_reply(call.script, reply)
             if left > 0:

@@ -85,6 +85,38 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+# Of those, the refusals of a call that did not run: the keys' slot is on the move
+# (TRYAGAIN, a redirection the client did not follow), the cluster or the master is down
+# (CLUSTERDOWN, MASTERDOWN), the node is a replica now (READONLY), or loading its data.
+# Sent again, such a call runs once at most.
+NOT_RUN_ERRORS: tuple[type[Exception], ...] = (
+    redis_exceptions.TryAgainError,
+    redis_exceptions.AskError,
+    redis_exceptions.ClusterDownError,
+    redis_exceptions.SlotNotCoveredError,
+    redis_exceptions.ReadOnlyError,
+    redis_exceptions.BusyLoadingError,
+)
+
+# How long a script call refused without running waits for its slot, in all, sent again
+# after pauses doubling from the first to the last: past it, Unavailable is raised.
+NOT_RUN_WAIT_S = 10.0
+NOT_RUN_PAUSES_S = (0.05, 0.5)
+
+
+def not_run(exc: BaseException) -> bool:
+    """Whether ``exc`` (an :class:`Unavailable` raised inside an operation) says the
+    call was refused before it ran, so that sending it again is safe."""
+    if not isinstance(exc, Unavailable):
+        return False
+    cause = exc.__cause__
+    # The cluster client gives up after as many redirections and TRYAGAIN answers as it
+    # follows ("TTL exhausted"): each of them was a refusal too (a lost connection is
+    # raised as such, never counted there).
+    exhausted = isinstance(cause, redis_exceptions.ClusterError) and "TTL exhausted" in str(cause)
+    return exhausted or isinstance(cause, NOT_RUN_ERRORS)
+
+
 def failure(exc: Exception) -> Failure:
     """The error a refused or failed request raises inside its operation.
 
