@@ -167,7 +167,9 @@ class Scheduler(BaseScheduler):
 
         ``redis://``, ``rediss://`` (TLS) and ``unix://`` name one server;
         ``redis+cluster://host:port`` and ``rediss+cluster://`` a Redis Cluster through
-        any one of its nodes. User names and passwords go in the URL as usual.
+        any one of its nodes, or through any of several listed comma-separated
+        (``redis+cluster://h1:7000,h2:7000``). User names and passwords go in the URL as
+        usual.
         """
         client = client_from_url(url, redis.Redis.from_url, RedisCluster.from_url, ClusterNode)
         try:
