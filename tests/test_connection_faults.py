@@ -10,6 +10,7 @@ must leave one runnable copy of the task).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,9 +19,11 @@ from typing import Any, cast
 import pytest
 import redis
 
-from distsched import Scheduler, State, Wait
+from distsched import Scheduler, State, TaskSpec, Wait, Worker, current_task
 from distsched.errors import ClosedError, DistschedError, NotFoundError, Unavailable
-from tests.conftest import BlockingAsync, RedisServer
+from distsched.worker.common import RESUME_PROBE_S
+from tests.cluster_fixtures import wait_until
+from tests.conftest import BlockingAsync, RedisServer, running
 from tests.proxy import Proxy
 
 CALL_S = 60.0  # redis-py's own retries of a refused connection take seconds
@@ -142,3 +145,40 @@ def test_a_connection_dropped_mid_call_raises_the_retryable_error_and_a_retry_ke
     claims = [c for c in direct.ready(10, "w") if c.task_id == "t"]
     assert [(c.version, c.args) for c in claims] == [(version, (2,))]
     assert isinstance(direct.next("w2"), Wait)  # no other copy left to claim
+
+
+# ---------------------------------------------------------------------- a worker's resume
+
+
+def test_while_redis_is_away_a_worker_tries_again_within_the_probe_pause_and_runs_on_after(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pauses between a worker's tries stay short however long Redis is away, so it
+    claims again within RESUME_PROBE_S of Redis's return; one warning per outage."""
+    server = RedisServer(appendonly=True)
+    s = Scheduler.from_url(server.url, namespace=namespace, lease_s=10.0)
+    ran: list[str] = []
+
+    def work() -> None:
+        ran.append(current_task().task_id)
+        time.sleep(0.02)
+
+    s.schedule_many([TaskSpec(f"t{i}", "f") for i in range(400)])
+    worker = Worker(s, {"f": work}, concurrency=2)
+    try:
+        with caplog.at_level(logging.DEBUG, "distsched.worker"), running(worker):
+            wait_until(lambda: len(ran) >= 5, 10, "the first tasks to run")
+            server.stop()  # SHUTDOWN: the append-only file keeps every write
+            time.sleep(2.0)
+            server.start()
+            wait_until(lambda: len(ran) >= 400, 60, "every task to run after Redis came back")
+    finally:
+        s.close()
+        server.close()
+    consumer = [r for r in caplog.records if "; retrying in " in r.getMessage()]
+    pauses = [float(r.getMessage().rsplit(" ", 1)[1].rstrip("s")) for r in consumer]
+    assert len(pauses) >= 4, pauses
+    assert max(pauses) <= RESUME_PROBE_S, pauses
+    assert sum(r.levelno >= logging.WARNING for r in consumer) == 1
+    assert any("reachable again after" in r.getMessage() for r in caplog.records)
+    assert sorted(ran) == sorted(f"t{i}" for i in range(400))

@@ -15,7 +15,7 @@ from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.model import Claim, WaitReason
 from distsched.wire.calls import IDLE_RECHECK_S
-from distsched.worker.common import TRANSIENT, backoff
+from distsched.worker.common import TRANSIENT, backoff, probe_backoff
 from distsched.worker.execution import LoopPool, ThreadPool
 from distsched.worker.jobs import Phase, Slots
 from distsched.worker.link import WorkerLink
@@ -95,6 +95,8 @@ class Consumer:
 
     def _claim_loop(self) -> None:
         retry = backoff()
+        unreachable = probe_backoff()
+        outage_since: float | None = None
         while not self.stopping.is_set():
             free = self.wait_free()
             if self.stopping.is_set():
@@ -116,8 +118,16 @@ class Consumer:
             except TRANSIENT as exc:
                 # The call may have run with only its reply lost.
                 self.lost = request
-                pause = next(retry)
-                log.warning("redis unavailable (%s); retrying in %.2fs", exc, pause)
+                pause = next(unreachable)
+                first = outage_since is None
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                log.log(
+                    logging.WARNING if first else logging.DEBUG,
+                    "redis unavailable (%s); retrying in %.2fs",
+                    exc,
+                    pause,
+                )
                 self.stopping.wait(pause)
                 continue
             except Exception:
@@ -128,6 +138,10 @@ class Consumer:
                 self.stopping.wait(pause)
                 continue
             retry = backoff()
+            if outage_since is not None:
+                log.info("redis reachable again after %.1f s", time.monotonic() - outage_since)
+                outage_since = None
+                unreachable = probe_backoff()
             if claims:
                 self.dispatch_many(claims)
             if wait is not None and wait.reason is WaitReason.FIRE:

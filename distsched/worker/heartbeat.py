@@ -16,7 +16,7 @@ from distsched.context import StopReason
 from distsched.errors import ClosedError
 from distsched.metrics import WorkerMetrics
 from distsched.model import WorkerInfo
-from distsched.worker.common import backoff
+from distsched.worker.common import probe_backoff
 from distsched.worker.jobs import Job, Slots
 from distsched.worker.link import WorkerLink
 from distsched.worker.logs import TaskOutcome, task_fields, tasks_log
@@ -164,7 +164,7 @@ class Heartbeat:
 
     def _loop(self) -> None:
         next_beat = time.monotonic() + self.interval
-        retry = backoff()
+        retry = probe_backoff()
         while not self._stop.is_set():
             try:
                 wait = min(next_beat - time.monotonic(), self.served.refresh_due_in())
@@ -174,7 +174,7 @@ class Heartbeat:
                 if self.now.is_set() or time.monotonic() >= next_beat:
                     self.now.clear()
                     if self.beat():
-                        retry = backoff()
+                        retry = probe_backoff()
                         next_beat = time.monotonic() + self.interval
                     else:
                         # Redis is away (a failover takes seconds): try again soon, so

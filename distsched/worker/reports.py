@@ -19,7 +19,7 @@ from distsched.errors import Cancelled, ClosedError, ConflictError, InvalidArgum
 from distsched.metrics import WorkerMetrics
 from distsched.model import Claim, Outcome, Spawn, State
 from distsched.wire import payload
-from distsched.worker.common import RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
+from distsched.worker.common import RESUME_PROBE_S, RETRY_MAX_S, RETRY_MIN_S, TRANSIENT
 from distsched.worker.jobs import Job, Slots
 from distsched.worker.link import WorkerLink
 from distsched.worker.logs import TaskOutcome, error_line, task_fields, tasks_log
@@ -490,7 +490,7 @@ class Reporter:
         """Keep a batch whose send failed, to send again after a pause."""
         now = time.monotonic()
         failures = 1 + max((t.failures for t in tries if t is not None), default=0)
-        cap = RETRY_MAX_S if transient else REFUSED_RETRY_MAX_S
+        cap = RESUME_PROBE_S if transient else REFUSED_RETRY_MAX_S
         pause = min(cap, RETRY_MIN_S * 2 ** min(failures - 1, 20))
         kind = reports[0].kind
         if transient:
