@@ -141,6 +141,7 @@ class LocalCluster:
                     node.node_id = str(admin.execute_command("CLUSTER", "MYID"))
             self.wait_healthy(30)
             self.wait_agreed(30)
+            wait_until(lambda: len(self.masters()) == masters, 30, "the replicas to attach")
             wait_until(self.replicas_in_sync, 30, "the replicas to be in sync")
         except BaseException:
             self.close()
@@ -183,17 +184,6 @@ class LocalCluster:
     def slot_of(self, namespace: str) -> int:
         return int(key_slot(Keys(namespace).meta.encode()))
 
-    def _view(self) -> list[dict[str, str]]:
-        """``CLUSTER NODES`` as seen by a live node, one dict per node."""
-        with self.seed.admin() as admin:
-            text = str(admin.execute_command("CLUSTER", "NODES"))
-        rows = []
-        for line in text.strip().splitlines():
-            parts = line.split()
-            rows.append({"id": parts[0], "flags": parts[2], "master": parts[3],
-                         "slots": " ".join(parts[8:])})  # fmt: skip
-        return rows
-
     def by_id(self, node_id: str) -> Node:
         return next(n for n in self.nodes if n.node_id == node_id)
 
@@ -222,11 +212,37 @@ class LocalCluster:
         return None
 
     def replicas_of(self, master: Node) -> list[Node]:
-        return [self.by_id(row["id"]) for row in self._view() if row["master"] == master.node_id]
+        """The live nodes that say themselves they replicate ``master``."""
+        found = []
+        for node in self.nodes:
+            if not node.alive:
+                continue
+            with node.admin() as admin:
+                try:
+                    role = admin.execute_command("ROLE")
+                except redis.RedisError:
+                    continue
+            if role[0] == "slave" and int(role[2]) == master.port:
+                found.append(node)
+        return found
 
     def masters(self) -> list[Node]:
-        return [self.by_id(r["id"]) for r in self._view()
-                if "master" in r["flags"] and "fail" not in r["flags"]]  # fmt: skip
+        """The live nodes that say themselves they are masters serving slots (another node's
+        view of the flags can lag behind a replica's attachment)."""
+        return [node for node in self.nodes if self._serves_slots(node)]
+
+    @staticmethod
+    def _serves_slots(node: Node) -> bool:
+        if not node.alive:
+            return False
+        with node.admin() as admin:
+            try:
+                if admin.execute_command("ROLE")[0] != "master":
+                    return False
+                shards = admin.execute_command("CLUSTER", "SLOTS")
+            except redis.RedisError:
+                return False
+        return any(int(master[1]) == node.port for _, _, master, *_ in shards)
 
     def healthy(self) -> bool:
         """Every live node says the cluster is ok and agrees on who masters each slot."""
@@ -275,14 +291,23 @@ class LocalCluster:
         node.server.kill()
 
     def migrate_slot_slowly(
-        self, slot: int, target: Node, pause: float, progress: Callable[[int], None] | None = None
+        self,
+        slot: int,
+        target: Node,
+        pause: float,
+        progress: Callable[[int], None] | None = None,
+        window: float | None = None,
     ) -> int:
         """Move ``slot`` to ``target`` by hand with a long MIGRATING window: one key at a
         time with ``pause`` seconds between, then ``CLUSTER SETSLOT NODE`` everywhere.
-        Returns how many keys moved."""
+        With ``window``, the pause shrinks so that the keys the slot holds at the start
+        move within about ``window`` seconds. Returns how many keys moved."""
         source = self.owner(slot)
         assert source.node_id != target.node_id
         with target.admin() as dst, source.admin() as src:
+            if window is not None:
+                held = int(src.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot))
+                pause = min(pause, window / max(held, 1))
             dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
             src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
             moved = 0

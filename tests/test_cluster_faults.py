@@ -384,9 +384,10 @@ def test_a_slow_slot_migration_under_load_stops_no_worker_and_loses_nothing(
         wait_for_runs(fleet, 50, 30)
         operator.start()
         started = time.monotonic()
-        # Seconds of MIGRATING window, shorter than the lease (the namespace holds a dozen
-        # keys or so: one moves per pause).
-        moved = cluster.migrate_slot_slowly(slot, target, pause=0.6)
+        # Seconds of MIGRATING window, kept well under the lease however many keys the
+        # namespace holds by then (one moves per pause): a window longer than the lease
+        # lets leases lapse, and a lapsed lease may run a task again, as promised.
+        moved = cluster.migrate_slot_slowly(slot, target, pause=0.6, window=6.0)
         window = time.monotonic() - started
         assert cluster.owner(slot) is target
         before = len(fleet.runs())
