@@ -106,6 +106,9 @@ class Consumer:
             # A call whose reply never came is sent again as it was: if it ran, the
             # script answers with the tasks it claimed then, instead of claiming more.
             request = self.lost or uuid.uuid4().hex
+            # Until idle: a claim sent while an outcome was on its way may have run before
+            # that outcome made more due, so only a claim sent with nothing held ends it.
+            held_before = self.until_idle and bool(self.slots.held())
             try:
                 started = time.monotonic()
                 claims, wait = self.scheduler.claim(
@@ -153,7 +156,7 @@ class Consumer:
                 self.fruitless = 0
                 self.fire_retry = backoff()
             if self.until_idle and not claims and (wait is None or wait.delay != 0):
-                if not self.slots.held():
+                if not held_before and not self.slots.held():
                     return
                 # Its own tasks still run: their ends may make more due.
                 self.wake.wait(UNTIL_IDLE_POLL_S)
