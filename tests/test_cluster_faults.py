@@ -146,9 +146,12 @@ class Producer:
                 i = 0
                 while not self.stop.is_set():
                     task_id = f"t{i}"
+                    # A completion the dying master acknowledged but never passed to its
+                    # replica is lost with it (replication is asynchronous): the task's
+                    # lease then expires on the new master, and it runs as a new attempt.
                     while True:
                         try:
-                            s.schedule(task_id, fn="record", args=[TASK_MS])
+                            s.schedule(task_id, fn="record", args=[TASK_MS], max_attempts=3)
                             break
                         except redis.ConnectionError:  # Unavailable
                             if self.stop.is_set():
