@@ -197,19 +197,23 @@ class LocalCluster:
     def current_owner(self, slot: int) -> Node | None:
         """The live master that says it serves ``slot``, or None (a failover under way)."""
         for node in self.nodes:
-            if not node.alive:
-                continue
-            with node.admin() as admin:
-                try:
-                    if admin.execute_command("ROLE")[0] != "master":
-                        continue
-                    shards = admin.execute_command("CLUSTER", "SLOTS")
-                except redis.RedisError:
-                    continue
-            for start, end, master, *_ in shards:
-                if start <= slot <= end and int(master[1]) == node.port:
-                    return node
+            if any(start <= slot <= end for start, end in self._own_slots(node)):
+                return node
         return None
+
+    @staticmethod
+    def _own_slots(node: Node) -> list[tuple[int, int]]:
+        """The slot ranges ``node`` says it serves as a live master (none otherwise)."""
+        if not node.alive:
+            return []
+        with node.admin() as admin:
+            try:
+                if admin.execute_command("ROLE")[0] != "master":
+                    return []
+                shards = admin.execute_command("CLUSTER", "SLOTS")
+            except redis.RedisError:
+                return []
+        return [(start, end) for start, end, master, *_ in shards if int(master[1]) == node.port]
 
     def replicas_of(self, master: Node) -> list[Node]:
         """The live nodes that say themselves they replicate ``master``."""
@@ -229,20 +233,7 @@ class LocalCluster:
     def masters(self) -> list[Node]:
         """The live nodes that say themselves they are masters serving slots (another node's
         view of the flags can lag behind a replica's attachment)."""
-        return [node for node in self.nodes if self._serves_slots(node)]
-
-    @staticmethod
-    def _serves_slots(node: Node) -> bool:
-        if not node.alive:
-            return False
-        with node.admin() as admin:
-            try:
-                if admin.execute_command("ROLE")[0] != "master":
-                    return False
-                shards = admin.execute_command("CLUSTER", "SLOTS")
-            except redis.RedisError:
-                return False
-        return any(int(master[1]) == node.port for _, _, master, *_ in shards)
+        return [node for node in self.nodes if self._own_slots(node)]
 
     def healthy(self) -> bool:
         """Every live node says the cluster is ok and agrees on who masters each slot."""
