@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 
 import pytest
@@ -13,8 +13,10 @@ import redis
 
 from distsched import Scheduler, State, Worker
 from distsched.errors import InvalidArgument
+from distsched.model import Claim, Outcome, Wait
 from distsched.tasks import Tasks
 from distsched.testing import Harness, harness
+from distsched.worker.link import WorkerLink
 from tests.conftest import RedisServer, running
 from tests.test_worker import wait_state
 
@@ -152,5 +154,45 @@ def test_leases_follow_the_moved_clock_while_a_worker_runs(
         with running(Worker(s, {"slow": time.sleep})):
             wait_state(s, "slow", State.SUCCEEDED, timeout=20)
         assert s.status("slow").attempt == 1
+    finally:
+        s.close()
+
+
+class SlowClaims(Scheduler):
+    """Each claim's reply comes 0.3 s after the claim ran in Redis."""
+
+    def claim(
+        self, n: int, worker_id: str, *, listening: bool = False, request_id: str | None = None
+    ) -> tuple[list[Claim], Wait | None]:
+        got = super().claim(n, worker_id, listening=listening, request_id=request_id)
+        time.sleep(0.3)
+        return got
+
+
+class LateReports(WorkerLink):
+    """Each batch of completions goes out 0.1 s after the reporter has it."""
+
+    def complete_encoded(self, reports: Sequence[tuple[Claim, bytes]]) -> list[Outcome]:
+        time.sleep(0.1)
+        return super().complete_encoded(reports)
+
+
+class LateReportsWorker(Worker):
+    link_class = LateReports
+
+
+def test_run_until_idle_runs_what_an_outcome_made_due_while_a_claim_was_on_its_way(
+    redis_client: redis.Redis, namespace: str
+) -> None:
+    # The second claim runs in Redis before the parent's outcome lands, and its empty
+    # reply comes back after that outcome made the child due.
+    s = SlowClaims(redis_client, namespace=namespace, lease_s=5.0)
+    try:
+        s.schedule("parent", fn="note", args=["p"])
+        s.schedule("child", fn="note", args=["c"], deps=["parent"])
+        log: list[str] = []
+        LateReportsWorker(s, {"note": log.append}, concurrency=1).run_until_idle()
+        assert log == ["p", "c"]
+        assert s.status("child").state is State.SUCCEEDED
     finally:
         s.close()
