@@ -101,20 +101,30 @@ class BaseScheduler:
             raise ClosedError("the scheduler is closed")
 
 
+UNCAPPED_CONNECTIONS = 2**31
+
+
 def client_from_url(url: str, single: Any, cluster: Any, node: Any) -> Any:
     """A redis-py client for ``url`` (validated): ``single(url)``, or for a
     ``redis+cluster://`` / ``rediss+cluster://`` URL ``cluster(first seed's URL,
     startup_nodes=[node(host, port) of each other seed])`` (sync or asyncio classes)."""
     url = validate.validate_url(url)
     seeds = validate.cluster_seeds(url)
+    # redis-py 8.2 caps a pool at 100 connections and fails the call beyond: a web
+    # server's threads, or a worker's slots, would fail under a burst. Open what the
+    # calls in flight need, as earlier redis-py did; ``?max_connections=N`` in the URL
+    # still sets a cap (the URL's options win over these).
+    pool = {"max_connections": UNCAPPED_CONNECTIONS}
     try:
         if seeds is None:
-            return single(url)
+            return single(url, **pool)
         others = []
         for seed in seeds[1:]:
             parsed = urllib.parse.urlsplit(seed)
             others.append(node(parsed.hostname, parsed.port or 6379))
-        return cluster(seeds[0], startup_nodes=others) if others else cluster(seeds[0])
+        if others:
+            return cluster(seeds[0], startup_nodes=others, **pool)
+        return cluster(seeds[0], **pool)
     except ValueError as exc:
         raise InvalidArgument("url", str(exc)) from None
 
@@ -169,7 +179,8 @@ class Scheduler(BaseScheduler):
         ``redis+cluster://host:port`` and ``rediss+cluster://`` a Redis Cluster through
         any one of its nodes, or through any of several listed comma-separated
         (``redis+cluster://h1:7000,h2:7000``). User names and passwords go in the URL as
-        usual.
+        usual. The client opens as many connections as calls are in flight at once;
+        ``?max_connections=N`` in the URL caps them (a call beyond the cap then fails).
         """
         client = client_from_url(url, redis.Redis.from_url, RedisCluster.from_url, ClusterNode)
         try:

@@ -569,7 +569,7 @@ def test_embedded_fakeredis_runs_every_script_and_delivers_wake_ups() -> None:
     with embedded_redis("fakeredis") as server:
         assert server.kind == "fakeredis"
         s = Scheduler.from_url(server.url, namespace="emb", lease_s=5)
-        pubsub = s.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub = s.client.pubsub(ignore_subscribe_messages=True)
         try:
             # An idle worker listening on its own channel is woken by the new task.
             channel = s.keys.worker_channel("w")

@@ -10,6 +10,7 @@ must leave one runnable copy of the task).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ import pytest
 import redis
 
 from distsched import Scheduler, State, TaskSpec, Wait, Worker, current_task
+from distsched.aio import AsyncScheduler
 from distsched.errors import ClosedError, DistschedError, NotFoundError, Unavailable
 from distsched.worker.common import RESUME_PROBE_S
 from tests.cluster_fixtures import wait_until
@@ -182,3 +184,28 @@ def test_while_redis_is_away_a_worker_tries_again_within_the_probe_pause_and_run
     assert sum(r.levelno >= logging.WARNING for r in consumer) == 1
     assert any("reachable again after" in r.getMessage() for r in caplog.records)
     assert sorted(ran) == sorted(f"t{i}" for i in range(400))
+
+
+def test_a_url_scheduler_opens_the_connections_its_calls_in_flight_need_unless_the_url_caps_them(
+    redis_server: RedisServer,
+) -> None:
+    """redis-py 8.2 fails a call beyond 100 connections in one pool: a scheduler made from
+    a URL must not (a thousand waiting threads, or a worker's slots, would fail at random);
+    ``max_connections`` in the URL still caps it."""
+    sizes = []
+    for url in (redis_server.url, f"{redis_server.url}?max_connections=7"):
+        with Scheduler.from_url(url, namespace="pool") as s:
+            assert isinstance(s.client, redis.Redis)
+            sizes.append(s.client.connection_pool.max_connections)
+    assert (sizes[0] >= 2**31, sizes[1]) == (True, 7)
+
+    async def asyncio_pools() -> list[int]:
+        sizes = []
+        for url in (redis_server.url, f"{redis_server.url}?max_connections=7"):
+            async with AsyncScheduler.from_url(url, namespace="pool") as a:
+                assert isinstance(a.client, redis.asyncio.Redis)
+                sizes.append(a.client.connection_pool.max_connections)
+        return sizes
+
+    uncapped, capped = asyncio.run(asyncio_pools())
+    assert (uncapped >= 2**31, capped) == (True, 7)

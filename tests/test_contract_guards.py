@@ -113,7 +113,7 @@ def test_a_running_function_sees_a_cancel_request_from_the_heartbeat_alone(
     )  # fmt: skip
     worker_client = own_redis.client(username=user, password=password)
     # The premise: this user's subscription to the wake-up channel is refused.
-    probe = worker_client.pubsub()  # type: ignore[no-untyped-call]
+    probe = worker_client.pubsub()
     with pytest.raises(NoPermissionError):
         probe.subscribe(f"ds:{{{namespace}}}:wake")
         probe.get_message(timeout=1.0)

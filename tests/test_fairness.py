@@ -774,7 +774,7 @@ def test_a_slot_freed_at_a_capped_key_wakes_one_idle_worker(scheduler: Scheduler
     scheduler.set_key("t", cap=1)
     scheduler.schedule_many([TaskSpec(f"t{i}", "f", key="t") for i in range(2)])
     (running,), _ = scheduler.claim(1, "holder")
-    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
     try:
         channel = scheduler.keys.worker_channel("idle")
         pubsub.ssubscribe(channel)

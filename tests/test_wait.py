@@ -624,7 +624,7 @@ def test_every_script_that_ends_a_waited_for_task_publishes_its_state_and_id(
     keys = sync_scheduler.keys
     for task_id in ("x", "y", f"d{PROPAGATE_BUDGET + 9}"):
         redis_client.zadd(keys.waits, {task_id: 2**52})
-    pubsub: Any = redis_client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub: Any = redis_client.pubsub(ignore_subscribe_messages=True)
     pubsub.ssubscribe(keys.ended)
     try:
         wait_until(lambda: ended_subscribers(redis_client, keys.ended) == 1)
@@ -646,7 +646,7 @@ def test_a_task_nobody_waits_for_publishes_nothing(
     sync_scheduler: Scheduler, redis_client: redis.Redis
 ) -> None:
     keys = sync_scheduler.keys
-    pubsub: Any = redis_client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub: Any = redis_client.pubsub(ignore_subscribe_messages=True)
     pubsub.ssubscribe(keys.ended)
     try:
         wait_until(lambda: ended_subscribers(redis_client, keys.ended) == 1)

@@ -218,7 +218,7 @@ def test_only_one_idle_worker_gets_the_delay_hint_for_a_head_not_due_yet(
 
 def test_a_new_task_wakes_one_idle_worker_on_its_own_channel(scheduler: Scheduler) -> None:
     client = scheduler.client
-    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
     try:
         channels = [scheduler.keys.worker_channel(w) for w in ("w1", "w2")]
         pubsub.ssubscribe(*channels)
@@ -243,7 +243,7 @@ def test_a_stale_idle_entry_takes_no_wake_up(scheduler: Scheduler) -> None:
     dead, live = (scheduler.keys.worker_channel(w) for w in ("dead", "live"))
     now_ms = int(scheduler.server_time() * 1000)
     client.zadd(scheduler.keys.idle, {dead: now_ms - 1000, live: now_ms + 60_000})
-    pubsub = client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
     try:
         pubsub.ssubscribe(live)
         scheduler.schedule("a", fn="f")
@@ -306,7 +306,7 @@ def test_a_worker_refused_its_subscription_still_runs_new_tasks(own_redis: Redis
 def test_a_cancel_notice_reaches_a_subscriber_of_the_sharded_wake_channel(
     scheduler: Scheduler,
 ) -> None:
-    pubsub = scheduler.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub = scheduler.client.pubsub(ignore_subscribe_messages=True)
     try:
         pubsub.ssubscribe(scheduler.keys.wake)
         scheduler.schedule("a", fn="f")

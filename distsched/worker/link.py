@@ -126,7 +126,7 @@ class WorkerLink:
         waiter = "wait:" + uuid.uuid4().hex
         channels = self.wake_channels(waiter)
         sharded = self.uses_sharded_pubsub()
-        pubsub: Any = s.client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub: Any = s.client.pubsub(ignore_subscribe_messages=True)
         try:
             (pubsub.ssubscribe if sharded else pubsub.subscribe)(*channels)
             get = pubsub.get_message
