@@ -126,7 +126,9 @@ def test_each_call_of_a_full_batch_stays_far_under_50_ms_on_the_server(
                         for i in range(start, start + 500)
                     },
                 )
-            client.config_set("slowlog-log-slower-than", 10_000)  # 10 ms
+            # Half the 50 ms cap: a batch read whole would take several times that, while
+            # a machine busy with other work stretches a bounded call's few ms.
+            client.config_set("slowlog-log-slower-than", 25_000)  # 25 ms
             client.slowlog_reset()
             groups, examined, calls = all_groups(s, count=FAILURES_BATCH_MAX)
             assert examined == 3000 and calls == 6
