@@ -17,6 +17,7 @@ import redis
 from distsched.client import Scheduler
 from distsched.errors import InvalidArgument, NotFoundError
 from distsched.model import TaskInfo
+from distsched.retention import DEFAULT_WARNING_FRACTION
 from distsched.text import jsonable, parse_duration, parse_when, redact
 from distsched.tracebacks import one_line
 from distsched.validate import CLUSTER_SCHEMES, cluster_seed
@@ -197,6 +198,19 @@ def count_option(*decls: str, help: str, default: int | None = None) -> Decorato
     """An option holding a whole number of at least 1; a default given shows in ``--help``."""
     return click.option(
         *decls, type=click.IntRange(min=1), default=default, show_default=True, help=help
+    )
+
+
+def memory_warning_option(help: str) -> Decorator:
+    """``--memory-warning FRACTION``: the share of maxmemory past which the projected
+    memory of ended tasks is flagged (docs: "Planning for retention")."""
+    return click.option(
+        "--memory-warning",
+        type=click.FloatRange(0, 1, min_open=True),
+        default=DEFAULT_WARNING_FRACTION,
+        show_default=True,
+        metavar="FRACTION",
+        help=help,
     )
 
 

@@ -45,7 +45,7 @@ from distsched.dashboard.events import TaskNotices
 from distsched.dashboard.pages import Handler
 from distsched.errors import ConflictError, InvalidArgument, NotFoundError
 from distsched.model import STATS_TOP_KEYS, Change, State, Stats, stage_counts
-from distsched.text import finite_or_none, iso, jsonable, progress_text
+from distsched.text import finite_or_none, iso, jsonable, progress_text, size
 
 log = logging.getLogger("distsched.dashboard")
 
@@ -106,6 +106,7 @@ class Dashboard:
         self.signer = Signer(token, scheduler.namespace) if token is not None else None
         self.limiter = LoginLimiter()
         self.notices = TaskNotices(scheduler)
+        self.plans = reads.PlanCache()
         self.trusted_origins = frozenset(trusted_origins)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(HERE / "templates"),
@@ -183,7 +184,7 @@ class Dashboard:
     # ------------------------------------------------------------------ pages
 
     async def overview(self, request: Request) -> Response:
-        page = await self.read(reads.overview, self.scheduler)
+        page = await self.read(reads.overview, self.scheduler, self.plans)
         data = reads.overview_json(page)
         return self.render(
             request,
@@ -196,7 +197,7 @@ class Dashboard:
         )
 
     async def overview_api(self, request: Request) -> Response:
-        page = await self.read(reads.overview, self.scheduler)
+        page = await self.read(reads.overview, self.scheduler, self.plans)
         data = reads.overview_json(page)
         fields = overview_fields(data)
         return json_response({"data": data, "fields": fields, "svgs": charts(page)})
@@ -560,6 +561,7 @@ def overview_fields(data: Mapping[str, Any]) -> dict[str, str]:
             "workers": f"{data['workers_alive']} alive of {data['workers']}",
             "slots": f"{data['slots']:,}",
             "server_time": iso(data["server_time"]),
+            **_memory_fields(data["memory"]),
             "hour-succeeded": f"{data['hour']['succeeded']:,}",
             "hour-failed": f"{data['hour']['failed']:,}",
             "day-succeeded": f"{data['day']['succeeded']:,}",
@@ -581,6 +583,20 @@ def overview_fields(data: Mapping[str, Any]) -> dict[str, str]:
             }
         )
     return fields
+
+
+def _memory_fields(plan: Mapping[str, Any] | None) -> dict[str, str]:
+    """The retention plan's figures (docs: "Planning for retention")."""
+    if plan is None:
+        return {"memory-ended": "-", "memory-projected": "not readable by this user"}
+    per_task = plan["bytes_per_ended_task"]
+    ended = f"{plan['ended_kept']:,} kept, {size(plan['kept_bytes'])}"
+    if per_task is not None:
+        ended += f" ({per_task:,.0f} B each)"
+    projected = f"{size(plan['projected_bytes'])} at {plan['ended_per_s']:,.1f} endings/s"
+    if plan["fraction_of_maxmemory"] is not None:
+        projected += f", {plan['fraction_of_maxmemory']:.0%} of maxmemory"
+    return {"memory-ended": ended, "memory-projected": projected}
 
 
 # How the default key (tasks given no key) is shown in the keys table.

@@ -13,6 +13,7 @@ it was asked for.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import logging
@@ -39,6 +40,7 @@ from distsched.model import (
     WorkerInfo,
 )
 from distsched.ops.explain import SERVED_LIVE_S
+from distsched.retention import RetentionPlan
 from distsched.text import error_summary, jsonable, size
 from distsched.validate import MAX_TASK_ID_BYTES
 
@@ -52,6 +54,9 @@ GRAPH_LIMIT = 40
 LOOKUP_BUDGET = 3 * GRAPH_LIMIT
 # Characters of a payload or result shown before "show all".
 PREVIEW_CHARS = 2000
+# The overview reads the retention plan at most this often, from this many ended tasks.
+PLAN_EVERY_S = 60.0
+PLAN_SAMPLE = 16
 # Leases that expire within this many seconds count as "expiring soon".
 SOON_S = 10.0
 # A task page lists dependencies, dependents and attempts a page at a time.
@@ -83,6 +88,8 @@ class OverviewPage:
     workers: list[WorkerInfo]
     # The last day, one entry per minute, oldest first.
     minutes: list[MinuteCount]
+    # The memory ended tasks take and will take (None where the user may not read it).
+    plan: RetentionPlan | None = None
 
     @property
     def hour(self) -> list[MinuteCount]:
@@ -97,11 +104,31 @@ class OverviewPage:
         return sum(w.concurrency for w in self.workers if w.alive)
 
 
-def overview(scheduler: Scheduler) -> OverviewPage:
+class PlanCache:
+    """The namespace's retention plan, read at most once every ``PLAN_EVERY_S``: it
+    changes slowly and costs a sample of reads, which the polled overview need not pay
+    every few seconds."""
+
+    def __init__(self) -> None:
+        self._plan: RetentionPlan | None = None
+        self._read_at = -math.inf
+
+    def get(self, scheduler: Scheduler) -> RetentionPlan | None:
+        if time.monotonic() - self._read_at >= PLAN_EVERY_S:
+            self._read_at = time.monotonic()
+            try:
+                self._plan = scheduler.retention_plan(PLAN_SAMPLE)
+            except redis.exceptions.NoPermissionError:
+                self._plan = None  # a tenant's user without HSTRLEN
+        return self._plan
+
+
+def overview(scheduler: Scheduler, plans: PlanCache | None = None) -> OverviewPage:
     return OverviewPage(
         scheduler.overview(soon_s=SOON_S),
         scheduler.workers(),
         scheduler.throughput(DAY_MINUTES),
+        None if plans is None else plans.get(scheduler),
     )
 
 
@@ -123,6 +150,7 @@ def overview_json(page: OverviewPage) -> dict[str, Any]:
         "leases_soon_s": ov["leases_soon_s"],
         "oldest_ready_age": ov["oldest_ready_age"],
         "retention_s": ov["retention_s"],
+        "memory": None if page.plan is None else dataclasses.asdict(page.plan),
         "server_time": ov["server_time"],
         "workers": len(page.workers),
         "workers_alive": page.workers_alive,

@@ -7,7 +7,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from distsched.errors import InvalidArgument, NotFoundError, ScriptError, Timeout
+from redis.exceptions import NoPermissionError
+
+from distsched import retention
+from distsched.errors import DistschedError, InvalidArgument, NotFoundError, ScriptError, Timeout
 from distsched.model import (
     STATS_TOP_KEYS,
     BlockedBy,
@@ -32,6 +35,7 @@ from distsched.ops.explain import EXPLAIN_LIMIT, explain_task
 from distsched.ops.listing import Listing
 from distsched.ops.protocol import WAIT_MARGIN_MS, WAIT_REFRESH_S, Listen, Op
 from distsched.ops.served import live_functions
+from distsched.retention import RetentionPlan
 from distsched.validate import (
     _finite,
     _is_int,
@@ -39,7 +43,14 @@ from distsched.validate import (
     validate_task_id,
     validate_wait_timeout,
 )
-from distsched.wire.calls import MINUTES_KEEP, SERVER_TIME_LUA, _key_reads, status_reads
+from distsched.wire.calls import (
+    DEFAULT_RETENTION_MS,
+    MEMORY_INFO_LUA,
+    MINUTES_KEEP,
+    SERVER_TIME_LUA,
+    _key_reads,
+    status_reads,
+)
 from distsched.wire.payload import _bytes, _text, decode_value
 from distsched.wire.records import (
     _count_or_none,
@@ -450,6 +461,50 @@ class Inspect(Listing):
             oldest_ready_age=oldest,
             oldest_ready_age_by_priority=by_priority,
         )
+
+    @route.every(merge=retention.merge)
+    def retention_plan(self, sample: object = retention.SAMPLE) -> Op[RetentionPlan]:
+        if not _is_int(sample) or not 1 <= sample <= retention.SAMPLE:
+            raise InvalidArgument("sample", f"must be an int in [1, {retention.SAMPLE}]")
+        k = self.keys
+        now_ms = yield from self.now_ms()
+        since = now_ms - int(retention.RATE_WINDOW_S * 1000)
+        setting, kept, recent, first, newest = yield from self.read(
+            ("HGET", k.meta, "retention_ms"),
+            ("ZCARD", k.finished),
+            ("ZCOUNT", k.finished, since, "+inf"),
+            ("ZRANGEBYSCORE", k.finished, since, "+inf", "WITHSCORES", "LIMIT", 0, 1),
+            ("ZRANGE", k.finished, -int(sample), -1),
+        )
+        ids = [_text(i) for i in newest]
+        hashes = (k.tasks, k.payloads, k.results, k.done, k.history)
+        lengths = yield from self.read(*(("HSTRLEN", h, i) for i in ids for h in hashes))
+        sizes = [
+            retention.bytes_of_task(i, lengths[n * len(hashes) : (n + 1) * len(hashes)])
+            for n, i in enumerate(ids)
+        ]
+        span_ms = now_ms - float(_pairs(first)[0][1]) if first else 0.0
+        retention_ms = _count_or_none(setting)
+        return retention.plan(
+            retention_s=(retention_ms if retention_ms is not None else DEFAULT_RETENTION_MS) / 1000,
+            ended_kept=int(kept),
+            recent=int(recent),
+            # A rate over at least a second: endings a moment old say little of a rate.
+            span_s=max(span_ms, 1000.0) / 1000 if recent else 0.0,
+            sizes=sizes,
+            memory=(yield from self._memory()),
+        )
+
+    def _memory(self) -> Op[tuple[int, int] | None]:
+        """``(used_memory, maxmemory)`` of the namespace's server, or None where the user
+        may not read ``INFO`` (or the server cannot run it from a script)."""
+        try:
+            (info,) = yield from self.read(
+                ("EVAL", MEMORY_INFO_LUA, 1, self.keys.meta), atomic=False
+            )
+        except (NoPermissionError, DistschedError):
+            return None
+        return retention.parse_memory(info)
 
     @route.every(merge=merges.minutes)
     def throughput(self, minutes: object = 60) -> Op[list[MinuteCount]]:

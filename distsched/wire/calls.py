@@ -1004,6 +1004,9 @@ def _parts(items: Sequence[T]) -> list[Sequence[T]]:
 
 # The namespace's clock as seen by the node that owns KEYS[1], its meta hash: the
 # server's TIME moved forward by the test clock (meta clock_ms, see lua/lib/run.lua).
+# The server's memory section, from the node that holds the key named (INFO needs the
+# user's right to it, inside a script too).
+MEMORY_INFO_LUA = "return redis.call('INFO', 'memory')"
 SERVER_TIME_LUA = """local t = redis.call('TIME')
 local n = tonumber(redis.call('HGET', KEYS[1], 'clock_ms'))
 if not n or n < 0 or n ~= math.floor(n) or n > 2199023255552 then n = 0 end

@@ -3,6 +3,7 @@ and this worker's entry in the namespace's worker registry."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -10,6 +11,8 @@ import threading
 import time
 from collections.abc import Collection
 from importlib import metadata
+
+from redis.exceptions import NoPermissionError
 
 from distsched.client import Scheduler
 from distsched.context import StopReason
@@ -27,6 +30,8 @@ log = logging.getLogger("distsched.worker")
 
 # Due queue entries overview() reads per heartbeat round for the oldest due wait.
 OVERVIEW_SCAN = 20
+# How often a worker compares the retention plan with maxmemory.
+RETENTION_CHECK_S = 600.0
 
 
 def _version() -> str:
@@ -52,6 +57,7 @@ class Registration:
         concurrency: int,
         heartbeat_s: float,
         slots: Slots,
+        serves: tuple[str, ...] = (),
     ) -> None:
         self.link = link
         scheduler = link.scheduler
@@ -70,6 +76,7 @@ class Registration:
             counts={},
             heartbeat_s=heartbeat_s,
             lease_s=scheduler.lease_s,
+            serves=serves,
         )
         self._next_prune = 0.0
         self._closed = False
@@ -81,20 +88,7 @@ class Registration:
             counts = dict(self.slots.counts)
         running = self.slots.running
         e = self._entry
-        entry = WorkerInfo(
-            e.worker_id,
-            e.host,
-            e.pid,
-            e.version,
-            e.concurrency,
-            e.functions,
-            e.started,
-            e.last_heartbeat,
-            running,
-            counts,
-            e.heartbeat_s,
-            e.lease_s,
-        )
+        entry = dataclasses.replace(e, running=running, counts=counts)
         # Under the lock, so that a round still under way cannot write the entry back
         # after the stop removed it.
         with self._lock:
@@ -121,6 +115,46 @@ class Registration:
             self.link.unregister_worker(self._entry.worker_id)
 
 
+class RetentionWatch:
+    """Every ``every`` seconds (the first time at the first round), a warning when the
+    memory the namespace's ended tasks will take at today's rate and retention exceeds
+    ``fraction`` of the server's ``maxmemory`` (docs: "Planning for retention").
+
+    Off where the worker's user may not read ``INFO`` or ``HSTRLEN`` (said once at
+    DEBUG), where no ``maxmemory`` is set, and with ``fraction`` None.
+    """
+
+    def __init__(self, scheduler: Scheduler, fraction: float | None, every: float) -> None:
+        self.scheduler = scheduler
+        self.fraction = fraction
+        self.every = every
+        self._next = time.monotonic()
+
+    def check_if_due(self) -> None:
+        if self.fraction is None or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.every
+        try:
+            plan = self.scheduler.retention_plan()
+        except NoPermissionError as exc:
+            log.debug("retention plan not readable, not watched: %s", exc)
+            self.fraction = None
+            return
+        if plan.over(self.fraction):
+            log.warning(
+                "namespace %r: ended tasks will take about %d bytes at the current rate "
+                "(%.1f/s, %.0f bytes each) for the retention of %.0f s, %.0f%% of maxmemory "
+                "(warning above %.0f%%); shorten the retention or raise maxmemory",
+                self.scheduler.namespace,
+                plan.projected_bytes,
+                plan.ended_per_s,
+                plan.bytes_per_ended_task or 0.0,
+                plan.retention_s,
+                100 * (plan.fraction_of_maxmemory or 0.0),
+                100 * self.fraction,
+            )
+
+
 class Heartbeat:
     """Every ``interval`` seconds: extend the leases of every held claim, deliver cancel
     requests and lease losses to the running functions, run the fleet's chores
@@ -138,8 +172,10 @@ class Heartbeat:
         interval: float,
         observed: bool,
         registration: Registration | None = None,
+        retention: RetentionWatch | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.retention = retention
         self.slots = slots
         self.metrics = metrics
         self.served = served
@@ -253,6 +289,8 @@ class Heartbeat:
             self.registration.prune_if_due()
         if self.observed:
             self._observe_namespace()
+        if self.retention is not None:
+            self.retention.check_if_due()
 
     def _observe_namespace(self) -> None:
         before = time.time()
