@@ -70,6 +70,7 @@ from distsched.schedules import Catchup, Overlap, Schedule  # noqa: E402
 from distsched.tasks import AsyncTask, Task, Tasks  # noqa: E402
 from distsched.version import __version__  # noqa: E402
 from distsched.worker import Worker  # noqa: E402
+from distsched.worker.pool import WorkerPool  # noqa: E402
 
 __all__ = [
     "Admitted",
@@ -118,6 +119,7 @@ __all__ = [
     "UnknownDependencyError",
     "Wait",
     "Worker",
+    "WorkerPool",
     "__version__",
     "current_task",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, replace
 from typing import Any, ClassVar, NamedTuple, TypedDict
 
 Duration = float | _dt.timedelta
@@ -816,22 +816,14 @@ class WorkerInfo:
     alive: bool = True
     # Seconds since the last heartbeat when the registry was read.
     seen_ago: float = 0.0
+    # A worker of a pool (``WorkerPool``): the namespaces the pool serves, in its order,
+    # each ``name:weight`` (weighted) or ``name`` (strict order); () for a plain worker.
+    serves: tuple[str, ...] = ()
 
     def stamped(self, now: float) -> WorkerInfo:
         """This entry as written at server time ``now`` (started then too, if unset)."""
-        return WorkerInfo(
-            self.worker_id,
-            self.host,
-            self.pid,
-            self.version,
-            self.concurrency,
-            self.functions,
-            self.started or now,
-            now,
-            self.running,
-            self.counts,
-            self.heartbeat_s,
-            self.lease_s,
+        return replace(
+            self, started=self.started or now, last_heartbeat=now, alive=True, seen_ago=0.0
         )
 
     @property

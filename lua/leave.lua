@@ -12,18 +12,25 @@
 -- worker's channel.
 --
 -- Publishes: 'ready' on the channel of one idle worker (lib/idle.lua), to take the timer
--- over.
+-- over or the wake-up passed on.
 --
 -- ARGV[1] the worker's wake channel (ds:{NS}:w:<worker id>)
 -- ARGV[2] the worker id (its field in claims)
+-- ARGV[3] optional: 'pass' when a wake-up the worker got is not going to be used (a
+--         worker of a pool whose slots other namespaces hold): another idle worker is
+--         woken in its place ('' or absent: none).
 --
--- Reply: { 0, 1 when another idle worker was woken to take the timer over, else 0 }.
+-- Reply: { 0, 1 when another idle worker was woken (to take the timer over, or the
+-- wake-up passed on), else 0 }.
 -- Cost: O(log N) in the number of idle workers.
 
 return run(function(c)
-  local channel, worker = ARGV[1], ARGV[2]
+  local channel, worker, pass = ARGV[1], ARGV[2], ARGV[3] or ''
   if not channel or channel == '' or not worker then
     error({ err = 'BADARG ARGV expected the channel and the worker id' })
+  end
+  if pass ~= '' and pass ~= 'pass' then
+    error({ err = "BADARG pass must be 'pass' or empty" })
   end
   local now = now_ms(c)
   redis.call('ZREM', k.idle, channel)
@@ -33,5 +40,6 @@ return run(function(c)
     redis.call('HDEL', k.meta, 'timer', 'timer_at')
     woken = wake_idle(1, now)
   end
+  if pass == 'pass' and woken == 0 then woken = wake_idle(1, now) end
   return { 0, woken }
 end)

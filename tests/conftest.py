@@ -31,14 +31,14 @@ from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from distsched import Scheduler, Worker
+from distsched import Scheduler
 from distsched.aio import AsyncScheduler
 from distsched.keys import Keys
 from distsched.wire import records
@@ -464,9 +464,18 @@ def script_calls(client: redis.Redis) -> int:
     )
 
 
+class Runs(Protocol):
+    """A worker or a worker pool: what :func:`running` runs."""
+
+    def run(self) -> None: ...
+
+    def stop(self, grace: float | None = None) -> None: ...
+
+
 @contextmanager
-def running(worker: Worker, grace: float = 5.0) -> Iterator[threading.Thread]:
-    """Run ``worker`` on its own thread; stop it and check that ``run()`` returned cleanly."""
+def running(worker: Runs, grace: float = 5.0) -> Iterator[threading.Thread]:
+    """Run ``worker`` (or a pool) on its own thread; stop it and check that ``run()``
+    returned cleanly."""
     errors: list[BaseException] = []
 
     def target() -> None:

@@ -198,3 +198,50 @@ def test_a_second_sigint_makes_the_worker_processes_exit_at_once(
     # The running task is left to its lease, as if its worker had vanished.
     assert fast.status("long").state is State.RUNNING
     wait_until(lambda: not any(alive(pid) for pid in pids), 10, "the processes' exits")
+
+
+def test_worker_processes_serve_every_namespace_given_with_serve_and_register_it(
+    supervised: Callable[..., Supervised], fast: Scheduler
+) -> None:
+    other = Scheduler(fast.client, namespace=f"{fast.namespace}-reports", lease_s=LEASE_S)
+    sup = supervised(
+        "tests.procs_app:FUNCS", 2, "--serve", f"{fast.namespace}:3",
+        "--serve", f"{other.namespace}:1",
+    )  # fmt: skip
+    try:
+        for s in (fast, other):
+            s.schedule_many([TaskSpec(f"t{i}", "work", args=[0.01]) for i in range(20)])
+        for s in (fast, other):
+            for i in range(20):
+                assert s.wait(f"t{i}", timeout=30).state is State.SUCCEEDED
+        entries = [w for s in (fast, other) for w in s.workers()]
+        assert len(entries) == 4  # two processes, each in both namespaces
+        assert {w.serves for w in entries} == {(f"{fast.namespace}:3", f"{other.namespace}:1")}
+        assert len({w.worker_id for w in entries}) == 2
+        sup.proc.send_signal(signal.SIGTERM)
+        assert sup.proc.wait(30) == 0, sup.stderr()
+    finally:
+        other.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--serve", "a:0"], "serve"),
+        (["--serve", "a:x"], "serve"),
+        (["--serve", "a b"], "namespace"),
+        (["--strict"], "strict"),
+    ],
+)
+def test_a_bad_serve_option_is_a_one_line_error_naming_it(
+    redis_server: RedisServer, args: list[str], field: str
+) -> None:
+    from click.testing import CliRunner
+
+    from distsched.cli import cli
+
+    result = CliRunner().invoke(
+        cli, ["--redis", redis_server.url, "worker", "tests.procs_app:FUNCS", *args]
+    )
+    assert result.exit_code != 0
+    assert field in result.output and "Traceback" not in result.output, result.output

@@ -15,10 +15,11 @@ from typing import Any
 
 import click
 
-from distsched.cli.common import connect, duration_option, settings_of
+from distsched.cli.common import connect, duration_option, memory_warning_option, settings_of
 from distsched.client import Scheduler
 from distsched.errors import InvalidArgument
 from distsched.hooks import validate_hooks
+from distsched.keys import validate_namespace
 from distsched.tasks import TaskHandle, Tasks, served_functions
 from distsched.tracebacks import one_line
 from distsched.validate import validate_worker_id
@@ -164,6 +165,25 @@ class Processes(click.ParamType):  # type: ignore[type-arg]  # generic in click 
     "slots again (claiming stops): leases held stay within --concurrency + N. "
     "Default: 2 x --concurrency.",
 )
+@memory_warning_option(
+    "Log a warning (every 10 min) when the memory ended tasks will take at the current "
+    "rate and retention exceeds this share of the server's maxmemory."
+)
+@click.option(
+    "--serve",
+    "serve",
+    multiple=True,
+    metavar="NS[:WEIGHT]",
+    help="Serve this namespace from the worker's one pool of --concurrency slots, with "
+    "this weight (default 1); repeat for each namespace. Under load each namespace holds "
+    "slots in proportion to its weight. Without it the worker serves --namespace.",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="With --serve: the order of the --serve options decides instead of weights (a "
+    "namespace gets only the slots those before it leave).",
+)
 @click.option("--worker-id", default=None, help="Worker id (default: host:pid:random).")
 @click.option(
     "--metrics-port",
@@ -221,6 +241,9 @@ def worker(ctx: click.Context, /, app: str, **given: Any) -> None:
     options = WorkerOptions(**given)
     if not math.isfinite(options.grace) or options.grace < 0:
         raise InvalidArgument("grace", "must be a finite number of seconds >= 0")
+    if options.strict and not options.serve:
+        raise InvalidArgument("strict", "orders the --serve namespaces: give them")
+    _served(options.serve)
     if options.worker_id is not None:
         validate_worker_id(options.worker_id)
     functions = load_app(app)
@@ -245,6 +268,9 @@ class WorkerOptions:
     timeout: float | None
     timeout_grace: float
     max_unsent: int | None
+    memory_warning: float
+    serve: tuple[str, ...]
+    strict: bool
     worker_id: str | None
     metrics_port: int | None
     metrics_addr: str
@@ -252,6 +278,21 @@ class WorkerOptions:
     log_format: str
     hook_specs: tuple[str, ...]
     otel: bool
+
+
+def _served(specs: tuple[str, ...]) -> list[tuple[str, float]]:
+    """``--serve NS[:WEIGHT]`` options as (namespace, weight) pairs, checked."""
+    pairs = []
+    for spec in specs:
+        name, _, weight_text = spec.rpartition(":") if ":" in spec else (spec, "", "1")
+        try:
+            weight = float(weight_text)
+        except ValueError:
+            weight = math.nan
+        if not math.isfinite(weight) or weight <= 0:
+            raise InvalidArgument("serve", f"{spec!r}: the weight must be a number > 0")
+        pairs.append((validate_namespace(name), weight))
+    return pairs
 
 
 def _hooks(options: WorkerOptions) -> list[Any]:
@@ -273,24 +314,33 @@ def _run_one(
     """This process is the worker: run it until it is told to stop."""
     from distsched.worker import Worker
     from distsched.worker.logs import configure
+    from distsched.worker.pool import WorkerPool
     from distsched.worker.supervisor import EXIT_REPLACE, PROCESS_ENV
 
     metrics = _serve_metrics(ctx, options.metrics_port, options.metrics_addr)
     # A process of a supervisor ends itself to end a def function past its time limit.
     supervised = PROCESS_ENV in os.environ
-    pool = Worker(
-        scheduler,
-        functions,
-        concurrency=options.concurrency,
-        worker_id=options.worker_id,
-        grace=options.grace,
-        metrics=metrics,
-        hooks=hooks,
-        timeout=options.timeout,
-        timeout_grace=options.timeout_grace,
-        stop_on_overrun=supervised,
-        max_unsent=options.max_unsent,
-    )
+    common: dict[str, Any] = {
+        "concurrency": options.concurrency,
+        "worker_id": options.worker_id,
+        "grace": options.grace,
+        "metrics": metrics,
+        "hooks": hooks,
+        "timeout": options.timeout,
+        "timeout_grace": options.timeout_grace,
+        "stop_on_overrun": supervised,
+        "max_unsent": options.max_unsent,
+        "memory_warning": options.memory_warning,
+    }
+    pool: Worker | WorkerPool
+    if options.serve:
+        served = [
+            (Scheduler(scheduler.client, namespace=name, lease_s=options.lease_s), weight)
+            for name, weight in _served(options.serve)
+        ]
+        pool = WorkerPool(served, functions, strict=options.strict, **common)
+    else:
+        pool = Worker(scheduler, functions, **common)
     # Last, once nothing can fail with a one-line error any more.
     configure(options.log_level.upper(), options.log_format)
     pool.run()  # it logs its start-up line and its shutdown summary
@@ -350,6 +400,10 @@ def _child_command(app: str, options: WorkerOptions) -> list[str]:
     given.append(("--timeout-grace", repr(options.timeout_grace)))
     if options.max_unsent is not None:
         given.append(("--max-unsent", str(options.max_unsent)))
+    given += [("--serve", spec) for spec in options.serve]
+    if options.strict:
+        given.append(("--strict",))
+    given.append(("--memory-warning", repr(options.memory_warning)))
     return [sys.executable, "-m", "distsched.cli", "worker", app, *(a for g in given for a in g)]
 
 

@@ -29,13 +29,16 @@ def workers(ctx: click.Context, as_json: bool) -> None:
     if not found:
         click.echo("no workers")
         return
+    # Workers of a pool (``--serve``) share their slots with other namespaces: say which.
+    pooled = any(info.serves for info in found)
     rows: list[tuple[str, ...]] = [
         ("worker", "host", "pid", "version", "running", "state", "last beat", "up", "functions",
-         "counts"),
+         "counts", *(("slots shared with",) if pooled else ())),
     ]  # fmt: skip
     now = scheduler.server_time()
     for info in found:
         counts = ", ".join(f"{k} {v}" for k, v in info.counts.items() if v)
+        shared = (show(one_line(", ".join(info.serves)) or "-"),) if pooled else ()
         rows.append(
             (
                 show(one_line(info.worker_id)),
@@ -48,6 +51,7 @@ def workers(ctx: click.Context, as_json: bool) -> None:
                 duration(round(max(0.0, now - info.started))),
                 show(one_line(", ".join(info.functions))),
                 show(counts) if counts else "-",
+                *shared,
             )
         )
     for line in table(rows, right=frozenset({2})):

@@ -492,11 +492,10 @@ class Runtime(Inspect):
         yield _one(("ZADD", self.keys.idle, int(now * 1000) + IDLE_MS, channel))
 
     @route.every(merge=route.any_of)
-    def leave(self, worker_id: str) -> Op[bool]:
+    def leave(self, worker_id: str, pass_wake: bool = False) -> Op[bool]:
         channel = self.keys.worker_channel(validate_worker_id(worker_id))
-        (woken,) = yield from self.run(
-            Call("leave", self.keys.for_script("leave"), [channel, worker_id])
-        )
+        args = [channel, worker_id, "pass" if pass_wake else ""]
+        (woken,) = yield from self.run(Call("leave", self.keys.for_script("leave"), args))
         return int(woken) == 1
 
     @route.first

@@ -565,6 +565,7 @@ def encode_worker(info: WorkerInfo) -> bytes:
             "counts": dict(info.counts),
             "heartbeat_interval_ms": round(info.heartbeat_s * 1000),
             "lease_ms": round(info.lease_s * 1000),
+            **({"serves": list(info.serves)} if info.serves else {}),
         },
         use_bin_type=True,
     )
@@ -592,6 +593,7 @@ def decode_worker(worker_id: bytes | str, raw: bytes | str, now: float) -> Worke
             lease_s=int(data["lease_ms"]) / 1000.0,
             alive=now - last <= WORKER_ALIVE_BEATS * heartbeat_s,
             seen_ago=max(0.0, now - last),
+            serves=tuple(str(name) for name in data.get("serves", ())),
         )
     except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException):
         return None

@@ -48,6 +48,7 @@ from distsched.errors import ClosedError, InvalidArgument
 from distsched.hooks import HookChain, validate_hooks
 from distsched.metrics import WorkerMetrics
 from distsched.model import Duration
+from distsched.retention import DEFAULT_WARNING_FRACTION
 from distsched.tasks import TaskHandle, Tasks, served_functions
 from distsched.worker.common import TRANSIENT
 from distsched.worker.consumer import Consumer
@@ -58,13 +59,14 @@ from distsched.worker.execution import (
     ThreadPool,
     TimeLimits,
 )
-from distsched.worker.heartbeat import Heartbeat, Registration
+from distsched.worker.heartbeat import RETENTION_CHECK_S, Heartbeat, Registration, RetentionWatch
 from distsched.worker.jobs import Job, Phase, Slots
 from distsched.worker.link import WorkerLink
 from distsched.worker.listener import Listener
 from distsched.worker.logs import redis_location
 from distsched.worker.reports import Reporter, ReportKind, outcome_of
 from distsched.worker.served import ServedFunctions
+from distsched.worker.share import PoolShare
 from distsched.worker.signals import SignalHandlers
 
 __all__ = [
@@ -204,6 +206,15 @@ class Worker:
     for a ``def`` function, after ``timeout_grace`` more for an ``async def`` one that
     did not end on its cancellation.
 
+    ``share``, ``weight`` and ``serves`` are set by :class:`~distsched.worker.pool.
+    WorkerPool` for the worker of each namespace it serves: its slots are drawn from the
+    pool's, at that weight, and its registry entry lists what the pool serves.
+
+    Every ten minutes the worker compares the memory its namespace's ended tasks will
+    take at the current rate and retention with the server's ``maxmemory`` and logs a
+    warning above ``memory_warning`` of it (None: never; see
+    :meth:`Scheduler.retention_plan`).
+
     The worker logs on ``distsched.worker`` (a start-up line and a shutdown
     summary at INFO) and one line per task event on ``distsched.worker.tasks``,
     with structured fields (see :mod:`distsched.worker.logs`).
@@ -236,8 +247,16 @@ class Worker:
         timeout_grace: Duration = DEFAULT_TIMEOUT_GRACE_S,
         stop_on_overrun: bool = False,
         max_unsent: int | None = None,
+        memory_warning: float | None = DEFAULT_WARNING_FRACTION,
+        share: PoolShare | None = None,
+        weight: float = 1.0,
+        serves: Sequence[str] = (),
     ) -> None:
         max_unsent = _pool_bounds(concurrency, max_unsent)
+        if memory_warning is not None and not (
+            validate._is_number(memory_warning) and 0 < memory_warning <= 1
+        ):
+            raise InvalidArgument("memory_warning", "must be a fraction in (0, 1] or None")
         functions = served_functions(functions)
         _check_functions(functions)
         if worker_id is not None:
@@ -273,12 +292,23 @@ class Worker:
         self._stopped = threading.Event()
         self._stop_grace: float | None = None
         self._wake = threading.Event()
-        self._slots = Slots(concurrency, max_unsent)
+        if not validate._is_number(weight) or not 0 < weight < math.inf:
+            raise InvalidArgument("weight", "must be a finite number > 0")
+        self._slots = Slots(concurrency, max_unsent, None if share is None else share.changed)
+        member = (
+            None if share is None else share.join(scheduler.namespace, weight, self._slots.busy)
+        )
         link = self.link_class(scheduler)
         self._served = ServedFunctions(link, self.functions, self.unserved_timeout)
         self._reporter = Reporter(link, self._slots, self.metrics, self._served)
         self._registration = Registration(
-            link, self.worker_id, self.functions, concurrency, self.heartbeat_s, self._slots
+            link,
+            self.worker_id,
+            self.functions,
+            concurrency,
+            self.heartbeat_s,
+            self._slots,
+            tuple(serves),
         )
         self._heartbeat = Heartbeat(
             scheduler,
@@ -288,6 +318,7 @@ class Worker:
             self.heartbeat_s,
             observed=metrics is not None,
             registration=self._registration,
+            retention=RetentionWatch(scheduler, memory_warning, RETENTION_CHECK_S),
         )
         self._limits = TimeLimits(
             self._slots, self._reporter, self.metrics, self.timeout_grace, self._overran
@@ -321,6 +352,7 @@ class Worker:
             self.metrics,
             self._stopping,
             self._wake,
+            member,
         )
         self._signals = SignalHandlers(
             self.worker_id, self.stop, self._grace_now, lambda: len(self._slots.held())

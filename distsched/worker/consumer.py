@@ -20,11 +20,16 @@ from distsched.worker.execution import LoopPool, ThreadPool
 from distsched.worker.jobs import Phase, Slots
 from distsched.worker.link import WorkerLink
 from distsched.worker.reports import Reporter, ReportKind
+from distsched.worker.share import Member
 
 log = logging.getLogger("distsched.worker")
 
 # How often a worker running until idle looks again while its own tasks still run.
 UNTIL_IDLE_POLL_S = 0.01
+
+# How long a worker of a pool, listed idle, waits for its namespace's turn before it
+# leaves the idle set (so that wake-ups go to workers that can claim).
+PASS_WAKE_AFTER_S = 0.05
 
 # How long claiming may wait on unsent outcomes (at the max_unsent bound) before that is
 # logged: a busy worker reaches the bound for a round trip at a time, a stalled one stays.
@@ -65,8 +70,13 @@ class Consumer:
         metrics: WorkerMetrics,
         stopping: threading.Event,
         wake: threading.Event,
+        share: Member | None = None,
     ) -> None:
         self.link = link
+        # A worker of a pool: its slots are drawn from those the namespaces share.
+        self.share = share
+        # Whether its last claim left it in the namespace's idle set (wake-ups come).
+        self.idle_listed = False
         self.scheduler = link.scheduler
         self.worker_id = worker_id
         self.functions = functions
@@ -116,9 +126,11 @@ class Consumer:
                 )
                 self.metrics.on_claimed(len(claims), time.monotonic() - started)
                 self.lost = None
+                self.claimed(short=len(claims) < free)
             except ClosedError:
                 break
             except TRANSIENT as exc:
+                self.claimed(short=False)
                 # The call may have run with only its reply lost.
                 self.lost = request
                 pause = next(unreachable)
@@ -136,6 +148,7 @@ class Consumer:
             except Exception:
                 # Not a passing fault (an ACL refusal, a script error): the worker stays
                 # up, and tries again after a pause, which grows while the error lasts.
+                self.claimed(short=False)
                 pause = next(retry)
                 log.exception("claim failed; retrying in %.2fs", pause)
                 self.stopping.wait(pause)
@@ -168,7 +181,42 @@ class Consumer:
             # not a round trip later.
             self.wake.wait(max(0.0, started + idle_wait(wait.delay) - time.monotonic()))
 
+    def claimed(self, short: bool) -> None:
+        """A claim is answered (or failed): a short one lists this worker as idle, and
+        in a pool tells the share it has no more work for now."""
+        self.idle_listed = short
+        if self.share is not None:
+            self.share.claimed(short)
+
     def wait_free(self) -> int:
+        """Wait for free slots (in a pool, for this namespace's turn at the shared ones)."""
+        free = self.wait_own_free()
+        if self.share is None or self.stopping.is_set():
+            return free
+        passed = False
+        while not self.stopping.is_set():
+            granted = self.share.wait_turn(self.stopping, PASS_WAKE_AFTER_S)
+            if granted:
+                return min(free, granted)
+            if not passed and self.idle_listed:
+                # Listed idle but the pool has no slot for this namespace: leave the idle
+                # set, and pass on a wake-up that came meanwhile, to a worker with room.
+                passed = True
+                self.idle_listed = False
+                self.pass_wake()
+        return 0
+
+    def pass_wake(self) -> None:
+        try:
+            self.link.pass_wake(self.worker_id, self.wake.is_set())
+        except ClosedError:
+            return
+        except Exception as exc:
+            # Its idle entry expires by itself; a wake-up sent to it meanwhile waits for
+            # the others' re-check.
+            log.debug("could not leave the idle set: %s", exc)
+
+    def wait_own_free(self) -> int:
         """Wait for a free slot; say so when unsent outcomes hold the claims back long."""
         since = time.monotonic()
         warned = False

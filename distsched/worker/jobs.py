@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from distsched.context import StopReason, TaskContext
@@ -56,8 +56,16 @@ class Slots:
     never exceed the pool size plus ``max_unsent``.
     """
 
-    def __init__(self, concurrency: int, max_unsent: int | None = None) -> None:
+    def __init__(
+        self,
+        concurrency: int,
+        max_unsent: int | None = None,
+        on_free: Callable[[], None] | None = None,
+    ) -> None:
         self.concurrency = concurrency
+        # Told (under this lock) whenever a slot may have come free: the pool's share,
+        # when the worker draws its slots from one shared with other namespaces.
+        self.on_free = on_free
         # None: no bound (an outcome on its way never holds back a claim).
         self.max_unsent = max_unsent
         self.cond = threading.Condition()
@@ -86,7 +94,12 @@ class Slots:
         job.phase = phase
         self._in_phase[phase] += 1
         if phase is not Phase.CLAIMED and phase is not Phase.RUNNING:
-            self.cond.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        self.cond.notify_all()
+        if self.on_free is not None:
+            self.on_free()
 
     def add(self, claim: Claim, phase: Phase = Phase.CLAIMED) -> Job:
         """Hold a new claim (``REPORTING`` for one that will not run)."""
@@ -96,7 +109,7 @@ class Slots:
             self._in_phase[phase] += 1
             self.counts["claimed"] += 1
             if phase is Phase.REPORTING:
-                self.cond.notify_all()
+                self._notify()
         return job
 
     def add_many(self, claims: Iterable[Claim]) -> list[Job]:
@@ -137,7 +150,7 @@ class Slots:
         """A function that outlived its time limit returned at last: its slot is free."""
         with self.cond:
             self.overrunning -= 1
-            self.cond.notify_all()
+            self._notify()
 
     def done(self, jobs: Iterable[Job]) -> None:
         """Reports of ``jobs`` were answered (or given up): they hold nothing any more."""
@@ -145,7 +158,7 @@ class Slots:
             for job in jobs:
                 if self._jobs.pop(job.claim.token, None) is not None:
                     self._in_phase[job.phase] -= 1
-            self.cond.notify_all()
+            self._notify()
 
     def release_unstarted(self) -> list[Job]:
         """Mark every claim no pool thread picked up yet as released (shutdown): none
@@ -164,8 +177,16 @@ class Slots:
             return self._free()
 
     def _free(self) -> int:
+        return self.concurrency - self._busy()
+
+    def _busy(self) -> int:
         busy = self._in_phase[Phase.CLAIMED] + self._in_phase[Phase.RUNNING] + self.overrunning
-        return self.concurrency - busy - self._over_bound()
+        return busy + self._over_bound()
+
+    def busy(self) -> int:
+        """The slots taken: claimed, running, overrunning, and unsent past the bound."""
+        with self.cond:
+            return self._busy()
 
     def _unsent(self) -> int:
         return self._in_phase[Phase.REPORTING] + self._in_phase[Phase.RELEASED]

@@ -53,6 +53,18 @@ class WorkerLink:
             )
         )
 
+    def place_stripes(self) -> tuple[int, ...]:
+        """Place the stripes of an empty namespace on distinct cluster masters again
+        (``distsched stripes --place``); the salts stored."""
+        s = self.scheduler
+        return s._drive(s._ops.place())
+
+    def pass_wake(self, worker_id: str, passing: bool) -> bool:
+        """Leave the idle set; with ``passing``, wake another idle worker in this one's
+        place (a wake-up it got and cannot use). True when one was woken."""
+        s = self.scheduler
+        return s._drive(s._ops.call(Ops.leave, worker_id, passing))
+
     def report_progress(self, claim: Claim, fraction: float, note: str) -> Outcome:
         """A running function's progress report (``current_task().report_progress``)."""
         return self.scheduler.report_progress(claim, fraction, note)
