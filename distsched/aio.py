@@ -19,7 +19,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from distsched import limits, model, validate
 from distsched.batching import AsyncBatchingProducer
-from distsched.client import BaseScheduler, client_from_url
+from distsched.client import BaseScheduler, client_from_url, slot_owner
 from distsched.model import (
     Chores,
     Claim,
@@ -42,6 +42,7 @@ from distsched.model import (
 from distsched.ops import failures as failure_ops
 from distsched.ops import protocol
 from distsched.ops.namespace import Ops
+from distsched.retention import RetentionPlan
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
 from distsched.subscription import AsyncWaitHub
@@ -73,6 +74,8 @@ class AsyncScheduler(BaseScheduler):
         super().__init__(namespace, lease_s, max_payload_bytes, stripes)
         limit = validate.validate_max_running(max_running)
         self.client = client
+        if isinstance(client, aredis.RedisCluster):
+            self._ops.owner = slot_owner(client.nodes_manager)
         self._owns_client = False
         self._scripts = Registry(client)
         self._setup: protocol.Op[None] | None = None
@@ -617,6 +620,10 @@ class AsyncScheduler(BaseScheduler):
     async def throughput(self, minutes: int = 60) -> list[model.MinuteCount]:
         """See :meth:`Scheduler.throughput`."""
         return await self._drive(self._ops.call(Ops.throughput, minutes))
+
+    async def retention_plan(self, sample: int = 64) -> RetentionPlan:
+        """See :meth:`Scheduler.retention_plan`."""
+        return await self._drive(self._ops.call(Ops.retention_plan, sample))
 
     async def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
         """See :meth:`Scheduler.scan_tasks`."""

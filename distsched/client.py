@@ -46,6 +46,7 @@ from distsched.ops import failures as failure_ops
 from distsched.ops import protocol
 from distsched.ops.namespace import Ops
 from distsched.ops.stripes import StripedOps
+from distsched.retention import RetentionPlan
 from distsched.schedules import MAX_BACKFILL_SLOTS, Schedule, ScheduleOptions
 from distsched.scripts import Registry
 from distsched.subscription import WaitHub
@@ -67,14 +68,13 @@ class BaseScheduler:
         max_payload_bytes: int = validate.DEFAULT_MAX_PAYLOAD_BYTES,
         stripes: int | None = None,
     ) -> None:
-        self.keys = Keys(namespace)
         self.namespace = namespace
         self.lease_ms = validate.validate_lease(lease_s)
         self.lease_s = self.lease_ms / 1000.0
         self.max_payload_bytes = validate.validate_max_payload_bytes(max_payload_bytes)
         # The producer's active span travels with its tasks (distsched.otel).
         self._ops = StripedOps(
-            self.keys,
+            Keys(namespace),
             self.lease_ms,
             self.max_payload_bytes,
             trace_context=otel.current_trace,
@@ -83,6 +83,12 @@ class BaseScheduler:
         self._closed = False
         # Calls under way: the client of a closed scheduler is closed when the last ends.
         self._in_flight = 0
+
+    @property
+    def keys(self) -> Keys:
+        """The key names of the namespace (stripe 0's; ``keys.of_stripe(s)`` those of
+        stripe ``s``, with its placement once the scheduler has made a call)."""
+        return self._ops.keys
 
     @property
     def warn_unserved(self) -> bool:
@@ -102,6 +108,20 @@ class BaseScheduler:
 
 
 UNCAPPED_CONNECTIONS = 2**31
+
+
+def slot_owner(nodes: Any) -> Callable[[int], str | None]:
+    """The master serving a slot, by the cluster client's slot map (``nodes_manager`` of
+    either redis-py cluster client); None while the map is not known."""
+
+    def owner(slot: int) -> str | None:
+        try:
+            node = nodes.get_node_from_slot(slot)
+        except Exception:  # no map yet, or a slot no node serves
+            return None
+        return None if node is None else str(node.name)
+
+    return owner
 
 
 def client_from_url(url: str, single: Any, cluster: Any, node: Any) -> Any:
@@ -153,6 +173,8 @@ class Scheduler(BaseScheduler):
         super().__init__(namespace, lease_s, max_payload_bytes, stripes)
         limit = validate.validate_max_running(max_running)
         self.client = client
+        if isinstance(client, RedisCluster):
+            self._ops.owner = slot_owner(client.nodes_manager)
         self._owns_client = False
         self._scripts = Registry(client)
         self._lock = threading.Lock()
@@ -958,6 +980,13 @@ class Scheduler(BaseScheduler):
         zeros where nothing ended. A failed attempt counts even if the task was retried;
         a lost lease counts as failed."""
         return self._drive(self._ops.call(Ops.throughput, minutes))
+
+    def retention_plan(self, sample: int = 64) -> RetentionPlan:
+        """The memory the namespace's ended tasks take and will take: bytes per ended
+        task (from the ``sample`` newest, 1 to 64), endings per second over the last ten
+        minutes, and their product with the retention, against the server's
+        ``maxmemory`` where the user may read ``INFO`` (docs: "Planning for retention")."""
+        return self._drive(self._ops.call(Ops.retention_plan, sample))
 
     def scan_tasks(self, cursor: int = 0, count: int = 1000) -> tuple[int, list[TaskRow]]:
         """One step of a scan over every task's record: ``(next cursor, rows)``.

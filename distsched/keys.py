@@ -2,8 +2,10 @@
 
 All keys of a namespace share the hash tag ``{namespace}``, so every script
 touches a single Redis Cluster slot. A striped namespace has more slots: stripe
-``s`` > 0 has the tag ``{namespace{s}`` (``Keys(namespace, s)``), and a task id
-maps to its stripe by :func:`stripe_of`. Per-task data lives in fields of a few
+``s`` > 0 has the tag ``{namespace{s}`` (``Keys(namespace, s)``), or
+``{namespace{s.SALT}`` when the namespace placed its stripes on distinct cluster
+masters (:mod:`distsched.placement`), and a task id maps to its stripe by
+:func:`stripe_of`. Per-task data lives in fields of a few
 namespace-wide hashes (the field is the task id) rather than in one key per
 task: the scripts then only ever touch keys they were given in ``KEYS``, and a
 queued task costs no key of its own.
@@ -27,6 +29,8 @@ MAX_STRIPES = 1024
 # brace, so no namespace's tag is ever a stripe's, and Redis Cluster hashes the text up
 # to the first ``}``, the whole ``ns{s``.
 STRIPE_MARK = "{"
+# The largest salt a stripe's tag may carry (``ns{s.SALT``).
+MAX_SALT = 65535
 
 
 def validate_namespace(namespace: object) -> str:
@@ -70,9 +74,14 @@ class Keys:
 
     namespace: str
     stripe: int = 0
+    # The salt of each stripe (stripe 0's is always 0): chosen so that the stripes'
+    # slots land on distinct cluster masters; () or 0: the plain tag.
+    salts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
+        if any(not isinstance(x, int) or not 0 <= x <= MAX_SALT for x in self.salts):
+            raise InvalidArgument("salts", f"must be ints in [0, {MAX_SALT}]")
         if (
             not isinstance(self.stripe, int)
             or isinstance(self.stripe, bool)
@@ -85,11 +94,13 @@ class Keys:
         """The hash tag of the namespace's (or stripe's) keys."""
         if self.stripe == 0:
             return self.namespace
-        return f"{self.namespace}{STRIPE_MARK}{self.stripe}"
+        salt = self.salts[self.stripe] if self.stripe < len(self.salts) else 0
+        tag = f"{self.namespace}{STRIPE_MARK}{self.stripe}"
+        return f"{tag}.{salt}" if salt else tag
 
     def of_stripe(self, stripe: int) -> Keys:
         """The keys of stripe ``stripe`` of this namespace (0: the namespace's own)."""
-        return Keys(self.namespace, stripe)
+        return Keys(self.namespace, stripe, self.salts)
 
     @property
     def prefix(self) -> str:

@@ -323,6 +323,26 @@ class LocalCluster:
                         admin.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
         return moved
 
+    def supports_atomic_migration(self) -> bool:
+        """Whether the nodes know Valkey 9's ``CLUSTER MIGRATESLOTS``."""
+        with self.seed.admin() as admin:
+            info = admin.info("server")
+        version = str(info.get("valkey_version", "0")).split(".")[0]
+        return info.get("server_name") == "valkey" and int(version) >= 9
+
+    def migrate_slot_atomically(self, slot: int, target: Node, timeout: float = 60) -> None:
+        """Move ``slot`` to ``target`` with ``CLUSTER MIGRATESLOTS`` (Valkey 9): the
+        source streams the slot and hands it over at once; wait until ``target`` says it
+        serves the slot and every live master agrees."""
+        source = self.owner(slot)
+        assert source.node_id != target.node_id
+        with source.admin() as src:
+            src.execute_command(
+                "CLUSTER", "MIGRATESLOTS", "SLOTSRANGE", slot, slot, "NODE", target.node_id
+            )
+        wait_until(lambda: self.current_owner(slot) is target, timeout, "the atomic migration")
+        self.wait_agreed(timeout)
+
     def reshard(self, slot: int, target: Node) -> None:
         """Move ``slot`` with ``redis-cli --cluster reshard``, which moves the lowest
         slots of the source: ``slot`` must be the first of its owner's (see

@@ -435,6 +435,37 @@ def test_a_slow_slot_migration_under_load_stops_no_worker_and_loses_nothing(
     assert failed == [], failed
 
 
+def test_an_atomic_slot_migration_under_load_loses_nothing_and_barely_pauses_anyone(
+    cluster: LocalCluster, tmp_path: Path, fleets: list[Fleet]
+) -> None:
+    if not cluster.supports_atomic_migration():
+        pytest.skip("the server has no CLUSTER MIGRATESLOTS (Valkey 9): CI runs it on Valkey")
+    namespace = "atomic"
+    slot = cluster.slot_of(namespace)
+    source = cluster.owner(slot)
+    target = next(m for m in cluster.masters() if m.node_id != source.node_id)
+    fleet = Fleet(cluster.url, namespace, tmp_path)
+    fleets.append(fleet)
+    producer = Producer(cluster.url, namespace)
+    producer.start()
+    try:
+        wait_for_runs(fleet, 50, 30)
+        started = time.monotonic()
+        cluster.migrate_slot_atomically(slot, target)
+        moved_in = time.monotonic() - started
+        before = len(fleet.runs())
+        wait_for_runs(fleet, before + 100, 40)
+        assert fleet.alive(), fleet.log_text()[-4000:]
+    finally:
+        producer.finish()
+    verdict = settle_and_judge(cluster.url, namespace, producer, fleet)
+    codes = fleet.stop()
+    print("\n" + verdict.line("atomic migration", moved_in=moved_in))
+    check(verdict, fleet, codes)
+    # No window of refused calls: nobody waits anywhere near a legacy migration's seconds.
+    assert verdict.producer_gap < 2.0 and verdict.worker_gap < 2.0, verdict
+
+
 def test_resharding_the_namespaces_slot_under_load_with_the_cli_throughout(
     cluster: LocalCluster, tmp_path: Path, fleets: list[Fleet]
 ) -> None:

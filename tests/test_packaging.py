@@ -95,6 +95,8 @@ LAYERS: list[set[str]] = [
     {
         "distsched.errors",
         "distsched.limits",
+        "distsched.retention",
+        "distsched.placement",
         "distsched.times",
         "distsched.tracebacks",
         "distsched.version",

@@ -438,12 +438,16 @@ def test_the_stripes_bench_measures_every_master_and_checks_each_task_ran_once()
     from distsched.tools.stripes import StripesConfig, format_report, run_stripes_bench
 
     lines: list[str] = []
-    report = run_stripes_bench(StripesConfig(tasks=300, processes=1, concurrency=4), lines.append)
+    config = StripesConfig(tasks=300, processes=1, concurrency=4, regimes=("batch", "live"))
+    report = run_stripes_bench(config, lines.append)
     assert report["problems"] == []
-    assert [r["stripes"] for r in report["runs"]] == [1, 2, 3]
+    assert [(r["regime"], r["stripes"]) for r in report["runs"]] == [
+        (regime, k) for regime in ("batch", "live") for k in (1, 2, 3)
+    ]
     for run in report["runs"]:
         assert len(run["redis_cpu_us_per_task"]) == 3
         assert len(run["slots"]) == run["stripes"] and run["exactly_once_problems"] == []
+        assert run["total_us_per_task"] == sum(run["redis_cpu_us_per_task"].values())
     for order in report["order"]:
         assert order["each_stripe_in_order"] and order["claimed"] == order["tasks"]
         assert order["max_other_stripe_claims_after_head"] <= order["bound_after_head"]

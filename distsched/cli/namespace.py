@@ -6,25 +6,30 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Any, cast
 
 import click
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
+from redis.exceptions import NoPermissionError
 
 from distsched.cli.common import (
     connect,
     count_option,
     duration_option,
+    memory_warning_option,
     require_namespace,
     settings_of,
 )
-from distsched.client import Scheduler
+from distsched.client import Scheduler, slot_owner
 from distsched.errors import InvalidArgument
-from distsched.keys import MAX_STRIPES
+from distsched.keys import MAX_STRIPES, Keys
 from distsched.model import PRIORITY_LABELS, Order, OrderSetting, Stats, stage_counts
-from distsched.text import duration, iso, parse_duration, redact, table
+from distsched.placement import masters_spanned
+from distsched.retention import RetentionPlan
+from distsched.text import duration, iso, parse_duration, redact, size, table
 from distsched.worker.link import WorkerLink
 
 
@@ -74,10 +79,40 @@ def _namespace_rows(data: Mapping[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _stats_lines(data: Mapping[str, Any]) -> list[str]:
+def _plan_rows(plan: RetentionPlan | None, warning: float) -> list[tuple[str, str]]:
+    """The memory the ended tasks take and will take (docs: "Planning for retention")."""
+    if plan is None:
+        return [("ended tasks", "memory not readable by this user (needs HSTRLEN)")]
+    per_task = plan.bytes_per_ended_task
+    rows = [
+        ("ended tasks", f"{plan.ended_kept} kept, {plan.ended_per_s:.1f}/s over the last 10 min"),
+        ("bytes per ended", "-" if per_task is None else f"{per_task:.0f} B"),
+        ("ended kept use", size(plan.kept_bytes)),
+    ]
+    projected = f"{size(plan.projected_bytes)} at this rate for {duration(plan.retention_s)}"
+    if plan.maxmemory:
+        projected += f" ({100 * (plan.fraction_of_maxmemory or 0):.0f}% of maxmemory)"
+        if plan.over(warning):
+            projected += f"  WARNING: over {100 * warning:.0f}% of maxmemory"
+    elif plan.maxmemory == 0:
+        projected += " (no maxmemory set)"
+    rows.append(("projected", projected))
+    return rows
+
+
+def _stats_lines(
+    data: Mapping[str, Any], plan: RetentionPlan | None = None, warning: float = 1.0
+) -> list[str]:
     rows: list[tuple[str, ...]] = [("state", "tasks")]
     rows += [(state, str(count)) for state, count in stage_counts(cast(Stats, data)).items()]
-    return [*table(rows), "", *table(_namespace_rows(data))]
+    return [*table(rows), "", *table(_namespace_rows(data) + _plan_rows(plan, warning))]
+
+
+def _retention_plan(scheduler: Scheduler) -> RetentionPlan | None:
+    try:
+        return scheduler.retention_plan()
+    except NoPermissionError:
+        return None  # a tenant's user without HSTRLEN: the rest of stats still shows
 
 
 @click.command()
@@ -101,6 +136,9 @@ def _stats_lines(data: Mapping[str, Any]) -> list[str]:
     default="5s",
     help="Count the leases whose deadline is this close (seconds, or 500ms, 10s, 1m).",
 )
+@memory_warning_option(
+    "Warn when the projected memory of ended tasks exceeds this share of maxmemory."
+)
 @click.pass_context
 def stats(
     ctx: click.Context,
@@ -109,9 +147,11 @@ def stats(
     interval: float,
     count: int | None,
     soon_s: float,
+    memory_warning: float,
 ) -> None:
     """Tasks per state, queue entries (live, stale), the oldest due task's wait,
-    running vs max_running, leases (expired, expiring soon) and retention.
+    running vs max_running, leases (expired, expiring soon), retention, and the
+    memory ended tasks take and will take at the current rate.
 
     All times are on the Redis server's clock.
     """
@@ -125,8 +165,10 @@ def stats(
     try:
         while True:
             data = scheduler.overview(soon_s)
+            plan = _retention_plan(scheduler)
             if as_json:
-                click.echo(json.dumps(data))
+                shown = {**data, "retention_plan": None if plan is None else asdict(plan)}
+                click.echo(json.dumps(shown))
             else:
                 if interactive:
                     click.clear()
@@ -137,7 +179,7 @@ def stats(
                         f"namespace {settings.namespace!r} at {redact(settings.url)}, "
                         f"{iso(data['server_time'])}"
                     )
-                for line in _stats_lines(data):
+                for line in _stats_lines(data, plan, memory_warning):
                     click.echo(line)
             draws += 1
             if not watch or (count is not None and draws >= count):
@@ -236,31 +278,58 @@ def payload_limit(ctx: click.Context, limit: str | None) -> None:
 
 @click.command()
 @click.argument("count", required=False, type=click.IntRange(min=1, max=MAX_STRIPES))
+@click.option(
+    "--place",
+    is_flag=True,
+    help="Place the stripes of an empty namespace on distinct cluster masters again "
+    "(after a reshard put two on one master).",
+)
 @click.pass_context
-def stripes(ctx: click.Context, count: int | None) -> None:
-    """Show the namespace's stripes (hash slots, and nodes on a cluster), or set
+def stripes(ctx: click.Context, count: int | None, place: bool) -> None:
+    """Show the namespace's stripes (hash slots, and masters on a cluster), or set
     their COUNT.
 
     A new count is taken only while the namespace holds no task, since ids map to
-    stripes by hash; restart the workers after changing it.
+    stripes by hash; restart the workers after changing it. On a cluster the stripes
+    of a new count are placed on distinct masters (as far as there are masters).
     """
     scheduler = connect(ctx)
     namespace = settings_of(ctx).namespace
     if count is not None:
         changed = Scheduler(scheduler.client, namespace=namespace, stripes=count)
         changed.close()
+    if place:
+        WorkerLink(scheduler).place_stripes()
     rows = [["stripe", "keys", "slot", "node"]]
     client = scheduler.client
-    for keys in WorkerLink(scheduler).stripe_keys():
+    owner = slot_owner(client.nodes_manager) if isinstance(client, RedisCluster) else None
+    keys_of = WorkerLink(scheduler).stripe_keys()
+    for keys in keys_of:
         slot = key_slot(keys.meta.encode())
-        node = "-"
-        if isinstance(client, RedisCluster):
-            owner = client.nodes_manager.get_node_from_slot(slot)
-            node = owner.name if owner is not None else "?"
+        node = "-" if owner is None else (owner(slot) or "?")
         rows.append([str(keys.stripe), keys.prefix + "*", str(slot), node])
     click.echo(f"namespace {namespace!r}: {len(rows) - 1} stripe(s)")
     for line in table(rows, right=frozenset({0, 2})):
         click.echo(line)
+    if isinstance(client, RedisCluster) and owner is not None and len(keys_of) > 1:
+        masters = len(client.get_primaries())  # type: ignore[no-untyped-call]
+        click.echo(_placement_line(keys_of, owner, masters))
+
+
+def _placement_line(keys: list[Keys], owner: Callable[[int], str | None], masters: int) -> str:
+    """Whether the stripes span as many masters as they can, and what to do if not."""
+    where = masters_spanned(keys, owner)
+    spanned = len(set(where))
+    best = min(len(keys), masters)
+    line = f"stripes span {spanned} of {masters} master(s)"
+    if spanned >= best:
+        return line + " (as many as they can)"
+    shared = sorted({m for m in where if m is not None and where.count(m) > 1})
+    return (
+        f"{line}; sharing a master: {', '.join(shared)}. An empty namespace is placed again "
+        "by `distsched stripes --place`; one with tasks, by moving a stripe's slot to a "
+        "master without one (`redis-cli --cluster reshard`)"
+    )
 
 
 @click.command()

@@ -246,8 +246,8 @@ def bench(
 @click.command("bench-stripes")
 @count_option(
     "--tasks",
-    default=20_000,
-    help="No-op tasks per stripe count.",
+    default=10_000,
+    help="No-op tasks per stripe count and producer regime.",
 )
 @count_option(
     "--processes",
@@ -264,13 +264,15 @@ def bench(
 def bench_stripes(
     ctx: click.Context, /, tasks: int, processes: int, concurrency: int, json_path: str | None
 ) -> None:
-    """Measure a striped namespace on a local three-master cluster (about a minute).
+    """Measure a striped namespace on a local three-master cluster (a few minutes).
 
-    Starts redis-server nodes joined by redis-cli (both must be on PATH); for 1, 2
-    and 3 stripes, on as many masters, enqueues and drains no-op tasks with worker
-    processes (each checked to run exactly once) and prints each master's Redis CPU
-    per task (INFO cpu: used_cpu_sys + used_cpu_user), the namespace's Redis-bound
-    and measured tasks/s, and the order inversion of claims across stripes.
+    Starts redis-server nodes joined by redis-cli (both must be on PATH); for three
+    producer regimes (batches enqueued first, one schedule per task first, one per
+    task while workers drain) and 1, 2 and 3 stripes placed on as many masters,
+    enqueues and drains no-op tasks with worker processes (each checked to run
+    exactly once) and prints each master's Redis CPU per task (INFO cpu:
+    used_cpu_sys + used_cpu_user), the total against one stripe's, the namespace's
+    Redis-bound and measured tasks/s, and the order inversion of claims across stripes.
     Exits 1 when a task did not run exactly once or a stripe was claimed out of order.
     """
     from distsched.text import finite_or_none

@@ -22,6 +22,7 @@ namespace, plus one ``HGET`` (the stripe count) on a scheduler's first call.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +58,7 @@ from distsched.ops.shares import (
     ShareMover,
     int_or_none,
 )
+from distsched.placement import SALTS_FIELD, choose_salts, decode_salts, encode_salts
 from distsched.wire import replies
 from distsched.wire.calls import (
     FIRE_HEADS,
@@ -127,6 +129,9 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         # Whether the last move left a share owed to a stripe with due work.
         self._owed = False
         self.served = ServedCache()
+        # On a cluster, the master serving a slot (set by the shell): a namespace that
+        # takes several stripes places them on distinct masters (distsched.placement).
+        self.owner: Callable[[int], str | None] | None = None
 
     def _ops_of(self, stripe: int, stripes: int = 1) -> Ops:
         return Ops(
@@ -155,11 +160,15 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         if self._stripes is not None:
             return self._stripes
         k = self.keys
-        (stored_raw,) = yield from self.base.read(("HGET", k.meta, STRIPES_FIELD), atomic=False)
+        (row,) = yield from self.base.read(
+            ("HMGET", k.meta, STRIPES_FIELD, SALTS_FIELD), atomic=False
+        )
+        stored_raw, salts_raw = row
         stored = int_or_none(stored_raw)
         if stored is not None and not 1 <= stored <= MAX_STRIPES:
             stored = None
         have = stored or 1
+        self.keys = dataclasses.replace(self.keys, salts=decode_salts(salts_raw, have))
         want = self.requested if self.requested is not None else have
         if want != have:
             yield from self._change_count(have, want)
@@ -171,7 +180,34 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
         since ids map to stripes by their hash modulo the count, and a schedule lives on
         the stripe of its name with the slot tasks it fired (moved, its next slot could
         fire again beside a task of the old stripe, or not at all)."""
-        every = [self._ops_of(s) for s in range(max(have, want))]
+        every = yield from self._refuse_unless_empty(have, f"opened with stripes={want}", want)
+        meta = self.keys.meta
+        (limit_raw, total_raw) = yield from self.base.read(
+            ("HGET", meta, "max_running"), ("HGET", meta, STRIPES_MAX_FIELD)
+        )
+        limit = int_or_none(total_raw) if have > 1 else int_or_none(limit_raw)
+        salts = self.placed_salts(want)
+        if want == 1:
+            yield protocol._one(("HDEL", meta, STRIPES_FIELD, STRIPES_MAX_FIELD, SALTS_FIELD))
+        elif salts:
+            yield protocol._one(
+                ("HSET", meta, STRIPES_FIELD, want, SALTS_FIELD, encode_salts(salts))
+            )
+        else:
+            yield protocol._one(("HSET", meta, STRIPES_FIELD, want))
+            yield protocol._one(("HDEL", meta, SALTS_FIELD))
+        self.keys = dataclasses.replace(self.keys, salts=salts)
+        self._stripes = tuple(self._ops_of(s, want) for s in range(want))
+        # The namespace-wide max_running moves with the count: whole or in shares.
+        for ops in every:
+            yield protocol._one(("HDEL", ops.keys.meta, "max_running"))
+        if limit is not None:
+            yield from self.set_max_running(limit)
+
+    def _refuse_unless_empty(self, have: int, change: str, more: int = 0) -> Op[list[Ops]]:
+        """Raise ``ConflictError`` unless no stripe (of ``have``, or ``more``) holds a task
+        or a schedule; return the operations of those stripes."""
+        every = [self._ops_of(s) for s in range(max(have, more))]
         sizes = yield from self.base.read(
             *(("HLEN", ops.keys.tasks) for ops in every),
             *(("HLEN", ops.keys.schedules) for ops in every),
@@ -182,25 +218,34 @@ class StripedOps(Router[Ops], ShareMover, Shortcuts):
             if busy:
                 raise ConflictError(
                     f"namespace {self.keys.namespace!r} has {have} stripe(s) in Redis and "
-                    f"holds {what} (stripe {busy[0]}); it cannot be opened with "
-                    f"stripes={want}: open it with stripes={have} or stripes=None, or empty "
-                    "it first (Scheduler.clear(), which removes its schedules too)"
+                    f"holds {what} (stripe {busy[0]}); it cannot be {change}: open it with "
+                    f"stripes={have} or stripes=None, or empty it first (Scheduler.clear(), "
+                    "which removes its schedules too)"
                 )
+        return every
+
+    def place(self) -> Op[tuple[int, ...]]:
+        """Place the stripes of an empty namespace on distinct masters again (after a
+        reshard put two on one master); the salts stored (() on one server)."""
+        stripes = yield from self.resolve()
+        yield from self._refuse_unless_empty(len(stripes), "placed again")
+        salts = self.placed_salts(len(stripes))
         meta = self.keys.meta
-        (limit_raw, total_raw) = yield from self.base.read(
-            ("HGET", meta, "max_running"), ("HGET", meta, STRIPES_MAX_FIELD)
-        )
-        limit = int_or_none(total_raw) if have > 1 else int_or_none(limit_raw)
-        if want == 1:
-            yield protocol._one(("HDEL", meta, STRIPES_FIELD, STRIPES_MAX_FIELD))
+        if salts:
+            yield protocol._one(("HSET", meta, SALTS_FIELD, encode_salts(salts)))
         else:
-            yield protocol._one(("HSET", meta, STRIPES_FIELD, want))
-        self._stripes = tuple(self._ops_of(s, want) for s in range(want))
-        # The namespace-wide max_running moves with the count: whole or in shares.
-        for ops in every:
-            yield protocol._one(("HDEL", ops.keys.meta, "max_running"))
-        if limit is not None:
-            yield from self.set_max_running(limit)
+            yield protocol._one(("HDEL", meta, SALTS_FIELD))
+        self.keys = dataclasses.replace(self.keys, salts=salts)
+        self._stripes = tuple(self._ops_of(s, len(stripes)) for s in range(len(stripes)))
+        return salts
+
+    def placed_salts(self, stripes: int) -> tuple[int, ...]:
+        """Salts that put ``stripes`` stripes on distinct masters of the cluster the
+        shell described (``owner``); () on one server, or for one stripe."""
+        if self.owner is None or stripes == 1:
+            return ()
+        salts = choose_salts(self.keys.namespace, stripes, self.owner)
+        return salts if any(salts) else ()
 
     def stripe_keys(self) -> Op[list[Keys]]:
         """The keys of every stripe, stripe 0 first."""

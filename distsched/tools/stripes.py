@@ -2,13 +2,16 @@
 three-master cluster with 1, 2 and 3 stripes, and the order inversion of claims across
 stripes (``distsched bench-stripes``; README, "Scaling out").
 
-For each stripe count it starts a namespace whose stripes sit on that many different
-masters, queues no-op tasks, drains them with worker processes (every task checked to
-run exactly once), and reads ``used_cpu_sys + used_cpu_user`` of ``INFO cpu`` on every
+For each producer regime (all enqueued first in batches, all first one ``schedule`` per
+task, or one ``schedule`` per task while the workers drain) and each stripe count it
+starts a namespace whose stripes are placed on that many different masters, queues
+no-op tasks, drains them with worker processes (every task checked to run exactly
+once), and reads ``used_cpu_sys + used_cpu_user`` of ``INFO cpu`` on every
 master before and after: the difference over the tasks is the Redis CPU each master
 spent per task (enqueue, claim, report and the workers' housekeeping). The busiest
 master's figure bounds the namespace: ``1e6 / max µs per task`` is what its masters
-could serve, Redis-bound, however many workers ran.
+could serve, Redis-bound, however many workers ran; the total over the masters, against
+one stripe's in the same regime, is what striping costs in all.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from typing import Any
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-from distsched.client import Scheduler
+from distsched.client import Scheduler, slot_owner
 from distsched.errors import DistschedError, InvalidArgument
-from distsched.keys import Keys, stripe_of
+from distsched.keys import stripe_of
 from distsched.model import State, TaskSpec
+from distsched.placement import masters_spanned
 from distsched.text import table
 from distsched.tools.bench import NOOP, WorkerProcesses, check_exactly_once
 from distsched.tools.fleet import FleetConfig, LocalFleet
@@ -38,6 +42,9 @@ from distsched.worker.link import WorkerLink
 Echo = Callable[[str], None]
 
 BATCH = 1000
+# How producers enqueue: all first in batches of BATCH (then the workers drain), all
+# first one schedule() per task, or one schedule() per task while the workers drain.
+REGIMES = ("batch", "single", "live")
 # The claim batch of the order measure, and its queue per stripe count.
 ORDER_BATCH = 100
 ORDER_TASKS = 3000
@@ -51,10 +58,11 @@ class StripesBenchError(DistschedError):
 class StripesConfig:
     """The sizes of one run (the defaults take about a minute on two cores)."""
 
-    tasks: int = 20_000
+    tasks: int = 10_000
     stripes: tuple[int, ...] = (1, 2, 3)
     processes: int = 2
     concurrency: int = 16
+    regimes: tuple[str, ...] = REGIMES
 
     def validate(self) -> None:
         for name in ("tasks", "processes", "concurrency"):
@@ -63,6 +71,8 @@ class StripesConfig:
                 raise InvalidArgument(name, "must be an int >= 1")
         if not self.stripes or any(not 1 <= k <= 3 for k in self.stripes):
             raise InvalidArgument("stripes", "must be stripe counts in [1, 3] (three masters)")
+        if not self.regimes or any(r not in REGIMES for r in self.regimes):
+            raise InvalidArgument("regimes", f"must be some of {', '.join(REGIMES)}")
 
 
 def _primaries(client: RedisCluster) -> list[ClusterNode]:
@@ -79,18 +89,17 @@ def cpu_seconds(client: RedisCluster) -> dict[str, float]:
     return out
 
 
-def spread_namespace(client: RedisCluster, prefix: str, stripes: int) -> str:
-    """A namespace whose ``stripes`` stripes hash to slots of that many different masters."""
-    nodes = client.nodes_manager
-    for n in range(100_000):
-        namespace = f"{prefix}-{n}"
-        owners = {
-            nodes.get_node_from_slot(key_slot(Keys(namespace, s).meta.encode())).name
-            for s in range(stripes)
-        }
-        if len(owners) == stripes:
-            return namespace
-    raise StripesBenchError(f"no namespace spreads {stripes} stripes over distinct masters")
+def spread_namespace(client: RedisCluster, namespace: str, stripes: int) -> str:
+    """``namespace`` with ``stripes`` stripes placed on as many masters (the scheduler
+    places them when it takes the count: :mod:`distsched.placement`); checked."""
+    with Scheduler(client, namespace=namespace, stripes=stripes) as s:
+        keys = WorkerLink(s).stripe_keys()
+        owners = set(masters_spanned(keys, slot_owner(client.nodes_manager)))
+    if len(owners) != stripes or None in owners:
+        raise StripesBenchError(
+            f"{namespace}: {stripes} stripes on masters {sorted(map(str, owners))}"
+        )
+    return namespace
 
 
 def order_inversion(client: RedisCluster, prefix: str, stripes: int) -> dict[str, Any]:
@@ -155,17 +164,28 @@ def order_inversion(client: RedisCluster, prefix: str, stripes: int) -> dict[str
     }
 
 
+def _enqueue(s: Scheduler, ids: list[str], regime: str) -> None:
+    if regime == "batch":
+        for start in range(0, len(ids), BATCH):
+            s.schedule_many([TaskSpec(t, NOOP) for t in ids[start : start + BATCH]])
+    else:
+        for task_id in ids:
+            s.schedule(task_id, fn=NOOP)
+
+
 def measure(
     fleet: LocalFleet,
     client: RedisCluster,
     config: StripesConfig,
     stripes: int,
+    regime: str,
     workdir: Path,
     prefix: str,
     progress: Echo,
 ) -> dict[str, Any]:
-    """Enqueue and drain ``config.tasks`` no-op tasks on ``stripes`` stripes."""
-    namespace = spread_namespace(client, f"{prefix}-k{stripes}", stripes)
+    """Enqueue (in ``regime``) and drain ``config.tasks`` no-op tasks on ``stripes``
+    stripes placed on as many masters."""
+    namespace = spread_namespace(client, f"{prefix}-{regime}-k{stripes}", stripes)
     ids = [f"t{i}" for i in range(config.tasks)]
     with Scheduler(client, namespace=namespace, stripes=stripes) as s:
         procs = WorkerProcesses(fleet.url, namespace, config.processes, config.concurrency, workdir)
@@ -173,10 +193,12 @@ def measure(
             procs.start()
             before = cpu_seconds(client)
             t0 = time.perf_counter()
-            for start in range(0, len(ids), BATCH):
-                s.schedule_many([TaskSpec(t, NOOP) for t in ids[start : start + BATCH]])
+            if regime == "live":
+                procs.go()
+            _enqueue(s, ids, regime)
             enqueued = time.perf_counter()
-            procs.go()
+            if regime != "live":
+                procs.go()
             deadline = time.monotonic() + 120 + config.tasks / 200
             while s.stats()["counts"][State.SUCCEEDED.value] < len(ids):
                 if time.monotonic() > deadline or not procs.alive():
@@ -194,6 +216,7 @@ def measure(
     per_master = {name: (after[name] - before[name]) * 1e6 / len(ids) for name in sorted(after)}
     busiest = max(per_master.values())
     result = {
+        "regime": regime,
         "stripes": stripes,
         "namespace": namespace,
         "slots": placement,
@@ -202,14 +225,15 @@ def measure(
         "drain_s": drained - enqueued,
         "tasks_per_s": len(ids) / (drained - t0),
         "redis_cpu_us_per_task": per_master,
+        "total_us_per_task": sum(per_master.values()),
         "busiest_master_us_per_task": busiest,
         "redis_bound_tasks_per_s": 1e6 / busiest if busiest > 0 else None,
         "exactly_once_problems": problems,
     }
     cpu = ", ".join(f"{v:.1f}" for v in per_master.values())
     progress(
-        f"  {stripes} stripe(s): {result['tasks_per_s']:,.0f} tasks/s, Redis CPU per task "
-        f"per master [{cpu}] us"
+        f"  {regime}, {stripes} stripe(s): {result['tasks_per_s']:,.0f} tasks/s, Redis CPU "
+        f"per task per master [{cpu}] us"
     )
     return result
 
@@ -229,7 +253,9 @@ def run_stripes_bench(config: StripesConfig, progress: Echo) -> dict[str, Any]:
         client = RedisCluster(host="127.0.0.1", port=fleet.ports[0])
         try:
             runs = [
-                measure(fleet, client, config, k, workdir, prefix, progress) for k in config.stripes
+                measure(fleet, client, config, k, regime, workdir, prefix, progress)
+                for regime in config.regimes
+                for k in config.stripes
             ]
             progress("order inversion of claims across stripes")
             orders = [order_inversion(client, prefix, k) for k in config.stripes]
@@ -247,7 +273,11 @@ def run_stripes_bench(config: StripesConfig, progress: Echo) -> dict[str, Any]:
         "runs": runs,
         "order": orders,
         "problems": [
-            *(f"{r['stripes']} stripe(s): {p}" for r in runs for p in r["exactly_once_problems"]),
+            *(
+                f"{r['regime']}, {r['stripes']} stripe(s): {p}"
+                for r in runs
+                for p in r["exactly_once_problems"]
+            ),
             *(
                 f"{o['stripes']} stripe(s): a stripe out of order"
                 for o in orders
@@ -260,21 +290,34 @@ def run_stripes_bench(config: StripesConfig, progress: Echo) -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> list[str]:
     """The report as text tables."""
     masters = sorted({m for r in report["runs"] for m in r["redis_cpu_us_per_task"]})
-    rows = [["stripes", *[f"master {m}" for m in masters], "busiest", "Redis-bound", "measured"]]
-    rows.append(["", *["us/task"] * len(masters), "us/task", "tasks/s", "tasks/s"])
+    rows = [["regime", "stripes", *[f"master {m}" for m in masters], "total", "vs 1 stripe",
+             "busiest", "Redis-bound", "measured"]]  # fmt: skip
+    rows.append(["", "", *["us/task"] * len(masters), "us/task", "", "us/task", "tasks/s",
+                 "tasks/s"])  # fmt: skip
+    one = {r["regime"]: r for r in report["runs"] if r["stripes"] == 1}
     for r in report["runs"]:
         cpu = r["redis_cpu_us_per_task"]
         bound = r["redis_bound_tasks_per_s"]
+        base = one.get(r["regime"])
+        ratio = (
+            "-" if base is None else f"{r['total_us_per_task'] / base['total_us_per_task']:.2f}x"
+        )
+        capacity = ""
+        if base is not None and bound is not None and base["redis_bound_tasks_per_s"]:
+            capacity = f" ({bound / base['redis_bound_tasks_per_s']:.2f}x)"
         rows.append(
             [
+                r["regime"],
                 str(r["stripes"]),
                 *[f"{cpu.get(m, 0.0):.1f}" for m in masters],
+                f"{r['total_us_per_task']:.1f}",
+                ratio,
                 f"{r['busiest_master_us_per_task']:.1f}",
-                "-" if bound is None else f"{bound:,.0f}",
+                "-" if bound is None else f"{bound:,.0f}{capacity}",
                 f"{r['tasks_per_s']:,.0f}",
             ]
         )
-    lines = table(rows, right=frozenset(range(1, len(masters) + 4)))
+    lines = table(rows, right=frozenset(range(1, len(masters) + 7)))
     lines.append("")
     order = [["stripes", "claim batch", "each stripe in order", "max later claimed before a task",
               "max other-stripe claims after it heads its stripe", "bound"]]  # fmt: skip
