@@ -290,10 +290,11 @@ def run_stripes_bench(config: StripesConfig, progress: Echo) -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> list[str]:
     """The report as text tables."""
     masters = sorted({m for r in report["runs"] for m in r["redis_cpu_us_per_task"]})
-    rows = [["regime", "stripes", *[f"master {m}" for m in masters], "total", "vs 1 stripe",
-             "busiest", "Redis-bound", "measured"]]  # fmt: skip
-    rows.append(["", "", *["us/task"] * len(masters), "us/task", "", "us/task", "tasks/s",
-                 "tasks/s"])  # fmt: skip
+    rows = [
+        ["regime", "stripes", *[f"master {m}" for m in masters], "total", "vs 1 stripe",
+         "busiest", "Redis-bound", "measured"],
+        ["", "", *["us/task"] * len(masters), "us/task", "", "us/task", "tasks/s", "tasks/s"],
+    ]  # fmt: skip
     one = {r["regime"]: r for r in report["runs"] if r["stripes"] == 1}
     for r in report["runs"]:
         cpu = r["redis_cpu_us_per_task"]
