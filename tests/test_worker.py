@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import select
 import signal
 import subprocess
 import threading
@@ -509,6 +510,20 @@ def test_run_on_the_main_thread_handles_sigterm_and_sigint_then_restores_handler
     assert {s: signal.getsignal(s) for s in handlers} == handlers
 
 
+def stderr_until(proc: subprocess.Popen[str], text: str, timeout: float) -> str:
+    """What ``proc`` wrote to stderr up to the first line holding ``text``."""
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    lines: list[str] = []
+    while not any(text in line for line in lines):
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, left))
+        line = proc.stderr.readline() if ready else ""
+        assert line, f"{text!r} not written within {timeout} s: {''.join(lines)!r}"
+        lines.append(line)
+    return "".join(lines)
+
+
 def _start_worker_process(url: str, namespace: str, *extra: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         python_command(str(PROCS), "worker", url, namespace, *extra),
@@ -574,9 +589,12 @@ def test_a_second_sigint_exits_at_once_leaving_the_lease_to_expire(
     try:
         wait_until(lambda: redis_client.get(started_key(ns, "long")), 15, "the task to start")
         proc.send_signal(signal.SIGINT)  # graceful: it would wait for the 30 s function
-        time.sleep(0.3)
+        # Python runs a handler once for signals that arrive before it ran: the second
+        # goes only once the first was handled (on a busy machine that takes a while).
+        said = stderr_until(proc, "SIGINT: stopping", 15)
         proc.send_signal(signal.SIGINT)  # the second one leaves now
-        proc.communicate(timeout=10)
+        _, rest = proc.communicate(timeout=10)
+        assert "second SIGINT: exiting now" in said + rest
     finally:
         if proc.poll() is None:
             proc.kill()
