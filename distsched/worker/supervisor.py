@@ -47,6 +47,8 @@ CRASH_LIMIT = 5
 EXIT_UNCLEAN = 1  # a child did not stop cleanly (its status was not 0), or was killed
 EXIT_CRASHING = 3  # a child kept dying at start: given up
 EXIT_AT_ONCE = 130  # a second Ctrl-C: the children were told to exit at once
+# After a second Ctrl-C, how often the children still running are told again.
+RESEND_S = 0.5
 # A child's exit status asking for its replacement at once: it ended itself to stop a
 # function that outlived its time limit (``Worker(stop_on_overrun=True)``).
 EXIT_REPLACE = 4
@@ -153,6 +155,7 @@ class Supervisor:
         self._stop_deadline: float | None = None
         self._gave_up = False
         self._at_once = False
+        self._resend_at = 0.0
 
     # ------------------------------------------------------------------ public
 
@@ -207,6 +210,11 @@ class Supervisor:
             if now >= self._stop_deadline:
                 self._kill_late()
                 return self._exit_status()
+            if self._at_once and now >= self._resend_at:
+                # A child runs its handler once for signals that reach it before the
+                # handler ran: one that took both SIGINTs for one is told again.
+                self._resend_at = now + RESEND_S
+                self._send(signal.SIGINT)
 
     def _check(self, child: Child, now: float) -> None:
         assert child.proc is not None
@@ -323,6 +331,7 @@ class Supervisor:
                     "supervisor %d: second SIGINT: the worker processes exit at once", os.getpid()
                 )
                 self._at_once = True
+                self._resend_at = time.monotonic() + RESEND_S
                 self._send(signal.SIGINT)
 
     def _begin_stop(self, signum: int) -> None:
