@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from distsched import InvalidArgument, Scheduler, TaskSpec, Worker, WorkerPool
 from distsched.cli import cli
+from distsched.worker import share
 from tests.conftest import RedisServer, running
 
 TASK_S = 0.02
@@ -235,3 +236,24 @@ def test_leaving_with_pass_wakes_another_idle_worker_and_anything_else_is_refuse
         channel = s.keys.worker_channel("w3")
         with pytest.raises(redis.ResponseError, match=r"^BADARG pass "):
             redis_client.eval(source("leave"), len(keys), *keys, channel, "w3", "bogus")
+
+
+def test_a_namespace_away_with_work_holds_the_others_back_only_for_a_moment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The periodic re-read far off, so only the away limit can end the wait.
+    monkeypatch.setattr(share, "RECHECK_S", 30.0)
+    pool = share.PoolShare(concurrency=2, strict=True)
+    first = pool.join("first", 1.0, lambda: 0)
+    second = pool.join("second", 1.0, lambda: 0)
+    stopping = threading.Event()
+    assert first.wait_turn(stopping) == 2
+    # Its claim is answered in full (it has more work) and its next claim call hangs:
+    # it does not come back for its turn.
+    first.claimed(short=False)
+    started = time.monotonic()
+    granted = second.wait_turn(stopping, limit=5.0)
+    waited = time.monotonic() - started
+    assert granted >= 1
+    # Held back while the first could still be on its way back, not after.
+    assert share.AWAY_S * 0.9 <= waited < 2.0, waited

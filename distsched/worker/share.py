@@ -100,7 +100,9 @@ class PoolShare:
                     granted = self._grant(member, busy)
                     if granted:
                         return granted
-                    left = RECHECK_S if deadline is None else min(RECHECK_S, deadline - _now())
+                    left = self._until_change(_now())
+                    if deadline is not None:
+                        left = min(left, deadline - _now())
                     if left <= 0:
                         return 0
                     if self._changes == seen:
@@ -140,6 +142,16 @@ class PoolShare:
         member.reserved += granted
         member.pass_ += granted / member.weight
         return granted
+
+    def _until_change(self, now: float) -> float:
+        """How long the turn can stay as it is by time alone: until a member away with
+        work stops holding the others back, and at most ``RECHECK_S``."""
+        away = [
+            m.left_at + AWAY_S - now
+            for m in self.members
+            if m.wanting and not m.waiting and now - m.left_at < AWAY_S
+        ]
+        return min([RECHECK_S, *away])
 
     def _next(self, members: Sequence[Member]) -> Member | None:
         """The member whose turn it is: among those with work, the first (strict) or the
