@@ -27,7 +27,7 @@ import redis
 
 from distsched import Scheduler, State
 from distsched.errors import ConflictError
-from tests.cluster_fixtures import LocalCluster, namespace_in_slot, wait_until
+from tests.cluster_fixtures import LocalCluster, Node, namespace_in_slot, wait_until
 from tests.conftest import CLI_COMMAND, REPO_ROOT, subprocess_env
 
 pytestmark = pytest.mark.slow
@@ -341,6 +341,20 @@ def claims_lost_with_the_master(verdict: Verdict, fleet: Fleet, killed_at: float
     ]
 
 
+def under_load(
+    cluster: LocalCluster, namespace: str, tmp_path: Path, fleets: list[Fleet]
+) -> tuple[int, Node, Fleet, Producer]:
+    """The namespace's slot, a master that does not own it, and a fleet and a producer
+    already running tasks there."""
+    slot = cluster.slot_of(namespace)
+    source = cluster.owner(slot)
+    target = next(m for m in cluster.masters() if m.node_id != source.node_id)
+    fleet = Fleet(cluster.url, namespace, tmp_path)
+    fleets.append(fleet)
+    producer = Producer(cluster.url, namespace)
+    return slot, target, fleet, producer
+
+
 def check(verdict: Verdict, fleet: Fleet, codes: list[int | None]) -> None:
     assert verdict.lost == [], verdict.lost
     assert verdict.stuck == [], verdict.stuck
@@ -393,12 +407,7 @@ def test_a_slow_slot_migration_under_load_stops_no_worker_and_loses_nothing(
     cluster: LocalCluster, tmp_path: Path, fleets: list[Fleet]
 ) -> None:
     namespace = "migrating"
-    slot = cluster.slot_of(namespace)
-    source = cluster.owner(slot)
-    target = next(m for m in cluster.masters() if m.node_id != source.node_id)
-    fleet = Fleet(cluster.url, namespace, tmp_path)
-    fleets.append(fleet)
-    producer = Producer(cluster.url, namespace)
+    slot, target, fleet, producer = under_load(cluster, namespace, tmp_path, fleets)
     operator = Operator(cluster.url, namespace)
     producer.start()
     try:
@@ -441,12 +450,7 @@ def test_an_atomic_slot_migration_under_load_loses_nothing_and_barely_pauses_any
     if not cluster.supports_atomic_migration():
         pytest.skip("the server has no CLUSTER MIGRATESLOTS (Valkey 9): CI runs it on Valkey")
     namespace = "atomic"
-    slot = cluster.slot_of(namespace)
-    source = cluster.owner(slot)
-    target = next(m for m in cluster.masters() if m.node_id != source.node_id)
-    fleet = Fleet(cluster.url, namespace, tmp_path)
-    fleets.append(fleet)
-    producer = Producer(cluster.url, namespace)
+    slot, target, fleet, producer = under_load(cluster, namespace, tmp_path, fleets)
     producer.start()
     try:
         wait_for_runs(fleet, 50, 30)
@@ -472,11 +476,7 @@ def test_resharding_the_namespaces_slot_under_load_with_the_cli_throughout(
     # redis-cli reshard moves the lowest slots of a master: a namespace in the first one.
     source = cluster.masters()[0]
     namespace = namespace_in_slot(cluster.first_slot(source), "reshard")
-    slot = cluster.slot_of(namespace)
-    target = next(m for m in cluster.masters() if m.node_id != source.node_id)
-    fleet = Fleet(cluster.url, namespace, tmp_path)
-    fleets.append(fleet)
-    producer = Producer(cluster.url, namespace)
+    slot, target, fleet, producer = under_load(cluster, namespace, tmp_path, fleets)
     operator = Operator(cluster.url, namespace)
     producer.start()
     try:
