@@ -187,7 +187,7 @@ def test_a_second_sigint_makes_the_worker_processes_exit_at_once(
 ) -> None:
     sup = supervised("tests.procs_app:FUNCS", 2, "--grace", "30")
     fast.schedule("long", fn="nap", args=[60])
-    wait_until(lambda: fast.status("long").state is State.RUNNING, 30, "the long task running")
+    wait_until(lambda: fast.progress("long") is not None, 30, "the long task's function running")
     pids = worker_pids(fast)
     sup.proc.send_signal(signal.SIGINT)
     wait_until(lambda: "SIGINT: stopping 2 worker processes" in sup.stderr(), 10, "the stop")

@@ -184,7 +184,7 @@ def test_the_first_ctrl_c_logs_the_grace_and_the_second_exits_leaving_tasks_to_t
 ) -> None:
     worker = worker_process(30.0)
     scheduler.schedule("long", fn="nap", args=(60,))
-    wait_state(scheduler, "long", State.RUNNING, timeout=20)
+    wait_until(lambda: scheduler.progress("long") is not None, 20, "the function running")
     worker.proc.send_signal(signal.SIGINT)
     first = worker.wait_for_line("WARNING", "SIGINT")
     assert "stopping" in first and "30s grace" in first and "Ctrl-C again" in first

@@ -9,8 +9,11 @@ from distsched import current_task
 
 
 def nap(seconds: float) -> str:
-    """Sleep up to ``seconds``, stopping early (``Cancelled``) when signalled."""
+    """Sleep up to ``seconds``, stopping early (``Cancelled``) when signalled. It
+    reports progress 0 first: a test waits for that to know the function runs (a claim
+    alone may still be handed back unstarted by a shutdown)."""
     ctx = current_task()
+    ctx.report_progress(0.0, "napping")
     ctx.wait_cancelled(seconds)
     ctx.raise_if_cancelled()
     return "rested"
