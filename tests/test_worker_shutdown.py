@@ -35,11 +35,12 @@ def fast(redis_client: redis.Redis, namespace: str) -> Iterator[Scheduler]:
 
 
 def until_stopping(then: Callable[[], Any]) -> dict[str, Callable[..., Any]]:
-    """A ``def`` and an ``async def`` function that wait for the worker's shutdown
-    signal (ignoring a cancel request), then do ``then()``."""
+    """A ``def`` and an ``async def`` function that report progress 0 (they run), wait
+    for the worker's shutdown signal (ignoring a cancel request), then do ``then()``."""
 
     def waits() -> Any:
         ctx = current_task()
+        ctx.report_progress(0.0, "waiting")
         deadline = time.monotonic() + 20
         while not ctx.worker_stopping and time.monotonic() < deadline:
             ctx.wait_cancelled(0.02)
@@ -47,6 +48,7 @@ def until_stopping(then: Callable[[], Any]) -> dict[str, Callable[..., Any]]:
 
     async def waits_async() -> Any:
         ctx = current_task()
+        await ctx.report_progress_async(0.0, "waiting")
         deadline = time.monotonic() + 20
         while not ctx.worker_stopping and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -64,8 +66,9 @@ def raise_other() -> None:
 
 
 def stop_after_grace(worker: Worker, s: Scheduler, task_id: str) -> None:
-    wait_state(s, task_id, State.RUNNING)
-    time.sleep(0.1)  # the function is past its start
+    # The function runs: a claim no pool thread picked up yet would be handed back
+    # unstarted by the shutdown, not stopped.
+    wait_until(lambda: s.progress(task_id) is not None, 10, f"{task_id}'s function running")
     worker.stop(grace=0.1)
     assert worker.wait_stopped(10)
 
